@@ -1,0 +1,178 @@
+"""The adapter protocol: the only way an effect reaches the outside world.
+
+An adapter estimates an operation's cost (an upper bound, in integer smallest
+steps), dispatches one attempt, and reconciles an uncertain one. It must:
+
+- send the attempt's own ``idempotency_key`` and, where the target supports it,
+  the ``fencing_token`` (the run's epoch) so stale sends are rejected (A5, F3);
+- refuse to send after ``send_deadline_us`` by raising
+  :class:`~charter.errors.NotApplied` (F3): call :meth:`Dispatch.check_deadline`
+  immediately before the send;
+- turn off its SDK's own retries, so every send is an attempt Charter knows;
+- raise :class:`~charter.errors.NotApplied` only when non-application is
+  proven; any other exception makes the attempt UNKNOWN (A3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from charter.attempts import Attempt
+from charter.clock import Clock
+from charter.errors import AdapterError, NotApplied
+
+
+class EffectClass(StrEnum):
+    """What an uncertain send may have done (A7)."""
+
+    READ_ONLY = "read_only"  # no outside effect: a model call, a search
+    IDEMPOTENT_KEYED = "idempotent_keyed"  # target dedupes by our key inside a window
+    UNSAFE = "unsafe"  # everything else
+
+
+@dataclass(frozen=True)
+class Operation:
+    """An adapter operation's declared effect class (and dedupe window if keyed)."""
+
+    effect: EffectClass
+    dedupe_window_seconds: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.effect is EffectClass.IDEMPOTENT_KEYED and not self.dedupe_window_seconds:
+            raise AdapterError(
+                "an idempotent_keyed operation must declare the target's dedupe window "
+                "(dedupe_window_seconds)"
+            )
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """An upper bound on an operation's cost per unit, and where the price came from (L8)."""
+
+    amounts: Mapping[str, int]
+    price_source: str
+
+    def __post_init__(self) -> None:
+        _check_amounts(self.amounts, "estimate")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the target did: applied as success, or applied/refused as a failure.
+
+    ``cost`` is the actual cost as reported, never clamped (L2, L5); ``receipt``
+    is the target's raw receipt, kept verbatim.
+    """
+
+    status: Literal["succeeded", "failed"]
+    result: Any = None
+    cost: Mapping[str, int] = field(default_factory=dict)
+    receipt: Any = None
+    price_source: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in ("succeeded", "failed"):
+            raise AdapterError(f"outcome status must be 'succeeded' or 'failed', not {self.status}")
+        _check_amounts(self.cost, "outcome cost")
+
+    @classmethod
+    def succeeded(
+        cls,
+        result: Any = None,
+        *,
+        cost: Mapping[str, int] | None = None,
+        receipt: Any = None,
+        price_source: str | None = None,
+    ) -> Outcome:
+        return cls("succeeded", result, dict(cost or {}), receipt, price_source)
+
+    @classmethod
+    def failed(
+        cls,
+        result: Any = None,
+        *,
+        cost: Mapping[str, int] | None = None,
+        receipt: Any = None,
+        price_source: str | None = None,
+    ) -> Outcome:
+        return cls("failed", result, dict(cost or {}), receipt, price_source)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What reconciliation found about an attempt (R7). Stored, never edited."""
+
+    verdict: Literal["applied", "not_applied", "indeterminate"]
+    outcome: Outcome | None = None
+    detail: Any = None
+    source: str = "adapter"
+
+    def __post_init__(self) -> None:
+        if self.verdict not in ("applied", "not_applied", "indeterminate"):
+            raise AdapterError(f"unknown evidence verdict {self.verdict!r}")
+        if self.verdict == "applied" and self.outcome is None:
+            raise AdapterError("evidence that an effect was applied must carry its outcome")
+
+    @classmethod
+    def applied(cls, outcome: Outcome, *, detail: Any = None) -> Evidence:
+        return cls("applied", outcome, detail)
+
+    @classmethod
+    def not_applied(cls, detail: Any) -> Evidence:
+        return cls("not_applied", None, detail)
+
+    @classmethod
+    def indeterminate(cls, detail: Any = None) -> Evidence:
+        return cls("indeterminate", None, detail)
+
+    @property
+    def conclusive(self) -> bool:
+        return self.verdict != "indeterminate"
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Everything an adapter is told when asked to send one attempt."""
+
+    attempt_id: str
+    operation: str
+    request: Any
+    idempotency_key: str
+    fencing_token: int
+    send_deadline_us: int
+    clock: Clock = field(repr=False, compare=False)
+
+    def check_deadline(self) -> None:
+        """Raise :class:`NotApplied` if the send deadline has passed (F3)."""
+        now = self.clock.now_us()
+        if now > self.send_deadline_us:
+            raise NotApplied(
+                "send deadline passed before sending",
+                evidence={"deadline_us": self.send_deadline_us, "now_us": now},
+            )
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """An integration with an outside system."""
+
+    name: str
+    operations: Mapping[str, Operation]
+
+    def estimate(self, operation: str, request: Any) -> Estimate: ...
+
+    def dispatch(self, send: Dispatch) -> Outcome: ...
+
+    def reconcile(self, attempt: Attempt) -> Evidence: ...
+
+
+def _check_amounts(amounts: Mapping[str, int], what: str) -> None:
+    for unit, amount in amounts.items():
+        if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
+            raise AdapterError(
+                f"{what} for unit {unit!r} must be a non-negative integer in the unit's "
+                f"smallest step (floats never touch the ledger), got {amount!r}"
+            )

@@ -1,0 +1,215 @@
+"""Approvals (W2): a decision by an authorised principal on one effect.
+
+An approval is bound to one effect — its stable effect ID (run, node, node
+execution, effect key) — *and* its request hash: a changed request needs a new
+approval. Validity is checked at the dispatch commit, including the approver's
+authority under the current contract. An expired or no-longer-authorised
+approval makes the engine open a new request for the same effect; the attempt
+stays PREPARED with its hold. A denial voids the attempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from charter.contracts import Contract
+from charter.errors import NotFound, StateError
+from charter.principals import Right
+from charter.storage import Row, Tx
+
+
+class ApprovalStatus(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    SUPERSEDED = "superseded"  # the approver lost the right before dispatch
+
+
+def effect_id(run_id: str, node_id: str, execution: int, effect_key: str) -> str:
+    return f"{run_id}/{node_id}/{execution}/{effect_key}"
+
+
+@dataclass(frozen=True)
+class Approval:
+    id: str
+    mission_id: str
+    run_id: str
+    effect_id: str
+    scope: str
+    request_hash: str
+    status: ApprovalStatus
+    requested_at_us: int
+    decided_by: str | None
+    decided_at_us: int | None
+    expires_at_us: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "status": self.status.value}
+
+
+def _from_row(r: Row) -> Approval:
+    return Approval(
+        r["id"],
+        r["mission_id"],
+        r["run_id"],
+        r["effect_id"],
+        r["scope"],
+        r["request_hash"],
+        ApprovalStatus(r["status"]),
+        r["requested_at_us"],
+        r["decided_by"],
+        r["decided_at_us"],
+        r["expires_at_us"],
+    )
+
+
+def load(tx: Tx, approval_id: str) -> Approval:
+    row = tx.one("SELECT * FROM approvals WHERE id = ?", approval_id)
+    if row is None:
+        raise NotFound(f"no approval {approval_id!r} in this store", approval_id=approval_id)
+    return _from_row(row)
+
+
+def latest(tx: Tx, effect: str, request_hash: str) -> Approval | None:
+    row = tx.one(
+        "SELECT * FROM approvals WHERE effect_id = ? AND request_hash = ? "
+        "ORDER BY requested_at_us DESC, id DESC LIMIT 1",
+        effect,
+        request_hash,
+    )
+    return None if row is None else _from_row(row)
+
+
+def list_approvals(tx: Tx, *, run_id: str | None = None, pending: bool = False) -> list[Approval]:
+    sql = "SELECT * FROM approvals WHERE 1 = 1"
+    params: list[Any] = []
+    if run_id is not None:
+        sql += " AND run_id = ?"
+        params.append(run_id)
+    if pending:
+        sql += " AND status = 'pending'"
+    return [_from_row(r) for r in tx.all(sql + " ORDER BY requested_at_us, id", *params)]
+
+
+def request(
+    tx: Tx,
+    *,
+    mission_id: str,
+    run_id: str,
+    effect: str,
+    scope: str,
+    request_hash: str,
+    actor: str,
+    epoch: int | None,
+) -> str:
+    approval_id = tx.ids.new("apr")
+    tx.run(
+        "INSERT INTO approvals (id, mission_id, run_id, effect_id, scope, request_hash, status, "
+        "requested_at_us) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)",
+        approval_id,
+        mission_id,
+        run_id,
+        effect,
+        scope,
+        request_hash,
+        tx.now_us,
+    )
+    tx.audit(
+        mission_id,
+        "approval.requested",
+        approval_id,
+        actor=actor,
+        epoch=epoch,
+        after="pending",
+        payload={"effect_id": effect, "scope": scope, "request_hash": request_hash},
+    )
+    return approval_id
+
+
+def _retire(tx: Tx, a: Approval, status: ApprovalStatus, actor: str) -> None:
+    tx.run("UPDATE approvals SET status = ? WHERE id = ?", status.value, a.id)
+    tx.audit(
+        a.mission_id,
+        "approval." + status.value,
+        a.id,
+        actor=actor,
+        before=a.status.value,
+        after=status.value,
+    )
+
+
+def standing(
+    tx: Tx,
+    contract: Contract,
+    *,
+    mission_id: str,
+    run_id: str,
+    effect: str,
+    scope: str,
+    request_hash: str,
+    actor: str,
+    epoch: int | None,
+) -> tuple[ApprovalStatus, str]:
+    """Whether the effect may be dispatched now; opens a new request if needed.
+
+    Returns ``(APPROVED, id)`` when a valid approval exists, ``(DENIED, id)``
+    when it was denied, and ``(PENDING, id)`` otherwise — after retiring an
+    expired or superseded approval and requesting a new decision.
+    """
+    a = latest(tx, effect, request_hash)
+    if a is not None and a.status is ApprovalStatus.APPROVED:
+        assert a.decided_by is not None and a.expires_at_us is not None
+        if a.expires_at_us <= tx.now_us:
+            _retire(tx, a, ApprovalStatus.EXPIRED, actor)
+        elif not contract.allows(a.decided_by, Right.APPROVE, scope):
+            _retire(tx, a, ApprovalStatus.SUPERSEDED, actor)
+        else:
+            return ApprovalStatus.APPROVED, a.id
+    elif a is not None and a.status in (ApprovalStatus.PENDING, ApprovalStatus.DENIED):
+        return a.status, a.id
+    new_id = request(
+        tx,
+        mission_id=mission_id,
+        run_id=run_id,
+        effect=effect,
+        scope=scope,
+        request_hash=request_hash,
+        actor=actor,
+        epoch=epoch,
+    )
+    return ApprovalStatus.PENDING, new_id
+
+
+def decide(
+    tx: Tx, approval: Approval, *, by: str, approve: bool, ttl_seconds: int
+) -> ApprovalStatus:
+    if approval.status is not ApprovalStatus.PENDING:
+        raise StateError(
+            f"approval {approval.id} is {approval.status.value}, not pending; only a pending "
+            "request can be decided",
+            approval_id=approval.id,
+        )
+    status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
+    expires = tx.now_us + ttl_seconds * 1_000_000 if approve else None
+    tx.run(
+        "UPDATE approvals SET status = ?, decided_by = ?, decided_at_us = ?, expires_at_us = ? "
+        "WHERE id = ? AND status = 'pending'",
+        status.value,
+        by,
+        tx.now_us,
+        expires,
+        approval.id,
+    )
+    tx.audit(
+        approval.mission_id,
+        "approval.decided",
+        approval.id,
+        actor=by,
+        before="pending",
+        after=status.value,
+        payload={"effect_id": approval.effect_id, "expires_at_us": expires},
+    )
+    return status

@@ -1,0 +1,193 @@
+"""Attempts: one try at one effect through one adapter (A1-A7).
+
+The lifecycle::
+
+    PREPARED --dispatch commit--> DISPATCHED --result--> SUCCEEDED | FAILED
+       |                               |--lost/ambiguous/timeout--> UNKNOWN
+       v                               '--owner lost (recover)----> UNKNOWN
+    VOIDED (never sent)           UNKNOWN --evidence/resolution--> SUCCEEDED | FAILED | WRITTEN_OFF
+
+An attempt's idempotency key is derived from its ID and never changes (A5); a
+retry is a *new* attempt linked by ``retry_of`` (A4).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from charter.errors import NotFound
+from charter.storage import Row, Tx
+
+
+class AttemptStatus(StrEnum):
+    PREPARED = "prepared"
+    DISPATCHED = "dispatched"
+    UNKNOWN = "unknown"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    WRITTEN_OFF = "written_off"
+    VOIDED = "voided"
+
+    @property
+    def holds(self) -> bool:
+        """Whether an attempt in this status keeps its hold (L1)."""
+        return self in _HOLDING
+
+    @property
+    def settled(self) -> bool:
+        return self in _SETTLED
+
+    @property
+    def unresolved(self) -> bool:
+        """Sent or maybe sent, outcome not settled: never retried on a guess."""
+        return self in (AttemptStatus.DISPATCHED, AttemptStatus.UNKNOWN)
+
+
+_HOLDING = frozenset({AttemptStatus.PREPARED, AttemptStatus.DISPATCHED, AttemptStatus.UNKNOWN})
+_SETTLED = frozenset({AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.WRITTEN_OFF})
+
+
+def idempotency_key_for(attempt_id: str) -> str:
+    """The key sent to the target: the attempt's own, forever (A5)."""
+    return f"charter-{attempt_id}"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """An attempt as recorded in the store."""
+
+    id: str
+    mission_id: str
+    run_id: str
+    node_id: str
+    execution: int
+    effect_key: str
+    adapter: str
+    operation: str
+    effect_class: str
+    status: AttemptStatus
+    principal: str
+    admitted_epoch: int
+    dispatched_epoch: int | None
+    idempotency_key: str
+    request_hash: str
+    request: Any
+    estimate: dict[str, int]
+    actual: dict[str, int] | None
+    result: Any
+    receipt: Any
+    price_source: str | None
+    retry_of: str | None
+    reason: str | None
+    send_deadline_us: int | None
+    prepared_at_us: int
+    dispatched_at_us: int | None
+    settled_at_us: int | None
+    generation: int = 1
+
+    @property
+    def scope(self) -> str:
+        return f"{self.adapter}.{self.operation}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "mission_id": self.mission_id,
+            "run_id": self.run_id,
+            "node_id": self.node_id,
+            "execution": self.execution,
+            "effect_key": self.effect_key,
+            "adapter": self.adapter,
+            "operation": self.operation,
+            "effect_class": self.effect_class,
+            "status": self.status.value,
+            "principal": self.principal,
+            "admitted_epoch": self.admitted_epoch,
+            "dispatched_epoch": self.dispatched_epoch,
+            "idempotency_key": self.idempotency_key,
+            "request_hash": self.request_hash,
+            "estimate": self.estimate,
+            "actual": self.actual,
+            "result": self.result,
+            "receipt": self.receipt,
+            "price_source": self.price_source,
+            "retry_of": self.retry_of,
+            "reason": self.reason,
+            "prepared_at_us": self.prepared_at_us,
+            "dispatched_at_us": self.dispatched_at_us,
+            "settled_at_us": self.settled_at_us,
+            "generation": self.generation,
+        }
+
+
+def _json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def from_row(r: Row) -> Attempt:
+    return Attempt(
+        id=r["id"],
+        mission_id=r["mission_id"],
+        run_id=r["run_id"],
+        node_id=r["node_id"],
+        execution=r["execution"],
+        effect_key=r["effect_key"],
+        adapter=r["adapter"],
+        operation=r["operation"],
+        effect_class=r["effect_class"],
+        status=AttemptStatus(r["status"]),
+        principal=r["principal"],
+        admitted_epoch=r["admitted_epoch"],
+        dispatched_epoch=r["dispatched_epoch"],
+        idempotency_key=r["idempotency_key"],
+        request_hash=r["request_hash"],
+        request=_json(r["request"]),
+        estimate=_json(r["estimate"]),
+        actual=_json(r["actual"]),
+        result=_json(r["result"]),
+        receipt=_json(r["receipt"]),
+        price_source=r["price_source"],
+        retry_of=r["retry_of"],
+        reason=r["reason"],
+        send_deadline_us=r["send_deadline_us"],
+        prepared_at_us=r["prepared_at_us"],
+        dispatched_at_us=r["dispatched_at_us"],
+        settled_at_us=r["settled_at_us"],
+        generation=r["generation"],
+    )
+
+
+def load(tx: Tx, attempt_id: str) -> Attempt:
+    row = tx.one("SELECT * FROM attempts WHERE id = ?", attempt_id)
+    if row is None:
+        raise NotFound(
+            f"no attempt {attempt_id!r} in this store; list them with `charter attempts`",
+            attempt_id=attempt_id,
+        )
+    return from_row(row)
+
+
+def list_attempts(
+    tx: Tx,
+    *,
+    run_id: str | None = None,
+    mission_id: str | None = None,
+    unresolved: bool = False,
+) -> list[Attempt]:
+    where: list[str] = []
+    params: list[Any] = []
+    if run_id is not None:
+        where.append("run_id = ?")
+        params.append(run_id)
+    if mission_id is not None:
+        where.append("mission_id = ?")
+        params.append(mission_id)
+    if unresolved:
+        where.append("status IN ('prepared', 'dispatched', 'unknown')")
+    sql = "SELECT * FROM attempts"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return [from_row(r) for r in tx.all(sql + " ORDER BY prepared_at_us, id", *params)]

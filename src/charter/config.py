@@ -1,0 +1,112 @@
+"""Engine configuration: credentials, settlement and resume policy, timings.
+
+Configuration belongs to whoever runs the engine, not to missions: a contract
+may only *restrict* the resume policy (R9). It is plain data, loadable from a
+TOML file (``charter.toml`` or ``$CHARTER_CONFIG``)::
+
+    store = ".charter/charter.db"
+    evidence_settles = "confirm"     # or "auto" (R7)
+    resume = "human"                 # "automatic" | "rules" | "human" (R9)
+    lease_seconds = 30
+    send_deadline_seconds = 30
+
+    [credentials]                    # name -> sha256 digest of the secret (P1)
+    alice = "sha256:9f86d0..."
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from charter.contracts import RESUME_STRICTNESS, ResumeMode
+from charter.errors import ConfigError
+
+if TYPE_CHECKING:
+    from charter.recovery import RecoveryState
+
+ResumeRule = Callable[["RecoveryState"], bool]
+
+_KEYS = {
+    "store",
+    "credentials",
+    "evidence_settles",
+    "resume",
+    "lease_seconds",
+    "send_deadline_seconds",
+    "busy_timeout_seconds",
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How this engine runs. Immutable; build a new one to change it."""
+
+    store: str | None = None
+    credentials: Mapping[str, str] = field(default_factory=dict)
+    evidence_settles: Literal["confirm", "auto"] = "confirm"
+    resume: ResumeMode = "human"
+    #: Predicates consulted by ``resume`` when ``resume = "rules"``; all must pass.
+    resume_rules: tuple[ResumeRule, ...] = ()
+    lease_seconds: float = 30.0
+    send_deadline_seconds: float = 30.0
+    busy_timeout_seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.evidence_settles not in ("confirm", "auto"):
+            raise ConfigError("evidence_settles must be 'confirm' (default) or 'auto'")
+        if self.resume not in RESUME_STRICTNESS:
+            raise ConfigError(f"resume must be one of {list(RESUME_STRICTNESS)}")
+        for name in ("lease_seconds", "send_deadline_seconds", "busy_timeout_seconds"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive")
+        if self.send_deadline_seconds > self.lease_seconds:
+            raise ConfigError(
+                "send_deadline_seconds must not exceed lease_seconds: a send must never be "
+                "possible after another owner could take over (F3)"
+            )
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, base: Path | None = None) -> EngineConfig:
+        unknown = set(data) - _KEYS
+        if unknown:
+            raise ConfigError(f"unknown configuration key(s) {sorted(unknown)}; known: "
+                              f"{sorted(_KEYS)}")
+        values = dict(data)
+        store = values.get("store")
+        if isinstance(store, str) and base is not None and "://" not in store:
+            values["store"] = str(base / store)
+        credentials = values.get("credentials", {})
+        if not isinstance(credentials, Mapping):
+            raise ConfigError("[credentials] must map principal names to 'sha256:<hex>' digests")
+        values["credentials"] = dict(credentials)
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise ConfigError(f"invalid configuration: {exc}") from None
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> EngineConfig:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file {p} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"configuration file {p} is not valid TOML: {exc}") from None
+        return cls.from_mapping(data, base=p.parent)
+
+    @classmethod
+    def discover(cls) -> EngineConfig:
+        """``$CHARTER_CONFIG``, else ``./charter.toml`` if present, else defaults."""
+        env = os.environ.get("CHARTER_CONFIG")
+        if env:
+            return cls.from_file(env)
+        local = Path("charter.toml")
+        if local.exists():
+            return cls.from_file(local)
+        return cls()

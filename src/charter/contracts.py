@@ -1,0 +1,316 @@
+"""Contracts: what a mission may do, with how much, under whose authority.
+
+A contract is plain data (a ``dict`` from JSON or TOML) validated strictly by
+:meth:`Contract.from_dict`: unknown keys, floats in amounts, unknown rights and
+empty objectives are refused with a :class:`~charter.errors.ContractError` that
+names the offending field. Contracts are versioned in the store; a change (a
+raised limit, a revoked right) is a new version, and authority is always checked
+against the *current* version.
+
+Scopes name adapter operations as ``adapter.operation``; a grant may use ``*``
+(everything) or ``adapter.*``. Rights that are not about operations (``resolve``,
+``stop``, ``raise_limit`` ...) are usually granted on ``*``; a bare list of
+rights is shorthand for granting each on ``*``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, Literal
+
+from charter.clock import MICROS
+from charter.errors import ContractError
+from charter.principals import Right
+
+ResumeMode = Literal["automatic", "rules", "human"]
+#: From least to most restrictive; a contract may only move right (R9).
+RESUME_STRICTNESS: tuple[ResumeMode, ...] = ("automatic", "rules", "human")
+
+_TOP_KEYS = {
+    "objective",
+    "principals",
+    "allowance",
+    "approvals",
+    "stop_conditions",
+    "resume",
+    "max_recoveries",
+    "max_node_crashes",
+    "read_only_unknown",
+}
+
+
+def scope_matches(pattern: str, scope: str) -> bool:
+    """``*`` matches all; ``adapter.*`` matches that adapter's operations."""
+    if pattern in ("*", scope):
+        return True
+    return pattern.endswith(".*") and scope.startswith(pattern[:-1])
+
+
+@dataclass(frozen=True)
+class ApprovalPolicy:
+    """Which operations need an approval before dispatch, and how long one lasts."""
+
+    required: tuple[str, ...] = ()
+    ttl_seconds: int = 3600
+
+    def requires(self, scope: str) -> bool:
+        return any(scope_matches(p, scope) for p in self.required)
+
+
+@dataclass(frozen=True)
+class StopConditions:
+    """Conditions under which no new attempt may be admitted (A1)."""
+
+    max_attempts: int | None = None
+    max_failed_attempts: int | None = None
+    deadline_us: int | None = None
+
+
+@dataclass(frozen=True)
+class Contract:
+    """A validated, immutable contract version."""
+
+    objective: str
+    principals: Mapping[str, Mapping[Right, tuple[str, ...]]]
+    allowance: Mapping[str, int]
+    approvals: ApprovalPolicy = field(default_factory=ApprovalPolicy)
+    stop_conditions: StopConditions = field(default_factory=StopConditions)
+    resume: ResumeMode | None = None
+    max_recoveries: int = 3
+    max_node_crashes: int = 3
+    read_only_unknown: Literal["wait", "write_off"] = "wait"
+
+    # -- authority -----------------------------------------------------------
+    def allows(self, principal: str, right: Right, scope: str = "*") -> bool:
+        """Whether this version grants ``right`` on ``scope`` to ``principal``."""
+        grants = self.principals.get(principal, {})
+        return any(scope_matches(p, scope) for p in grants.get(right, ()))
+
+    # -- changes -------------------------------------------------------------
+    def with_limit(self, unit: str, limit: int) -> Contract:
+        """A new version with one allowance limit changed."""
+        return replace(self, allowance={**self.allowance, unit: limit})
+
+    def with_grants(self, principal: str, grants: Mapping[Right, tuple[str, ...]]) -> Contract:
+        """A new version with one principal's grants replaced (empty revokes all)."""
+        principals = dict(self.principals)
+        if grants:
+            principals[principal] = dict(grants)
+        else:
+            principals.pop(principal, None)
+        return replace(self, principals=principals)
+
+    # -- serialisation -------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "objective": self.objective,
+            "principals": {
+                name: {str(r): list(s) for r, s in sorted(g.items())}
+                for name, g in sorted(self.principals.items())
+            },
+            "allowance": dict(sorted(self.allowance.items())),
+            "approvals": {
+                "required": list(self.approvals.required),
+                "ttl_seconds": self.approvals.ttl_seconds,
+            },
+            "stop_conditions": {
+                k: v
+                for k, v in (
+                    ("max_attempts", self.stop_conditions.max_attempts),
+                    ("max_failed_attempts", self.stop_conditions.max_failed_attempts),
+                    ("deadline_us", self.stop_conditions.deadline_us),
+                )
+                if v is not None
+            },
+            "max_recoveries": self.max_recoveries,
+            "max_node_crashes": self.max_node_crashes,
+            "read_only_unknown": self.read_only_unknown,
+        }
+        if self.resume is not None:
+            out["resume"] = self.resume
+        return out
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Contract:
+        """Validate ``data`` and build a contract; refuse anything malformed."""
+        if not isinstance(data, Mapping):
+            raise ContractError("a contract must be a mapping (a JSON object or TOML table)")
+        unknown = set(data) - _TOP_KEYS
+        if unknown:
+            raise ContractError(
+                f"unknown contract field(s) {sorted(unknown)}; allowed: {sorted(_TOP_KEYS)}",
+                field=sorted(unknown)[0],
+            )
+        objective = data.get("objective")
+        if not isinstance(objective, str) or not objective.strip():
+            raise ContractError("contract.objective must be a non-empty string", field="objective")
+        return cls(
+            objective=objective,
+            principals=_principals(data.get("principals")),
+            allowance=_allowance(data.get("allowance")),
+            approvals=_approvals(data.get("approvals", {})),
+            stop_conditions=_stop(data.get("stop_conditions", {})),
+            resume=_resume(data.get("resume")),
+            max_recoveries=_count(data.get("max_recoveries", 3), "max_recoveries", minimum=1),
+            max_node_crashes=_count(data.get("max_node_crashes", 3), "max_node_crashes", minimum=1),
+            read_only_unknown=_read_only_unknown(data.get("read_only_unknown", "wait")),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Contract:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ContractError(f"contract is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+
+def _count(value: Any, name: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ContractError(f"contract.{name} must be an integer >= {minimum}", field=name)
+    return value
+
+
+def _principals(value: Any) -> dict[str, dict[Right, tuple[str, ...]]]:
+    if not isinstance(value, Mapping) or not value:
+        raise ContractError(
+            "contract.principals must map each principal to its rights, "
+            'e.g. {"agent": {"run": ["llm.*"]}, "alice": ["resolve"]}',
+            field="principals",
+        )
+    out: dict[str, dict[Right, tuple[str, ...]]] = {}
+    valid = sorted(r.value for r in Right)
+    for name, grants in value.items():
+        if not isinstance(name, str) or not name or ":" in name:
+            raise ContractError(
+                f"principal name {name!r} must be a non-empty string without ':'",
+                field="principals",
+            )
+        if isinstance(grants, list):
+            grants = {r: ["*"] for r in grants}
+        if not isinstance(grants, Mapping):
+            raise ContractError(
+                f"principals.{name} must be a list of rights or a mapping right -> scopes",
+                field=f"principals.{name}",
+            )
+        parsed: dict[Right, tuple[str, ...]] = {}
+        for right, scopes in grants.items():
+            if right not in valid:
+                raise ContractError(
+                    f"principals.{name}: unknown right {right!r}; rights are {valid}",
+                    field=f"principals.{name}",
+                )
+            if isinstance(scopes, str):
+                scopes = [scopes]
+            if not isinstance(scopes, list) or not all(
+                isinstance(s, str) and s and (s == "*" or "." in s) for s in scopes
+            ):
+                raise ContractError(
+                    f"principals.{name}.{right} must list scopes like '*', 'adapter.*' or "
+                    "'adapter.operation'",
+                    field=f"principals.{name}.{right}",
+                )
+            parsed[Right(right)] = tuple(scopes)
+        out[name] = parsed
+    return out
+
+
+def _allowance(value: Any) -> dict[str, int]:
+    if not isinstance(value, Mapping) or not value:
+        raise ContractError(
+            "contract.allowance must map each unit to an integer limit in its smallest step, "
+            'e.g. {"usd_micros": 5000000, "calls": 100}',
+            field="allowance",
+        )
+    out: dict[str, int] = {}
+    for unit, limit in value.items():
+        if not isinstance(unit, str) or not unit.replace("_", "").isalnum():
+            raise ContractError(f"allowance unit {unit!r} must be a plain name", field="allowance")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ContractError(
+                f"allowance.{unit} must be a non-negative integer (smallest steps; "
+                f"floats never touch the ledger), got {limit!r}",
+                field=f"allowance.{unit}",
+            )
+        out[unit] = limit
+    return out
+
+
+def _approvals(value: Any) -> ApprovalPolicy:
+    if not isinstance(value, Mapping) or set(value) - {"required", "ttl_seconds"}:
+        raise ContractError(
+            "contract.approvals takes 'required' (scopes) and 'ttl_seconds'", field="approvals"
+        )
+    required = value.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(s, str) and s for s in required):
+        raise ContractError("approvals.required must be a list of scopes", field="approvals")
+    ttl = _count(value.get("ttl_seconds", 3600), "approvals.ttl_seconds", minimum=1)
+    return ApprovalPolicy(tuple(required), ttl)
+
+
+def _stop(value: Any) -> StopConditions:
+    allowed = {"max_attempts", "max_failed_attempts", "deadline", "deadline_us"}
+    if not isinstance(value, Mapping) or set(value) - allowed:
+        raise ContractError(
+            f"contract.stop_conditions takes {sorted(allowed)}", field="stop_conditions"
+        )
+    deadline = value.get("deadline_us")
+    if "deadline" in value:
+        try:
+            moment = datetime.fromisoformat(str(value["deadline"]))
+        except ValueError:
+            raise ContractError(
+                "stop_conditions.deadline must be an ISO 8601 time with a zone",
+                field="stop_conditions.deadline",
+            ) from None
+        if moment.tzinfo is None:
+            raise ContractError(
+                "stop_conditions.deadline needs a time zone (e.g. ...Z or +00:00)",
+                field="stop_conditions.deadline",
+            )
+        deadline = round(moment.timestamp() * MICROS)
+    elif deadline is not None:
+        deadline = _count(deadline, "stop_conditions.deadline_us")
+    return StopConditions(
+        max_attempts=None
+        if value.get("max_attempts") is None
+        else _count(value["max_attempts"], "stop_conditions.max_attempts"),
+        max_failed_attempts=None
+        if value.get("max_failed_attempts") is None
+        else _count(value["max_failed_attempts"], "stop_conditions.max_failed_attempts"),
+        deadline_us=deadline,
+    )
+
+
+def _resume(value: Any) -> ResumeMode | None:
+    if value is None:
+        return None
+    if value not in RESUME_STRICTNESS:
+        raise ContractError(
+            f"contract.resume must be one of {list(RESUME_STRICTNESS)} (a contract may only "
+            "restrict the engine's resume policy)",
+            field="resume",
+        )
+    mode: ResumeMode = value
+    return mode
+
+
+def _read_only_unknown(value: Any) -> Literal["wait", "write_off"]:
+    if value == "wait":
+        return "wait"
+    if value == "write_off":
+        return "write_off"
+    raise ContractError(
+        "contract.read_only_unknown must be 'wait' (default) or 'write_off' (A7 opt-in)",
+        field="read_only_unknown",
+    )

@@ -1,0 +1,441 @@
+"""The engine: one store, one configuration, no global state.
+
+``Engine.open()`` opens (and migrates) the store, and every public operation
+is a method on the instance. Decisions by people — approvals, limit raises,
+incident closures, stops — take an authenticated :class:`Principal` (P1) and
+are checked against the mission's *current* contract; refusals are audited.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from charter import approvals as approvals_mod
+from charter import attempts as attempts_mod
+from charter import incidents as incidents_mod
+from charter import ledger, missions, runs
+from charter.approvals import Approval, ApprovalStatus
+from charter.attempts import Attempt
+from charter.audit import ENGINE_CHAIN, Verification, verify_events
+from charter.clock import Clock, SystemClock, seconds_us
+from charter.config import EngineConfig
+from charter.contracts import Contract
+from charter.crashpoints import CrashHook
+from charter.errors import (
+    AuthenticationError,
+    ContractError,
+    NotAuthorized,
+    RunTerminal,
+    StateError,
+)
+from charter.executor import Executor
+from charter.ids import IdFactory
+from charter.missions import ContractCache, Mission
+from charter.principals import Authenticator, Principal, Right
+from charter.runs import Run, RunStatus
+from charter.storage import Database, Tx, open_database
+
+if TYPE_CHECKING:
+    from charter.coordinator import Coordinator
+
+
+class Engine:
+    """A Charter engine bound to one store."""
+
+    def __init__(
+        self,
+        db: Database,
+        config: EngineConfig,
+        clock: Clock,
+        crash_hook: CrashHook | None,
+    ) -> None:
+        self._db = db
+        self.config = config
+        self.clock = clock
+        self._crash_hook = crash_hook
+        self._auth = Authenticator(config.credentials)
+        self._contracts = ContractCache()
+        self._coordinator: Coordinator | None = None
+
+    @classmethod
+    def open(
+        cls,
+        url: str | None = None,
+        *,
+        config: EngineConfig | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        crash_hook: CrashHook | None = None,
+    ) -> Engine:
+        """Open the store at ``url`` (default: ``./.charter/charter.db``).
+
+        ``clock``, ``rng`` and ``crash_hook`` are the test seams: a
+        :class:`~charter.clock.ManualClock`, a seeded ``random.Random`` and a
+        hook called at every durable boundary (see :mod:`charter.testing`).
+        """
+        config = config or EngineConfig()
+        clock = clock or SystemClock()
+        ids = IdFactory(clock, rng)
+        db = open_database(
+            url if url is not None else config.store,
+            clock=clock,
+            ids=ids,
+            busy_timeout=config.busy_timeout_seconds,
+        )
+        return cls(db, config, clock, crash_hook)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def coordinator(self) -> Coordinator:
+        """The recovery API: ``recover``, ``reconcile``, ``resolve``, ``resume``."""
+        if self._coordinator is None:
+            from charter.coordinator import Coordinator
+
+            self._coordinator = Coordinator(self)
+        return self._coordinator
+
+    # -- identity (P1) ----------------------------------------------------------
+    def authenticate(self, credential: str) -> Principal:
+        """The principal a ``NAME:SECRET`` credential proves; refusals are audited."""
+        try:
+            return self._auth.authenticate(credential)
+        except AuthenticationError as exc:
+            with self._db.transaction() as tx:
+                raise tx.refused(
+                    exc,
+                    mission_id=ENGINE_CHAIN,
+                    kind="auth.refused",
+                    entity=str(exc.details.get("principal", "?")),
+                    actor=str(exc.details.get("principal", "?")),
+                    payload={"reason": "bad credential"},
+                ) from None
+
+    def _authorize(
+        self,
+        tx: Tx,
+        principal: Principal,
+        mission_id: str,
+        right: Right,
+        scope: str = "*",
+        *,
+        entity: str,
+    ) -> Contract:
+        """Vouch for ``principal`` and check ``right`` under the current contract."""
+        try:
+            self._auth.vouch(principal)
+        except AuthenticationError as exc:
+            raise tx.refused(
+                exc,
+                mission_id=mission_id,
+                kind="auth.refused",
+                entity=entity,
+                actor=str(getattr(principal, "name", "?")),
+                payload={"right": right.value, "reason": "forged or foreign principal"},
+            ) from None
+        mission = missions.load(tx, mission_id)
+        contract = self._contracts.get(tx, mission_id, mission.contract_version)
+        if not contract.allows(principal.name, right, scope):
+            raise tx.refused(
+                NotAuthorized(
+                    f"principal {principal.name!r} has no {right.value!r} right on {scope} "
+                    f"under contract v{mission.contract_version} of mission {mission_id}",
+                    principal=principal.name,
+                    right=right.value,
+                    scope=scope,
+                ),
+                mission_id=mission_id,
+                kind="authorization.refused",
+                entity=entity,
+                actor=principal.name,
+                payload={"right": right.value, "scope": scope},
+            )
+        return contract
+
+    def _vouch(self, tx: Tx, principal: Principal) -> None:
+        try:
+            self._auth.vouch(principal)
+        except AuthenticationError as exc:
+            raise tx.refused(
+                exc,
+                mission_id=ENGINE_CHAIN,
+                kind="auth.refused",
+                entity="engine",
+                actor=str(getattr(principal, "name", "?")),
+                payload={"reason": "forged or foreign principal"},
+            ) from None
+
+    # -- missions and contracts ---------------------------------------------------
+    def create_mission(
+        self, contract: Contract | Mapping[str, Any], *, by: Principal, name: str = ""
+    ) -> str:
+        """Record a mission with its first contract version; fund its allowance."""
+        parsed = contract if isinstance(contract, Contract) else Contract.from_dict(contract)
+        with self._db.transaction() as tx:
+            self._vouch(tx, by)
+            if by.name not in parsed.principals:
+                raise ContractError(
+                    f"the creator {by.name!r} must be one of the contract's principals",
+                    field="principals",
+                )
+            return missions.create(tx, parsed, name=name or parsed.objective[:60], by=by.name)
+
+    def contract(self, mission_id: str, version: int | None = None) -> Contract:
+        with self._db.read() as tx:
+            v = version if version is not None else missions.load(tx, mission_id).contract_version
+            return self._contracts.get(tx, mission_id, v)
+
+    def amend_contract(
+        self, mission_id: str, contract: Contract | Mapping[str, Any], *, by: Principal,
+        reason: str,
+    ) -> int:
+        """A new contract version (e.g. a revoked right). Only the mission's creator may."""
+        parsed = contract if isinstance(contract, Contract) else Contract.from_dict(contract)
+        with self._db.transaction() as tx:
+            self._vouch(tx, by)
+            mission = missions.load(tx, mission_id)
+            if by.name != mission.created_by:
+                raise tx.refused(
+                    NotAuthorized(
+                        f"only the mission's creator ({mission.created_by}) may amend its "
+                        "contract; a limit raise needs raise_limit (Engine.raise_limit)",
+                        principal=by.name,
+                    ),
+                    mission_id=mission_id,
+                    kind="authorization.refused",
+                    entity=mission_id,
+                    actor=by.name,
+                    payload={"action": "amend_contract"},
+                )
+            current = self._contracts.get(tx, mission_id, mission.contract_version)
+            removed = sorted(set(current.allowance) - set(parsed.allowance))
+            if removed:
+                raise ContractError(
+                    f"a contract version cannot drop allowance units {removed}; set them to "
+                    "their spent amount instead",
+                    field="allowance",
+                )
+            return missions.add_version(tx, mission_id, parsed, reason=reason, by=by.name,
+                                        previous=current)
+
+    def raise_limit(self, mission_id: str, unit: str, limit: int, *, by: Principal) -> int:
+        """Raise an allowance limit (a new contract version, L7); needs ``raise_limit``."""
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise ContractError(f"limit must be an integer in {unit}'s smallest step")
+        with self._db.transaction() as tx:
+            current = self._authorize(tx, by, mission_id, Right.RAISE_LIMIT, entity=mission_id)
+            old = current.allowance.get(unit)
+            if old is None:
+                raise ContractError(f"mission {mission_id} has no allowance in unit {unit!r}",
+                                    field="allowance")
+            if limit <= old:
+                raise ContractError(
+                    f"{unit} limit {limit} is not above the current {old}; raise_limit only "
+                    "raises", field="allowance"
+                )
+            version = missions.add_version(
+                tx, mission_id, current.with_limit(unit, limit),
+                reason=f"raise {unit} limit {old} -> {limit}", by=by.name, previous=current,
+            )
+            self._unpause(tx, mission_id, by.name)
+            return version
+
+    def _unpause(self, tx: Tx, mission_id: str, actor: str) -> None:
+        """Paused runs become active again once nothing keeps the mission paused (L7)."""
+        if tx.one("SELECT 1 AS x FROM incidents WHERE mission_id = ? AND status = 'open'",
+                  mission_id):
+            return
+        if tx.one("SELECT 1 AS x FROM allowances WHERE mission_id = ? AND available <= 0",
+                  mission_id):
+            return
+        for run in runs.list_runs(tx, mission_id):
+            if run.status is RunStatus.PAUSED:
+                runs.set_status(tx, run, RunStatus.ACTIVE, "unpaused", actor=actor)
+
+    # -- runs ----------------------------------------------------------------------
+    def start_run(self, mission_id: str, *, by: Principal, segment_id: str) -> Executor:
+        """Start a run owned by a first segment (epoch 1); ``by`` needs a ``run`` grant."""
+        lease_us = seconds_us(self.config.lease_seconds)
+        with self._db.transaction() as tx:
+            self._vouch(tx, by)
+            mission = missions.load(tx, mission_id)
+            contract = self._contracts.get(tx, mission_id, mission.contract_version)
+            if not contract.principals.get(by.name, {}).get(Right.RUN):
+                raise tx.refused(
+                    NotAuthorized(
+                        f"principal {by.name!r} has no 'run' right in mission {mission_id}",
+                        principal=by.name,
+                    ),
+                    mission_id=mission_id,
+                    kind="authorization.refused",
+                    entity=mission_id,
+                    actor=by.name,
+                    payload={"right": "run"},
+                )
+            run_id = tx.ids.new("run")
+            expires = tx.now_us + lease_us
+            tx.run(
+                "INSERT INTO runs (id, mission_id, principal, status, epoch, owner_segment, "
+                "lease_expires_us, created_at_us, updated_at_us) "
+                "VALUES (?, ?, ?, 'active', 1, ?, ?, ?, ?)",
+                run_id, mission_id, by.name, segment_id, expires, tx.now_us, tx.now_us,
+            )
+            tx.run(
+                "INSERT INTO segments (run_id, segment_id, epoch, started_at_us) "
+                "VALUES (?, ?, 1, ?)",
+                run_id, segment_id, tx.now_us,
+            )
+            tx.audit(mission_id, "run.started", run_id, actor=by.name, segment=segment_id,
+                     epoch=1, after="active", payload={"lease_expires_us": expires})
+        return Executor(self, run_id=run_id, mission_id=mission_id, segment_id=segment_id,
+                        epoch=1, principal=by.name, lease_expires_us=expires)
+
+    def stop_run(self, run_id: str, *, by: Principal, reason: str = "stopped") -> Run:
+        """Stop a run: STOPPED if nothing is in flight, else STOPPING (needs ``stop``)."""
+        with self._db.transaction() as tx:
+            run = runs.load(tx, run_id)
+            self._authorize(tx, by, run.mission_id, Right.STOP, entity=run_id)
+            if run.status.terminal:
+                raise RunTerminal(f"run {run_id} is already {run.status.value}")
+            unresolved = tx.one(
+                "SELECT COUNT(*) AS n FROM attempts WHERE run_id = ? "
+                "AND status IN ('dispatched', 'unknown')", run_id)
+            for a in attempts_mod.list_attempts(tx, run_id=run_id, unresolved=True):
+                if a.status.value == "prepared":
+                    from charter import settlement
+
+                    settlement.void(tx, a, "run stopped", actor=by.name, segment=None,
+                                    epoch=run.epoch)
+            status = RunStatus.STOPPING if unresolved and unresolved["n"] else RunStatus.STOPPED
+            runs.set_status(tx, run, status, reason, actor=by.name)
+            return runs.load(tx, run_id)
+
+    # -- approvals (W2) --------------------------------------------------------------
+    def approve(self, approval_id: str, *, by: Principal, deny: bool = False) -> ApprovalStatus:
+        """Decide a pending approval; the approver needs ``approve`` on its scope."""
+        with self._db.transaction() as tx:
+            approval = approvals_mod.load(tx, approval_id)
+            contract = self._authorize(tx, by, approval.mission_id, Right.APPROVE,
+                                       approval.scope, entity=approval_id)
+            status = approvals_mod.decide(tx, approval, by=by.name, approve=not deny,
+                                          ttl_seconds=contract.approvals.ttl_seconds)
+            run = runs.load(tx, approval.run_id)
+            if run.status is RunStatus.WAITING and not approvals_mod.list_approvals(
+                tx, run_id=run.id, pending=True
+            ):
+                runs.set_status(tx, run, RunStatus.ACTIVE, "approval decided", actor=by.name)
+            return status
+
+    def approvals(self, *, run_id: str | None = None, pending: bool = False) -> list[Approval]:
+        with self._db.read() as tx:
+            return approvals_mod.list_approvals(tx, run_id=run_id, pending=pending)
+
+    # -- incidents (L5, L7) --------------------------------------------------------------
+    def close_incident(self, incident_id: str, *, by: Principal, note: str) -> None:
+        """Close an incident by an explicit, audited human action (needs ``resolve``)."""
+        with self._db.transaction() as tx:
+            incident = incidents_mod.load(tx, incident_id)
+            self._authorize(tx, by, incident["mission_id"], Right.RESOLVE, entity=incident_id)
+            incidents_mod.close_incident(tx, incident_id, by=by.name, note=note)
+            self._unpause(tx, incident["mission_id"], by.name)
+
+    def incidents(self, mission_id: str, *, open_only: bool = False) -> list[dict[str, Any]]:
+        with self._db.read() as tx:
+            missions.load(tx, mission_id)
+            return incidents_mod.list_incidents(tx, mission_id, open_only=open_only)
+
+    # -- reading -----------------------------------------------------------------------
+    def mission(self, mission_id: str) -> Mission:
+        with self._db.read() as tx:
+            return missions.load(tx, mission_id)
+
+    def missions(self) -> list[Mission]:
+        with self._db.read() as tx:
+            return missions.list_missions(tx)
+
+    def run(self, run_id: str) -> Run:
+        with self._db.read() as tx:
+            return runs.load(tx, run_id)
+
+    def runs(self, mission_id: str | None = None) -> list[Run]:
+        with self._db.read() as tx:
+            return runs.list_runs(tx, mission_id)
+
+    def attempt(self, attempt_id: str) -> Attempt:
+        with self._db.read() as tx:
+            return attempts_mod.load(tx, attempt_id)
+
+    def attempts(
+        self, *, run_id: str | None = None, mission_id: str | None = None,
+        unresolved: bool = False,
+    ) -> list[Attempt]:
+        with self._db.read() as tx:
+            return attempts_mod.list_attempts(tx, run_id=run_id, mission_id=mission_id,
+                                              unresolved=unresolved)
+
+    def evidence(self, attempt_id: str) -> list[dict[str, Any]]:
+        with self._db.read() as tx:
+            attempts_mod.load(tx, attempt_id)
+            return [dict(r) for r in tx.all(
+                "SELECT * FROM evidence WHERE attempt_id = ? ORDER BY recorded_at_us, id",
+                attempt_id)]
+
+    # -- ledger (L0-L2) ---------------------------------------------------------------
+    def balances(self, mission_id: str) -> dict[str, ledger.Balance]:
+        """Cached balances per unit."""
+        with self._db.read() as tx:
+            missions.load(tx, mission_id)
+            return ledger.cached(tx, mission_id)
+
+    def ledger_entries(self, mission_id: str) -> list[dict[str, Any]]:
+        with self._db.read() as tx:
+            missions.load(tx, mission_id)
+            return [dict(r) for r in tx.all(
+                "SELECT * FROM ledger_entries WHERE mission_id = ? ORDER BY id", mission_id)]
+
+    def check_ledger(self, mission_id: str) -> list[str]:
+        """Problems with L0/L1/L2 for the mission; empty when the ledger holds."""
+        with self._db.read() as tx:
+            missions.load(tx, mission_id)
+            return ledger.problems(tx, mission_id)
+
+    # -- audit (S1) ---------------------------------------------------------------------
+    def verify_audit(self, mission_id: str | None = None) -> list[Verification]:
+        """Recompute every chain (or one mission's) and report the first break of each."""
+        with self._db.read() as tx:
+            if mission_id is not None:
+                if mission_id != ENGINE_CHAIN:
+                    missions.load(tx, mission_id)
+                chains = [mission_id]
+            else:
+                chains = [r["mission_id"] for r in tx.all(
+                    "SELECT DISTINCT mission_id FROM audit_events ORDER BY mission_id")]
+            return [
+                verify_events(c, tx.all(
+                    "SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", c))
+                for c in chains
+            ]
+
+    def audit_events(self, mission_id: str) -> list[dict[str, Any]]:
+        with self._db.read() as tx:
+            return [dict(r) for r in tx.all(
+                "SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", mission_id)]
+
+    def _require_not_terminal(self, run: Run) -> None:
+        if run.status.terminal:
+            raise RunTerminal(
+                f"run {run.id} is {run.status.value}; a terminal run is never reopened — "
+                "start a reviewed new linked run instead"
+            )
+
+    def _state_error(self, message: str) -> StateError:
+        return StateError(message)

@@ -1,0 +1,180 @@
+"""Charter's errors: one root, a shallow tree, behaviour carried as data.
+
+Every error a caller can act on derives from :class:`CharterError` and carries a
+stable ``code`` (used by the JSON CLI output and, later, the HTTP API). The
+message says what was wrong and what to do about it::
+
+    CharterError
+    ├── ConfigError                 engine configuration is unusable
+    ├── ContractError               a contract is malformed
+    ├── NotFound                    an unknown mission, run, attempt, incident
+    ├── AuthenticationError         unknown or forged identity (P1)
+    ├── NotAuthorized               authenticated, but lacks the right (P1)
+    ├── StateError                  the request does not fit the recorded state
+    │   ├── AttemptAlreadySettled   settling what is settled (A4)
+    │   ├── RunTerminal             a terminal run is never reopened (N4)
+    │   ├── SegmentReused           a segment ID the run has used (R1)
+    │   ├── LeaseHeld               the owner's lease has not expired (R1)
+    │   ├── NeedsIntervention       the run needs a person (R6, A6)
+    │   └── ApprovalRequired        the effect waits for an approval (W2)
+    ├── AdmissionRefused            A1 checks failed; nothing was recorded
+    │   └── AllowanceExceeded       L3/L7: the allowance cannot cover it
+    ├── AdapterError                an adapter broke its protocol
+    ├── NonDeterminismError         a replayed call differs from its record (A6)
+    ├── AuditError                  the hash chain does not verify (S1)
+    ├── LedgerError                 amounts or balances are invalid (L0-L2)
+    └── StoreError                  the store cannot serve the request
+        ├── StoreBusy               bounded busy wait ran out
+        └── SchemaError             the store's schema is unknown or newer
+
+Signals that user code must not swallow derive from ``BaseException``:
+:class:`Fenced` (this executor no longer owns the run) and :class:`Blocked`
+(a node cannot continue past an unresolved attempt or a wait).
+:class:`NotApplied` is what an *adapter* raises to prove non-application (A3).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class CharterError(Exception):
+    """Root of every error Charter raises for a caller to handle."""
+
+    code = "charter_error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error as data: stable code, message and details (for ``--json``)."""
+        return {"code": self.code, "message": self.message, **self.details}
+
+
+class ConfigError(CharterError):
+    code = "config_error"
+
+
+class ContractError(CharterError):
+    code = "contract_error"
+
+
+class NotFound(CharterError):
+    code = "not_found"
+
+
+class AuthenticationError(CharterError):
+    code = "unauthenticated"
+
+
+class NotAuthorized(CharterError):
+    code = "not_authorized"
+
+
+class StateError(CharterError):
+    code = "invalid_state"
+
+
+class AttemptAlreadySettled(StateError):
+    code = "attempt_settled"
+
+
+class RunTerminal(StateError):
+    code = "run_terminal"
+
+
+class SegmentReused(StateError):
+    code = "segment_reused"
+
+
+class LeaseHeld(StateError):
+    code = "lease_held"
+
+
+class NeedsIntervention(StateError):
+    code = "needs_intervention"
+
+
+class ApprovalRequired(StateError):
+    code = "approval_required"
+
+
+class AdmissionRefused(CharterError):
+    code = "admission_refused"
+
+
+class AllowanceExceeded(AdmissionRefused):
+    code = "allowance_exceeded"
+
+
+class AdapterError(CharterError):
+    code = "adapter_error"
+
+
+class NonDeterminismError(CharterError):
+    code = "non_determinism"
+
+
+class AuditError(CharterError):
+    code = "audit_broken"
+
+
+class LedgerError(CharterError):
+    code = "ledger_error"
+
+
+class StoreError(CharterError):
+    code = "store_error"
+
+
+class StoreBusy(StoreError):
+    code = "store_busy"
+
+
+class SchemaError(StoreError):
+    code = "schema_error"
+
+
+class NotApplied(Exception):  # noqa: N818 - the name states the proof, not a failure
+    """Raised by an adapter to *prove* the target did not apply the effect (A3).
+
+    Use it only when non-application is certain: the connection was refused
+    before any byte was sent, the send deadline had passed so nothing was sent,
+    or the target answered with an error class it documents as rejected before
+    processing. Any other exception makes the attempt UNKNOWN.
+    """
+
+    def __init__(self, reason: str, *, evidence: dict[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.evidence = evidence or {}
+
+
+class Fenced(BaseException):  # noqa: N818 - a control-flow signal, like CancelledError
+    """This executor lost ownership of its run (F1/F2): stop, send nothing more.
+
+    A ``BaseException`` so that a node's broad ``except Exception`` cannot
+    swallow it and carry on sending as a zombie.
+    """
+
+    def __init__(self, message: str, *, run_id: str, epoch: int, current_epoch: int) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
+class Blocked(BaseException):  # noqa: N818 - a control-flow signal
+    """A node cannot go on: an attempt is unresolved or a wait is pending (A6, W1).
+
+    The run is left in a durable state; ``reason`` and ``attempt_id`` say what
+    must happen (reconcile, resolve, approve) before it can resume.
+    """
+
+    def __init__(self, reason: str, *, run_id: str, attempt_id: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.run_id = run_id
+        self.attempt_id = attempt_id

@@ -1,0 +1,830 @@
+"""The executor: the owner of one segment of a run, and the attempt path.
+
+An :class:`Executor` is what ``Engine.start_run`` (and, after a crash,
+``Coordinator.resume``) hands back. It holds the segment's epoch and performs
+attempts in the order the rules demand:
+
+1. **admission** (A1): authority under the current contract, run status, stop
+   conditions and the allowance, checked and held in one transaction (L3);
+2. **dispatch commit** (A2): DISPATCHED is committed *before* the adapter is
+   called, conditioned on this executor's epoch, segment and unexpired lease,
+   and on a valid approval when one is required (W2). When no approval wait
+   comes between them, admission and dispatch share one transaction and the
+   attempt still records both phases;
+3. **send**: the adapter gets the attempt's idempotency key, the epoch as a
+   fencing token and a send deadline no later than the lease (A5, F3);
+4. **settlement**: a result settles the hold; a proven non-application is
+   FAILED; any other exception, a timeout or a lost response is UNKNOWN and
+   keeps its hold (A3, L4).
+
+A process killed between any two of these steps leaves a state that
+``Coordinator.recover`` knows how to fence (see :mod:`charter.crashpoints`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from charter import approvals, ledger, settlement
+from charter.adapters import Adapter, Dispatch, EffectClass, Estimate, Evidence, Outcome
+from charter.approvals import ApprovalStatus
+from charter.attempts import Attempt, AttemptStatus, idempotency_key_for, load
+from charter.audit import canonical, digest
+from charter.clock import seconds_us
+from charter.contracts import Contract
+from charter.incidents import open_incident
+from charter.errors import (
+    AdapterError,
+    AdmissionRefused,
+    AllowanceExceeded,
+    ApprovalRequired,
+    Fenced,
+    NotApplied,
+    NotAuthorized,
+    StateError,
+)
+from charter.principals import Right
+from charter.runs import RunStatus
+from charter.storage import Row, Tx
+
+if TYPE_CHECKING:
+    from charter.engine import Engine
+
+#: A read-only UNKNOWN written off under the A7 opt-in is retried at most this
+#: many times in one call, so a target that never answers cannot drain the budget.
+READ_ONLY_RETRIES = 2
+
+_OWNER_SQL = (
+    "SELECT r.status, r.epoch, r.owner_segment, r.lease_expires_us, m.contract_version, "
+    "m.attempts_admitted, m.attempts_failed, "
+    "(SELECT COUNT(*) FROM incidents i WHERE i.mission_id = r.mission_id "
+    "AND i.status = 'open') AS open_incidents "
+    "FROM runs r JOIN missions m ON m.id = r.mission_id WHERE r.id = ? {lock}"
+)
+
+_INSERT_ATTEMPT = (
+    "INSERT INTO attempts (id, mission_id, run_id, node_id, execution, effect_key, generation, "
+    "adapter, operation, effect_class, status, principal, admitted_epoch, dispatched_epoch, "
+    "idempotency_key, request_hash, request, estimate, price_source, retry_of, "
+    "send_deadline_us, prepared_at_us, dispatched_at_us) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One intended effect, before admission: what the caller asked for."""
+
+    adapter: Adapter
+    operation: str
+    request: Any
+    request_json: str
+    request_hash: str
+    effect_class: EffectClass
+    estimate: Estimate
+
+    @property
+    def scope(self) -> str:
+        return f"{self.adapter.name}.{self.operation}"
+
+
+def request_hash(adapter: str, operation: str, request_json: str) -> str:
+    """The identity of a request: adapter, operation and canonical JSON body."""
+    return digest(f"{adapter}\n{operation}\n{request_json}")
+
+
+class Executor:
+    """The owner of one segment of one run."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        run_id: str,
+        mission_id: str,
+        segment_id: str,
+        epoch: int,
+        principal: str,
+        lease_expires_us: int,
+    ) -> None:
+        self.engine = engine
+        self.run_id = run_id
+        self.mission_id = mission_id
+        self.segment_id = segment_id
+        self.epoch = epoch
+        self.principal = principal
+        self._lease_expires_us = lease_expires_us
+        self._db = engine._db
+
+    def __repr__(self) -> str:
+        return f"<Executor run={self.run_id} segment={self.segment_id} epoch={self.epoch}>"
+
+    # -- ownership (F1, F2) -------------------------------------------------
+    def _fenced(self, why: str, current_epoch: int) -> Fenced:
+        return Fenced(
+            f"executor of run {self.run_id} (segment {self.segment_id}, epoch {self.epoch}) "
+            f"is fenced: {why}; it must send nothing more",
+            run_id=self.run_id,
+            epoch=self.epoch,
+            current_epoch=current_epoch,
+        )
+
+    def _own(self, tx: Tx) -> Row:
+        """Check ownership in ``tx``; renew the lease if half of it is used."""
+        row = tx.one(_OWNER_SQL, self.run_id)
+        if row is None:
+            raise self._fenced("the run no longer exists", -1)
+        if row["epoch"] != self.epoch or row["owner_segment"] != self.segment_id:
+            raise self._fenced(f"the run was taken over (epoch {row['epoch']})", row["epoch"])
+        if row["lease_expires_us"] <= tx.now_us:
+            raise self._fenced("its lease expired by the store's clock", row["epoch"])
+        lease_us = seconds_us(self.engine.config.lease_seconds)
+        if row["lease_expires_us"] - tx.now_us < lease_us // 2:
+            self._lease_expires_us = tx.now_us + lease_us
+            tx.run(
+                "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ?",
+                self._lease_expires_us,
+                self.run_id,
+                self.epoch,
+            )
+        else:
+            self._lease_expires_us = row["lease_expires_us"]
+        return row
+
+    def renew_lease(self) -> int:
+        """Extend the lease (fenced by epoch); returns the new expiry in µs."""
+        lease_us = seconds_us(self.engine.config.lease_seconds)
+        with self._db.transaction() as tx:
+            expires = tx.now_us + lease_us
+            changed = tx.run(
+                "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ? "
+                "AND owner_segment = ? AND lease_expires_us > ?",
+                expires,
+                self.run_id,
+                self.epoch,
+                self.segment_id,
+                tx.now_us,
+            )
+            if not changed:
+                row = tx.one("SELECT epoch FROM runs WHERE id = ?", self.run_id)
+                raise self._fenced("its lease expired or the run was taken over",
+                                   row["epoch"] if row else -1)
+        self._lease_expires_us = expires
+        return expires
+
+    # -- the attempt path ---------------------------------------------------
+    def prepare_call(self, adapter: Adapter, operation: str, request: Any) -> Call:
+        """Validate a call and estimate it, outside any transaction."""
+        spec = adapter.operations.get(operation)
+        if spec is None:
+            raise AdmissionRefused(
+                f"adapter {adapter.name!r} has no operation {operation!r}; it declares "
+                f"{sorted(adapter.operations)}",
+                adapter=adapter.name,
+                operation=operation,
+            )
+        try:
+            request_json = json.dumps(request, sort_keys=True, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:
+            raise AdmissionRefused(
+                f"the request for {adapter.name}.{operation} must be JSON-serialisable ({exc}); "
+                "it is recorded before it is sent"
+            ) from None
+        estimate = adapter.estimate(operation, request)
+        if not isinstance(estimate, Estimate):
+            raise AdapterError(f"adapter {adapter.name!r} estimate() must return an Estimate")
+        return Call(
+            adapter,
+            operation,
+            request,
+            request_json,
+            request_hash(adapter.name, operation, request_json),
+            spec.effect,
+            estimate,
+        )
+
+    def _admit(
+        self,
+        tx: Tx,
+        call: Call,
+        *,
+        node_id: str,
+        execution: int,
+        effect_key: str,
+        generation: int,
+        retry_of: str | None,
+        dispatch: bool = True,
+    ) -> Attempt:
+        """A1 + (when no approval wait intervenes) A2, in the caller's transaction."""
+        row = self._own(tx)
+        contract = self.engine._contracts.get(tx, self.mission_id, row["contract_version"])
+        actor = self.principal
+        status = RunStatus(row["status"])
+        if status is not RunStatus.ACTIVE:
+            raise tx.refused(
+                AdmissionRefused(
+                    f"run {self.run_id} is {status.value}; nothing new is admitted until it is "
+                    "active again (see `charter show RUN`)",
+                    run_status=status.value,
+                ),
+                mission_id=self.mission_id,
+                kind="admission.refused",
+                entity=self.run_id,
+                actor=actor,
+                payload={"scope": call.scope, "run_status": status.value},
+            )
+        if not contract.allows(self.principal, Right.RUN, call.scope):
+            raise tx.refused(
+                NotAuthorized(
+                    f"principal {self.principal!r} has no 'run' right on {call.scope} under "
+                    f"contract v{row['contract_version']}",
+                    principal=self.principal,
+                    scope=call.scope,
+                ),
+                mission_id=self.mission_id,
+                kind="admission.refused",
+                entity=self.run_id,
+                actor=actor,
+                payload={"scope": call.scope, "reason": "not_authorized"},
+            )
+        self._check_stop(tx, contract, row, call)
+        self._check_allowance(tx, contract, row, call)
+
+        attempt_id = tx.ids.new("att")
+        needs_approval = contract.approvals.requires(call.scope)
+        dispatch_now = dispatch
+        standing = ApprovalStatus.APPROVED
+        if needs_approval:
+            effect = approvals.effect_id(self.run_id, node_id, execution, effect_key)
+            standing, approval_id = approvals.standing(
+                tx,
+                contract,
+                mission_id=self.mission_id,
+                run_id=self.run_id,
+                effect=effect,
+                scope=call.scope,
+                request_hash=call.request_hash,
+                actor=actor,
+                epoch=self.epoch,
+            )
+            dispatch_now = dispatch and standing is ApprovalStatus.APPROVED
+        now = tx.now_us
+        deadline = self._send_deadline(now) if dispatch_now else None
+        attempt = Attempt(
+            id=attempt_id,
+            mission_id=self.mission_id,
+            run_id=self.run_id,
+            node_id=node_id,
+            execution=execution,
+            effect_key=effect_key,
+            adapter=call.adapter.name,
+            operation=call.operation,
+            effect_class=call.effect_class.value,
+            status=AttemptStatus.DISPATCHED if dispatch_now else AttemptStatus.PREPARED,
+            principal=self.principal,
+            admitted_epoch=self.epoch,
+            dispatched_epoch=self.epoch if dispatch_now else None,
+            idempotency_key=idempotency_key_for(attempt_id),
+            request_hash=call.request_hash,
+            request=call.request,
+            estimate=dict(call.estimate.amounts),
+            actual=None,
+            result=None,
+            receipt=None,
+            price_source=call.estimate.price_source,
+            retry_of=retry_of,
+            reason=None,
+            send_deadline_us=deadline,
+            prepared_at_us=now,
+            dispatched_at_us=now if dispatch_now else None,
+            settled_at_us=None,
+            generation=generation,
+        )
+        tx.run(
+            _INSERT_ATTEMPT,
+            attempt.id,
+            attempt.mission_id,
+            attempt.run_id,
+            node_id,
+            execution,
+            effect_key,
+            generation,
+            attempt.adapter,
+            attempt.operation,
+            attempt.effect_class,
+            attempt.status.value,
+            attempt.principal,
+            self.epoch,
+            attempt.dispatched_epoch,
+            attempt.idempotency_key,
+            attempt.request_hash,
+            call.request_json,
+            canonical(attempt.estimate),
+            attempt.price_source,
+            retry_of,
+            deadline,
+            now,
+            attempt.dispatched_at_us,
+        )
+        ledger.record(
+            tx, self.mission_id, attempt.id, ledger.hold(attempt.estimate), attempt.price_source
+        )
+        tx.run(
+            "UPDATE missions SET attempts_admitted = attempts_admitted + 1 WHERE id = ?",
+            self.mission_id,
+        )
+        tx.audit(
+            self.mission_id,
+            "attempt.prepared",
+            attempt.id,
+            actor=actor,
+            segment=self.segment_id,
+            epoch=self.epoch,
+            after="prepared",
+            payload={
+                "scope": call.scope,
+                "node_id": node_id,
+                "execution": execution,
+                "effect_key": effect_key,
+                "generation": generation,
+                "request_hash": call.request_hash,
+                "estimate": attempt.estimate,
+                "price_source": attempt.price_source,
+                "retry_of": retry_of,
+            },
+        )
+        if dispatch_now:
+            self._audit_dispatched(tx, attempt)
+        elif standing is ApprovalStatus.DENIED:
+            settlement.void(
+                tx, attempt, "approval denied", actor=actor, segment=self.segment_id,
+                epoch=self.epoch,
+            )
+            attempt = _with(attempt, status=AttemptStatus.VOIDED, reason="approval denied")
+        return attempt
+
+    def _check_stop(self, tx: Tx, contract: Contract, row: Row, call: Call) -> None:
+        stop = contract.stop_conditions
+        why = None
+        if stop.deadline_us is not None and tx.now_us >= stop.deadline_us:
+            why = "the contract's deadline has passed"
+        elif stop.max_attempts is not None and row["attempts_admitted"] >= stop.max_attempts:
+            why = f"the contract's limit of {stop.max_attempts} attempts is reached"
+        elif (
+            stop.max_failed_attempts is not None
+            and row["attempts_failed"] >= stop.max_failed_attempts
+        ):
+            why = f"the contract's limit of {stop.max_failed_attempts} failed attempts is reached"
+        if why is None:
+            return
+        self._set_status(tx, row, RunStatus.STOPPING, f"stop condition: {why}")
+        raise tx.refused(
+            AdmissionRefused(f"stop condition holds: {why}; the run is stopping",
+                             stop_condition=why),
+            mission_id=self.mission_id,
+            kind="admission.refused",
+            entity=self.run_id,
+            actor=self.principal,
+            payload={"scope": call.scope, "stop_condition": why},
+            keep_changes=True,
+        )
+
+    def _check_allowance(self, tx: Tx, contract: Contract, row: Row, call: Call) -> None:
+        """L3 and L7: all units or none; exhausted or incident -> pause and ask."""
+        estimate = call.estimate.amounts
+        unbudgeted = sorted(set(estimate) - set(contract.allowance))
+        if unbudgeted:
+            raise tx.refused(
+                AdmissionRefused(
+                    f"{call.scope} is estimated in unit(s) {unbudgeted} that the contract does "
+                    f"not budget; add them to the contract's allowance",
+                    units=unbudgeted,
+                ),
+                mission_id=self.mission_id,
+                kind="admission.refused",
+                entity=self.run_id,
+                actor=self.principal,
+                payload={"scope": call.scope, "units": unbudgeted},
+            )
+        # Locked in a fixed order (by unit) so concurrent admissions cannot deadlock.
+        rows = tx.all(
+            "SELECT unit, available FROM allowances WHERE mission_id = ? ORDER BY unit {lock}",
+            self.mission_id,
+        )
+        available = {r["unit"]: r["available"] for r in rows}
+        short = {
+            u: {"estimate": a, "available": available.get(u, 0)}
+            for u, a in estimate.items()
+            if a > available.get(u, 0)
+        }
+        if not short and not row["open_incidents"]:
+            return
+        if row["open_incidents"]:
+            why = f"{row['open_incidents']} open incident(s) on the mission"
+        else:
+            why = "allowance exhausted: " + ", ".join(
+                f"{u} needs {v['estimate']}, {v['available']} available"
+                for u, v in sorted(short.items())
+            )
+        self._set_status(tx, row, RunStatus.PAUSED, why)
+        raise tx.refused(
+            AllowanceExceeded(
+                f"admission of {call.scope} refused ({why}); the run is paused until a "
+                "principal with raise_limit raises the limit or the incident is closed, or "
+                "the run is stopped",
+                short=short,
+                open_incidents=row["open_incidents"],
+            ),
+            mission_id=self.mission_id,
+            kind="admission.refused",
+            entity=self.run_id,
+            actor=self.principal,
+            payload={"scope": call.scope, "short": short,
+                     "open_incidents": row["open_incidents"]},
+            keep_changes=True,
+        )
+
+    def _set_status(self, tx: Tx, row: Row, status: RunStatus, reason: str) -> None:
+        tx.run(
+            "UPDATE runs SET status = ?, status_reason = ?, updated_at_us = ? WHERE id = ?",
+            status.value,
+            reason,
+            tx.now_us,
+            self.run_id,
+        )
+        tx.audit(
+            self.mission_id,
+            "run.status",
+            self.run_id,
+            actor=self.principal,
+            segment=self.segment_id,
+            epoch=self.epoch,
+            before=row["status"],
+            after=status.value,
+            payload={"reason": reason},
+        )
+
+    def _send_deadline(self, now_us: int) -> int:
+        return min(now_us + seconds_us(self.engine.config.send_deadline_seconds),
+                   self._lease_expires_us)
+
+    def _audit_dispatched(self, tx: Tx, attempt: Attempt) -> None:
+        tx.audit(
+            self.mission_id,
+            "attempt.dispatched",
+            attempt.id,
+            actor=self.principal,
+            segment=self.segment_id,
+            epoch=self.epoch,
+            before="prepared",
+            after="dispatched",
+            payload={"idempotency_key": attempt.idempotency_key,
+                     "send_deadline_us": attempt.send_deadline_us},
+        )
+
+    def admit(
+        self,
+        adapter: Adapter,
+        operation: str,
+        request: Any,
+        *,
+        effect_key: str,
+        node_id: str = "",
+        execution: int = 0,
+        generation: int = 1,
+        retry_of: str | None = None,
+    ) -> Attempt:
+        """Admit an attempt and record it PREPARED, without dispatching it.
+
+        For two-phase use (an approval wait, a batch): call :meth:`dispatch`
+        later. The combined path is :meth:`attempt`.
+        """
+        call = self.prepare_call(adapter, operation, request)
+        self._crash("admission.before")
+        with self._db.transaction() as tx:
+            attempt = self._admit(tx, call, node_id=node_id, execution=execution,
+                                  effect_key=effect_key, generation=generation,
+                                  retry_of=retry_of, dispatch=False)
+        self._crash("admission.after")
+        return attempt
+
+    def dispatch(self, attempt_id: str, adapter: Adapter) -> Attempt:
+        """Commit DISPATCHED for a PREPARED attempt of this epoch, send it, settle it."""
+        self._crash("dispatch.before")
+        with self._db.transaction() as tx:
+            attempt = self._commit_dispatch(tx, attempt_id, adapter)
+        if attempt.status is AttemptStatus.VOIDED:
+            return attempt
+        return self._send_and_settle(attempt, adapter)
+
+    def _commit_dispatch(self, tx: Tx, attempt_id: str, adapter: Adapter) -> Attempt:
+        row = self._own(tx)
+        attempt = load(tx, attempt_id)
+        if attempt.run_id != self.run_id:
+            raise StateError(f"attempt {attempt_id} belongs to run {attempt.run_id}, "
+                             f"not {self.run_id}")
+        if attempt.adapter != adapter.name:
+            raise StateError(f"attempt {attempt_id} is for adapter {attempt.adapter!r}, "
+                             f"not {adapter.name!r}")
+        if attempt.status is not AttemptStatus.PREPARED or attempt.admitted_epoch != self.epoch:
+            raise StateError(
+                f"attempt {attempt_id} is {attempt.status.value} (admitted in epoch "
+                f"{attempt.admitted_epoch}); only a PREPARED attempt of this epoch "
+                f"({self.epoch}) can be dispatched",
+                status=attempt.status.value,
+            )
+        status = RunStatus(row["status"])
+        if status not in (RunStatus.ACTIVE, RunStatus.WAITING):
+            raise StateError(f"run {self.run_id} is {status.value}; nothing is dispatched")
+        contract = self.engine._contracts.get(tx, self.mission_id, row["contract_version"])
+        if not contract.allows(self.principal, Right.RUN, attempt.scope):
+            raise tx.refused(
+                NotAuthorized(
+                    f"principal {self.principal!r} lost the 'run' right on {attempt.scope}",
+                    principal=self.principal,
+                ),
+                mission_id=self.mission_id,
+                kind="dispatch.refused",
+                entity=attempt.id,
+                actor=self.principal,
+                payload={"reason": "not_authorized"},
+            )
+        if contract.approvals.requires(attempt.scope):
+            standing, approval_id = approvals.standing(
+                tx,
+                contract,
+                mission_id=self.mission_id,
+                run_id=self.run_id,
+                effect=approvals.effect_id(self.run_id, attempt.node_id, attempt.execution,
+                                           attempt.effect_key),
+                scope=attempt.scope,
+                request_hash=attempt.request_hash,
+                actor=self.principal,
+                epoch=self.epoch,
+            )
+            if standing is ApprovalStatus.DENIED:
+                settlement.void(tx, attempt, "approval denied", actor=self.principal,
+                                segment=self.segment_id, epoch=self.epoch)
+                return _with(attempt, status=AttemptStatus.VOIDED, reason="approval denied")
+            if standing is not ApprovalStatus.APPROVED:
+                raise tx.refused(
+                    ApprovalRequired(
+                        f"attempt {attempt.id} ({attempt.scope}) waits for approval "
+                        f"{approval_id}; decide it with `charter approve {approval_id}`",
+                        approval_id=approval_id,
+                        attempt_id=attempt.id,
+                    ),
+                    mission_id=None,
+                    kind="",
+                    entity="",
+                    actor=self.principal,
+                    keep_changes=True,
+                )
+        deadline = self._send_deadline(tx.now_us)
+        tx.run(
+            "UPDATE attempts SET status = 'dispatched', dispatched_epoch = ?, "
+            "dispatched_at_us = ?, send_deadline_us = ? WHERE id = ? AND status = 'prepared'",
+            self.epoch,
+            tx.now_us,
+            deadline,
+            attempt.id,
+        )
+        attempt = _with(attempt, status=AttemptStatus.DISPATCHED, dispatched_epoch=self.epoch,
+                        dispatched_at_us=tx.now_us, send_deadline_us=deadline)
+        self._audit_dispatched(tx, attempt)
+        return attempt
+
+    def attempt(
+        self,
+        adapter: Adapter,
+        operation: str,
+        request: Any,
+        *,
+        effect_key: str,
+        node_id: str = "",
+        execution: int = 0,
+        generation: int = 1,
+        retry_of: str | None = None,
+    ) -> Attempt:
+        """Admit, dispatch, send and settle one effect; return the recorded attempt.
+
+        The returned attempt is SUCCEEDED, FAILED or UNKNOWN. A required approval
+        that is not yet given raises :class:`~charter.errors.ApprovalRequired`
+        with the attempt left PREPARED and its hold kept.
+        """
+        call = self.prepare_call(adapter, operation, request)
+        retries = 0
+        while True:
+            self._crash("admission.before")
+            with self._db.transaction() as tx:
+                attempt = self._admit(tx, call, node_id=node_id, execution=execution,
+                                      effect_key=effect_key, generation=generation,
+                                      retry_of=retry_of)
+            if attempt.status is AttemptStatus.VOIDED:
+                return attempt
+            if attempt.status is AttemptStatus.PREPARED:
+                self._crash("admission.after")
+                raise ApprovalRequired(
+                    f"{call.scope} needs an approval before it is sent; attempt {attempt.id} "
+                    "is PREPARED with its hold kept (see `charter approvals`)",
+                    attempt_id=attempt.id,
+                )
+            attempt = self._send_and_settle(attempt, adapter)
+            if not self._write_off_read_only(attempt, call) or retries >= READ_ONLY_RETRIES:
+                return attempt
+            retries += 1
+            generation += 1
+            retry_of = attempt.id
+
+    def _write_off_read_only(self, attempt: Attempt, call: Call) -> bool:
+        """A7 opt-in: write off a read-only UNKNOWN at its full hold so it can be retried."""
+        if attempt.status is not AttemptStatus.UNKNOWN or call.effect_class is not (
+            EffectClass.READ_ONLY
+        ):
+            return False
+        with self._db.transaction() as tx:
+            row = tx.one("SELECT contract_version FROM missions WHERE id = ?", self.mission_id)
+            assert row is not None
+            contract = self.engine._contracts.get(tx, self.mission_id, row["contract_version"])
+            if contract.read_only_unknown != "write_off":
+                return False
+            return settlement.settle(
+                tx,
+                attempt,
+                AttemptStatus.WRITTEN_OFF,
+                actual=attempt.estimate,
+                result=None,
+                receipt=None,
+                price_source=attempt.price_source,
+                reason="read_only UNKNOWN written off at its full hold (contract opt-in)",
+                units=contract.allowance.keys(),
+                actor="engine:read_only_policy",
+                segment=self.segment_id,
+                epoch=self.epoch,
+                from_statuses=(AttemptStatus.UNKNOWN,),
+            )
+
+    # -- send and settle ----------------------------------------------------
+    def _send_and_settle(self, attempt: Attempt, adapter: Adapter) -> Attempt:
+        assert attempt.send_deadline_us is not None
+        self._crash("dispatch.after")
+        send = Dispatch(
+            attempt_id=attempt.id,
+            operation=attempt.operation,
+            request=attempt.request,
+            idempotency_key=attempt.idempotency_key,
+            fencing_token=self.epoch,
+            send_deadline_us=attempt.send_deadline_us,
+            clock=self.engine.clock,
+        )
+        outcome: Outcome | None = None
+        not_applied: NotApplied | None = None
+        error: str | None = None
+        try:
+            result = adapter.dispatch(send)
+            if isinstance(result, Outcome):
+                outcome = result
+            else:
+                error = f"adapter returned {type(result).__name__}, not an Outcome"
+        except NotApplied as exc:
+            not_applied = exc
+        except Exception as exc:  # A3: an exception is not a failure
+            error = f"{type(exc).__name__}: {exc}"
+        self._crash("settlement.before")
+        with self._db.transaction() as tx:
+            settled = self._settle(tx, attempt, outcome, not_applied, error)
+        self._crash("settlement.after")
+        return settled
+
+    def _settle(
+        self,
+        tx: Tx,
+        attempt: Attempt,
+        outcome: Outcome | None,
+        not_applied: NotApplied | None,
+        error: str | None,
+    ) -> Attempt:
+        units = self._units(tx)
+        kw: dict[str, Any] = {
+            "units": units, "actor": self.principal, "segment": self.segment_id,
+            "epoch": self.epoch,
+        }
+        if outcome is not None:
+            status = AttemptStatus(outcome.status)
+            done = settlement.settle(
+                tx, attempt, status, actual=outcome.cost, result=outcome.result,
+                receipt=outcome.receipt, price_source=outcome.price_source, reason=None,
+                from_statuses=(AttemptStatus.DISPATCHED,), **kw,
+            )
+            if done:
+                return _with(attempt, status=status, actual=dict(outcome.cost),
+                             result=outcome.result, receipt=outcome.receipt,
+                             settled_at_us=tx.now_us)
+            return self._late(tx, load(tx, attempt.id), Evidence.applied(outcome), kw)
+        if not_applied is not None:
+            evidence = Evidence.not_applied({"reason": not_applied.reason,
+                                             **not_applied.evidence})
+            done = settlement.settle(
+                tx, attempt, AttemptStatus.FAILED, actual={}, result=None, receipt=None,
+                price_source=None, reason=f"not applied: {not_applied.reason}",
+                from_statuses=(AttemptStatus.DISPATCHED,), **kw,
+            )
+            if done:
+                settlement.record_evidence(tx, attempt, evidence, actor=self.principal,
+                                           epoch=self.epoch, settled=True)
+                return _with(attempt, status=AttemptStatus.FAILED, actual={},
+                             reason=f"not applied: {not_applied.reason}",
+                             settled_at_us=tx.now_us)
+            return self._late(tx, load(tx, attempt.id), evidence, kw)
+        assert error is not None
+        if settlement.mark_unknown(tx, attempt, error, actor=self.principal,
+                                   segment=self.segment_id, epoch=self.epoch):
+            return _with(attempt, status=AttemptStatus.UNKNOWN, reason=error)
+        return load(tx, attempt.id)
+
+    def _late(self, tx: Tx, current: Attempt, evidence: Evidence, kw: dict[str, Any]) -> Attempt:
+        """F2: a settlement that arrives after the attempt left DISPATCHED.
+
+        Kept as evidence with its epoch; it settles an UNKNOWN attempt when it
+        agrees with nothing recorded, and opens an incident when it conflicts
+        with a recorded settlement. Nothing it reports is lost.
+        """
+        settled = False
+        if current.status is AttemptStatus.UNKNOWN:
+            if evidence.verdict == "applied":
+                assert evidence.outcome is not None
+                o = evidence.outcome
+                settled = settlement.settle(
+                    tx, current, AttemptStatus(o.status), actual=o.cost, result=o.result,
+                    receipt=o.receipt, price_source=o.price_source,
+                    reason=f"late settlement from epoch {self.epoch}",
+                    from_statuses=(AttemptStatus.UNKNOWN,), **kw,
+                )
+            else:
+                settled = settlement.settle(
+                    tx, current, AttemptStatus.FAILED, actual={}, result=None, receipt=None,
+                    price_source=None, reason=f"late proof of non-application from epoch "
+                    f"{self.epoch}", from_statuses=(AttemptStatus.UNKNOWN,), **kw,
+                )
+        elif current.status.settled and _conflicts(current, evidence):
+            open_incident(
+                tx, current.mission_id, "conflicting_evidence",
+                {"recorded": current.status.value, "late_verdict": evidence.verdict,
+                 "late_outcome": None if evidence.outcome is None else evidence.outcome.status,
+                 "from_epoch": self.epoch},
+                actor=self.principal, run_id=current.run_id, attempt_id=current.id,
+                epoch=self.epoch,
+            )
+        settlement.record_evidence(
+            tx, current, Evidence(evidence.verdict, evidence.outcome, evidence.detail,
+                                  source=f"late settlement (epoch {self.epoch})"),
+            actor=self.principal, epoch=self.epoch, settled=settled,
+        )
+        return load(tx, current.id)
+
+    def _units(self, tx: Tx) -> set[str]:
+        return {r["unit"] for r in tx.all("SELECT unit FROM allowances WHERE mission_id = ?",
+                                          self.mission_id)}
+
+    def _crash(self, point: str) -> None:
+        hook = self.engine._crash_hook
+        if hook is not None:
+            hook(point)
+
+    # -- finishing ------------------------------------------------------------
+    def finish(self, status: RunStatus = RunStatus.COMPLETED, reason: str | None = None) -> None:
+        """End the run (fenced); refused while any attempt of the run is unresolved."""
+        if not status.terminal:
+            raise StateError(f"{status.value} is not a terminal status")
+        with self._db.transaction() as tx:
+            row = self._own(tx)
+            open_ = tx.one(
+                "SELECT COUNT(*) AS n FROM attempts WHERE run_id = ? "
+                "AND status IN ('prepared', 'dispatched', 'unknown')",
+                self.run_id,
+            )
+            if open_ and open_["n"]:
+                raise StateError(
+                    f"run {self.run_id} has {open_['n']} unresolved attempt(s); settle or "
+                    "resolve them before ending the run",
+                    unresolved=open_["n"],
+                )
+            self._set_status(tx, row, status, reason or status.value)
+
+
+def _with(attempt: Attempt, **changes: Any) -> Attempt:
+    return replace(attempt, **changes)
+
+
+def _conflicts(recorded: Attempt, evidence: Evidence) -> bool:
+    if evidence.verdict == "indeterminate":
+        return False
+    if evidence.verdict == "not_applied":
+        return recorded.status is AttemptStatus.SUCCEEDED
+    assert evidence.outcome is not None
+    o = evidence.outcome
+    if recorded.status is AttemptStatus.WRITTEN_OFF:
+        return False
+    return o.status != recorded.status.value or dict(o.cost) != (recorded.actual or {})

@@ -1,0 +1,186 @@
+"""The allowance ledger (L0-L9): double-entry, append-only, integer amounts.
+
+Per mission and unit there are three balance accounts — ``available``,
+``held``, ``spent`` — funded from a ``limit`` source account, plus the
+``overrun`` memo (the sum of ``overrun`` entries). Every entry moves a positive
+amount from one account to another, in the manner of two-phase transfers:
+
+==========  ======================  =====================================
+entry kind  move                    when
+==========  ======================  =====================================
+fund        limit -> available      contract created or a limit raised
+hold        available -> held       admission (L3)
+spend       held -> spent           settlement, up to the hold (L2)
+release     held -> available       settlement below the hold, or VOIDED
+overrun     available -> spent      settlement above the hold (L5)
+reduce      available -> limit      a limit lowered
+==========  ======================  =====================================
+
+This module only *computes* moves; the store applies them and the cached
+balances in one transaction. :func:`recompute` rebuilds balances from entries.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from charter.storage.database import Tx
+
+ACCOUNTS = ("available", "held", "spent")
+
+
+@dataclass(frozen=True)
+class Move:
+    unit: str
+    kind: str
+    source: str
+    target: str
+    amount: int
+
+
+def fund(unit: str, amount: int) -> list[Move]:
+    if amount > 0:
+        return [Move(unit, "fund", "limit", "available", amount)]
+    if amount < 0:
+        return [Move(unit, "reduce", "available", "limit", -amount)]
+    return []
+
+
+def hold(estimate: Mapping[str, int]) -> list[Move]:
+    return [Move(u, "hold", "available", "held", a) for u, a in estimate.items() if a > 0]
+
+
+def release(held: Mapping[str, int]) -> list[Move]:
+    """Release a hold in full (VOIDED: never sent, L6)."""
+    return [Move(u, "release", "held", "available", a) for u, a in held.items() if a > 0]
+
+
+def settle(held: Mapping[str, int], actual: Mapping[str, int]) -> list[Move]:
+    """Resolve a hold exactly once against an actual cost (L2, L5, L6).
+
+    Spend up to the hold, release the rest; an actual above the hold is
+    recorded in full as an overrun (never clamped).
+    """
+    moves: list[Move] = []
+    for unit in sorted(set(held) | set(actual)):
+        h = held.get(unit, 0)
+        a = actual.get(unit, 0)
+        spent = min(h, a)
+        if spent:
+            moves.append(Move(unit, "spend", "held", "spent", spent))
+        if h > a:
+            moves.append(Move(unit, "release", "held", "available", h - a))
+        elif a > h:
+            moves.append(Move(unit, "overrun", "available", "spent", a - h))
+    return moves
+
+
+@dataclass
+class Balance:
+    limit: int = 0
+    available: int = 0
+    held: int = 0
+    spent: int = 0
+    overrun: int = 0
+
+    def apply(self, move: Move) -> None:
+        for account, sign in ((move.source, -1), (move.target, 1)):
+            if account == "limit":
+                self.limit -= sign * move.amount
+            else:
+                setattr(self, account, getattr(self, account) + sign * move.amount)
+        if move.kind == "overrun":
+            self.overrun += move.amount
+
+    @property
+    def exhausted(self) -> bool:
+        return self.available <= 0 or self.overrun > 0
+
+
+def balances(moves: Iterable[Move]) -> dict[str, Balance]:
+    """Per-unit sums of moves: the change a transaction makes to cached balances,
+    or, over all of a mission's entries, its balances rebuilt from scratch (L2)."""
+    out: dict[str, Balance] = {}
+    for m in moves:
+        out.setdefault(m.unit, Balance()).apply(m)
+    return out
+
+
+# -- the ledger in the store -----------------------------------------------------
+
+
+def record(
+    tx: Tx,
+    mission_id: str,
+    attempt_id: str | None,
+    moves: list[Move],
+    price_source: str | None,
+) -> None:
+    """Append entries and update cached balances in the caller's transaction."""
+    if not moves:
+        return
+    tx.many(
+        "INSERT INTO ledger_entries (mission_id, unit, attempt_id, kind, source, target, "
+        "amount, price_source, at_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (mission_id, m.unit, attempt_id, m.kind, m.source, m.target, m.amount,
+             price_source, tx.now_us)
+            for m in moves
+        ],
+    )
+    tx.many(
+        "UPDATE allowances SET limit_amount = limit_amount + ?, available = available + ?, "
+        "held = held + ?, spent = spent + ?, overrun = overrun + ? "
+        "WHERE mission_id = ? AND unit = ?",
+        [
+            (d.limit, d.available, d.held, d.spent, d.overrun, mission_id, unit)
+            for unit, d in balances(moves).items()
+        ],
+    )
+
+
+def cached(tx: Tx, mission_id: str) -> dict[str, Balance]:
+    rows = tx.all(
+        "SELECT unit, limit_amount, available, held, spent, overrun FROM allowances "
+        "WHERE mission_id = ? ORDER BY unit",
+        mission_id,
+    )
+    return {
+        r["unit"]: Balance(r["limit_amount"], r["available"], r["held"], r["spent"], r["overrun"])
+        for r in rows
+    }
+
+
+def from_entries(tx: Tx, mission_id: str) -> dict[str, Balance]:
+    rows = tx.all(
+        "SELECT unit, kind, source, target, amount FROM ledger_entries WHERE mission_id = ? "
+        "ORDER BY id",
+        mission_id,
+    )
+    return balances(Move(r["unit"], r["kind"], r["source"], r["target"], r["amount"]) for r in rows)
+
+
+def problems(tx: Tx, mission_id: str) -> list[str]:
+    """Check L0, L1 and L2 for one mission; an empty list means the ledger holds."""
+    out: list[str] = []
+    cache = cached(tx, mission_id)
+    rebuilt = from_entries(tx, mission_id)
+    holds: dict[str, int] = {}
+    for r in tx.all(
+        "SELECT estimate FROM attempts WHERE mission_id = ? "
+        "AND status IN ('prepared', 'dispatched', 'unknown')",
+        mission_id,
+    ):
+        for unit, amount in json.loads(r["estimate"]).items():
+            holds[unit] = holds.get(unit, 0) + amount
+    for unit, bal in cache.items():
+        if bal.available + bal.held + bal.spent != bal.limit:
+            out.append(f"L0 {unit}: available+held+spent != limit ({bal})")
+        if bal.held != holds.get(unit, 0):
+            out.append(f"L1 {unit}: held {bal.held} != open holds {holds.get(unit, 0)}")
+        if rebuilt.get(unit, Balance()) != bal:
+            out.append(f"L2 {unit}: cached {bal} != rebuilt from entries {rebuilt.get(unit)}")
+    return out
+

@@ -1,0 +1,143 @@
+"""Runs: one execution of a mission's plan, with an owner, an epoch and a lease (F1).
+
+Every change of owner increments the epoch, the fencing token checked by every
+dispatch commit and node completion (F2). Terminal runs are never reopened (N4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from charter.errors import NotFound
+from charter.storage import Row, Tx
+
+
+class RunStatus(StrEnum):
+    ACTIVE = "active"
+    WAITING = "waiting"  # a durable wait: approval, input, timer, event
+    PAUSED = "paused"  # allowance exhausted or incident open: a decision is needed (L7)
+    NEEDS_INTERVENTION = "needs_intervention"
+    STOPPING = "stopping"  # no new admissions; settling what is in flight
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    STOPPED = "stopped"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.STOPPED}
+)
+
+
+@dataclass(frozen=True)
+class Run:
+    id: str
+    mission_id: str
+    principal: str
+    status: RunStatus
+    status_reason: str | None
+    epoch: int
+    owner_segment: str
+    lease_expires_us: int
+    recoveries: int
+    linked_from: str | None
+    created_at_us: int
+    updated_at_us: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "mission_id": self.mission_id,
+            "principal": self.principal,
+            "status": self.status.value,
+            "status_reason": self.status_reason,
+            "epoch": self.epoch,
+            "owner_segment": self.owner_segment,
+            "lease_expires_us": self.lease_expires_us,
+            "recoveries": self.recoveries,
+            "linked_from": self.linked_from,
+            "created_at_us": self.created_at_us,
+            "updated_at_us": self.updated_at_us,
+        }
+
+
+_COLUMNS = (
+    "id, mission_id, principal, status, status_reason, epoch, owner_segment, "
+    "lease_expires_us, recoveries, linked_from, created_at_us, updated_at_us"
+)
+
+
+def from_row(r: Row) -> Run:
+    return Run(
+        r["id"],
+        r["mission_id"],
+        r["principal"],
+        RunStatus(r["status"]),
+        r["status_reason"],
+        r["epoch"],
+        r["owner_segment"],
+        r["lease_expires_us"],
+        r["recoveries"],
+        r["linked_from"],
+        r["created_at_us"],
+        r["updated_at_us"],
+    )
+
+
+def load(tx: Tx, run_id: str, *, lock: bool = False) -> Run:
+    row = tx.one(
+        f"SELECT {_COLUMNS} FROM runs WHERE id = ?" + (" {lock}" if lock else ""), run_id
+    )
+    if row is None:
+        raise NotFound(f"no run {run_id!r} in this store; list runs with `charter runs`",
+                       run_id=run_id)
+    return from_row(row)
+
+
+def list_runs(tx: Tx, mission_id: str | None = None) -> list[Run]:
+    if mission_id is None:
+        rows = tx.all(f"SELECT {_COLUMNS} FROM runs ORDER BY created_at_us, id")
+    else:
+        rows = tx.all(
+            f"SELECT {_COLUMNS} FROM runs WHERE mission_id = ? ORDER BY created_at_us, id",
+            mission_id,
+        )
+    return [from_row(r) for r in rows]
+
+
+def set_status(
+    tx: Tx,
+    run: Run,
+    status: RunStatus,
+    reason: str | None,
+    *,
+    actor: str,
+    segment: str | None = None,
+) -> None:
+    """Change a run's status, audited; a terminal run never changes again (N4)."""
+    if run.status == status and run.status_reason == reason:
+        return
+    tx.run(
+        "UPDATE runs SET status = ?, status_reason = ?, updated_at_us = ? WHERE id = ?",
+        status.value,
+        reason,
+        tx.now_us,
+        run.id,
+    )
+    tx.audit(
+        run.mission_id,
+        "run.status",
+        run.id,
+        actor=actor,
+        segment=segment,
+        epoch=run.epoch,
+        before=run.status.value,
+        after=status.value,
+        payload={"reason": reason},
+    )

@@ -1,0 +1,245 @@
+"""Transitions that end or suspend an attempt's hold: settle, void, mark unknown.
+
+Each function runs inside the caller's transaction and writes the attempt row,
+its ledger entries and its audit event together. Every one is conditional on
+the attempt's current status (``WHERE status IN ...``), so a hold is resolved
+exactly once (L6) even when two processes race: the loser changes nothing and
+is told so by the return value.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from charter import ledger
+from charter.adapters import Evidence
+from charter.attempts import Attempt, AttemptStatus
+from charter.audit import canonical
+from charter.incidents import open_incident
+from charter.storage import Tx
+
+
+def _dump(value: Any) -> str | None:
+    return None if value is None else canonical(value)
+
+
+def settle(
+    tx: Tx,
+    attempt: Attempt,
+    status: AttemptStatus,
+    *,
+    actual: Mapping[str, int],
+    result: Any,
+    receipt: Any,
+    price_source: str | None,
+    reason: str | None,
+    units: Collection[str],
+    actor: str,
+    segment: str | None,
+    epoch: int | None,
+    from_statuses: tuple[AttemptStatus, ...],
+) -> bool:
+    """Settle ``attempt`` if it is still in one of ``from_statuses``.
+
+    Spends up to the hold and releases the rest; an actual above the hold is
+    recorded in full and opens an ``overrun`` incident with the raw receipt
+    (L5); a cost in a unit the contract does not budget is kept on the attempt
+    and opens an ``unbudgeted_cost`` incident. Returns ``False`` (and changes
+    nothing) if the attempt was no longer in ``from_statuses``.
+    """
+    assert status.settled
+    marks = ", ".join("?" for _ in from_statuses)
+    changed = tx.run(
+        "UPDATE attempts SET status = ?, actual = ?, result = ?, receipt = ?, "
+        "price_source = COALESCE(?, price_source), reason = COALESCE(?, reason), "
+        f"settled_at_us = ? WHERE id = ? AND status IN ({marks})",
+        status.value,
+        canonical(dict(actual)),
+        _dump(result),
+        _dump(receipt),
+        price_source,
+        reason,
+        tx.now_us,
+        attempt.id,
+        *(s.value for s in from_statuses),
+    )
+    if not changed:
+        return False
+    budgeted = {u: a for u, a in actual.items() if u in units}
+    ledger.record(
+        tx, attempt.mission_id, attempt.id, ledger.settle(attempt.estimate, budgeted), price_source
+    )
+    overruns = {
+        u: {"hold": attempt.estimate.get(u, 0), "actual": a}
+        for u, a in budgeted.items()
+        if a > attempt.estimate.get(u, 0)
+    }
+    if overruns:
+        open_incident(
+            tx,
+            attempt.mission_id,
+            "overrun",
+            {"units": overruns, "receipt": receipt, "price_source": price_source},
+            actor=actor,
+            run_id=attempt.run_id,
+            attempt_id=attempt.id,
+            epoch=epoch,
+        )
+    unbudgeted = {u: a for u, a in actual.items() if u not in units and a}
+    if unbudgeted:
+        open_incident(
+            tx,
+            attempt.mission_id,
+            "unbudgeted_cost",
+            {"actual": unbudgeted, "receipt": receipt},
+            actor=actor,
+            run_id=attempt.run_id,
+            attempt_id=attempt.id,
+            epoch=epoch,
+        )
+    if status is AttemptStatus.FAILED:
+        tx.run(
+            "UPDATE missions SET attempts_failed = attempts_failed + 1 WHERE id = ?",
+            attempt.mission_id,
+        )
+    tx.audit(
+        attempt.mission_id,
+        "attempt.settled",
+        attempt.id,
+        actor=actor,
+        segment=segment,
+        epoch=epoch,
+        before=",".join(s.value for s in from_statuses),
+        after=status.value,
+        payload={
+            "actual": dict(actual),
+            "result": result,
+            "receipt": receipt,
+            "price_source": price_source,
+            "reason": reason,
+        },
+    )
+    return True
+
+
+def void(
+    tx: Tx,
+    attempt: Attempt,
+    reason: str,
+    *,
+    actor: str,
+    segment: str | None,
+    epoch: int | None,
+) -> bool:
+    """VOIDED releases exactly its hold, and only if never DISPATCHED (L6)."""
+    changed = tx.run(
+        "UPDATE attempts SET status = 'voided', reason = ?, settled_at_us = ? "
+        "WHERE id = ? AND status = 'prepared'",
+        reason,
+        tx.now_us,
+        attempt.id,
+    )
+    if not changed:
+        return False
+    ledger.record(tx, attempt.mission_id, attempt.id, ledger.release(attempt.estimate), None)
+    tx.audit(
+        attempt.mission_id,
+        "attempt.voided",
+        attempt.id,
+        actor=actor,
+        segment=segment,
+        epoch=epoch,
+        before="prepared",
+        after="voided",
+        payload={"reason": reason},
+    )
+    return True
+
+
+def mark_unknown(
+    tx: Tx,
+    attempt: Attempt,
+    reason: str,
+    *,
+    actor: str,
+    segment: str | None,
+    epoch: int | None,
+) -> bool:
+    """DISPATCHED -> UNKNOWN, keeping 100% of the hold (A3, L4)."""
+    changed = tx.run(
+        "UPDATE attempts SET status = 'unknown', reason = ? WHERE id = ? AND status = 'dispatched'",
+        reason,
+        attempt.id,
+    )
+    if changed:
+        tx.audit(
+            attempt.mission_id,
+            "attempt.unknown",
+            attempt.id,
+            actor=actor,
+            segment=segment,
+            epoch=epoch,
+            before="dispatched",
+            after="unknown",
+            payload={"reason": reason},
+        )
+    return bool(changed)
+
+
+def record_evidence(
+    tx: Tx,
+    attempt: Attempt,
+    evidence: Evidence,
+    *,
+    actor: str,
+    epoch: int | None,
+    settled: bool,
+) -> str:
+    """Store evidence, immutable, with the epoch it came from (F2, R7)."""
+    evidence_id = tx.ids.new("evd")
+    outcome = evidence.outcome
+    outcome_json = (
+        None
+        if outcome is None
+        else canonical(
+            {
+                "status": outcome.status,
+                "result": outcome.result,
+                "cost": dict(outcome.cost),
+                "receipt": outcome.receipt,
+                "price_source": outcome.price_source,
+            }
+        )
+    )
+    tx.run(
+        "INSERT INTO evidence (id, attempt_id, mission_id, source, verdict, outcome, detail, "
+        "epoch, actor, recorded_at_us, settled) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        evidence_id,
+        attempt.id,
+        attempt.mission_id,
+        evidence.source,
+        evidence.verdict,
+        outcome_json,
+        _dump(evidence.detail),
+        epoch,
+        actor,
+        tx.now_us,
+        1 if settled else 0,
+    )
+    tx.audit(
+        attempt.mission_id,
+        "evidence.recorded",
+        attempt.id,
+        actor=actor,
+        epoch=epoch,
+        payload={
+            "evidence_id": evidence_id,
+            "source": evidence.source,
+            "verdict": evidence.verdict,
+            "outcome": None if outcome_json is None else json.loads(outcome_json),
+            "detail": evidence.detail,
+        },
+    )
+    return evidence_id

@@ -1,0 +1,45 @@
+"""The one small layer where SQLite and PostgreSQL differ.
+
+All SQL in Charter is written once, with ``?`` placeholders and a few named
+slots; the dialect rewrites it (once per statement text, cached) so the two
+backends cannot drift:
+
+- ``?`` becomes ``%s`` on PostgreSQL;
+- ``{lock}`` after a ``SELECT`` becomes ``FOR UPDATE`` on PostgreSQL (SQLite's
+  ``BEGIN IMMEDIATE`` already holds the single writer lock);
+- ``{serial_pk}`` in DDL is an auto-incrementing 64-bit key.
+
+Upserts use ``ON CONFLICT ... DO UPDATE`` and results use ``RETURNING``: both
+backends accept the same text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Dialect:
+    name: str
+    placeholder: str
+    lock: str
+    serial_pk: str
+    _cache: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def sql(self, text: str) -> str:
+        """The statement text for this backend (cached)."""
+        out = self._cache.get(text)
+        if out is None:
+            out = text.replace("{lock}", self.lock).replace("{serial_pk}", self.serial_pk)
+            if self.placeholder != "?":
+                out = out.replace("?", self.placeholder)
+            self._cache[text] = out
+        return out
+
+
+def sqlite() -> Dialect:
+    return Dialect("sqlite", "?", "", "INTEGER PRIMARY KEY")
+
+
+def postgresql() -> Dialect:
+    return Dialect("postgresql", "%s", " FOR UPDATE", "BIGSERIAL PRIMARY KEY")

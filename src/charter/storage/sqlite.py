@@ -1,0 +1,84 @@
+"""The embedded SQLite backend (stdlib ``sqlite3``).
+
+WAL journal with ``synchronous=FULL`` (a commit is durable when it returns),
+``BEGIN IMMEDIATE`` for writes so writers serialise up front instead of
+deadlocking on upgrade, and a bounded busy wait that ends in
+:class:`~charter.errors.StoreBusy`. Several processes may share one file.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from charter.clock import Clock
+from charter.errors import StoreBusy, StoreError
+from charter.storage import dialect
+
+
+def _translate(exc: sqlite3.Error, busy_timeout: float) -> Exception:
+    text = str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
+        return StoreBusy(
+            f"the SQLite store stayed busy for {busy_timeout:g}s (another process holds the "
+            "write lock); try again, or raise busy_timeout_seconds",
+            retryable=True,
+        )
+    return StoreError(f"SQLite error: {text}")
+
+
+class SQLiteDriver:
+    """One connection to one SQLite file."""
+
+    def __init__(self, path: Path, *, busy_timeout: float = 5.0) -> None:
+        self.dialect = dialect.sqlite()
+        self.path = path
+        self._busy_timeout = busy_timeout
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = sqlite3.connect(
+                str(path), timeout=busy_timeout, isolation_level=None, check_same_thread=False
+            )
+            self._conn.row_factory = sqlite3.Row
+            mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open SQLite store at {path}: {exc}") from None
+        if mode != "wal":
+            raise StoreError(f"SQLite store at {path} refused WAL mode (got {mode!r})")
+
+    def execute(self, sql: str, params: Sequence[Any]) -> Any:
+        try:
+            return self._conn.execute(sql, params)
+        except sqlite3.IntegrityError:
+            raise
+        except sqlite3.Error as exc:
+            raise _translate(exc, self._busy_timeout) from None
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        try:
+            self._conn.executemany(sql, rows)
+        except sqlite3.IntegrityError:
+            raise
+        except sqlite3.Error as exc:
+            raise _translate(exc, self._busy_timeout) from None
+
+    def begin(self, write: bool) -> None:
+        self.execute("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED", ())
+
+    def commit(self) -> None:
+        self.execute("COMMIT", ())
+
+    def rollback(self) -> None:
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+
+    def now_us(self, clock: Clock) -> int:
+        # On one machine the store's clock is the engine's (injectable) clock.
+        return clock.now_us()
+
+    def close(self) -> None:
+        self._conn.close()

@@ -1,0 +1,99 @@
+"""Helpers for testing missions and adapters against a real store.
+
+- :class:`ManualClock` — move time instead of sleeping;
+- :func:`kill_at` — a crash hook that SIGKILLs the process at a named durable
+  boundary (see :data:`charter.crashpoints.POINTS`), for real crash tests;
+- :class:`RecordingAdapter` — an in-process adapter that records exactly what
+  it was asked to send, with scripted outcomes;
+- :func:`credential` — a fresh ``(credential, digest)`` pair for a principal.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from charter.adapters import Dispatch, EffectClass, Estimate, Evidence, Operation, Outcome
+from charter.attempts import Attempt
+from charter.clock import ManualClock
+from charter.crashpoints import POINTS, CrashHook
+from charter.principals import new_credential as credential
+
+__all__ = ["POINTS", "ManualClock", "RecordingAdapter", "Sent", "credential", "kill_at"]
+
+
+def kill_at(point: str) -> CrashHook:
+    """A crash hook that kills this process with SIGKILL at ``point``."""
+    if point not in POINTS:
+        raise ValueError(f"unknown crash point {point!r}; known: {POINTS}")
+
+    def hook(name: str) -> None:
+        if name == point:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One dispatch as the adapter received it."""
+
+    attempt_id: str
+    operation: str
+    request: Any
+    idempotency_key: str
+    fencing_token: int
+    send_deadline_us: int
+
+
+Script = Callable[[Dispatch], Outcome]
+
+
+@dataclass
+class RecordingAdapter:
+    """An adapter that records every send and answers from a script.
+
+    ``script`` maps an operation to a function of the :class:`Dispatch` that
+    returns an :class:`Outcome` or raises (``NotApplied`` to prove
+    non-application, anything else to leave the outcome unknown). By default
+    every operation succeeds at its estimate.
+    """
+
+    name: str = "recorder"
+    operations: Mapping[str, Operation] = field(
+        default_factory=lambda: {
+            "read": Operation(EffectClass.READ_ONLY),
+            "write": Operation(EffectClass.UNSAFE),
+            "charge": Operation(EffectClass.IDEMPOTENT_KEYED, dedupe_window_seconds=86_400),
+        }
+    )
+    costs: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    script: dict[str, Script] = field(default_factory=dict)
+    evidence: dict[str, Evidence] = field(default_factory=dict)
+    sent: list[Sent] = field(default_factory=list)
+    reconciled: list[str] = field(default_factory=list)
+
+    def estimate(self, operation: str, request: Any) -> Estimate:
+        return Estimate(dict(self.costs.get(operation, {"calls": 1})), f"{self.name}/test-prices")
+
+    def dispatch(self, send: Dispatch) -> Outcome:
+        send.check_deadline()
+        self.sent.append(
+            Sent(send.attempt_id, send.operation, send.request, send.idempotency_key,
+                 send.fencing_token, send.send_deadline_us)
+        )
+        handler = self.script.get(send.operation)
+        if handler is not None:
+            return handler(send)
+        return Outcome.succeeded(
+            {"ok": True, "echo": send.request},
+            cost=self.estimate(send.operation, send.request).amounts,
+            receipt={"id": f"rcpt-{send.idempotency_key}"},
+        )
+
+    def reconcile(self, attempt: Attempt) -> Evidence:
+        self.reconciled.append(attempt.id)
+        return self.evidence.get(attempt.id, Evidence.indeterminate({"looked_up": attempt.id}))
