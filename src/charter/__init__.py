@@ -95,6 +95,7 @@ __all__ = [
     "Right",
     "Run",
     "RunStatus",
+    "RunTerminal",
     "SchemaError",
     "SegmentReused",
     "StateError",

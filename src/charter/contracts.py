@@ -190,28 +190,26 @@ def _principals(value: Any) -> dict[str, dict[Right, tuple[str, ...]]]:
         )
     out: dict[str, dict[Right, tuple[str, ...]]] = {}
     valid = sorted(r.value for r in Right)
-    for name, grants in value.items():
+    for name, raw_grants in value.items():
         if not isinstance(name, str) or not name or ":" in name:
             raise ContractError(
                 f"principal name {name!r} must be a non-empty string without ':'",
                 field="principals",
             )
-        if isinstance(grants, list):
-            grants = {r: ["*"] for r in grants}
+        grants = {r: ["*"] for r in raw_grants} if isinstance(raw_grants, list) else raw_grants
         if not isinstance(grants, Mapping):
             raise ContractError(
                 f"principals.{name} must be a list of rights or a mapping right -> scopes",
                 field=f"principals.{name}",
             )
         parsed: dict[Right, tuple[str, ...]] = {}
-        for right, scopes in grants.items():
+        for right, raw_scopes in grants.items():
             if right not in valid:
                 raise ContractError(
                     f"principals.{name}: unknown right {right!r}; rights are {valid}",
                     field=f"principals.{name}",
                 )
-            if isinstance(scopes, str):
-                scopes = [scopes]
+            scopes = [raw_scopes] if isinstance(raw_scopes, str) else raw_scopes
             if not isinstance(scopes, list) or not all(
                 isinstance(s, str) and s and (s == "*" or "." in s) for s in scopes
             ):

@@ -137,7 +137,7 @@ class SchemaError(StoreError):
     code = "schema_error"
 
 
-class NotApplied(Exception):  # noqa: N818 - the name states the proof, not a failure
+class NotApplied(Exception):
     """Raised by an adapter to *prove* the target did not apply the effect (A3).
 
     Use it only when non-application is certain: the connection was refused
@@ -152,7 +152,7 @@ class NotApplied(Exception):  # noqa: N818 - the name states the proof, not a fa
         self.evidence = evidence or {}
 
 
-class Fenced(BaseException):  # noqa: N818 - a control-flow signal, like CancelledError
+class Fenced(BaseException):
     """This executor lost ownership of its run (F1/F2): stop, send nothing more.
 
     A ``BaseException`` so that a node's broad ``except Exception`` cannot
@@ -166,7 +166,7 @@ class Fenced(BaseException):  # noqa: N818 - a control-flow signal, like Cancell
         self.current_epoch = current_epoch
 
 
-class Blocked(BaseException):  # noqa: N818 - a control-flow signal
+class Blocked(BaseException):
     """A node cannot go on: an attempt is unresolved or a wait is pending (A6, W1).
 
     The run is left in a durable state; ``reason`` and ``attempt_id`` say what

@@ -34,7 +34,6 @@ from charter.attempts import Attempt, AttemptStatus, idempotency_key_for, load
 from charter.audit import canonical, digest
 from charter.clock import seconds_us
 from charter.contracts import Contract
-from charter.incidents import open_incident
 from charter.errors import (
     AdapterError,
     AdmissionRefused,
@@ -45,6 +44,7 @@ from charter.errors import (
     NotAuthorized,
     StateError,
 )
+from charter.incidents import open_incident
 from charter.principals import Right
 from charter.runs import RunStatus
 from charter.storage import Row, Tx
@@ -258,7 +258,7 @@ class Executor:
         standing = ApprovalStatus.APPROVED
         if needs_approval:
             effect = approvals.effect_id(self.run_id, node_id, execution, effect_key)
-            standing, approval_id = approvals.standing(
+            standing, _ = approvals.standing(
                 tx,
                 contract,
                 mission_id=self.mission_id,

@@ -111,7 +111,7 @@ def add_version(
     row = tx.one("SELECT contract_version FROM missions WHERE id = ? {lock}", mission_id)
     if row is None:
         raise NotFound(f"no mission {mission_id!r} in this store", mission_id=mission_id)
-    version = row["contract_version"] + 1
+    version: int = row["contract_version"] + 1
     tx.run(
         "INSERT INTO contract_versions (mission_id, version, body, digest, reason, created_by, "
         "created_at_us) VALUES (?, ?, ?, ?, ?, ?, ?)",

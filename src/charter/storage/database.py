@@ -44,7 +44,7 @@ class Driver(Protocol):
     def close(self) -> None: ...
 
 
-class Refused(BaseException):  # noqa: N818 - internal control flow, never escapes
+class Refused(BaseException):
     """Carries a refusal out of a transaction body; see :meth:`Tx.refused`."""
 
     def __init__(self, error: CharterError, event: dict[str, Any] | None, keep: bool) -> None:

@@ -177,8 +177,9 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     ),
     (
         2,
-        "nodes: node executions and the journal of nondeterministic values",
+        "nodes: node executions, the journal of nondeterministic values, run plans",
         [
+            "ALTER TABLE runs ADD COLUMN plan TEXT",
             """CREATE TABLE node_executions (
                 run_id TEXT NOT NULL REFERENCES runs(id),
                 node_id TEXT NOT NULL,

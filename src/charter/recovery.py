@@ -1,0 +1,200 @@
+"""The recovery state: what ``Coordinator.recover`` returns (R5).
+
+Built from the store alone, in the recovering transaction. Its cost follows
+what is unresolved, not history: settled attempts are counted, not loaded.
+It unpacks as ``state, unresolved`` (the seed's API) and is also available as
+``.state`` / ``.unresolved``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from charter import ledger
+from charter.approvals import ApprovalStatus, list_approvals
+from charter.attempts import Attempt, AttemptStatus, list_attempts
+from charter.contracts import Contract
+from charter.principals import Right
+from charter.runs import Run
+from charter.storage import Tx
+
+#: The recovery table (DESIGN §4): last durable phase -> next safe action.
+NEXT_ACTIONS = {
+    "no_admission": "re-evaluate the request against the current contract and authority",
+    "prepared": "voided by the new epoch; re-admit if still wanted",
+    "uncertain": "keep the hold; obtain evidence (reconcile) and a person's resolution",
+    "settled": "never perform again",
+    "node_completed": "verify its artifacts before a consumer uses them",
+    "run_terminal": "never reopen; a reviewed new linked run if needed",
+}
+
+
+@dataclass(frozen=True)
+class NextAction:
+    """One item of the recovery state and the next safe action for it."""
+
+    kind: str  # attempt | node | run
+    id: str
+    phase: str
+    action: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "id": self.id, "phase": self.phase, "action": self.action}
+
+
+@dataclass(frozen=True)
+class RecoveryState:
+    run: Run
+    contract_version: int
+    contract: Contract
+    plan: str | None
+    nodes: list[dict[str, Any]]
+    attempts: list[Attempt]  # unresolved ones, in full
+    voided: list[str]  # PREPARED attempts voided by this recovery (R3)
+    settled_counts: dict[str, int]
+    waits: list[dict[str, Any]]
+    assessment: dict[str, Any]
+    next_actions: list[NextAction] = field(default_factory=list)
+
+    @property
+    def run_id(self) -> str:
+        return self.run.id
+
+    @property
+    def epoch(self) -> int:
+        return self.run.epoch
+
+    @property
+    def state(self) -> RecoveryState:
+        return self
+
+    @property
+    def unresolved(self) -> list[str]:
+        return [a.id for a in self.attempts]
+
+    def __iter__(self) -> Iterator[Any]:
+        yield self
+        yield self.unresolved
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run.id,
+            "epoch": self.run.epoch,
+            "status": self.run.status.value,
+            "status_reason": self.run.status_reason,
+            "owner_segment": self.run.owner_segment,
+            "contract_version": self.contract_version,
+            "plan": self.plan,
+            "nodes": self.nodes,
+            "unresolved": self.unresolved,
+            "attempts": [a.to_dict() for a in self.attempts],
+            "voided": self.voided,
+            "settled_counts": self.settled_counts,
+            "waits": self.waits,
+            "assessment": self.assessment,
+            "next_actions": [n.to_dict() for n in self.next_actions],
+        }
+
+
+def assess(tx: Tx, run: Run, contract: Contract) -> dict[str, Any]:
+    """The run's standing against its contract: what would stop it going on."""
+    balances = ledger.cached(tx, run.mission_id)
+    open_incidents = tx.one(
+        "SELECT COUNT(*) AS n FROM incidents WHERE mission_id = ? AND status = 'open'",
+        run.mission_id,
+    )
+    counts = tx.one(
+        "SELECT attempts_admitted, attempts_failed FROM missions WHERE id = ?", run.mission_id
+    )
+    assert open_incidents is not None and counts is not None
+    stop = contract.stop_conditions
+    stops: list[str] = []
+    if stop.deadline_us is not None and tx.now_us >= stop.deadline_us:
+        stops.append("deadline passed")
+    if stop.max_attempts is not None and counts["attempts_admitted"] >= stop.max_attempts:
+        stops.append("max_attempts reached")
+    if (
+        stop.max_failed_attempts is not None
+        and counts["attempts_failed"] >= stop.max_failed_attempts
+    ):
+        stops.append("max_failed_attempts reached")
+    return {
+        "allowance": {
+            u: {"limit": b.limit, "available": b.available, "held": b.held, "spent": b.spent,
+                "overrun": b.overrun}
+            for u, b in balances.items()
+        },
+        "exhausted": sorted(u for u, b in balances.items() if b.exhausted),
+        "open_incidents": open_incidents["n"],
+        "stop_conditions": stops,
+        "authority": contract.allows(run.principal, Right.RUN, "*")
+        or bool(contract.principals.get(run.principal, {}).get(Right.RUN)),
+    }
+
+
+def build(tx: Tx, run: Run, contract: Contract, voided: list[str]) -> RecoveryState:
+    unresolved = list_attempts(tx, run_id=run.id, unresolved=True)
+    counts = {
+        r["status"]: r["n"]
+        for r in tx.all(
+            "SELECT status, COUNT(*) AS n FROM attempts WHERE run_id = ? "
+            "AND status NOT IN ('prepared', 'dispatched', 'unknown') GROUP BY status",
+            run.id,
+        )
+    }
+    nodes = [
+        {
+            "node_id": r["node_id"],
+            "execution": r["execution"],
+            "status": r["status"],
+            "crashes": r["crashes"],
+            "result_hash": r["result_hash"],
+        }
+        for r in tx.all(
+            "SELECT node_id, execution, status, crashes, result_hash FROM node_executions "
+            "WHERE run_id = ? ORDER BY started_at_us, node_id, execution",
+            run.id,
+        )
+    ]
+    plan_row = tx.one("SELECT plan FROM runs WHERE id = ?", run.id)
+    waits = []
+    for w in list_approvals(tx, run_id=run.id):
+        if w.status is ApprovalStatus.PENDING or (
+            w.status is ApprovalStatus.APPROVED
+            and w.expires_at_us is not None
+            and w.expires_at_us <= tx.now_us
+        ):
+            waits.append({**w.to_dict(), "expired": w.status is ApprovalStatus.APPROVED})
+    actions: list[NextAction] = []
+    if run.status.terminal:
+        actions.append(NextAction("run", run.id, "run_terminal", NEXT_ACTIONS["run_terminal"]))
+    for attempt_id in voided:
+        actions.append(NextAction("attempt", attempt_id, "prepared", NEXT_ACTIONS["prepared"]))
+    for a in unresolved:
+        phase = "prepared" if a.status is AttemptStatus.PREPARED else "uncertain"
+        actions.append(NextAction("attempt", a.id, a.status.value, NEXT_ACTIONS[phase]))
+    for n in nodes:
+        if n["status"] == "completed":
+            actions.append(NextAction("node", f"{n['node_id']}#{n['execution']}",
+                                      "node_completed", NEXT_ACTIONS["node_completed"]))
+        elif n["status"] == "running":
+            actions.append(NextAction("node", f"{n['node_id']}#{n['execution']}",
+                                      "no_admission", NEXT_ACTIONS["no_admission"]))
+    if sum(counts.values()):
+        actions.append(NextAction("attempts", "settled", "settled", NEXT_ACTIONS["settled"]))
+    return RecoveryState(
+        run=run,
+        contract_version=tx.one("SELECT contract_version FROM missions WHERE id = ?",
+                                run.mission_id)["contract_version"],  # type: ignore[index]
+        contract=contract,
+        plan=None if plan_row is None else plan_row["plan"],
+        nodes=nodes,
+        attempts=unresolved,
+        voided=voided,
+        settled_counts=counts,
+        waits=waits,
+        assessment=assess(tx, run, contract),
+        next_actions=actions,
+    )
