@@ -29,6 +29,7 @@ from charter.errors import (
     AllowanceExceeded,
     ApprovalRequired,
     AttemptAlreadySettled,
+    AttemptFailed,
     AuditError,
     AuthenticationError,
     Blocked,
@@ -51,6 +52,7 @@ from charter.errors import (
     StoreError,
 )
 from charter.executor import Executor
+from charter.nodes import Context, Node, Plan, node
 from charter.principals import Principal, Right, hash_secret, new_credential
 from charter.runs import Run, RunStatus
 
@@ -64,6 +66,7 @@ __all__ = [
     "ApprovalRequired",
     "Attempt",
     "AttemptAlreadySettled",
+    "AttemptFailed",
     "AttemptStatus",
     "AuditError",
     "AuthenticationError",
@@ -71,6 +74,7 @@ __all__ = [
     "CharterError",
     "Clock",
     "ConfigError",
+    "Context",
     "Contract",
     "ContractError",
     "Dispatch",
@@ -85,12 +89,14 @@ __all__ = [
     "LedgerError",
     "ManualClock",
     "NeedsIntervention",
+    "Node",
     "NonDeterminismError",
     "NotApplied",
     "NotAuthorized",
     "NotFound",
     "Operation",
     "Outcome",
+    "Plan",
     "Principal",
     "Right",
     "Run",
@@ -105,4 +111,5 @@ __all__ = [
     "__version__",
     "hash_secret",
     "new_credential",
+    "node",
 ]

@@ -159,8 +159,11 @@ class Dispatch:
 class Adapter(Protocol):
     """An integration with an outside system."""
 
-    name: str
-    operations: Mapping[str, Operation]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def operations(self) -> Mapping[str, Operation]: ...
 
     def estimate(self, operation: str, request: Any) -> Estimate: ...
 

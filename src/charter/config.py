@@ -12,10 +12,14 @@ TOML file (``charter.toml`` or ``$CHARTER_CONFIG``)::
 
     [credentials]                    # name -> sha256 digest of the secret (P1)
     alice = "sha256:9f86d0..."
+
+    [adapters]                       # name -> "module:factory" (for `charter reconcile`)
+    payments = "myapp.adapters:payments"
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -27,12 +31,14 @@ from charter.contracts import RESUME_STRICTNESS, ResumeMode
 from charter.errors import ConfigError
 
 if TYPE_CHECKING:
+    from charter.adapters import Adapter
     from charter.recovery import RecoveryState
 
 ResumeRule = Callable[["RecoveryState"], bool]
 
 _KEYS = {
     "store",
+    "adapters",
     "credentials",
     "evidence_settles",
     "resume",
@@ -48,6 +54,8 @@ class EngineConfig:
 
     store: str | None = None
     credentials: Mapping[str, str] = field(default_factory=dict)
+    #: Adapter name -> ``"module:factory"``; lets the CLI reconcile in a fresh process.
+    adapters: Mapping[str, str] = field(default_factory=dict)
     evidence_settles: Literal["confirm", "auto"] = "confirm"
     resume: ResumeMode = "human"
     #: Predicates consulted by ``resume`` when ``resume = "rules"``; all must pass.
@@ -84,6 +92,12 @@ class EngineConfig:
         if not isinstance(credentials, Mapping):
             raise ConfigError("[credentials] must map principal names to 'sha256:<hex>' digests")
         values["credentials"] = dict(credentials)
+        adapters = values.get("adapters", {})
+        if not isinstance(adapters, Mapping) or not all(
+            isinstance(v, str) and ":" in v for v in adapters.values()
+        ):
+            raise ConfigError("[adapters] must map adapter names to 'module:factory' paths")
+        values["adapters"] = dict(adapters)
         try:
             return cls(**values)
         except TypeError as exc:
@@ -100,6 +114,21 @@ class EngineConfig:
             raise ConfigError(f"configuration file {p} is not valid TOML: {exc}") from None
         return cls.from_mapping(data, base=p.parent)
 
+    def load_adapter(self, name: str) -> Adapter:
+        """Build the adapter configured under ``name`` (imports its module)."""
+        path = self.adapters.get(name)
+        if path is None:
+            raise ConfigError(
+                f"no adapter {name!r} is configured; add it under [adapters] in the "
+                "configuration as name = 'module:factory'"
+            )
+        factory = import_path(path)
+        adapter = factory() if callable(factory) and not hasattr(factory, "dispatch") else factory
+        if getattr(adapter, "name", None) != name:
+            raise ConfigError(f"{path} built an adapter named {getattr(adapter, 'name', None)!r}, "
+                              f"not {name!r}")
+        return adapter  # type: ignore[no-any-return]
+
     @classmethod
     def discover(cls) -> EngineConfig:
         """``$CHARTER_CONFIG``, else ``./charter.toml`` if present, else defaults."""
@@ -110,3 +139,15 @@ class EngineConfig:
         if local.exists():
             return cls.from_file(local)
         return cls()
+
+
+def import_path(path: str) -> Any:
+    """Resolve ``"package.module:attribute"``; a clear error if it does not exist."""
+    module_name, _, attr = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot import {path!r}: {exc}") from None
+    return obj

@@ -394,9 +394,9 @@ class Coordinator:
 
     def _blockers(self, tx: Tx, state: RecoveryState, contract: Contract) -> list[str]:
         out: list[str] = []
-        if state.attempts:
-            out.append(f"{len(state.attempts)} unresolved attempt(s): "
-                       f"{', '.join(state.unresolved)}")
+        uncertain = [a.id for a in state.attempts if a.status.unresolved]
+        if uncertain:
+            out.append(f"{len(uncertain)} unresolved attempt(s): {', '.join(uncertain)}")
         for w in state.waits:
             if w["expired"]:
                 out.append(f"approval {w['id']} expired")

@@ -18,7 +18,7 @@ from charter import incidents as incidents_mod
 from charter import ledger, missions, runs
 from charter.approvals import Approval, ApprovalStatus
 from charter.attempts import Attempt
-from charter.audit import ENGINE_CHAIN, Verification, verify_events
+from charter.audit import ENGINE_CHAIN, Verification, canonical, verify_events
 from charter.clock import Clock, SystemClock, seconds_us
 from charter.config import EngineConfig
 from charter.contracts import Contract
@@ -28,7 +28,6 @@ from charter.errors import (
     ContractError,
     NotAuthorized,
     RunTerminal,
-    StateError,
 )
 from charter.executor import Executor
 from charter.ids import IdFactory
@@ -39,6 +38,7 @@ from charter.storage import Database, Tx, open_database
 
 if TYPE_CHECKING:
     from charter.coordinator import Coordinator
+    from charter.nodes import Plan
 
 
 class Engine:
@@ -50,6 +50,7 @@ class Engine:
         config: EngineConfig,
         clock: Clock,
         crash_hook: CrashHook | None,
+        rng: random.Random | None = None,
     ) -> None:
         self._db = db
         self.config = config
@@ -58,6 +59,7 @@ class Engine:
         self._auth = Authenticator(config.credentials)
         self._contracts = ContractCache()
         self._coordinator: Coordinator | None = None
+        self._rng = rng or random.SystemRandom()
 
     @classmethod
     def open(
@@ -84,7 +86,7 @@ class Engine:
             ids=ids,
             busy_timeout=config.busy_timeout_seconds,
         )
-        return cls(db, config, clock, crash_hook)
+        return cls(db, config, clock, crash_hook, rng)
 
     def close(self) -> None:
         self._db.close()
@@ -94,6 +96,12 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _random(self) -> float:
+        return self._rng.random()
+
+    def _randbits(self, n: int) -> int:
+        return self._rng.getrandbits(n)
 
     @property
     def coordinator(self) -> Coordinator:
@@ -262,8 +270,21 @@ class Engine:
                 runs.set_status(tx, run, RunStatus.ACTIVE, "unpaused", actor=actor)
 
     # -- runs ----------------------------------------------------------------------
-    def start_run(self, mission_id: str, *, by: Principal, segment_id: str) -> Executor:
-        """Start a run owned by a first segment (epoch 1); ``by`` needs a ``run`` grant."""
+    def start_run(
+        self,
+        mission_id: str,
+        *,
+        by: Principal,
+        segment_id: str,
+        plan: Plan | None = None,
+        input: Any = None,
+    ) -> Executor:
+        """Start a run owned by a first segment (epoch 1); ``by`` needs a ``run`` grant.
+
+        ``plan`` (with its ``ref``) and ``input`` are recorded so that a fresh
+        process can resume the run; run it with ``executor.execute(plan)``.
+        """
+        input_json = None if input is None else canonical(input)
         lease_us = seconds_us(self.config.lease_seconds)
         with self._db.transaction() as tx:
             self._vouch(tx, by)
@@ -285,9 +306,10 @@ class Engine:
             expires = tx.now_us + lease_us
             tx.run(
                 "INSERT INTO runs (id, mission_id, principal, status, epoch, owner_segment, "
-                "lease_expires_us, created_at_us, updated_at_us) "
-                "VALUES (?, ?, ?, 'active', 1, ?, ?, ?, ?)",
+                "lease_expires_us, created_at_us, updated_at_us, plan, input) "
+                "VALUES (?, ?, ?, 'active', 1, ?, ?, ?, ?, ?, ?)",
                 run_id, mission_id, by.name, segment_id, expires, tx.now_us, tx.now_us,
+                None if plan is None else (plan.ref or plan.name), input_json,
             )
             tx.run(
                 "INSERT INTO segments (run_id, segment_id, epoch, started_at_us) "
@@ -429,13 +451,3 @@ class Engine:
         with self._db.read() as tx:
             return [dict(r) for r in tx.all(
                 "SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", mission_id)]
-
-    def _require_not_terminal(self, run: Run) -> None:
-        if run.status.terminal:
-            raise RunTerminal(
-                f"run {run.id} is {run.status.value}; a terminal run is never reopened — "
-                "start a reviewed new linked run instead"
-            )
-
-    def _state_error(self, message: str) -> StateError:
-        return StateError(message)

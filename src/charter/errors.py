@@ -19,6 +19,7 @@ message says what was wrong and what to do about it::
     │   └── ApprovalRequired        the effect waits for an approval (W2)
     ├── AdmissionRefused            A1 checks failed; nothing was recorded
     │   └── AllowanceExceeded       L3/L7: the allowance cannot cover it
+    ├── AttemptFailed               an effect settled FAILED or WRITTEN_OFF (A4)
     ├── AdapterError                an adapter broke its protocol
     ├── NonDeterminismError         a replayed call differs from its record (A6)
     ├── AuditError                  the hash chain does not verify (S1)
@@ -107,6 +108,16 @@ class AdmissionRefused(CharterError):
 
 class AllowanceExceeded(AdmissionRefused):
     code = "allowance_exceeded"
+
+
+class AttemptFailed(CharterError):
+    """A journaled call's attempt settled FAILED or WRITTEN_OFF.
+
+    A node may catch it and try again: the next call with a new effect key is
+    a new attempt (A4). ``attempt_id`` and ``status`` say which and how.
+    """
+
+    code = "attempt_failed"
 
 
 class AdapterError(CharterError):

@@ -51,6 +51,7 @@ from charter.storage import Row, Tx
 
 if TYPE_CHECKING:
     from charter.engine import Engine
+    from charter.nodes import Plan
 
 #: A read-only UNKNOWN written off under the A7 opt-in is retried at most this
 #: many times in one call, so a target that never answers cannot drain the budget.
@@ -607,6 +608,7 @@ class Executor:
         execution: int = 0,
         generation: int = 1,
         retry_of: str | None = None,
+        call: Call | None = None,
     ) -> Attempt:
         """Admit, dispatch, send and settle one effect; return the recorded attempt.
 
@@ -614,7 +616,8 @@ class Executor:
         that is not yet given raises :class:`~charter.errors.ApprovalRequired`
         with the attempt left PREPARED and its hold kept.
         """
-        call = self.prepare_call(adapter, operation, request)
+        if call is None:
+            call = self.prepare_call(adapter, operation, request)
         retries = 0
         while True:
             self._crash("admission.before")
@@ -792,6 +795,39 @@ class Executor:
         hook = self.engine._crash_hook
         if hook is not None:
             hook(point)
+
+    # -- run status and plans ---------------------------------------------------
+    def _mark(self, status: str, reason: str) -> None:
+        """Record why the run cannot go on (waiting, needs_intervention); fenced."""
+        with self._db.transaction() as tx:
+            self._set_status_tx(tx, status, reason)
+
+    def _set_status_tx(self, tx: Tx, status: str, reason: str) -> None:
+        row = self._own(tx)
+        if row["status"] != status:
+            self._set_status(tx, row, RunStatus(status), reason)
+
+    def execute(self, plan: Plan | None = None, input: Any = None) -> Any:
+        """Run the plan's remaining nodes as this segment; complete the run.
+
+        Without ``plan``, the plan recorded on the run (its ``ref``) is
+        imported, so a fresh process can resume; the run's recorded input
+        feeds the first node.
+        """
+        from charter.config import import_path
+        from charter.nodes import execute
+
+        with self._db.read() as tx:
+            row = tx.one("SELECT plan, input FROM runs WHERE id = ?", self.run_id)
+        assert row is not None
+        if plan is None:
+            if not row["plan"]:
+                raise StateError(f"run {self.run_id} records no plan reference; pass plan=")
+            plan = import_path(row["plan"])
+            if not isinstance(plan, Plan):
+                raise StateError(f"{row['plan']} is not a charter.Plan")
+        value = input if input is not None or row["input"] is None else json.loads(row["input"])
+        return execute(self, plan, value)
 
     # -- finishing ------------------------------------------------------------
     def finish(self, status: RunStatus = RunStatus.COMPLETED, reason: str | None = None) -> None:

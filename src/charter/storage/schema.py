@@ -180,6 +180,7 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
         "nodes: node executions, the journal of nondeterministic values, run plans",
         [
             "ALTER TABLE runs ADD COLUMN plan TEXT",
+            "ALTER TABLE runs ADD COLUMN input TEXT",
             """CREATE TABLE node_executions (
                 run_id TEXT NOT NULL REFERENCES runs(id),
                 node_id TEXT NOT NULL,

@@ -1,0 +1,347 @@
+"""The ``charter`` command line: inspect, recover, reconcile, resolve, resume.
+
+Every command prints a readable default and takes ``--json``. Errors print one
+line (``error: ...``, or a JSON object under ``--json``) and exit non-zero.
+Identity for decisions comes from the configured credential — the
+``CHARTER_CREDENTIAL`` environment variable (``NAME:SECRET``) or the file named
+by ``CHARTER_CREDENTIAL_FILE`` — never from a name on the command line (P1).
+The store and engine configuration come from ``--config``, ``$CHARTER_CONFIG``
+or ``./charter.toml``; ``--store`` overrides the store.
+
+Imports are lazy so that ``charter --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from charter.engine import Engine
+    from charter.principals import Principal
+
+Handler = Callable[["Engine", argparse.Namespace], Any]
+
+#: Every command with its one-line help; ``docs/cli.md`` documents each one.
+COMMANDS: dict[str, str] = {
+    "demo": "run the built-in example mission on the embedded SQLite store",
+    "credential": "make a new credential for a principal (prints the secret once)",
+    "missions": "list missions",
+    "runs": "list runs",
+    "show": "show a run: status, epoch, owner, nodes, unresolved attempts",
+    "attempts": "list attempts",
+    "recover": "take over a run as a new segment and print the recovery state",
+    "reconcile": "ask the attempt's adapter for evidence and record it",
+    "confirm": "settle an uncertain attempt on its recorded evidence",
+    "resolve": "settle an uncertain attempt as a person, with evidence",
+    "resume": "continue a run under the resume policy",
+    "approvals": "list approvals",
+    "approve": "approve (or --deny) a pending approval",
+    "incidents": "list a mission's incidents",
+    "close-incident": "close an incident with a note",
+    "ledger": "show a mission's allowance balances and check the ledger",
+    "audit": "verify the audit hash chains",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    common.add_argument("--store", help="store path or URL (default: from config or .charter/)")
+    common.add_argument("--config", help="engine configuration file (TOML)")
+    p = argparse.ArgumentParser(
+        prog="charter",
+        description="Charter: durable, governed execution for AI-agent missions.",
+        parents=[common],
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=COMMANDS[name], description=COMMANDS[name],
+                              parents=[common])
+
+    add("demo")
+    c = add("credential")
+    c.add_argument("action", choices=["new"], help="'new' makes a fresh credential")
+    c.add_argument("name", help="the principal's name")
+    add("missions")
+    r = add("runs")
+    r.add_argument("--mission", help="only runs of this mission")
+    s = add("show")
+    s.add_argument("run", help="run ID")
+    a = add("attempts")
+    a.add_argument("--run", help="only attempts of this run")
+    a.add_argument("--mission", help="only attempts of this mission")
+    a.add_argument("--unresolved", action="store_true", help="only PREPARED/DISPATCHED/UNKNOWN")
+    rc = add("recover")
+    rc.add_argument("run", help="run ID")
+    rc.add_argument("--segment", required=True, help="a new segment ID for this continuation")
+    rc.add_argument("--force", action="store_true",
+                    help="take over a live lease (audited; needs 'stop')")
+    rn = add("reconcile")
+    rn.add_argument("attempt", help="attempt ID")
+    cf = add("confirm")
+    cf.add_argument("attempt", help="attempt ID")
+    cf.add_argument("--evidence-id", help="which recorded evidence (default: the latest)")
+    rs = add("resolve")
+    rs.add_argument("attempt", help="attempt ID")
+    g = rs.add_mutually_exclusive_group(required=True)
+    g.add_argument("--succeeded", dest="outcome", action="store_const", const="succeeded",
+                   help="the effect was applied")
+    g.add_argument("--failed", dest="outcome", action="store_const", const="failed",
+                   help="the effect was not applied, or applied as a failure")
+    g.add_argument("--written-off", dest="outcome", action="store_const", const="written_off",
+                   help="nobody can know: settle at the full hold")
+    rs.add_argument("--cost", action="append", default=[], metavar="UNIT=AMOUNT",
+                    help="actual cost in the unit's smallest step (repeatable)")
+    rs.add_argument("--evidence", required=True, help="what you saw, and where")
+    ru = add("resume")
+    ru.add_argument("run", help="run ID")
+    ru.add_argument("--segment", required=True, help="the segment to continue as")
+    ap = add("approvals")
+    ap.add_argument("--run", help="only approvals of this run")
+    ap.add_argument("--pending", action="store_true", help="only pending ones")
+    av = add("approve")
+    av.add_argument("approval", help="approval ID")
+    av.add_argument("--deny", action="store_true", help="deny instead of approving")
+    ic = add("incidents")
+    ic.add_argument("mission", help="mission ID")
+    ic.add_argument("--open", action="store_true", help="only open incidents")
+    ci = add("close-incident")
+    ci.add_argument("incident", help="incident ID")
+    ci.add_argument("--note", required=True, help="why it is safe to go on")
+    lg = add("ledger")
+    lg.add_argument("mission", help="mission ID")
+    au = add("audit")
+    au.add_argument("action", choices=["verify"], help="'verify' recomputes every chain")
+    au.add_argument("--mission", help="only this mission's chain")
+    return p
+
+
+def _principal(engine: Engine) -> Principal:
+    from charter.errors import AuthenticationError
+
+    credential = os.environ.get("CHARTER_CREDENTIAL")
+    path = os.environ.get("CHARTER_CREDENTIAL_FILE")
+    if not credential and path:
+        try:
+            credential = Path(path).read_text().strip()
+        except OSError as exc:
+            raise AuthenticationError(f"cannot read CHARTER_CREDENTIAL_FILE {path}: {exc}") from None
+    if not credential:
+        raise AuthenticationError(
+            "this command needs an identity: set CHARTER_CREDENTIAL=NAME:SECRET or "
+            "CHARTER_CREDENTIAL_FILE=path"
+        )
+    return engine.authenticate(credential)
+
+
+def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    if not rows:
+        return "(none)"
+    cells = [[str(r.get(c, "")) if r.get(c) is not None else "-" for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+# -- handlers: each returns (json-able data, readable text) -----------------------------
+def _missions(engine: Engine, _: argparse.Namespace) -> Any:
+    rows = [m.to_dict() for m in engine.missions()]
+    return rows, _table(rows, ["id", "name", "contract_version", "attempts_admitted"])
+
+
+def _runs(engine: Engine, args: argparse.Namespace) -> Any:
+    rows = [r.to_dict() for r in engine.runs(args.mission)]
+    return rows, _table(rows, ["id", "mission_id", "status", "epoch", "owner_segment"])
+
+
+def _show(engine: Engine, args: argparse.Namespace) -> Any:
+    state = engine.coordinator.state(args.run).to_dict()
+    text = (
+        f"run {state['run_id']}  status {state['status']}  epoch {state['epoch']}  "
+        f"owner {state['owner_segment']}  contract v{state['contract_version']}\n"
+        f"reason: {state['status_reason'] or '-'}\n"
+        f"nodes:\n{_table(state['nodes'], ['node_id', 'execution', 'status', 'crashes'])}\n"
+        f"unresolved attempts:\n"
+        f"{_table(state['attempts'], ['id', 'adapter', 'operation', 'status', 'reason'])}\n"
+        f"settled: {state['settled_counts'] or '{}'}"
+    )
+    return state, text
+
+
+def _attempts(engine: Engine, args: argparse.Namespace) -> Any:
+    rows = [a.to_dict() for a in engine.attempts(run_id=args.run, mission_id=args.mission,
+                                                 unresolved=args.unresolved)]
+    return rows, _table(rows, ["id", "run_id", "adapter", "operation", "status", "estimate",
+                               "actual"])
+
+
+def _recover(engine: Engine, args: argparse.Namespace) -> Any:
+    by = _principal(engine) if args.force else None
+    state = engine.coordinator.recover(args.run, args.segment, force=args.force, by=by).to_dict()
+    lines = [f"run {state['run_id']} recovered as segment {args.segment}: epoch "
+             f"{state['epoch']}, status {state['status']}"]
+    lines += [f"  {n['kind']} {n['id']} [{n['phase']}]: {n['action']}"
+              for n in state["next_actions"]]
+    return state, "\n".join(lines)
+
+
+def _reconcile(engine: Engine, args: argparse.Namespace) -> Any:
+    attempt = engine.attempt(args.attempt)
+    adapter = engine.config.load_adapter(attempt.adapter)
+    evidence = engine.coordinator.reconcile(args.attempt, adapter)
+    after = engine.attempt(args.attempt)
+    data = {"attempt_id": args.attempt, "verdict": evidence.verdict,
+            "detail": evidence.detail, "status": after.status.value,
+            "settled": after.status.settled}
+    hint = "" if after.status.settled else (
+        "; confirm it with `charter confirm`" if evidence.conclusive else
+        "; a person must resolve it (`charter resolve`)")
+    return data, f"evidence: {evidence.verdict}; attempt is {after.status.value}{hint}"
+
+
+def _confirm(engine: Engine, args: argparse.Namespace) -> Any:
+    attempt = engine.coordinator.confirm(args.attempt, by=_principal(engine),
+                                         evidence_id=args.evidence_id)
+    return attempt.to_dict(), f"attempt {attempt.id} settled {attempt.status.value}"
+
+
+def _resolve(engine: Engine, args: argparse.Namespace) -> Any:
+    from charter.errors import StateError
+
+    cost: dict[str, int] = {}
+    for item in args.cost:
+        unit, sep, amount = item.partition("=")
+        if not sep or not amount.isdigit():
+            raise StateError(f"--cost takes UNIT=AMOUNT with an integer amount, got {item!r}")
+        cost[unit] = int(amount)
+    attempt = engine.coordinator.resolve(args.attempt, by=_principal(engine),
+                                         outcome=args.outcome, evidence=args.evidence,
+                                         cost=cost)
+    return attempt.to_dict(), (f"attempt {attempt.id} resolved {attempt.status.value} "
+                               f"at {attempt.actual}")
+
+
+def _resume(engine: Engine, args: argparse.Namespace) -> Any:
+    by = None
+    if os.environ.get("CHARTER_CREDENTIAL") or os.environ.get("CHARTER_CREDENTIAL_FILE"):
+        by = _principal(engine)
+    executor = engine.coordinator.resume(args.run, args.segment, by=by)
+    result = executor.execute()
+    run = engine.run(args.run)
+    return ({"run_id": run.id, "status": run.status.value, "epoch": run.epoch,
+             "result": result},
+            f"run {run.id} {run.status.value} (epoch {run.epoch})")
+
+
+def _approvals(engine: Engine, args: argparse.Namespace) -> Any:
+    rows = [a.to_dict() for a in engine.approvals(run_id=args.run, pending=args.pending)]
+    return rows, _table(rows, ["id", "run_id", "scope", "status", "decided_by"])
+
+
+def _approve(engine: Engine, args: argparse.Namespace) -> Any:
+    status = engine.approve(args.approval, by=_principal(engine), deny=args.deny)
+    return {"approval_id": args.approval, "status": status.value}, f"{args.approval} {status}"
+
+
+def _incidents(engine: Engine, args: argparse.Namespace) -> Any:
+    rows = engine.incidents(args.mission, open_only=args.open)
+    return rows, _table(rows, ["id", "kind", "status", "attempt_id", "closed_by"])
+
+
+def _close_incident(engine: Engine, args: argparse.Namespace) -> Any:
+    engine.close_incident(args.incident, by=_principal(engine), note=args.note)
+    return {"incident_id": args.incident, "status": "closed"}, f"{args.incident} closed"
+
+
+def _ledger(engine: Engine, args: argparse.Namespace) -> Any:
+    balances = engine.balances(args.mission)
+    problems = engine.check_ledger(args.mission)
+    rows = [{"unit": u, **b.__dict__} for u, b in balances.items()]
+    text = _table(rows, ["unit", "limit", "available", "held", "spent", "overrun"])
+    text += "\nledger check: " + ("ok" if not problems else "; ".join(problems))
+    return {"mission_id": args.mission, "balances": rows, "problems": problems}, text
+
+
+def _audit(engine: Engine, args: argparse.Namespace) -> Any:
+    from charter.errors import AuditError
+
+    results = engine.verify_audit(args.mission)
+    rows = [v.to_dict() for v in results]
+    text = _table(rows, ["mission_id", "events", "ok", "broken_at", "problem"])
+    if not all(v.ok for v in results):
+        bad = [v for v in results if not v.ok]
+        raise AuditError(
+            f"audit chain broken: {bad[0].mission_id} at event {bad[0].broken_at} "
+            f"({bad[0].problem})", chains=rows)
+    return rows, text
+
+
+HANDLERS: dict[str, Handler] = {
+    "missions": _missions,
+    "runs": _runs,
+    "show": _show,
+    "attempts": _attempts,
+    "recover": _recover,
+    "reconcile": _reconcile,
+    "confirm": _confirm,
+    "resolve": _resolve,
+    "resume": _resume,
+    "approvals": _approvals,
+    "approve": _approve,
+    "incidents": _incidents,
+    "close-incident": _close_incident,
+    "ledger": _ledger,
+    "audit": _audit,
+}
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True, default=str))
+    else:
+        print(text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from charter.errors import CharterError
+
+    try:
+        if args.command == "credential":
+            from charter.principals import new_credential
+
+            credential, digest = new_credential(args.name)
+            _emit(args, {"name": args.name, "credential": credential, "digest": digest},
+                  f"credential (give it to {args.name}; shown once): {credential}\n"
+                  f"configure under [credentials]:  {args.name} = \"{digest}\"")
+            return 0
+        if args.command == "demo":
+            from charter.demo import run_demo
+
+            return run_demo(store=args.store, as_json=args.json)
+        from charter.config import EngineConfig
+        from charter.engine import Engine
+
+        config = EngineConfig.from_file(args.config) if args.config else EngineConfig.discover()
+        with Engine.open(args.store, config=config) as engine:
+            data, text = HANDLERS[args.command](engine, args)
+        _emit(args, data, text)
+        return 0
+    except CharterError as exc:
+        if args.json:
+            print(json.dumps({"error": exc.to_dict()}, default=str))
+        else:
+            print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

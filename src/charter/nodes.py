@@ -1,0 +1,449 @@
+"""Plans, nodes and the journaled node context (A6, N1).
+
+A node is a registered Python function, sync or async, that receives a
+:class:`Context` and its input (the run's input for the first node, the
+previous node's checked result after that). Effects go through
+``ctx.attempt(...)``; nondeterminism through ``ctx.now()``, ``ctx.random()``
+and ``ctx.uuid()``. All of these are journaled, so a node re-executed after a
+crash replays them: a settled attempt returns its recorded result, an
+unresolved one blocks the node, and a request that differs from the recorded
+one is a :class:`~charter.errors.NonDeterminismError`, never a silent re-send.
+
+**Code outside journaled calls runs again on replay.** A bare file write, a
+``print``, a call to an API not made through an adapter: all repeat. Keep
+effects inside ``ctx.attempt``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import threading
+import uuid as uuid_mod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from charter.adapters import Adapter
+from charter.attempts import Attempt, AttemptStatus, from_row
+from charter.clock import MICROS
+from charter.errors import (
+    ApprovalRequired,
+    AttemptFailed,
+    Blocked,
+    NonDeterminismError,
+    StateError,
+)
+
+if TYPE_CHECKING:
+    from charter.executor import Executor
+
+T = TypeVar("T")
+NodeFn = Callable[["Context", Any], Any]
+
+
+@dataclass(frozen=True)
+class Node:
+    """One step of a plan: a function, an optional check, a retry policy."""
+
+    name: str
+    fn: NodeFn
+    check: Callable[[Any], bool] | None = None
+    retries: int = 0
+
+    def __call__(self, ctx: Context, value: Any) -> Any:
+        return self.fn(ctx, value)
+
+
+@overload
+def node(fn: NodeFn, /) -> Node: ...
+
+
+@overload
+def node(
+    *,
+    name: str | None = None,
+    check: Callable[[Any], bool] | None = None,
+    retries: int = 0,
+) -> Callable[[NodeFn], Node]: ...
+
+
+def node(
+    fn: NodeFn | None = None,
+    /,
+    *,
+    name: str | None = None,
+    check: Callable[[Any], bool] | None = None,
+    retries: int = 0,
+) -> Node | Callable[[NodeFn], Node]:
+    """Decorate a function ``(ctx, value) -> result`` as a plan node.
+
+    ``check`` must accept the result for the node to complete (N1); a node
+    whose function raises (or whose check refuses) is executed again up to
+    ``retries`` times, each time as a new node execution.
+    """
+
+    def wrap(f: NodeFn) -> Node:
+        return Node(name or f.__name__, f, check, retries)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A fixed sequence of nodes.
+
+    ``ref`` is the ``"module:attribute"`` path of this plan object, recorded
+    on the run so a fresh process (``charter resume``) can load it.
+    """
+
+    name: str
+    nodes: tuple[Node, ...]
+    ref: str | None = None
+
+    def __post_init__(self) -> None:
+        names = [n.name for n in self.nodes]
+        if not names:
+            raise StateError(f"plan {self.name!r} has no nodes")
+        if len(set(names)) != len(names):
+            raise StateError(f"plan {self.name!r} has duplicate node names: {names}")
+
+
+class Context:
+    """What a node sees: journaled effects and journaled nondeterminism."""
+
+    def __init__(self, executor: Executor, node_id: str, execution: int) -> None:
+        self._ex = executor
+        self.run_id = executor.run_id
+        self.node_id = node_id
+        self.execution = execution
+        self._seq = 0  # unkeyed effect calls, in order
+        self._jseq = 0  # journaled values, in order
+        self._lock = threading.Lock()
+        self._in_flight = 0
+
+    @property
+    def epoch(self) -> int:
+        return self._ex.epoch
+
+    # -- effects -------------------------------------------------------------
+    def attempt(
+        self, adapter: Adapter, operation: str, request: Any, *, key: str | None = None
+    ) -> Any:
+        """Perform one effect through ``adapter``; return its recorded result.
+
+        ``key`` is the effect key; without one, the call's sequence number in
+        this node execution is used, which is why concurrent calls must carry
+        explicit keys (the engine refuses concurrent unkeyed calls).
+        """
+        with self._lock:
+            if key is None:
+                if self._in_flight:
+                    raise StateError(
+                        "concurrent calls must carry explicit keys: ctx.attempt(..., key=...); "
+                        "an unkeyed call's identity is its position, which concurrency changes"
+                    )
+                self._seq += 1
+                effect_key = f"#{self._seq}"
+            else:
+                effect_key = f"k:{key}"
+            self._in_flight += 1
+        try:
+            return self._attempt(adapter, operation, request, effect_key)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    async def aattempt(
+        self, adapter: Adapter, operation: str, request: Any, *, key: str | None = None
+    ) -> Any:
+        """``attempt`` for async nodes (runs the synchronous core in a thread)."""
+        return await asyncio.to_thread(self.attempt, adapter, operation, request, key=key)
+
+    def _attempt(self, adapter: Adapter, operation: str, request: Any, effect_key: str) -> Any:
+        ex = self._ex
+        call = ex.prepare_call(adapter, operation, request)
+        prior = self._latest(effect_key)
+        generation, retry_of = 1, None
+        if prior is not None:
+            if prior.request_hash != call.request_hash or prior.scope != call.scope:
+                ex._mark(
+                    "needs_intervention",
+                    f"non-determinism in node {self.node_id}: effect {effect_key} replayed "
+                    "with a different request",
+                )
+                raise NonDeterminismError(
+                    f"node {self.node_id} execution {self.execution} replayed effect "
+                    f"{effect_key} with a different request than recorded (attempt "
+                    f"{prior.id}); the run needs intervention",
+                    attempt_id=prior.id,
+                    recorded_hash=prior.request_hash,
+                    replayed_hash=call.request_hash,
+                )
+            if prior.status is AttemptStatus.VOIDED:
+                generation, retry_of = prior.generation + 1, prior.id  # re-admit (R3)
+            elif prior.status is AttemptStatus.PREPARED:
+                return self._outcome(self._dispatch_prepared(prior, adapter))
+            else:
+                return self._outcome(prior)
+        try:
+            attempt = ex.attempt(
+                adapter,
+                operation,
+                request,
+                effect_key=effect_key,
+                node_id=self.node_id,
+                execution=self.execution,
+                generation=generation,
+                retry_of=retry_of,
+                call=call,
+            )
+        except ApprovalRequired as exc:
+            ex._mark("waiting", f"approval for {call.scope} in node {self.node_id}")
+            raise Blocked(
+                exc.message, run_id=self.run_id, attempt_id=exc.details.get("attempt_id")
+            ) from None
+        return self._outcome(attempt)
+
+    def _dispatch_prepared(self, prior: Attempt, adapter: Adapter) -> Attempt:
+        try:
+            return self._ex.dispatch(prior.id, adapter)
+        except ApprovalRequired as exc:
+            self._ex._mark("waiting", f"approval for {prior.scope} in node {self.node_id}")
+            raise Blocked(exc.message, run_id=self.run_id, attempt_id=prior.id) from None
+
+    def _latest(self, effect_key: str) -> Attempt | None:
+        with self._ex._db.read() as tx:
+            row = tx.one(
+                "SELECT * FROM attempts WHERE run_id = ? AND node_id = ? AND execution = ? "
+                "AND effect_key = ? ORDER BY generation DESC LIMIT 1",
+                self.run_id,
+                self.node_id,
+                self.execution,
+                effect_key,
+            )
+        return None if row is None else from_row(row)
+
+    def _outcome(self, attempt: Attempt) -> Any:
+        if attempt.status is AttemptStatus.SUCCEEDED:
+            return attempt.result
+        if attempt.status in (AttemptStatus.FAILED, AttemptStatus.WRITTEN_OFF):
+            raise AttemptFailed(
+                f"attempt {attempt.id} ({attempt.scope}) settled {attempt.status.value}",
+                attempt_id=attempt.id,
+                status=attempt.status.value,
+                result=attempt.result,
+            )
+        if attempt.status is AttemptStatus.VOIDED:
+            raise Blocked(
+                f"attempt {attempt.id} was voided ({attempt.reason})",
+                run_id=self.run_id,
+                attempt_id=attempt.id,
+            )
+        self._ex._mark(
+            "needs_intervention",
+            f"attempt {attempt.id} is {attempt.status.value}: reconcile or resolve it",
+        )
+        raise Blocked(
+            f"attempt {attempt.id} ({attempt.scope}) is {attempt.status.value}; it is never "
+            "retried on a guess — reconcile it or have a person resolve it",
+            run_id=self.run_id,
+            attempt_id=attempt.id,
+        )
+
+    # -- journaled nondeterminism ---------------------------------------------
+    def _journal(self, kind: str, make: Callable[[], Any]) -> Any:
+        with self._lock:
+            self._jseq += 1
+            seq = self._jseq
+        with self._ex._db.transaction() as tx:
+            row = tx.one(
+                "SELECT kind, value FROM journal WHERE run_id = ? AND node_id = ? "
+                "AND execution = ? AND seq = ?",
+                self.run_id,
+                self.node_id,
+                self.execution,
+                seq,
+            )
+            if row is not None:
+                if row["kind"] != kind:
+                    raise NonDeterminismError(
+                        f"node {self.node_id} asked for {kind} at journal position {seq}, "
+                        f"where {row['kind']} was recorded",
+                        position=seq,
+                    )
+                return json.loads(row["value"])
+            value = make()
+            tx.run(
+                "INSERT INTO journal (run_id, node_id, execution, seq, kind, value) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                self.run_id,
+                self.node_id,
+                self.execution,
+                seq,
+                kind,
+                json.dumps(value),
+            )
+            return value
+
+    def now(self) -> datetime:
+        """The current time by the engine's clock, journaled."""
+        us = self._journal("now", self._ex.engine.clock.now_us)
+        return datetime.fromtimestamp(us / MICROS, tz=UTC)
+
+    def random(self) -> float:
+        """A float in [0, 1), journaled."""
+        value: float = self._journal("random", self._ex.engine._random)
+        return value
+
+    def uuid(self) -> str:
+        """A random UUID (version 4), journaled."""
+        value: str = self._journal(
+            "uuid", lambda: str(uuid_mod.UUID(int=self._ex.engine._randbits(128), version=4))
+        )
+        return value
+
+
+def call_node(fn: NodeFn, ctx: Context, value: Any) -> Any:
+    """Run a node function, sync or async."""
+    if inspect.iscoroutinefunction(fn):
+        coro: Awaitable[Any] = fn(ctx, value)
+        return asyncio.run(_await(coro))
+    result = fn(ctx, value)
+    if inspect.isawaitable(result):
+        return asyncio.run(_await(result))
+    return result
+
+
+async def _await(aw: Awaitable[T]) -> T:
+    return await aw
+
+
+def execute(ex: Executor, plan: Plan, value: Any) -> Any:
+    """Run ``plan``'s nodes in order from the first one not completed (N1).
+
+    Completed nodes are skipped and their checked results, verified against
+    their stored hash, feed the next node. The run is completed at the end.
+    """
+    from charter.runs import RunStatus
+
+    for n in plan.nodes:
+        done = _completed(ex, n.name)
+        value = done if done is not _MISSING else _run_node(ex, n, value)
+    ex.finish(RunStatus.COMPLETED)
+    return value
+
+
+_MISSING = object()
+
+
+def _completed(ex: Executor, node_id: str) -> Any:
+    from charter.audit import digest
+    from charter.incidents import open_incident
+
+    with ex._db.transaction() as tx:
+        row = tx.one(
+            "SELECT execution, result, result_hash FROM node_executions WHERE run_id = ? "
+            "AND node_id = ? AND status = 'completed'",
+            ex.run_id,
+            node_id,
+        )
+        if row is None:
+            return _MISSING
+        if digest(row["result"]) != row["result_hash"]:
+            open_incident(
+                tx, ex.mission_id, "hash_mismatch",
+                {"node_id": node_id, "execution": row["execution"]},
+                actor=ex.principal, run_id=ex.run_id, epoch=ex.epoch,
+            )
+            ex._set_status_tx(tx, "needs_intervention", f"result of node {node_id} fails its hash")
+            raise Blocked(f"the stored result of node {node_id} does not match its hash",
+                          run_id=ex.run_id)
+        return json.loads(row["result"])
+
+
+def _run_node(ex: Executor, n: Node, value: Any) -> Any:
+    execution = _start(ex, n.name)
+    while True:
+        ctx = Context(ex, n.name, execution)
+        try:
+            result = call_node(n.fn, ctx, value)
+            if n.check is not None and not n.check(result):
+                raise _CheckFailed(f"node {n.name} result failed its check")
+            result_json = json.dumps(result, sort_keys=True, separators=(",", ":"))
+        except (Blocked, NonDeterminismError):
+            _set_node(ex, n.name, execution, "blocked", None)
+            raise
+        except Exception as exc:
+            failed = _set_node(ex, n.name, execution, "failed", f"{type(exc).__name__}: {exc}")
+            if failed <= n.retries:
+                execution = _start(ex, n.name)
+                continue
+            raise
+        ex._crash("node.completed.before")
+        _complete(ex, n.name, execution, result_json)
+        ex._crash("node.completed.after")
+        return json.loads(result_json)
+
+
+class _CheckFailed(Exception):
+    pass
+
+
+def _start(ex: Executor, node_id: str) -> int:
+    """The node execution to run: the same one after a crash, a new one after failure."""
+    with ex._db.transaction() as tx:
+        ex._own(tx)
+        row = tx.one(
+            "SELECT execution, status FROM node_executions WHERE run_id = ? AND node_id = ? "
+            "ORDER BY execution DESC LIMIT 1",
+            ex.run_id,
+            node_id,
+        )
+        if row is not None and row["status"] in ("running", "blocked"):
+            tx.run("UPDATE node_executions SET status = 'running' WHERE run_id = ? "
+                   "AND node_id = ? AND execution = ?", ex.run_id, node_id, row["execution"])
+            return int(row["execution"])
+        execution = 1 if row is None else row["execution"] + 1
+        tx.run(
+            "INSERT INTO node_executions (run_id, node_id, execution, status, started_epoch, "
+            "started_at_us) VALUES (?, ?, ?, 'running', ?, ?)",
+            ex.run_id, node_id, execution, ex.epoch, tx.now_us,
+        )
+        tx.audit(ex.mission_id, "node.started", f"{ex.run_id}/{node_id}", actor=ex.principal,
+                 segment=ex.segment_id, epoch=ex.epoch, after="running",
+                 payload={"execution": execution})
+        return execution
+
+
+def _set_node(ex: Executor, node_id: str, execution: int, status: str, error: str | None) -> int:
+    """Record a node execution's status; return how many executions have failed."""
+    with ex._db.transaction() as tx:
+        tx.run("UPDATE node_executions SET status = ?, error = ? WHERE run_id = ? "
+               "AND node_id = ? AND execution = ?", status, error, ex.run_id, node_id, execution)
+        tx.audit(ex.mission_id, "node." + status, f"{ex.run_id}/{node_id}",
+                 actor=ex.principal, segment=ex.segment_id, epoch=ex.epoch, after=status,
+                 payload={"execution": execution, "error": error})
+        row = tx.one("SELECT COUNT(*) AS n FROM node_executions WHERE run_id = ? "
+                     "AND node_id = ? AND status = 'failed'", ex.run_id, node_id)
+        return 0 if row is None else int(row["n"])
+
+
+def _complete(ex: Executor, node_id: str, execution: int, result_json: str) -> None:
+    """N1: the checked result and its hash are durable before any consumer starts (F2)."""
+    from charter.audit import digest
+
+    with ex._db.transaction() as tx:
+        ex._own(tx)
+        h = digest(result_json)
+        tx.run(
+            "UPDATE node_executions SET status = 'completed', result = ?, result_hash = ?, "
+            "completed_at_us = ? WHERE run_id = ? AND node_id = ? AND execution = ?",
+            result_json, h, tx.now_us, ex.run_id, node_id, execution,
+        )
+        tx.audit(ex.mission_id, "node.completed", f"{ex.run_id}/{node_id}",
+                 actor=ex.principal, segment=ex.segment_id, epoch=ex.epoch,
+                 before="running", after="completed",
+                 payload={"execution": execution, "result_hash": h})

@@ -1,0 +1,62 @@
+"""The project's task runner: the same commands on a laptop and in CI.
+
+    python3 tasks.py demo    # set up .venv if needed, run the example mission
+    python3 tasks.py test    # set up .venv with test tools, lint, type-check, test
+
+Needs only Python 3.11+ (and, for installing, access to a package index).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if sys.platform == "win32" else "bin")
+PY = BIN / "python"
+
+
+def run(*cmd: str | Path) -> None:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    code = subprocess.call([str(c) for c in cmd], cwd=ROOT)
+    if code:
+        raise SystemExit(code)
+
+
+def ensure_venv(extras: str) -> None:
+    """Create .venv and install the package (editable) once per pyproject change."""
+    if sys.version_info < (3, 11):
+        raise SystemExit("Charter needs Python 3.11 or newer")
+    if not PY.exists():
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    stamp = VENV / f".installed-{extras or 'base'}"
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if stamp.exists() and stamp.read_text() == want:
+        return
+    target = f".[{extras}]" if extras else "."
+    run(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    run(PY, "-m", "pip", "install", "--quiet", "-e", target)
+    stamp.write_text(want)
+
+
+def demo() -> None:
+    ensure_venv("")
+    run(BIN / "charter", "demo")
+
+
+def test() -> None:
+    ensure_venv("test")
+    run(BIN / "ruff", "check", "src", "tests", "tasks.py")
+    run(BIN / "mypy")
+    run(PY, "-m", "pytest", *sys.argv[2:])
+
+
+if __name__ == "__main__":
+    tasks = {"demo": demo, "test": test}
+    if len(sys.argv) < 2 or sys.argv[1] not in tasks:
+        raise SystemExit(f"usage: python3 tasks.py {{{'|'.join(tasks)}}} [pytest args]")
+    tasks[sys.argv[1]]()
