@@ -29,8 +29,6 @@ def run(*cmd: str | Path) -> None:
 
 def ensure_venv(extras: str) -> None:
     """Create .venv and install the package (editable) once per pyproject change."""
-    if sys.version_info < (3, 11):
-        raise SystemExit("Charter needs Python 3.11 or newer")
     if not PY.exists():
         venv.EnvBuilder(with_pip=True).create(VENV)
     stamp = VENV / f".installed-{extras or 'base'}"
@@ -56,6 +54,8 @@ def test() -> None:
 
 
 if __name__ == "__main__":
+    if sys.version_info < (3, 11):  # noqa: UP036 - this file must run on any python3
+        raise SystemExit("Charter needs Python 3.11 or newer")
     tasks = {"demo": demo, "test": test}
     if len(sys.argv) < 2 or sys.argv[1] not in tasks:
         raise SystemExit(f"usage: python3 tasks.py {{{'|'.join(tasks)}}} [pytest args]")

@@ -82,7 +82,9 @@ def make_engine(
 
     def make(**config: Any) -> charter.Engine:
         cfg = charter.EngineConfig(credentials=creds[1], **config)
-        eng = charter.Engine.open(store_url, config=cfg, clock=clock, rng=random.Random(len(opened)))
+        eng = charter.Engine.open(
+            store_url, config=cfg, clock=clock, rng=random.Random(len(opened))
+        )
         opened.append(eng)
         return eng
 
@@ -105,8 +107,11 @@ def who(engine: charter.Engine, creds: tuple[dict[str, str], dict[str, str]]) ->
 @pytest.fixture
 def adapter() -> RecordingAdapter:
     return RecordingAdapter(
-        costs={"read": {"usd": 1_000, "calls": 1}, "write": {"usd": 5_000, "calls": 1},
-               "charge": {"usd": 20_000, "calls": 1}}
+        costs={
+            "read": {"usd": 1_000, "calls": 1},
+            "write": {"usd": 5_000, "calls": 1},
+            "charge": {"usd": 20_000, "calls": 1},
+        }
     )
 
 

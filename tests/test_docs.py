@@ -19,12 +19,10 @@ def _python_blocks(page: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL)
 
 
-@pytest.mark.parametrize(
-    "page", [p for p in PAGES if _python_blocks(p)], ids=lambda p: p.name
-)
+@pytest.mark.parametrize("page", [p for p in PAGES if _python_blocks(p)], ids=lambda p: p.name)
 def test_documented_examples_run(page: Path, tmp_path: Path) -> None:
     for block in _python_blocks(page):
-        exec(compile(block, str(page), "exec"), {"tmp": tmp_path, "__name__": "docs"})  # noqa: S102
+        exec(compile(block, str(page), "exec"), {"tmp": tmp_path, "__name__": "docs"})
 
 
 def test_every_cli_command_has_help_and_documentation() -> None:
@@ -37,6 +35,8 @@ def test_every_cli_command_has_help_and_documentation() -> None:
         assert f"`charter {name}" in page, f"{name} is not documented in docs/cli.md"
         help_text = subprocess.run(
             [sys.executable, "-m", "charter", name, "--help"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
         assert COMMANDS[name] in help_text.replace("\n", " ") or name in help_text

@@ -62,8 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=COMMANDS[name], description=COMMANDS[name],
-                              parents=[common])
+        return sub.add_parser(
+            name, help=COMMANDS[name], description=COMMANDS[name], parents=[common]
+        )
 
     add("demo")
     c = add("credential")
@@ -81,8 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     rc = add("recover")
     rc.add_argument("run", help="run ID")
     rc.add_argument("--segment", required=True, help="a new segment ID for this continuation")
-    rc.add_argument("--force", action="store_true",
-                    help="take over a live lease (audited; needs 'stop')")
+    rc.add_argument(
+        "--force", action="store_true", help="take over a live lease (audited; needs 'stop')"
+    )
     rn = add("reconcile")
     rn.add_argument("attempt", help="attempt ID")
     cf = add("confirm")
@@ -91,14 +93,34 @@ def _parser() -> argparse.ArgumentParser:
     rs = add("resolve")
     rs.add_argument("attempt", help="attempt ID")
     g = rs.add_mutually_exclusive_group(required=True)
-    g.add_argument("--succeeded", dest="outcome", action="store_const", const="succeeded",
-                   help="the effect was applied")
-    g.add_argument("--failed", dest="outcome", action="store_const", const="failed",
-                   help="the effect was not applied, or applied as a failure")
-    g.add_argument("--written-off", dest="outcome", action="store_const", const="written_off",
-                   help="nobody can know: settle at the full hold")
-    rs.add_argument("--cost", action="append", default=[], metavar="UNIT=AMOUNT",
-                    help="actual cost in the unit's smallest step (repeatable)")
+    g.add_argument(
+        "--succeeded",
+        dest="outcome",
+        action="store_const",
+        const="succeeded",
+        help="the effect was applied",
+    )
+    g.add_argument(
+        "--failed",
+        dest="outcome",
+        action="store_const",
+        const="failed",
+        help="the effect was not applied, or applied as a failure",
+    )
+    g.add_argument(
+        "--written-off",
+        dest="outcome",
+        action="store_const",
+        const="written_off",
+        help="nobody can know: settle at the full hold",
+    )
+    rs.add_argument(
+        "--cost",
+        action="append",
+        default=[],
+        metavar="UNIT=AMOUNT",
+        help="actual cost in the unit's smallest step (repeatable)",
+    )
     rs.add_argument("--evidence", required=True, help="what you saw, and where")
     ru = add("resume")
     ru.add_argument("run", help="run ID")
@@ -132,7 +154,9 @@ def _principal(engine: Engine) -> Principal:
         try:
             credential = Path(path).read_text().strip()
         except OSError as exc:
-            raise AuthenticationError(f"cannot read CHARTER_CREDENTIAL_FILE {path}: {exc}") from None
+            raise AuthenticationError(
+                f"cannot read CHARTER_CREDENTIAL_FILE {path}: {exc}"
+            ) from None
     if not credential:
         raise AuthenticationError(
             "this command needs an identity: set CHARTER_CREDENTIAL=NAME:SECRET or "
@@ -177,19 +201,27 @@ def _show(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _attempts(engine: Engine, args: argparse.Namespace) -> Any:
-    rows = [a.to_dict() for a in engine.attempts(run_id=args.run, mission_id=args.mission,
-                                                 unresolved=args.unresolved)]
-    return rows, _table(rows, ["id", "run_id", "adapter", "operation", "status", "estimate",
-                               "actual"])
+    rows = [
+        a.to_dict()
+        for a in engine.attempts(
+            run_id=args.run, mission_id=args.mission, unresolved=args.unresolved
+        )
+    ]
+    return rows, _table(
+        rows, ["id", "run_id", "adapter", "operation", "status", "estimate", "actual"]
+    )
 
 
 def _recover(engine: Engine, args: argparse.Namespace) -> Any:
     by = _principal(engine) if args.force else None
     state = engine.coordinator.recover(args.run, args.segment, force=args.force, by=by).to_dict()
-    lines = [f"run {state['run_id']} recovered as segment {args.segment}: epoch "
-             f"{state['epoch']}, status {state['status']}"]
-    lines += [f"  {n['kind']} {n['id']} [{n['phase']}]: {n['action']}"
-              for n in state["next_actions"]]
+    lines = [
+        f"run {state['run_id']} recovered as segment {args.segment}: epoch "
+        f"{state['epoch']}, status {state['status']}"
+    ]
+    lines += [
+        f"  {n['kind']} {n['id']} [{n['phase']}]: {n['action']}" for n in state["next_actions"]
+    ]
     return state, "\n".join(lines)
 
 
@@ -198,18 +230,29 @@ def _reconcile(engine: Engine, args: argparse.Namespace) -> Any:
     adapter = engine.config.load_adapter(attempt.adapter)
     evidence = engine.coordinator.reconcile(args.attempt, adapter)
     after = engine.attempt(args.attempt)
-    data = {"attempt_id": args.attempt, "verdict": evidence.verdict,
-            "detail": evidence.detail, "status": after.status.value,
-            "settled": after.status.settled}
-    hint = "" if after.status.settled else (
-        "; confirm it with `charter confirm`" if evidence.conclusive else
-        "; a person must resolve it (`charter resolve`)")
+    data = {
+        "attempt_id": args.attempt,
+        "verdict": evidence.verdict,
+        "detail": evidence.detail,
+        "status": after.status.value,
+        "settled": after.status.settled,
+    }
+    hint = (
+        ""
+        if after.status.settled
+        else (
+            "; confirm it with `charter confirm`"
+            if evidence.conclusive
+            else "; a person must resolve it (`charter resolve`)"
+        )
+    )
     return data, f"evidence: {evidence.verdict}; attempt is {after.status.value}{hint}"
 
 
 def _confirm(engine: Engine, args: argparse.Namespace) -> Any:
-    attempt = engine.coordinator.confirm(args.attempt, by=_principal(engine),
-                                         evidence_id=args.evidence_id)
+    attempt = engine.coordinator.confirm(
+        args.attempt, by=_principal(engine), evidence_id=args.evidence_id
+    )
     return attempt.to_dict(), f"attempt {attempt.id} settled {attempt.status.value}"
 
 
@@ -222,11 +265,12 @@ def _resolve(engine: Engine, args: argparse.Namespace) -> Any:
         if not sep or not amount.isdigit():
             raise StateError(f"--cost takes UNIT=AMOUNT with an integer amount, got {item!r}")
         cost[unit] = int(amount)
-    attempt = engine.coordinator.resolve(args.attempt, by=_principal(engine),
-                                         outcome=args.outcome, evidence=args.evidence,
-                                         cost=cost)
-    return attempt.to_dict(), (f"attempt {attempt.id} resolved {attempt.status.value} "
-                               f"at {attempt.actual}")
+    attempt = engine.coordinator.resolve(
+        args.attempt, by=_principal(engine), outcome=args.outcome, evidence=args.evidence, cost=cost
+    )
+    return attempt.to_dict(), (
+        f"attempt {attempt.id} resolved {attempt.status.value} at {attempt.actual}"
+    )
 
 
 def _resume(engine: Engine, args: argparse.Namespace) -> Any:
@@ -236,9 +280,10 @@ def _resume(engine: Engine, args: argparse.Namespace) -> Any:
     executor = engine.coordinator.resume(args.run, args.segment, by=by)
     result = executor.execute()
     run = engine.run(args.run)
-    return ({"run_id": run.id, "status": run.status.value, "epoch": run.epoch,
-             "result": result},
-            f"run {run.id} {run.status.value} (epoch {run.epoch})")
+    return (
+        {"run_id": run.id, "status": run.status.value, "epoch": run.epoch, "result": result},
+        f"run {run.id} {run.status.value} (epoch {run.epoch})",
+    )
 
 
 def _approvals(engine: Engine, args: argparse.Namespace) -> Any:
@@ -280,7 +325,9 @@ def _audit(engine: Engine, args: argparse.Namespace) -> Any:
         bad = [v for v in results if not v.ok]
         raise AuditError(
             f"audit chain broken: {bad[0].mission_id} at event {bad[0].broken_at} "
-            f"({bad[0].problem})", chains=rows)
+            f"({bad[0].problem})",
+            chains=rows,
+        )
     return rows, text
 
 
@@ -319,9 +366,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from charter.principals import new_credential
 
             credential, digest = new_credential(args.name)
-            _emit(args, {"name": args.name, "credential": credential, "digest": digest},
-                  f"credential (give it to {args.name}; shown once): {credential}\n"
-                  f"configure under [credentials]:  {args.name} = \"{digest}\"")
+            _emit(
+                args,
+                {"name": args.name, "credential": credential, "digest": digest},
+                f"credential (give it to {args.name}; shown once): {credential}\n"
+                f'configure under [credentials]:  {args.name} = "{digest}"',
+            )
             return 0
         if args.command == "demo":
             from charter.demo import run_demo

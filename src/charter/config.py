@@ -82,8 +82,9 @@ class EngineConfig:
     def from_mapping(cls, data: Mapping[str, Any], *, base: Path | None = None) -> EngineConfig:
         unknown = set(data) - _KEYS
         if unknown:
-            raise ConfigError(f"unknown configuration key(s) {sorted(unknown)}; known: "
-                              f"{sorted(_KEYS)}")
+            raise ConfigError(
+                f"unknown configuration key(s) {sorted(unknown)}; known: {sorted(_KEYS)}"
+            )
         values = dict(data)
         store = values.get("store")
         if isinstance(store, str) and base is not None and "://" not in store:
@@ -125,8 +126,9 @@ class EngineConfig:
         factory = import_path(path)
         adapter = factory() if callable(factory) and not hasattr(factory, "dispatch") else factory
         if getattr(adapter, "name", None) != name:
-            raise ConfigError(f"{path} built an adapter named {getattr(adapter, 'name', None)!r}, "
-                              f"not {name!r}")
+            raise ConfigError(
+                f"{path} built an adapter named {getattr(adapter, 'name', None)!r}, not {name!r}"
+            )
         return adapter  # type: ignore[no-any-return]
 
     @classmethod

@@ -70,13 +70,17 @@ class Coordinator:
             contract = self._contract(tx, run.mission_id)
             if run.status.terminal:
                 return recovery.build(tx, run, contract, [])
-            used = tx.one("SELECT 1 AS x FROM segments WHERE run_id = ? AND segment_id = ?",
-                          run_id, segment_id)
+            used = tx.one(
+                "SELECT 1 AS x FROM segments WHERE run_id = ? AND segment_id = ?",
+                run_id,
+                segment_id,
+            )
             if used:
                 raise SegmentReused(
                     f"segment {segment_id!r} was already used by run {run_id}; every "
                     "continuation needs a new segment ID",
-                    run_id=run_id, segment_id=segment_id,
+                    run_id=run_id,
+                    segment_id=segment_id,
                 )
             actor = by.name if by is not None else f"segment:{segment_id}"
             if run.lease_expires_us > tx.now_us:
@@ -85,55 +89,91 @@ class Coordinator:
                         f"run {run_id} is owned by segment {run.owner_segment} until its lease "
                         f"expires in {(run.lease_expires_us - tx.now_us) / 1e6:.1f}s; wait, or "
                         "force the takeover (audited) if that owner is known dead",
-                        run_id=run_id, lease_expires_us=run.lease_expires_us,
+                        run_id=run_id,
+                        lease_expires_us=run.lease_expires_us,
                     )
                 if by is None:
-                    raise NotAuthorized("forcing a takeover needs an authenticated principal "
-                                        "with 'stop'")
+                    raise NotAuthorized(
+                        "forcing a takeover needs an authenticated principal with 'stop'"
+                    )
                 self._engine._authorize(tx, by, run.mission_id, Right.STOP, entity=run_id)
             epoch = run.epoch + 1
             expires = tx.now_us + seconds_us(self._engine.config.lease_seconds)
             tx.run(
                 "UPDATE runs SET epoch = ?, owner_segment = ?, lease_expires_us = ?, "
                 "recoveries = recoveries + 1, updated_at_us = ? WHERE id = ? AND epoch = ?",
-                epoch, segment_id, expires, tx.now_us, run_id, run.epoch,
+                epoch,
+                segment_id,
+                expires,
+                tx.now_us,
+                run_id,
+                run.epoch,
             )
-            tx.run("INSERT INTO segments (run_id, segment_id, epoch, started_at_us, forced) "
-                   "VALUES (?, ?, ?, ?, ?)", run_id, segment_id, epoch, tx.now_us, int(force))
-            tx.audit(run.mission_id, "run.recovered", run_id, actor=actor, segment=segment_id,
-                     epoch=epoch, before=str(run.epoch), after=str(epoch),
-                     payload={"previous_segment": run.owner_segment, "forced": force})
+            tx.run(
+                "INSERT INTO segments (run_id, segment_id, epoch, started_at_us, forced) "
+                "VALUES (?, ?, ?, ?, ?)",
+                run_id,
+                segment_id,
+                epoch,
+                tx.now_us,
+                int(force),
+            )
+            tx.audit(
+                run.mission_id,
+                "run.recovered",
+                run_id,
+                actor=actor,
+                segment=segment_id,
+                epoch=epoch,
+                before=str(run.epoch),
+                after=str(epoch),
+                payload={"previous_segment": run.owner_segment, "forced": force},
+            )
             voided: list[str] = []
             uncertain = 0
             for a in _unresolved(tx, run_id):
                 if a.status is AttemptStatus.PREPARED and a.admitted_epoch < epoch:
-                    settlement.void(tx, a, f"fenced by recovery (epoch {epoch})", actor=actor,
-                                    segment=segment_id, epoch=epoch)
+                    settlement.void(
+                        tx,
+                        a,
+                        f"fenced by recovery (epoch {epoch})",
+                        actor=actor,
+                        segment=segment_id,
+                        epoch=epoch,
+                    )
                     voided.append(a.id)
                 elif a.status is AttemptStatus.DISPATCHED:
-                    settlement.mark_unknown(tx, a, "owner lost", actor=actor,
-                                            segment=segment_id, epoch=epoch)
+                    settlement.mark_unknown(
+                        tx, a, "owner lost", actor=actor, segment=segment_id, epoch=epoch
+                    )
                     uncertain += 1
                 elif a.status is AttemptStatus.UNKNOWN:
                     uncertain += 1
             crashed = tx.all(
                 "SELECT node_id, execution, crashes FROM node_executions WHERE run_id = ? "
-                "AND status = 'running'", run_id)
-            tx.run("UPDATE node_executions SET crashes = crashes + 1 WHERE run_id = ? "
-                   "AND status = 'running'", run_id)
+                "AND status = 'running'",
+                run_id,
+            )
+            tx.run(
+                "UPDATE node_executions SET crashes = crashes + 1 WHERE run_id = ? "
+                "AND status = 'running'",
+                run_id,
+            )
             run = runs.load(tx, run_id)
             reason = None
             if run.recoveries > contract.max_recoveries:
-                reason = (f"recovered {run.recoveries} times, more than the contract's limit "
-                          f"of {contract.max_recoveries}")
+                reason = (
+                    f"recovered {run.recoveries} times, more than the contract's limit "
+                    f"of {contract.max_recoveries}"
+                )
             elif any(r["crashes"] + 1 >= contract.max_node_crashes for r in crashed):
-                reason = (f"a node crashed its process {contract.max_node_crashes} times in "
-                          "a row")
+                reason = f"a node crashed its process {contract.max_node_crashes} times in a row"
             elif uncertain:
                 reason = f"{uncertain} attempt(s) with uncertain outcome"
             if reason is not None:
-                runs.set_status(tx, run, RunStatus.NEEDS_INTERVENTION, reason, actor=actor,
-                                segment=segment_id)
+                runs.set_status(
+                    tx, run, RunStatus.NEEDS_INTERVENTION, reason, actor=actor, segment=segment_id
+                )
                 run = runs.load(tx, run_id)
             return recovery.build(tx, run, contract, voided)
 
@@ -164,8 +204,9 @@ class Coordinator:
             attempt = load(tx, attempt_id)
             self._check_reconcilable(tx, attempt)
         if adapter.name != attempt.adapter:
-            raise StateError(f"attempt {attempt_id} belongs to adapter {attempt.adapter!r}, "
-                             f"not {adapter.name!r}")
+            raise StateError(
+                f"attempt {attempt_id} belongs to adapter {attempt.adapter!r}, not {adapter.name!r}"
+            )
         actor = by.name if by is not None else "engine:reconcile"
         try:
             evidence = adapter.reconcile(attempt)
@@ -179,12 +220,19 @@ class Coordinator:
             current = load(tx, attempt_id)
             self._check_reconcilable(tx, current)
             contract = self._contract(tx, current.mission_id)
-            settle = (self._engine.config.evidence_settles == "auto" and _settles(evidence))
+            settle = self._engine.config.evidence_settles == "auto" and _settles(evidence)
             if settle:
-                self._apply(tx, current, evidence, contract, actor=actor,
-                            reason="evidence settled automatically (evidence_settles=auto)")
-            settlement.record_evidence(tx, current, evidence, actor=actor, epoch=None,
-                                       settled=settle)
+                self._apply(
+                    tx,
+                    current,
+                    evidence,
+                    contract,
+                    actor=actor,
+                    reason="evidence settled automatically (evidence_settles=auto)",
+                )
+            settlement.record_evidence(
+                tx, current, evidence, actor=actor, epoch=None, settled=settle
+            )
         return evidence
 
     def _replay(self, attempt: Attempt, adapter: Adapter, executor: Executor) -> Evidence | None:
@@ -198,21 +246,40 @@ class Coordinator:
             if tx.now_us - sent_at > seconds_us(op.dedupe_window_seconds):
                 return None
             deadline = executor._send_deadline(tx.now_us)
-            tx.audit(attempt.mission_id, "attempt.replayed", attempt.id,
-                     actor=executor.principal, segment=executor.segment_id,
-                     epoch=executor.epoch,
-                     payload={"idempotency_key": attempt.idempotency_key,
-                              "send_deadline_us": deadline})
-        send = Dispatch(attempt.id, attempt.operation, attempt.request, attempt.idempotency_key,
-                        executor.epoch, deadline, self._engine.clock)
+            tx.audit(
+                attempt.mission_id,
+                "attempt.replayed",
+                attempt.id,
+                actor=executor.principal,
+                segment=executor.segment_id,
+                epoch=executor.epoch,
+                payload={"idempotency_key": attempt.idempotency_key, "send_deadline_us": deadline},
+            )
+        send = Dispatch(
+            attempt.id,
+            attempt.operation,
+            attempt.request,
+            attempt.idempotency_key,
+            executor.epoch,
+            deadline,
+            self._engine.clock,
+        )
         try:
             outcome = adapter.dispatch(send)
         except NotApplied as exc:
-            return Evidence("not_applied", None, {"replay": True, "reason": exc.reason},
-                            source="same-key replay")
+            return Evidence(
+                "not_applied",
+                None,
+                {"replay": True, "reason": exc.reason},
+                source="same-key replay",
+            )
         except Exception as exc:
-            return Evidence("indeterminate", None, {"replay_error": f"{type(exc).__name__}"},
-                            source="same-key replay")
+            return Evidence(
+                "indeterminate",
+                None,
+                {"replay_error": f"{type(exc).__name__}"},
+                source="same-key replay",
+            )
         if not isinstance(outcome, Outcome):
             return None
         return Evidence("applied", outcome, {"replay": True}, source="same-key replay")
@@ -221,39 +288,58 @@ class Coordinator:
         if attempt.status.settled or attempt.status is AttemptStatus.VOIDED:
             raise AttemptAlreadySettled(
                 f"attempt {attempt.id} is already {attempt.status.value}; it is never "
-                "performed or settled again", attempt_id=attempt.id, status=attempt.status.value)
+                "performed or settled again",
+                attempt_id=attempt.id,
+                status=attempt.status.value,
+            )
         if attempt.status is AttemptStatus.PREPARED:
-            raise StateError(f"attempt {attempt.id} is PREPARED: it was never sent, there is "
-                             "nothing to reconcile", attempt_id=attempt.id)
+            raise StateError(
+                f"attempt {attempt.id} is PREPARED: it was never sent, there is "
+                "nothing to reconcile",
+                attempt_id=attempt.id,
+            )
         if attempt.status is AttemptStatus.DISPATCHED:
             run = runs.load(tx, attempt.run_id)
             if run.epoch == attempt.dispatched_epoch and run.lease_expires_us > tx.now_us:
                 raise StateError(
                     f"attempt {attempt.id} is DISPATCHED by a live owner (segment "
                     f"{run.owner_segment}); its result may still arrive — reconcile after "
-                    "the lease expires or after recover", attempt_id=attempt.id)
+                    "the lease expires or after recover",
+                    attempt_id=attempt.id,
+                )
 
     # -- settlement by evidence or a person (R7, R8) -----------------------------
     def confirm(self, attempt_id: str, *, by: Principal, evidence_id: str | None = None) -> Attempt:
         """Settle an uncertain attempt on recorded conclusive evidence (needs ``resolve``)."""
         with self._db.transaction() as tx:
             attempt = load(tx, attempt_id)
-            contract = self._engine._authorize(tx, by, attempt.mission_id, Right.RESOLVE,
-                                               attempt.scope, entity=attempt_id)
+            contract = self._engine._authorize(
+                tx, by, attempt.mission_id, Right.RESOLVE, attempt.scope, entity=attempt_id
+            )
             self._check_reconcilable(tx, attempt)
-            rows = tx.all("SELECT * FROM evidence WHERE attempt_id = ? AND verdict != "
-                          "'indeterminate' ORDER BY recorded_at_us DESC, id DESC", attempt_id)
+            rows = tx.all(
+                "SELECT * FROM evidence WHERE attempt_id = ? AND verdict != "
+                "'indeterminate' ORDER BY recorded_at_us DESC, id DESC",
+                attempt_id,
+            )
             if evidence_id is not None:
                 rows = [r for r in rows if r["id"] == evidence_id]
             if not rows:
                 raise StateError(
                     f"attempt {attempt_id} has no conclusive evidence to confirm; run "
                     "`charter reconcile` or resolve it with evidence of your own",
-                    attempt_id=attempt_id)
+                    attempt_id=attempt_id,
+                )
             row = rows[0]
             evidence = _evidence_from_row(row)
-            self._apply(tx, attempt, evidence, contract, actor=by.name,
-                        reason=f"confirmed evidence {row['id']}")
+            self._apply(
+                tx,
+                attempt,
+                evidence,
+                contract,
+                actor=by.name,
+                reason=f"confirmed evidence {row['id']}",
+            )
             tx.run("UPDATE evidence SET settled = 1 WHERE id = ?", row["id"])
             return load(tx, attempt_id)
 
@@ -278,47 +364,89 @@ class Coordinator:
             raise StateError("a resolution needs evidence: what was seen, and where")
         with self._db.transaction() as tx:
             attempt = load(tx, attempt_id)
-            contract = self._engine._authorize(tx, by, attempt.mission_id, Right.RESOLVE,
-                                               attempt.scope, entity=attempt_id)
+            contract = self._engine._authorize(
+                tx, by, attempt.mission_id, Right.RESOLVE, attempt.scope, entity=attempt_id
+            )
             self._check_reconcilable(tx, attempt)
             status = AttemptStatus(outcome)
-            actual = dict(attempt.estimate) if status is AttemptStatus.WRITTEN_OFF else dict(
-                cost or {})
+            actual = (
+                dict(attempt.estimate) if status is AttemptStatus.WRITTEN_OFF else dict(cost or {})
+            )
             detail = evidence if isinstance(evidence, str) else dict(evidence)
             applied = Outcome(
-                "succeeded" if status is AttemptStatus.SUCCEEDED else "failed", result, actual,
+                "succeeded" if status is AttemptStatus.SUCCEEDED else "failed",
+                result,
+                actual,
                 {"resolution": detail},
             )
             verdict: Literal["applied", "not_applied", "indeterminate"] = (
-                "indeterminate" if status is AttemptStatus.WRITTEN_OFF else "applied")
-            record = Evidence(verdict, applied if verdict == "applied" else None, detail,
-                              source="person")
+                "indeterminate" if status is AttemptStatus.WRITTEN_OFF else "applied"
+            )
+            record = Evidence(
+                verdict, applied if verdict == "applied" else None, detail, source="person"
+            )
             settlement.settle(
-                tx, attempt, status, actual=actual, result=result,
-                receipt={"resolution": detail}, price_source=f"resolution by {by.name}",
-                reason=f"resolved by {by.name}", units=contract.allowance.keys(), actor=by.name,
-                segment=None, epoch=None,
+                tx,
+                attempt,
+                status,
+                actual=actual,
+                result=result,
+                receipt={"resolution": detail},
+                price_source=f"resolution by {by.name}",
+                reason=f"resolved by {by.name}",
+                units=contract.allowance.keys(),
+                actor=by.name,
+                segment=None,
+                epoch=None,
                 from_statuses=(AttemptStatus.DISPATCHED, AttemptStatus.UNKNOWN),
             )
-            settlement.record_evidence(tx, attempt, record, actor=by.name, epoch=None,
-                                       settled=True)
+            settlement.record_evidence(tx, attempt, record, actor=by.name, epoch=None, settled=True)
             return load(tx, attempt_id)
 
-    def _apply(self, tx: Tx, attempt: Attempt, evidence: Evidence, contract: Contract, *,
-               actor: str, reason: str) -> None:
+    def _apply(
+        self,
+        tx: Tx,
+        attempt: Attempt,
+        evidence: Evidence,
+        contract: Contract,
+        *,
+        actor: str,
+        reason: str,
+    ) -> None:
         froms = (AttemptStatus.DISPATCHED, AttemptStatus.UNKNOWN)
-        kw: dict[str, Any] = {"units": contract.allowance.keys(), "actor": actor,
-                              "segment": None, "epoch": None, "from_statuses": froms}
+        kw: dict[str, Any] = {
+            "units": contract.allowance.keys(),
+            "actor": actor,
+            "segment": None,
+            "epoch": None,
+            "from_statuses": froms,
+        }
         if evidence.verdict == "applied":
             assert evidence.outcome is not None
             o = evidence.outcome
-            settlement.settle(tx, attempt, AttemptStatus(o.status), actual=o.cost,
-                              result=o.result, receipt=o.receipt, price_source=o.price_source,
-                              reason=reason, **kw)
+            settlement.settle(
+                tx,
+                attempt,
+                AttemptStatus(o.status),
+                actual=o.cost,
+                result=o.result,
+                receipt=o.receipt,
+                price_source=o.price_source,
+                reason=reason,
+                **kw,
+            )
         elif evidence.verdict == "not_applied":
-            settlement.settle(tx, attempt, AttemptStatus.FAILED, actual={}, result=None,
-                              receipt=None, price_source=None,
-                              reason=f"{reason}: not applied", **kw)
+            settlement.settle(
+                tx,
+                attempt,
+                AttemptStatus.FAILED,
+                actual={},
+                result=None,
+                receipt=None,
+                price_source=None,
+                reason=f"{reason}: not applied",
+                **kw,
+            )
 
     # -- resume (R9) -----------------------------------------------------------------
     def resume(
@@ -344,7 +472,9 @@ class Coordinator:
         if run.status.terminal:
             raise RunTerminal(
                 f"run {run_id} is {run.status.value}; a terminal run is never reopened — "
-                "start a reviewed new linked run", run_id=run_id)
+                "start a reviewed new linked run",
+                run_id=run_id,
+            )
         if run.owner_segment != segment_id:
             self.recover(run_id, segment_id, force=force, by=by)
         with self._db.transaction() as tx:
@@ -356,34 +486,61 @@ class Coordinator:
             actor = by.name if by is not None else f"segment:{segment_id}"
             if not blockers and mode == "human":
                 if by is None:
-                    blockers.append("the resume policy is 'human': an authenticated principal "
-                                    "must authorise the continuation")
+                    blockers.append(
+                        "the resume policy is 'human': an authenticated principal "
+                        "must authorise the continuation"
+                    )
                 else:
                     self._engine._auth.vouch(by)
                     if not contract.principals.get(by.name, {}).get(Right.RUN):
-                        blockers.append(f"principal {by.name!r} has no 'run' right to "
-                                        "authorise the continuation")
+                        blockers.append(
+                            f"principal {by.name!r} has no 'run' right to "
+                            "authorise the continuation"
+                        )
             if not blockers and mode == "rules":
-                failed = [getattr(r, "__name__", repr(r))
-                          for r in self._engine.config.resume_rules if not r(state)]
+                failed = [
+                    getattr(r, "__name__", repr(r))
+                    for r in self._engine.config.resume_rules
+                    if not r(state)
+                ]
                 if failed:
                     blockers.append(f"resume rules refused: {failed}")
             if blockers:
                 raise tx.refused(
                     NeedsIntervention(
                         f"run {run_id} cannot resume: " + "; ".join(blockers),
-                        run_id=run_id, blockers=blockers, mode=mode),
-                    mission_id=run.mission_id, kind="resume.refused", entity=run_id,
-                    actor=actor, payload={"blockers": blockers, "mode": mode},
+                        run_id=run_id,
+                        blockers=blockers,
+                        mode=mode,
+                    ),
+                    mission_id=run.mission_id,
+                    kind="resume.refused",
+                    entity=run_id,
+                    actor=actor,
+                    payload={"blockers": blockers, "mode": mode},
                 )
             if run.status is not RunStatus.ACTIVE:
-                runs.set_status(tx, run, RunStatus.ACTIVE, f"resumed ({mode})", actor=actor,
-                                segment=segment_id)
-            tx.audit(run.mission_id, "run.resumed", run_id, actor=actor, segment=segment_id,
-                     epoch=run.epoch, payload={"mode": mode})
-        return Executor(self._engine, run_id=run_id, mission_id=run.mission_id,
-                        segment_id=segment_id, epoch=run.epoch, principal=run.principal,
-                        lease_expires_us=run.lease_expires_us)
+                runs.set_status(
+                    tx, run, RunStatus.ACTIVE, f"resumed ({mode})", actor=actor, segment=segment_id
+                )
+            tx.audit(
+                run.mission_id,
+                "run.resumed",
+                run_id,
+                actor=actor,
+                segment=segment_id,
+                epoch=run.epoch,
+                payload={"mode": mode},
+            )
+        return Executor(
+            self._engine,
+            run_id=run_id,
+            mission_id=run.mission_id,
+            segment_id=segment_id,
+            epoch=run.epoch,
+            principal=run.principal,
+            lease_expires_us=run.lease_expires_us,
+        )
 
     def _mode(self, contract: Contract) -> ResumeMode:
         """The engine's mode, made stricter (never looser) by the contract."""
@@ -410,10 +567,11 @@ class Coordinator:
         if a["open_incidents"]:
             out.append(f"{a['open_incidents']} open incident(s)")
         if state.run.recoveries > contract.max_recoveries:
-            out.append(f"recovered {state.run.recoveries} times (limit "
-                       f"{contract.max_recoveries})")
-        if any(n["status"] == "running" and n["crashes"] >= contract.max_node_crashes
-               for n in state.nodes):
+            out.append(f"recovered {state.run.recoveries} times (limit {contract.max_recoveries})")
+        if any(
+            n["status"] == "running" and n["crashes"] >= contract.max_node_crashes
+            for n in state.nodes
+        ):
             out.append(f"a node crashed {contract.max_node_crashes} times in a row")
         if state.run.status in (RunStatus.STOPPING,):
             out.append("the run is stopping")
@@ -432,8 +590,11 @@ def _settles(evidence: Evidence) -> bool:
     """Conclusive evidence with a receipt (or a proof of non-application)."""
     if evidence.verdict == "not_applied":
         return True
-    return evidence.verdict == "applied" and evidence.outcome is not None and (
-        evidence.outcome.receipt is not None)
+    return (
+        evidence.verdict == "applied"
+        and evidence.outcome is not None
+        and (evidence.outcome.receipt is not None)
+    )
 
 
 def _evidence_from_row(row: Mapping[str, Any]) -> Evidence:
@@ -443,4 +604,3 @@ def _evidence_from_row(row: Mapping[str, Any]) -> Evidence:
         outcome = Outcome(o["status"], o["result"], o["cost"], o["receipt"], o["price_source"])
     detail = None if row["detail"] is None else json.loads(row["detail"])
     return Evidence(row["verdict"], outcome, detail, source=row["source"])
-

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from charter.adapters import Dispatch, EffectClass, Estimate, Evidence, Operation, Outcome
 from charter.attempts import Attempt
@@ -39,15 +39,17 @@ class ModelAdapter:
     """A model call: read-only; estimated at max_tokens x price (an upper bound)."""
 
     name = "llm"
-    operations = {"complete": Operation(EffectClass.READ_ONLY)}
+    operations: ClassVar[dict[str, Operation]] = {"complete": Operation(EffectClass.READ_ONLY)}
     price_per_token = 2  # micro-dollars
 
     def __init__(self, target: Target) -> None:
         self.target = target
 
     def estimate(self, operation: str, request: Any) -> Estimate:
-        return Estimate({"usd": request["max_tokens"] * self.price_per_token, "calls": 1},
-                        "llm/price-table-2026-11")
+        return Estimate(
+            {"usd": request["max_tokens"] * self.price_per_token, "calls": 1},
+            "llm/price-table-2026-11",
+        )
 
     def dispatch(self, send: Dispatch) -> Outcome:
         send.check_deadline()
@@ -68,7 +70,9 @@ class PaymentsAdapter:
     """A payment: the target deduplicates by our idempotency key for 24 hours."""
 
     name = "payments"
-    operations = {"charge": Operation(EffectClass.IDEMPOTENT_KEYED, dedupe_window_seconds=86_400)}
+    operations: ClassVar[dict[str, Operation]] = {
+        "charge": Operation(EffectClass.IDEMPOTENT_KEYED, dedupe_window_seconds=86_400)
+    }
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -88,8 +92,9 @@ class PaymentsAdapter:
 
     def reconcile(self, attempt: Attempt) -> Evidence:
         if attempt.idempotency_key in self.target.received:
-            return Evidence.applied(Outcome.succeeded(cost=attempt.estimate,
-                                                      receipt={"found": True}))
+            return Evidence.applied(
+                Outcome.succeeded(cost=attempt.estimate, receipt={"found": True})
+            )
         return Evidence.not_applied({"lookup": "no charge with this key"})
 
 
@@ -97,7 +102,7 @@ class MailAdapter:
     """E-mail: unsafe (no dedupe). The first answer is lost after the send."""
 
     name = "mail"
-    operations = {"send": Operation(EffectClass.UNSAFE)}
+    operations: ClassVar[dict[str, Operation]] = {"send": Operation(EffectClass.UNSAFE)}
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -112,34 +117,47 @@ class MailAdapter:
         if self.lose_next_answer:
             self.lose_next_answer = False
             raise TimeoutError("the mail server accepted the message but the answer was lost")
-        return Outcome.succeeded({"queued": True}, cost={"usd": 1_000, "calls": 1},
-                                 receipt={"message_id": send.idempotency_key})
+        return Outcome.succeeded(
+            {"queued": True},
+            cost={"usd": 1_000, "calls": 1},
+            receipt={"message_id": send.idempotency_key},
+        )
 
     def reconcile(self, attempt: Attempt) -> Evidence:
         # The mail server's log is searchable by the Message-ID we sent (our key).
         if attempt.idempotency_key in self.target.received:
-            return Evidence.applied(Outcome.succeeded(
-                {"queued": True}, cost={"usd": 1_000, "calls": 1},
-                receipt={"log_entry": f"message {attempt.idempotency_key} delivered"}))
+            return Evidence.applied(
+                Outcome.succeeded(
+                    {"queued": True},
+                    cost={"usd": 1_000, "calls": 1},
+                    receipt={"log_entry": f"message {attempt.idempotency_key} delivered"},
+                )
+            )
         return Evidence.not_applied({"log": "no such message"})
 
 
 def build_plan(llm: ModelAdapter, payments: PaymentsAdapter, mail: MailAdapter) -> Plan:
     @node
     def research(ctx: Context, team: dict[str, Any]) -> dict[str, Any]:
-        answer = ctx.attempt(llm, "complete", {"prompt": f"venue for {team['size']}",
-                                               "max_tokens": 400})
+        answer = ctx.attempt(
+            llm, "complete", {"prompt": f"venue for {team['size']}", "max_tokens": 400}
+        )
         return {"venue": "Lakeside Lodge", "why": answer["text"], "size": team["size"]}
 
     @node(check=lambda r: bool(r.get("charge_id")))
     def pay(ctx: Context, plan: dict[str, Any]) -> dict[str, Any]:
-        charge = ctx.attempt(payments, "charge", {"venue": plan["venue"], "amount": 450 * USD // 1000})
+        charge = ctx.attempt(
+            payments, "charge", {"venue": plan["venue"], "amount": 450 * USD // 1000}
+        )
         return {**plan, "charge_id": charge["charge_id"]}
 
     @node
     def notify(ctx: Context, booking: dict[str, Any]) -> dict[str, Any]:
-        ctx.attempt(mail, "send", {"to": "team@example.org",
-                                   "subject": f"Offsite booked at {booking['venue']}"})
+        ctx.attempt(
+            mail,
+            "send",
+            {"to": "team@example.org", "subject": f"Offsite booked at {booking['venue']}"},
+        )
         return booking
 
     return Plan("offsite", (research, pay, notify))
@@ -150,8 +168,11 @@ def run_demo(store: str | None = None, *, as_json: bool = False) -> int:
     ops_cred, ops_digest = new_credential("ops")
     config = EngineConfig(credentials={"agent": agent_digest, "ops": ops_digest})
     llm_target, pay_target, mail_target = Target(), Target(), Target()
-    llm, payments, mail = ModelAdapter(llm_target), PaymentsAdapter(pay_target), MailAdapter(
-        mail_target)
+    llm, payments, mail = (
+        ModelAdapter(llm_target),
+        PaymentsAdapter(pay_target),
+        MailAdapter(mail_target),
+    )
     plan = build_plan(llm, payments, mail)
     say: list[str] = []
 
@@ -165,16 +186,18 @@ def run_demo(store: str | None = None, *, as_json: bool = False) -> int:
         mission = engine.create_mission(
             {
                 "objective": "Book a team offsite for 12 people",
-                "principals": {"agent": {"run": ["llm.*", "payments.*", "mail.*"]},
-                               "ops": ["approve", "resolve", "raise_limit", "stop", "run"]},
+                "principals": {
+                    "agent": {"run": ["llm.*", "payments.*", "mail.*"]},
+                    "ops": ["approve", "resolve", "raise_limit", "stop", "run"],
+                },
                 "allowance": {"usd": 1 * USD, "calls": 10},
                 "approvals": {"required": ["payments.charge"], "ttl_seconds": 3600},
             },
-            by=ops, name="offsite",
+            by=ops,
+            name="offsite",
         )
         log(f"mission {mission}: allowance 1.00 USD, 10 calls; payments need approval")
-        ex = engine.start_run(mission, by=agent, segment_id="seg-1", plan=plan,
-                              input={"size": 12})
+        ex = engine.start_run(mission, by=agent, segment_id="seg-1", plan=plan, input={"size": 12})
         run_id = ex.run_id
         coordinator = engine.coordinator
         segment = "seg-1"
@@ -192,8 +215,10 @@ def run_demo(store: str | None = None, *, as_json: bool = False) -> int:
                 if attempt.status.value != "unknown":
                     continue
                 evidence = coordinator.reconcile(attempt.id, mail)
-                log(f"reconciled {attempt.scope} {attempt.id}: evidence {evidence.verdict} "
-                    f"(hold kept: {attempt.estimate})")
+                log(
+                    f"reconciled {attempt.scope} {attempt.id}: evidence {evidence.verdict} "
+                    f"(hold kept: {attempt.estimate})"
+                )
                 coordinator.confirm(attempt.id, by=ops)
                 log(f"ops confirmed the evidence: {attempt.id} settled")
             ex = coordinator.resume(run_id, segment, by=ops)
@@ -203,29 +228,44 @@ def run_demo(store: str | None = None, *, as_json: bool = False) -> int:
         balances = engine.balances(mission)
         problems = engine.check_ledger(mission)
         chains = engine.verify_audit(mission)
-        sends = {"llm": len(llm_target.received), "payments": len(pay_target.received),
-                 "mail": len(mail_target.received)}
+        sends = {
+            "llm": len(llm_target.received),
+            "payments": len(pay_target.received),
+            "mail": len(mail_target.received),
+        }
         log(f"\nrun {run_id}: {run.status.value}, epoch {run.epoch}")
         log(f"{'ATTEMPT':32} {'SCOPE':16} {'STATUS':10} {'HOLD':>22} {'ACTUAL':>22}")
         for a in attempts:
-            log(f"{a.id:32} {a.scope:16} {a.status.value:10} {json.dumps(a.estimate):>22} "
-                f"{json.dumps(a.actual):>22}")
-        log(f"\n{'UNIT':6} {'LIMIT':>10} {'AVAILABLE':>10} {'HELD':>8} {'SPENT':>8} "
-            f"{'OVERRUN':>8}")
+            log(
+                f"{a.id:32} {a.scope:16} {a.status.value:10} {json.dumps(a.estimate):>22} "
+                f"{json.dumps(a.actual):>22}"
+            )
+        log(f"\n{'UNIT':6} {'LIMIT':>10} {'AVAILABLE':>10} {'HELD':>8} {'SPENT':>8} {'OVERRUN':>8}")
         for unit, b in balances.items():
-            log(f"{unit:6} {b.limit:>10} {b.available:>10} {b.held:>8} {b.spent:>8} "
-                f"{b.overrun:>8}")
+            log(f"{unit:6} {b.limit:>10} {b.available:>10} {b.held:>8} {b.spent:>8} {b.overrun:>8}")
         log(f"\nsends received by each target: {sends}")
-        log(f"ledger check: {'ok' if not problems else problems}; audit chain: "
+        log(
+            f"ledger check: {problems or 'ok'}; audit chain: "
             f"{'verified' if all(c.ok for c in chains) else 'BROKEN'} "
-            f"({chains[0].events} events)")
+            f"({chains[0].events} events)"
+        )
         if as_json:
-            print(json.dumps({
-                "mission_id": mission, "run_id": run_id, "status": run.status.value,
-                "attempts": [a.to_dict() for a in attempts],
-                "balances": {u: b.__dict__ for u, b in balances.items()},
-                "sends": sends, "ledger_problems": problems,
-                "audit_ok": all(c.ok for c in chains), "log": say,
-            }, indent=2, default=str))
+            print(
+                json.dumps(
+                    {
+                        "mission_id": mission,
+                        "run_id": run_id,
+                        "status": run.status.value,
+                        "attempts": [a.to_dict() for a in attempts],
+                        "balances": {u: b.__dict__ for u, b in balances.items()},
+                        "sends": sends,
+                        "ledger_problems": problems,
+                        "audit_ok": all(c.ok for c in chains),
+                        "log": say,
+                    },
+                    indent=2,
+                    default=str,
+                )
+            )
         ok = run.status.value == "completed" and not problems and all(c.ok for c in chains)
         return 0 if ok else 1

@@ -203,7 +203,11 @@ class Engine:
             return self._contracts.get(tx, mission_id, v)
 
     def amend_contract(
-        self, mission_id: str, contract: Contract | Mapping[str, Any], *, by: Principal,
+        self,
+        mission_id: str,
+        contract: Contract | Mapping[str, Any],
+        *,
+        by: Principal,
         reason: str,
     ) -> int:
         """A new contract version (e.g. a revoked right). Only the mission's creator may."""
@@ -232,8 +236,9 @@ class Engine:
                     "their spent amount instead",
                     field="allowance",
                 )
-            return missions.add_version(tx, mission_id, parsed, reason=reason, by=by.name,
-                                        previous=current)
+            return missions.add_version(
+                tx, mission_id, parsed, reason=reason, by=by.name, previous=current
+            )
 
     def raise_limit(self, mission_id: str, unit: str, limit: int, *, by: Principal) -> int:
         """Raise an allowance limit (a new contract version, L7); needs ``raise_limit``."""
@@ -243,27 +248,34 @@ class Engine:
             current = self._authorize(tx, by, mission_id, Right.RAISE_LIMIT, entity=mission_id)
             old = current.allowance.get(unit)
             if old is None:
-                raise ContractError(f"mission {mission_id} has no allowance in unit {unit!r}",
-                                    field="allowance")
+                raise ContractError(
+                    f"mission {mission_id} has no allowance in unit {unit!r}", field="allowance"
+                )
             if limit <= old:
                 raise ContractError(
-                    f"{unit} limit {limit} is not above the current {old}; raise_limit only "
-                    "raises", field="allowance"
+                    f"{unit} limit {limit} is not above the current {old}; raise_limit only raises",
+                    field="allowance",
                 )
             version = missions.add_version(
-                tx, mission_id, current.with_limit(unit, limit),
-                reason=f"raise {unit} limit {old} -> {limit}", by=by.name, previous=current,
+                tx,
+                mission_id,
+                current.with_limit(unit, limit),
+                reason=f"raise {unit} limit {old} -> {limit}",
+                by=by.name,
+                previous=current,
             )
             self._unpause(tx, mission_id, by.name)
             return version
 
     def _unpause(self, tx: Tx, mission_id: str, actor: str) -> None:
         """Paused runs become active again once nothing keeps the mission paused (L7)."""
-        if tx.one("SELECT 1 AS x FROM incidents WHERE mission_id = ? AND status = 'open'",
-                  mission_id):
+        if tx.one(
+            "SELECT 1 AS x FROM incidents WHERE mission_id = ? AND status = 'open'", mission_id
+        ):
             return
-        if tx.one("SELECT 1 AS x FROM allowances WHERE mission_id = ? AND available <= 0",
-                  mission_id):
+        if tx.one(
+            "SELECT 1 AS x FROM allowances WHERE mission_id = ? AND available <= 0", mission_id
+        ):
             return
         for run in runs.list_runs(tx, mission_id):
             if run.status is RunStatus.PAUSED:
@@ -308,18 +320,42 @@ class Engine:
                 "INSERT INTO runs (id, mission_id, principal, status, epoch, owner_segment, "
                 "lease_expires_us, created_at_us, updated_at_us, plan, input) "
                 "VALUES (?, ?, ?, 'active', 1, ?, ?, ?, ?, ?, ?)",
-                run_id, mission_id, by.name, segment_id, expires, tx.now_us, tx.now_us,
-                None if plan is None else (plan.ref or plan.name), input_json,
+                run_id,
+                mission_id,
+                by.name,
+                segment_id,
+                expires,
+                tx.now_us,
+                tx.now_us,
+                None if plan is None else (plan.ref or plan.name),
+                input_json,
             )
             tx.run(
                 "INSERT INTO segments (run_id, segment_id, epoch, started_at_us) "
                 "VALUES (?, ?, 1, ?)",
-                run_id, segment_id, tx.now_us,
+                run_id,
+                segment_id,
+                tx.now_us,
             )
-            tx.audit(mission_id, "run.started", run_id, actor=by.name, segment=segment_id,
-                     epoch=1, after="active", payload={"lease_expires_us": expires})
-        return Executor(self, run_id=run_id, mission_id=mission_id, segment_id=segment_id,
-                        epoch=1, principal=by.name, lease_expires_us=expires)
+            tx.audit(
+                mission_id,
+                "run.started",
+                run_id,
+                actor=by.name,
+                segment=segment_id,
+                epoch=1,
+                after="active",
+                payload={"lease_expires_us": expires},
+            )
+        return Executor(
+            self,
+            run_id=run_id,
+            mission_id=mission_id,
+            segment_id=segment_id,
+            epoch=1,
+            principal=by.name,
+            lease_expires_us=expires,
+        )
 
     def stop_run(self, run_id: str, *, by: Principal, reason: str = "stopped") -> Run:
         """Stop a run: STOPPED if nothing is in flight, else STOPPING (needs ``stop``)."""
@@ -330,13 +366,16 @@ class Engine:
                 raise RunTerminal(f"run {run_id} is already {run.status.value}")
             unresolved = tx.one(
                 "SELECT COUNT(*) AS n FROM attempts WHERE run_id = ? "
-                "AND status IN ('dispatched', 'unknown')", run_id)
+                "AND status IN ('dispatched', 'unknown')",
+                run_id,
+            )
             for a in attempts_mod.list_attempts(tx, run_id=run_id, unresolved=True):
                 if a.status.value == "prepared":
                     from charter import settlement
 
-                    settlement.void(tx, a, "run stopped", actor=by.name, segment=None,
-                                    epoch=run.epoch)
+                    settlement.void(
+                        tx, a, "run stopped", actor=by.name, segment=None, epoch=run.epoch
+                    )
             status = RunStatus.STOPPING if unresolved and unresolved["n"] else RunStatus.STOPPED
             runs.set_status(tx, run, status, reason, actor=by.name)
             return runs.load(tx, run_id)
@@ -346,10 +385,16 @@ class Engine:
         """Decide a pending approval; the approver needs ``approve`` on its scope."""
         with self._db.transaction() as tx:
             approval = approvals_mod.load(tx, approval_id)
-            contract = self._authorize(tx, by, approval.mission_id, Right.APPROVE,
-                                       approval.scope, entity=approval_id)
-            status = approvals_mod.decide(tx, approval, by=by.name, approve=not deny,
-                                          ttl_seconds=contract.approvals.ttl_seconds)
+            contract = self._authorize(
+                tx, by, approval.mission_id, Right.APPROVE, approval.scope, entity=approval_id
+            )
+            status = approvals_mod.decide(
+                tx,
+                approval,
+                by=by.name,
+                approve=not deny,
+                ttl_seconds=contract.approvals.ttl_seconds,
+            )
             run = runs.load(tx, approval.run_id)
             if run.status is RunStatus.WAITING and not approvals_mod.list_approvals(
                 tx, run_id=run.id, pending=True
@@ -397,19 +442,27 @@ class Engine:
             return attempts_mod.load(tx, attempt_id)
 
     def attempts(
-        self, *, run_id: str | None = None, mission_id: str | None = None,
+        self,
+        *,
+        run_id: str | None = None,
+        mission_id: str | None = None,
         unresolved: bool = False,
     ) -> list[Attempt]:
         with self._db.read() as tx:
-            return attempts_mod.list_attempts(tx, run_id=run_id, mission_id=mission_id,
-                                              unresolved=unresolved)
+            return attempts_mod.list_attempts(
+                tx, run_id=run_id, mission_id=mission_id, unresolved=unresolved
+            )
 
     def evidence(self, attempt_id: str) -> list[dict[str, Any]]:
         with self._db.read() as tx:
             attempts_mod.load(tx, attempt_id)
-            return [dict(r) for r in tx.all(
-                "SELECT * FROM evidence WHERE attempt_id = ? ORDER BY recorded_at_us, id",
-                attempt_id)]
+            return [
+                dict(r)
+                for r in tx.all(
+                    "SELECT * FROM evidence WHERE attempt_id = ? ORDER BY recorded_at_us, id",
+                    attempt_id,
+                )
+            ]
 
     # -- ledger (L0-L2) ---------------------------------------------------------------
     def balances(self, mission_id: str) -> dict[str, ledger.Balance]:
@@ -421,8 +474,12 @@ class Engine:
     def ledger_entries(self, mission_id: str) -> list[dict[str, Any]]:
         with self._db.read() as tx:
             missions.load(tx, mission_id)
-            return [dict(r) for r in tx.all(
-                "SELECT * FROM ledger_entries WHERE mission_id = ? ORDER BY id", mission_id)]
+            return [
+                dict(r)
+                for r in tx.all(
+                    "SELECT * FROM ledger_entries WHERE mission_id = ? ORDER BY id", mission_id
+                )
+            ]
 
     def check_ledger(self, mission_id: str) -> list[str]:
         """Problems with L0/L1/L2 for the mission; empty when the ledger holds."""
@@ -439,15 +496,24 @@ class Engine:
                     missions.load(tx, mission_id)
                 chains = [mission_id]
             else:
-                chains = [r["mission_id"] for r in tx.all(
-                    "SELECT DISTINCT mission_id FROM audit_events ORDER BY mission_id")]
+                chains = [
+                    r["mission_id"]
+                    for r in tx.all(
+                        "SELECT DISTINCT mission_id FROM audit_events ORDER BY mission_id"
+                    )
+                ]
             return [
-                verify_events(c, tx.all(
-                    "SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", c))
+                verify_events(
+                    c, tx.all("SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", c)
+                )
                 for c in chains
             ]
 
     def audit_events(self, mission_id: str) -> list[dict[str, Any]]:
         with self._db.read() as tx:
-            return [dict(r) for r in tx.all(
-                "SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", mission_id)]
+            return [
+                dict(r)
+                for r in tx.all(
+                    "SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", mission_id
+                )
+            ]

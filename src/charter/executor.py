@@ -170,8 +170,9 @@ class Executor:
             )
             if not changed:
                 row = tx.one("SELECT epoch FROM runs WHERE id = ?", self.run_id)
-                raise self._fenced("its lease expired or the run was taken over",
-                                   row["epoch"] if row else -1)
+                raise self._fenced(
+                    "its lease expired or the run was taken over", row["epoch"] if row else -1
+                )
         self._lease_expires_us = expires
         return expires
 
@@ -360,7 +361,11 @@ class Executor:
             self._audit_dispatched(tx, attempt)
         elif standing is ApprovalStatus.DENIED:
             settlement.void(
-                tx, attempt, "approval denied", actor=actor, segment=self.segment_id,
+                tx,
+                attempt,
+                "approval denied",
+                actor=actor,
+                segment=self.segment_id,
                 epoch=self.epoch,
             )
             attempt = _with(attempt, status=AttemptStatus.VOIDED, reason="approval denied")
@@ -382,8 +387,9 @@ class Executor:
             return
         self._set_status(tx, row, RunStatus.STOPPING, f"stop condition: {why}")
         raise tx.refused(
-            AdmissionRefused(f"stop condition holds: {why}; the run is stopping",
-                             stop_condition=why),
+            AdmissionRefused(
+                f"stop condition holds: {why}; the run is stopping", stop_condition=why
+            ),
             mission_id=self.mission_id,
             kind="admission.refused",
             entity=self.run_id,
@@ -442,8 +448,7 @@ class Executor:
             kind="admission.refused",
             entity=self.run_id,
             actor=self.principal,
-            payload={"scope": call.scope, "short": short,
-                     "open_incidents": row["open_incidents"]},
+            payload={"scope": call.scope, "short": short, "open_incidents": row["open_incidents"]},
             keep_changes=True,
         )
 
@@ -468,8 +473,9 @@ class Executor:
         )
 
     def _send_deadline(self, now_us: int) -> int:
-        return min(now_us + seconds_us(self.engine.config.send_deadline_seconds),
-                   self._lease_expires_us)
+        return min(
+            now_us + seconds_us(self.engine.config.send_deadline_seconds), self._lease_expires_us
+        )
 
     def _audit_dispatched(self, tx: Tx, attempt: Attempt) -> None:
         tx.audit(
@@ -481,8 +487,10 @@ class Executor:
             epoch=self.epoch,
             before="prepared",
             after="dispatched",
-            payload={"idempotency_key": attempt.idempotency_key,
-                     "send_deadline_us": attempt.send_deadline_us},
+            payload={
+                "idempotency_key": attempt.idempotency_key,
+                "send_deadline_us": attempt.send_deadline_us,
+            },
         )
 
     def admit(
@@ -505,9 +513,16 @@ class Executor:
         call = self.prepare_call(adapter, operation, request)
         self._crash("admission.before")
         with self._db.transaction() as tx:
-            attempt = self._admit(tx, call, node_id=node_id, execution=execution,
-                                  effect_key=effect_key, generation=generation,
-                                  retry_of=retry_of, dispatch=False)
+            attempt = self._admit(
+                tx,
+                call,
+                node_id=node_id,
+                execution=execution,
+                effect_key=effect_key,
+                generation=generation,
+                retry_of=retry_of,
+                dispatch=False,
+            )
         self._crash("admission.after")
         return attempt
 
@@ -524,11 +539,13 @@ class Executor:
         row = self._own(tx)
         attempt = load(tx, attempt_id)
         if attempt.run_id != self.run_id:
-            raise StateError(f"attempt {attempt_id} belongs to run {attempt.run_id}, "
-                             f"not {self.run_id}")
+            raise StateError(
+                f"attempt {attempt_id} belongs to run {attempt.run_id}, not {self.run_id}"
+            )
         if attempt.adapter != adapter.name:
-            raise StateError(f"attempt {attempt_id} is for adapter {attempt.adapter!r}, "
-                             f"not {adapter.name!r}")
+            raise StateError(
+                f"attempt {attempt_id} is for adapter {attempt.adapter!r}, not {adapter.name!r}"
+            )
         if attempt.status is not AttemptStatus.PREPARED or attempt.admitted_epoch != self.epoch:
             raise StateError(
                 f"attempt {attempt_id} is {attempt.status.value} (admitted in epoch "
@@ -558,16 +575,23 @@ class Executor:
                 contract,
                 mission_id=self.mission_id,
                 run_id=self.run_id,
-                effect=approvals.effect_id(self.run_id, attempt.node_id, attempt.execution,
-                                           attempt.effect_key),
+                effect=approvals.effect_id(
+                    self.run_id, attempt.node_id, attempt.execution, attempt.effect_key
+                ),
                 scope=attempt.scope,
                 request_hash=attempt.request_hash,
                 actor=self.principal,
                 epoch=self.epoch,
             )
             if standing is ApprovalStatus.DENIED:
-                settlement.void(tx, attempt, "approval denied", actor=self.principal,
-                                segment=self.segment_id, epoch=self.epoch)
+                settlement.void(
+                    tx,
+                    attempt,
+                    "approval denied",
+                    actor=self.principal,
+                    segment=self.segment_id,
+                    epoch=self.epoch,
+                )
                 return _with(attempt, status=AttemptStatus.VOIDED, reason="approval denied")
             if standing is not ApprovalStatus.APPROVED:
                 raise tx.refused(
@@ -592,8 +616,13 @@ class Executor:
             deadline,
             attempt.id,
         )
-        attempt = _with(attempt, status=AttemptStatus.DISPATCHED, dispatched_epoch=self.epoch,
-                        dispatched_at_us=tx.now_us, send_deadline_us=deadline)
+        attempt = _with(
+            attempt,
+            status=AttemptStatus.DISPATCHED,
+            dispatched_epoch=self.epoch,
+            dispatched_at_us=tx.now_us,
+            send_deadline_us=deadline,
+        )
         self._audit_dispatched(tx, attempt)
         return attempt
 
@@ -622,9 +651,15 @@ class Executor:
         while True:
             self._crash("admission.before")
             with self._db.transaction() as tx:
-                attempt = self._admit(tx, call, node_id=node_id, execution=execution,
-                                      effect_key=effect_key, generation=generation,
-                                      retry_of=retry_of)
+                attempt = self._admit(
+                    tx,
+                    call,
+                    node_id=node_id,
+                    execution=execution,
+                    effect_key=effect_key,
+                    generation=generation,
+                    retry_of=retry_of,
+                )
             if attempt.status is AttemptStatus.VOIDED:
                 return attempt
             if attempt.status is AttemptStatus.PREPARED:
@@ -711,39 +746,65 @@ class Executor:
     ) -> Attempt:
         units = self._units(tx)
         kw: dict[str, Any] = {
-            "units": units, "actor": self.principal, "segment": self.segment_id,
+            "units": units,
+            "actor": self.principal,
+            "segment": self.segment_id,
             "epoch": self.epoch,
         }
         if outcome is not None:
             status = AttemptStatus(outcome.status)
             done = settlement.settle(
-                tx, attempt, status, actual=outcome.cost, result=outcome.result,
-                receipt=outcome.receipt, price_source=outcome.price_source, reason=None,
-                from_statuses=(AttemptStatus.DISPATCHED,), **kw,
+                tx,
+                attempt,
+                status,
+                actual=outcome.cost,
+                result=outcome.result,
+                receipt=outcome.receipt,
+                price_source=outcome.price_source,
+                reason=None,
+                from_statuses=(AttemptStatus.DISPATCHED,),
+                **kw,
             )
             if done:
-                return _with(attempt, status=status, actual=dict(outcome.cost),
-                             result=outcome.result, receipt=outcome.receipt,
-                             settled_at_us=tx.now_us)
+                return _with(
+                    attempt,
+                    status=status,
+                    actual=dict(outcome.cost),
+                    result=outcome.result,
+                    receipt=outcome.receipt,
+                    settled_at_us=tx.now_us,
+                )
             return self._late(tx, load(tx, attempt.id), Evidence.applied(outcome), kw)
         if not_applied is not None:
-            evidence = Evidence.not_applied({"reason": not_applied.reason,
-                                             **not_applied.evidence})
+            evidence = Evidence.not_applied({"reason": not_applied.reason, **not_applied.evidence})
             done = settlement.settle(
-                tx, attempt, AttemptStatus.FAILED, actual={}, result=None, receipt=None,
-                price_source=None, reason=f"not applied: {not_applied.reason}",
-                from_statuses=(AttemptStatus.DISPATCHED,), **kw,
+                tx,
+                attempt,
+                AttemptStatus.FAILED,
+                actual={},
+                result=None,
+                receipt=None,
+                price_source=None,
+                reason=f"not applied: {not_applied.reason}",
+                from_statuses=(AttemptStatus.DISPATCHED,),
+                **kw,
             )
             if done:
-                settlement.record_evidence(tx, attempt, evidence, actor=self.principal,
-                                           epoch=self.epoch, settled=True)
-                return _with(attempt, status=AttemptStatus.FAILED, actual={},
-                             reason=f"not applied: {not_applied.reason}",
-                             settled_at_us=tx.now_us)
+                settlement.record_evidence(
+                    tx, attempt, evidence, actor=self.principal, epoch=self.epoch, settled=True
+                )
+                return _with(
+                    attempt,
+                    status=AttemptStatus.FAILED,
+                    actual={},
+                    reason=f"not applied: {not_applied.reason}",
+                    settled_at_us=tx.now_us,
+                )
             return self._late(tx, load(tx, attempt.id), evidence, kw)
         assert error is not None
-        if settlement.mark_unknown(tx, attempt, error, actor=self.principal,
-                                   segment=self.segment_id, epoch=self.epoch):
+        if settlement.mark_unknown(
+            tx, attempt, error, actor=self.principal, segment=self.segment_id, epoch=self.epoch
+        ):
             return _with(attempt, status=AttemptStatus.UNKNOWN, reason=error)
         return load(tx, attempt.id)
 
@@ -760,36 +821,66 @@ class Executor:
                 assert evidence.outcome is not None
                 o = evidence.outcome
                 settled = settlement.settle(
-                    tx, current, AttemptStatus(o.status), actual=o.cost, result=o.result,
-                    receipt=o.receipt, price_source=o.price_source,
+                    tx,
+                    current,
+                    AttemptStatus(o.status),
+                    actual=o.cost,
+                    result=o.result,
+                    receipt=o.receipt,
+                    price_source=o.price_source,
                     reason=f"late settlement from epoch {self.epoch}",
-                    from_statuses=(AttemptStatus.UNKNOWN,), **kw,
+                    from_statuses=(AttemptStatus.UNKNOWN,),
+                    **kw,
                 )
             else:
                 settled = settlement.settle(
-                    tx, current, AttemptStatus.FAILED, actual={}, result=None, receipt=None,
-                    price_source=None, reason=f"late proof of non-application from epoch "
-                    f"{self.epoch}", from_statuses=(AttemptStatus.UNKNOWN,), **kw,
+                    tx,
+                    current,
+                    AttemptStatus.FAILED,
+                    actual={},
+                    result=None,
+                    receipt=None,
+                    price_source=None,
+                    reason=f"late proof of non-application from epoch {self.epoch}",
+                    from_statuses=(AttemptStatus.UNKNOWN,),
+                    **kw,
                 )
         elif current.status.settled and _conflicts(current, evidence):
             open_incident(
-                tx, current.mission_id, "conflicting_evidence",
-                {"recorded": current.status.value, "late_verdict": evidence.verdict,
-                 "late_outcome": None if evidence.outcome is None else evidence.outcome.status,
-                 "from_epoch": self.epoch},
-                actor=self.principal, run_id=current.run_id, attempt_id=current.id,
+                tx,
+                current.mission_id,
+                "conflicting_evidence",
+                {
+                    "recorded": current.status.value,
+                    "late_verdict": evidence.verdict,
+                    "late_outcome": None if evidence.outcome is None else evidence.outcome.status,
+                    "from_epoch": self.epoch,
+                },
+                actor=self.principal,
+                run_id=current.run_id,
+                attempt_id=current.id,
                 epoch=self.epoch,
             )
         settlement.record_evidence(
-            tx, current, Evidence(evidence.verdict, evidence.outcome, evidence.detail,
-                                  source=f"late settlement (epoch {self.epoch})"),
-            actor=self.principal, epoch=self.epoch, settled=settled,
+            tx,
+            current,
+            Evidence(
+                evidence.verdict,
+                evidence.outcome,
+                evidence.detail,
+                source=f"late settlement (epoch {self.epoch})",
+            ),
+            actor=self.principal,
+            epoch=self.epoch,
+            settled=settled,
         )
         return load(tx, current.id)
 
     def _units(self, tx: Tx) -> set[str]:
-        return {r["unit"] for r in tx.all("SELECT unit FROM allowances WHERE mission_id = ?",
-                                          self.mission_id)}
+        return {
+            r["unit"]
+            for r in tx.all("SELECT unit FROM allowances WHERE mission_id = ?", self.mission_id)
+        }
 
     def _crash(self, point: str) -> None:
         hook = self.engine._crash_hook

@@ -125,8 +125,17 @@ def record(
         "INSERT INTO ledger_entries (mission_id, unit, attempt_id, kind, source, target, "
         "amount, price_source, at_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
-            (mission_id, m.unit, attempt_id, m.kind, m.source, m.target, m.amount,
-             price_source, tx.now_us)
+            (
+                mission_id,
+                m.unit,
+                attempt_id,
+                m.kind,
+                m.source,
+                m.target,
+                m.amount,
+                price_source,
+                tx.now_us,
+            )
             for m in moves
         ],
     )
@@ -183,4 +192,3 @@ def problems(tx: Tx, mission_id: str) -> list[str]:
         if rebuilt.get(unit, Balance()) != bal:
             out.append(f"L2 {unit}: cached {bal} != rebuilt from entries {rebuilt.get(unit)}")
     return out
-

@@ -354,13 +354,18 @@ def _completed(ex: Executor, node_id: str) -> Any:
             return _MISSING
         if digest(row["result"]) != row["result_hash"]:
             open_incident(
-                tx, ex.mission_id, "hash_mismatch",
+                tx,
+                ex.mission_id,
+                "hash_mismatch",
                 {"node_id": node_id, "execution": row["execution"]},
-                actor=ex.principal, run_id=ex.run_id, epoch=ex.epoch,
+                actor=ex.principal,
+                run_id=ex.run_id,
+                epoch=ex.epoch,
             )
             ex._set_status_tx(tx, "needs_intervention", f"result of node {node_id} fails its hash")
-            raise Blocked(f"the stored result of node {node_id} does not match its hash",
-                          run_id=ex.run_id)
+            raise Blocked(
+                f"the stored result of node {node_id} does not match its hash", run_id=ex.run_id
+            )
         return json.loads(row["result"])
 
 
@@ -403,31 +408,65 @@ def _start(ex: Executor, node_id: str) -> int:
             node_id,
         )
         if row is not None and row["status"] in ("running", "blocked"):
-            tx.run("UPDATE node_executions SET status = 'running' WHERE run_id = ? "
-                   "AND node_id = ? AND execution = ?", ex.run_id, node_id, row["execution"])
+            tx.run(
+                "UPDATE node_executions SET status = 'running' WHERE run_id = ? "
+                "AND node_id = ? AND execution = ?",
+                ex.run_id,
+                node_id,
+                row["execution"],
+            )
             return int(row["execution"])
         execution = 1 if row is None else row["execution"] + 1
         tx.run(
             "INSERT INTO node_executions (run_id, node_id, execution, status, started_epoch, "
             "started_at_us) VALUES (?, ?, ?, 'running', ?, ?)",
-            ex.run_id, node_id, execution, ex.epoch, tx.now_us,
+            ex.run_id,
+            node_id,
+            execution,
+            ex.epoch,
+            tx.now_us,
         )
-        tx.audit(ex.mission_id, "node.started", f"{ex.run_id}/{node_id}", actor=ex.principal,
-                 segment=ex.segment_id, epoch=ex.epoch, after="running",
-                 payload={"execution": execution})
+        tx.audit(
+            ex.mission_id,
+            "node.started",
+            f"{ex.run_id}/{node_id}",
+            actor=ex.principal,
+            segment=ex.segment_id,
+            epoch=ex.epoch,
+            after="running",
+            payload={"execution": execution},
+        )
         return execution
 
 
 def _set_node(ex: Executor, node_id: str, execution: int, status: str, error: str | None) -> int:
     """Record a node execution's status; return how many executions have failed."""
     with ex._db.transaction() as tx:
-        tx.run("UPDATE node_executions SET status = ?, error = ? WHERE run_id = ? "
-               "AND node_id = ? AND execution = ?", status, error, ex.run_id, node_id, execution)
-        tx.audit(ex.mission_id, "node." + status, f"{ex.run_id}/{node_id}",
-                 actor=ex.principal, segment=ex.segment_id, epoch=ex.epoch, after=status,
-                 payload={"execution": execution, "error": error})
-        row = tx.one("SELECT COUNT(*) AS n FROM node_executions WHERE run_id = ? "
-                     "AND node_id = ? AND status = 'failed'", ex.run_id, node_id)
+        tx.run(
+            "UPDATE node_executions SET status = ?, error = ? WHERE run_id = ? "
+            "AND node_id = ? AND execution = ?",
+            status,
+            error,
+            ex.run_id,
+            node_id,
+            execution,
+        )
+        tx.audit(
+            ex.mission_id,
+            "node." + status,
+            f"{ex.run_id}/{node_id}",
+            actor=ex.principal,
+            segment=ex.segment_id,
+            epoch=ex.epoch,
+            after=status,
+            payload={"execution": execution, "error": error},
+        )
+        row = tx.one(
+            "SELECT COUNT(*) AS n FROM node_executions WHERE run_id = ? "
+            "AND node_id = ? AND status = 'failed'",
+            ex.run_id,
+            node_id,
+        )
         return 0 if row is None else int(row["n"])
 
 
@@ -441,9 +480,21 @@ def _complete(ex: Executor, node_id: str, execution: int, result_json: str) -> N
         tx.run(
             "UPDATE node_executions SET status = 'completed', result = ?, result_hash = ?, "
             "completed_at_us = ? WHERE run_id = ? AND node_id = ? AND execution = ?",
-            result_json, h, tx.now_us, ex.run_id, node_id, execution,
+            result_json,
+            h,
+            tx.now_us,
+            ex.run_id,
+            node_id,
+            execution,
         )
-        tx.audit(ex.mission_id, "node.completed", f"{ex.run_id}/{node_id}",
-                 actor=ex.principal, segment=ex.segment_id, epoch=ex.epoch,
-                 before="running", after="completed",
-                 payload={"execution": execution, "result_hash": h})
+        tx.audit(
+            ex.mission_id,
+            "node.completed",
+            f"{ex.run_id}/{node_id}",
+            actor=ex.principal,
+            segment=ex.segment_id,
+            epoch=ex.epoch,
+            before="running",
+            after="completed",
+            payload={"execution": execution, "result_hash": h},
+        )

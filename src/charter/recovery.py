@@ -122,8 +122,13 @@ def assess(tx: Tx, run: Run, contract: Contract) -> dict[str, Any]:
         stops.append("max_failed_attempts reached")
     return {
         "allowance": {
-            u: {"limit": b.limit, "available": b.available, "held": b.held, "spent": b.spent,
-                "overrun": b.overrun}
+            u: {
+                "limit": b.limit,
+                "available": b.available,
+                "held": b.held,
+                "spent": b.spent,
+                "overrun": b.overrun,
+            }
             for u, b in balances.items()
         },
         "exhausted": sorted(u for u, b in balances.items() if b.exhausted),
@@ -177,17 +182,30 @@ def build(tx: Tx, run: Run, contract: Contract, voided: list[str]) -> RecoverySt
         actions.append(NextAction("attempt", a.id, a.status.value, NEXT_ACTIONS[phase]))
     for n in nodes:
         if n["status"] == "completed":
-            actions.append(NextAction("node", f"{n['node_id']}#{n['execution']}",
-                                      "node_completed", NEXT_ACTIONS["node_completed"]))
+            actions.append(
+                NextAction(
+                    "node",
+                    f"{n['node_id']}#{n['execution']}",
+                    "node_completed",
+                    NEXT_ACTIONS["node_completed"],
+                )
+            )
         elif n["status"] == "running":
-            actions.append(NextAction("node", f"{n['node_id']}#{n['execution']}",
-                                      "no_admission", NEXT_ACTIONS["no_admission"]))
+            actions.append(
+                NextAction(
+                    "node",
+                    f"{n['node_id']}#{n['execution']}",
+                    "no_admission",
+                    NEXT_ACTIONS["no_admission"],
+                )
+            )
     if sum(counts.values()):
         actions.append(NextAction("attempts", "settled", "settled", NEXT_ACTIONS["settled"]))
     return RecoveryState(
         run=run,
-        contract_version=tx.one("SELECT contract_version FROM missions WHERE id = ?",
-                                run.mission_id)["contract_version"],  # type: ignore[index]
+        contract_version=tx.one(
+            "SELECT contract_version FROM missions WHERE id = ?", run.mission_id
+        )["contract_version"],  # type: ignore[index]
         contract=contract,
         plan=None if plan_row is None else plan_row["plan"],
         nodes=nodes,

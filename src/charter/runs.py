@@ -91,12 +91,11 @@ def from_row(r: Row) -> Run:
 
 
 def load(tx: Tx, run_id: str, *, lock: bool = False) -> Run:
-    row = tx.one(
-        f"SELECT {_COLUMNS} FROM runs WHERE id = ?" + (" {lock}" if lock else ""), run_id
-    )
+    row = tx.one(f"SELECT {_COLUMNS} FROM runs WHERE id = ?" + (" {lock}" if lock else ""), run_id)
     if row is None:
-        raise NotFound(f"no run {run_id!r} in this store; list runs with `charter runs`",
-                       run_id=run_id)
+        raise NotFound(
+            f"no run {run_id!r} in this store; list runs with `charter runs`", run_id=run_id
+        )
     return from_row(row)
 
 

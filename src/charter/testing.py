@@ -82,8 +82,14 @@ class RecordingAdapter:
     def dispatch(self, send: Dispatch) -> Outcome:
         send.check_deadline()
         self.sent.append(
-            Sent(send.attempt_id, send.operation, send.request, send.idempotency_key,
-                 send.fencing_token, send.send_deadline_us)
+            Sent(
+                send.attempt_id,
+                send.operation,
+                send.request,
+                send.idempotency_key,
+                send.fencing_token,
+                send.send_deadline_us,
+            )
         )
         handler = self.script.get(send.operation)
         if handler is not None:

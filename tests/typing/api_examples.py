@@ -7,10 +7,10 @@ from typing import Any
 import charter
 
 
-def offsite(engine: charter.Engine, agent: charter.Principal, mission_id: str) -> None:
-    llm: charter.Adapter
-
-    @charter.node(check=lambda r: bool(r))
+def offsite(
+    engine: charter.Engine, agent: charter.Principal, mission_id: str, llm: charter.Adapter
+) -> None:
+    @charter.node(check=bool)
     def research(ctx: charter.Context, team: dict[str, Any]) -> str:
         answer: dict[str, Any] = ctx.attempt(llm, "complete", {"max_tokens": 400})
         when = ctx.now().isoformat()
