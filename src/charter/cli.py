@@ -359,7 +359,7 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from charter.errors import CharterError
+    from charter.errors import Blocked, CharterError, Fenced
 
     try:
         if args.command == "credential":
@@ -386,11 +386,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         _emit(args, data, text)
         return 0
     except CharterError as exc:
-        if args.json:
-            print(json.dumps({"error": exc.to_dict()}, default=str))
-        else:
-            print(f"error: {exc.message}", file=sys.stderr)
-        return 1
+        return _fail(args, exc.to_dict())
+    except (Fenced, Blocked) as signal:
+        code = "fenced" if isinstance(signal, Fenced) else "blocked"
+        return _fail(args, {"code": code, "message": str(signal)})
+
+
+def _fail(args: argparse.Namespace, error: dict[str, Any]) -> int:
+    if args.json:
+        print(json.dumps({"error": error}, default=str))
+    else:
+        print(f"error: {error['message']}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -523,6 +523,14 @@ class Coordinator:
                 runs.set_status(
                     tx, run, RunStatus.ACTIVE, f"resumed ({mode})", actor=actor, segment=segment_id
                 )
+            # The owner continues: its lease starts afresh (same owner, same epoch).
+            expires = tx.now_us + seconds_us(self._engine.config.lease_seconds)
+            tx.run(
+                "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ?",
+                expires,
+                run_id,
+                run.epoch,
+            )
             tx.audit(
                 run.mission_id,
                 "run.resumed",
@@ -539,7 +547,7 @@ class Coordinator:
             segment_id=segment_id,
             epoch=run.epoch,
             principal=run.principal,
-            lease_expires_us=run.lease_expires_us,
+            lease_expires_us=expires,
         )
 
     def _mode(self, contract: Contract) -> ResumeMode:

@@ -906,7 +906,7 @@ class Executor:
         feeds the first node.
         """
         from charter.config import import_path
-        from charter.nodes import execute
+        from charter.nodes import Plan, execute
 
         with self._db.read() as tx:
             row = tx.one("SELECT plan, input FROM runs WHERE id = ?", self.run_id)
