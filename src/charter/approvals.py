@@ -74,9 +74,15 @@ def load(tx: Tx, approval_id: str) -> Approval:
 
 
 def latest(tx: Tx, effect: str, request_hash: str) -> Approval | None:
+    """The effect's standing approval: pending, approved or denied.
+
+    Expired and superseded approvals are retired before a new request is
+    opened, so at most one approval per effect and request is ever standing;
+    the query does not depend on timestamps (two may share a microsecond).
+    """
     row = tx.one(
         "SELECT * FROM approvals WHERE effect_id = ? AND request_hash = ? "
-        "ORDER BY requested_at_us DESC, id DESC LIMIT 1",
+        "AND status IN ('pending', 'approved', 'denied')",
         effect,
         request_hash,
     )
@@ -181,6 +187,46 @@ def standing(
         epoch=epoch,
     )
     return ApprovalStatus.PENDING, new_id
+
+
+def renew_expired(tx: Tx, run_id: str, *, actor: str, epoch: int | None) -> list[str]:
+    """Retire the run's expired approvals; ask again for effects still to be sent (W2).
+
+    An approval whose effect was already dispatched has done its work and is
+    simply retired. For an effect not yet sent, a new request is opened: the
+    expired decision never authorises a dispatch, and the run is not stuck.
+    """
+    renewed: list[str] = []
+    for a in list_approvals(tx, run_id=run_id):
+        if a.status is not ApprovalStatus.APPROVED or a.expires_at_us is None:
+            continue
+        if a.expires_at_us > tx.now_us:
+            continue
+        _retire(tx, a, ApprovalStatus.EXPIRED, actor)
+        run_id_, node_id, execution, effect_key = a.effect_id.split("/", 3)
+        sent = tx.one(
+            "SELECT 1 AS x FROM attempts WHERE run_id = ? AND node_id = ? AND execution = ? "
+            "AND effect_key = ? AND request_hash = ? AND dispatched_epoch IS NOT NULL",
+            run_id_,
+            node_id,
+            int(execution),
+            effect_key,
+            a.request_hash,
+        )
+        if sent is None:
+            renewed.append(
+                request(
+                    tx,
+                    mission_id=a.mission_id,
+                    run_id=a.run_id,
+                    effect=a.effect_id,
+                    scope=a.scope,
+                    request_hash=a.request_hash,
+                    actor=actor,
+                    epoch=epoch,
+                )
+            )
+    return renewed
 
 
 def decide(

@@ -20,6 +20,7 @@ TOML file (``charter.toml`` or ``$CHARTER_CONFIG``)::
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -70,8 +71,16 @@ class EngineConfig:
         if self.resume not in RESUME_STRICTNESS:
             raise ConfigError(f"resume must be one of {list(RESUME_STRICTNESS)}")
         for name in ("lease_seconds", "send_deadline_seconds", "busy_timeout_seconds"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive")
+            v = getattr(self, name)
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, int | float)
+                or not math.isfinite(v)
+                or v <= 0
+            ):
+                raise ConfigError(f"{name} must be a positive, finite number of seconds")
+        if self.store is not None and not isinstance(self.store, str):
+            raise ConfigError("store must be a path or URL string")
         if self.send_deadline_seconds > self.lease_seconds:
             raise ConfigError(
                 "send_deadline_seconds must not exceed lease_seconds: a send must never be "

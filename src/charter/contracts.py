@@ -19,10 +19,9 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from charter.clock import MICROS
 from charter.errors import ContractError
 from charter.principals import Right
 
@@ -122,7 +121,7 @@ class Contract:
                 for k, v in (
                     ("max_attempts", self.stop_conditions.max_attempts),
                     ("max_failed_attempts", self.stop_conditions.max_failed_attempts),
-                    ("deadline_us", self.stop_conditions.deadline_us),
+                    ("deadline", _iso(self.stop_conditions.deadline_us)),
                 )
                 if v is not None
             },
@@ -144,7 +143,9 @@ class Contract:
     def from_dict(cls, data: Mapping[str, Any]) -> Contract:
         """Validate ``data`` and build a contract; refuse anything malformed."""
         if not isinstance(data, Mapping):
-            raise ContractError("a contract must be a mapping (a JSON object or TOML table)")
+            raise ContractError(
+                "a contract must be a mapping (a JSON object or TOML table)", field="contract"
+            )
         unknown = set(data) - _TOP_KEYS
         if unknown:
             raise ContractError(
@@ -171,8 +172,24 @@ class Contract:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ContractError(f"contract is not valid JSON: {exc}") from None
+            raise ContractError(
+                f"contract is not valid JSON: {exc}",
+                field="contract",
+                line=exc.lineno,
+                column=exc.colno,
+            ) from None
         return cls.from_dict(data)
+
+
+def _iso(us: int | None) -> str | None:
+    """A deadline as exact ISO 8601 (UTC, microseconds), any side of 1970."""
+    if us is None:
+        return None
+    return (_EPOCH + timedelta(microseconds=us)).isoformat()
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_LATEST_US = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
 
 
 def _count(value: Any, name: str, *, minimum: int = 0) -> int:
@@ -195,6 +212,10 @@ def _principals(value: Any) -> dict[str, dict[Right, tuple[str, ...]]]:
             raise ContractError(
                 f"principal name {name!r} must be a non-empty string without ':'",
                 field="principals",
+            )
+        if isinstance(raw_grants, list) and not all(isinstance(r, str) for r in raw_grants):
+            raise ContractError(
+                f"principals.{name} must list rights as strings", field=f"principals.{name}"
             )
         grants = {r: ["*"] for r in raw_grants} if isinstance(raw_grants, list) else raw_grants
         if not isinstance(grants, Mapping):
@@ -234,7 +255,7 @@ def _allowance(value: Any) -> dict[str, int]:
     for unit, limit in value.items():
         if not isinstance(unit, str) or not unit.replace("_", "").isalnum():
             raise ContractError(f"allowance unit {unit!r} must be a plain name", field="allowance")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < 2**63:
             raise ContractError(
                 f"allowance.{unit} must be a non-negative integer (smallest steps; "
                 f"floats never touch the ledger), got {limit!r}",
@@ -250,7 +271,9 @@ def _approvals(value: Any) -> ApprovalPolicy:
             "contract.approvals takes 'required' (scopes) and 'ttl_seconds'", field="approvals"
         )
     required = value.get("required", [])
-    if not isinstance(required, list) or not all(isinstance(s, str) and s for s in required):
+    if not isinstance(required, list) or not all(
+        isinstance(s, str) and (s == "*" or "." in s) for s in required
+    ):
         raise ContractError("approvals.required must be a list of scopes", field="approvals")
     ttl = _count(value.get("ttl_seconds", 3600), "approvals.ttl_seconds", minimum=1)
     return ApprovalPolicy(tuple(required), ttl)
@@ -276,9 +299,14 @@ def _stop(value: Any) -> StopConditions:
                 "stop_conditions.deadline needs a time zone (e.g. ...Z or +00:00)",
                 field="stop_conditions.deadline",
             )
-        deadline = round(moment.timestamp() * MICROS)
+        deadline = (moment - _EPOCH) // timedelta(microseconds=1)
     elif deadline is not None:
         deadline = _count(deadline, "stop_conditions.deadline_us")
+        if deadline > _LATEST_US:
+            raise ContractError(
+                "stop_conditions.deadline_us is after the year 9999",
+                field="stop_conditions.deadline_us",
+            )
     return StopConditions(
         max_attempts=None
         if value.get("max_attempts") is None

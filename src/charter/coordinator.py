@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from charter import missions, recovery, runs, settlement
+from charter import approvals, missions, recovery, runs, settlement
 from charter.adapters import Adapter, Dispatch, EffectClass, Evidence, Outcome
 from charter.attempts import Attempt, AttemptStatus, list_attempts, load
 from charter.clock import seconds_us
@@ -149,6 +149,7 @@ class Coordinator:
                     uncertain += 1
                 elif a.status is AttemptStatus.UNKNOWN:
                     uncertain += 1
+            approvals.renew_expired(tx, run_id, actor=actor, epoch=epoch)
             crashed = tx.all(
                 "SELECT node_id, execution, crashes FROM node_executions WHERE run_id = ? "
                 "AND status = 'running'",
@@ -480,6 +481,7 @@ class Coordinator:
         with self._db.transaction() as tx:
             run = runs.load(tx, run_id, lock=True)
             contract = self._contract(tx, run.mission_id)
+            approvals.renew_expired(tx, run_id, actor=f"segment:{segment_id}", epoch=run.epoch)
             state = recovery.build(tx, run, contract, [])
             blockers = self._blockers(tx, state, contract)
             mode = self._mode(contract)

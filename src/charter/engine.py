@@ -80,6 +80,7 @@ class Engine:
         config = config or EngineConfig()
         clock = clock or SystemClock()
         ids = IdFactory(clock, rng)
+        Authenticator(config.credentials)  # refuse bad credentials before opening anything
         db = open_database(
             url if url is not None else config.store,
             clock=clock,

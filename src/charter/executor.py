@@ -39,6 +39,7 @@ from charter.errors import (
     AdmissionRefused,
     AllowanceExceeded,
     ApprovalRequired,
+    AttemptAlreadySettled,
     Fenced,
     NotApplied,
     NotAuthorized,
@@ -188,7 +189,9 @@ class Executor:
                 operation=operation,
             )
         try:
-            request_json = json.dumps(request, sort_keys=True, separators=(",", ":"))
+            request_json = json.dumps(
+                request, sort_keys=True, separators=(",", ":"), allow_nan=False
+            )
         except (TypeError, ValueError) as exc:
             raise AdmissionRefused(
                 f"the request for {adapter.name}.{operation} must be JSON-serialisable ({exc}); "
@@ -254,6 +257,7 @@ class Executor:
         self._check_stop(tx, contract, row, call)
         self._check_allowance(tx, contract, row, call)
 
+        self._check_effect(tx, node_id, execution, effect_key, generation, retry_of)
         attempt_id = tx.ids.new("att")
         needs_approval = contract.approvals.requires(call.scope)
         dispatch_now = dispatch
@@ -370,6 +374,48 @@ class Executor:
             )
             attempt = _with(attempt, status=AttemptStatus.VOIDED, reason="approval denied")
         return attempt
+
+    def _check_effect(  # noqa: PLR0917 - the effect's identity has five parts
+        self,
+        tx: Tx,
+        node_id: str,
+        execution: int,
+        effect_key: str,
+        generation: int,
+        retry_of: str | None,
+    ) -> None:
+        """A4: an effect's generation is performed once; a retry follows a proven end."""
+        rows = tx.all(
+            "SELECT id, status, generation FROM attempts WHERE run_id = ? AND node_id = ? "
+            "AND execution = ? AND effect_key = ?",
+            self.run_id,
+            node_id,
+            execution,
+            effect_key,
+        )
+        for r in rows:
+            if r["generation"] == generation:
+                raise AttemptAlreadySettled(
+                    f"effect {effect_key!r} already has attempt {r['id']} "
+                    f"({r['status']}) at generation {generation}; a retry is a new generation",
+                    attempt_id=r["id"],
+                    status=r["status"],
+                )
+            if r["status"] in ("prepared", "dispatched", "unknown"):
+                raise StateError(
+                    f"effect {effect_key!r} has attempt {r['id']} still {r['status']}; it is "
+                    "never retried on a guess — reconcile or resolve it first",
+                    attempt_id=r["id"],
+                    status=r["status"],
+                )
+        if retry_of is not None:
+            prior = next((r for r in rows if r["id"] == retry_of), None)
+            if prior is None or prior["status"] not in ("failed", "written_off", "voided"):
+                raise StateError(
+                    f"retry_of {retry_of!r} must name a FAILED, WRITTEN_OFF or VOIDED attempt "
+                    f"of the same effect {effect_key!r}",
+                    retry_of=retry_of,
+                )
 
     def _check_stop(self, tx: Tx, contract: Contract, row: Row, call: Call) -> None:
         stop = contract.stop_conditions
@@ -670,7 +716,7 @@ class Executor:
                     attempt_id=attempt.id,
                 )
             attempt = self._send_and_settle(attempt, adapter)
-            if not self._write_off_read_only(attempt, call) or retries >= READ_ONLY_RETRIES:
+            if retries >= READ_ONLY_RETRIES or not self._write_off_read_only(attempt, call):
                 return attempt
             retries += 1
             generation += 1

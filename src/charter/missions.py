@@ -55,7 +55,11 @@ class ContractCache:
                 version,
             )
             if row is None:
-                raise NotFound(f"mission {mission_id!r} has no contract version {version}")
+                raise NotFound(
+                    f"mission {mission_id!r} has no contract version {version}",
+                    mission_id=mission_id,
+                    version=version,
+                )
             contract = Contract.from_json(row["body"])
             self._by_version[key] = contract
         return contract

@@ -67,7 +67,7 @@ class Authenticator:
 
     def __init__(self, digests: Mapping[str, str]) -> None:
         for name, digest in digests.items():
-            if not digest.startswith("sha256:") or len(digest) != 7 + 64:
+            if not isinstance(digest, str) or not digest.startswith("sha256:") or len(digest) != 71:
                 raise ConfigError(
                     f"credential for principal {name!r} must be 'sha256:<64 hex>'; "
                     "make one with `charter credential new NAME`"

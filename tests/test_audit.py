@@ -1,0 +1,826 @@
+"""S1: every transition appends an audit event in its own transaction, hash-chained per mission.
+
+The store is inspected and tampered with through the stdlib ``sqlite3`` module,
+as an operator (or an attacker) with the file would.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+import charter
+from charter.audit import GENESIS, canonical, digest, event_hash
+from charter.testing import ManualClock, RecordingAdapter
+from conftest import Principals, default_contract
+
+APPROVAL_CONTRACT = default_contract(approvals={"required": ["recorder.charge"]})
+
+#: Every column of ``audit_events`` that a chain check must cover (``mission_id``
+#: and ``seq`` are checked by their own tests: they place a row in a chain).
+TAMPERABLE = (
+    "at_us",
+    "actor",
+    "segment",
+    "epoch",
+    "kind",
+    "entity",
+    "before",
+    "after",
+    "payload",
+    "payload_hash",
+    "prev_hash",
+    "hash",
+)
+
+
+# -- the store, seen from outside ------------------------------------------------------
+
+
+@contextmanager
+def connect(path: str) -> Iterator[sqlite3.Connection]:
+    with closing(sqlite3.connect(path, isolation_level=None)) as con:
+        con.row_factory = sqlite3.Row
+        yield con
+
+
+def state(path: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every table except the audit log, rows sorted: the recorded state."""
+    with connect(path) as con:
+        names = [
+            r[0]
+            for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            if r[0] != "audit_events"
+        ]
+        return {
+            n: sorted((tuple(r) for r in con.execute(f"SELECT * FROM {n}")), key=repr)
+            for n in names
+        }
+
+
+def events(path: str, chain: str | None = None) -> list[dict[str, Any]]:
+    with connect(path) as con:
+        if chain is None:
+            rows = con.execute("SELECT * FROM audit_events ORDER BY mission_id, seq")
+        else:
+            rows = con.execute(
+                "SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", (chain,)
+            )
+        return [dict(r) for r in rows]
+
+
+def execute(path: str, sql: str, *params: Any) -> None:
+    with connect(path) as con:
+        con.execute(sql, params)
+
+
+def verdict(engine: charter.Engine, chain: str) -> charter.audit.Verification:
+    (result,) = engine.verify_audit(chain)
+    return result
+
+
+# -- a mission that went through every kind of transition -----------------------------
+
+
+@dataclass
+class History:
+    mission: str
+    run: str
+    succeeded: str
+    unknown: str
+    approved: str
+    approval: str
+    overrun: str
+    incident: str
+    voided: str
+
+
+def _step(
+    store_url: str,
+    clock: ManualClock,
+    action: Callable[[], object],
+    *,
+    kinds: list[str],
+    changes_state: bool = True,
+    raises: type[BaseException] | None = None,
+) -> object:
+    """Run one API call and check the events it appended against the state it changed."""
+    clock.advance(1)
+    before_state, before_events = state(store_url), events(store_url)
+    result: object = None
+    if raises is None:
+        result = action()
+    else:
+        with pytest.raises(raises) as info:
+            action()
+        result = info.value
+    after_state, after_events = state(store_url), events(store_url)
+    new = [e for e in after_events if e not in before_events]
+    assert Counter(e["kind"] for e in new) == Counter(kinds)
+    assert all(e["at_us"] == clock.now_us() for e in new), "an event outside its transaction"
+    assert (after_state != before_state) is changes_state
+    return result
+
+
+def make_history(
+    engine: charter.Engine,
+    who: Principals,
+    adapter: RecordingAdapter,
+    store_url: str,
+    clock: ManualClock,
+) -> History:
+    """Drive one mission through every transition, checking each step's events."""
+    alice, bob, agent = who.alice, who.bob, who.agent
+
+    mission = _step(
+        store_url,
+        clock,
+        lambda: engine.create_mission(APPROVAL_CONTRACT, by=alice),
+        kinds=["mission.created", "contract.version"],
+    )
+    assert isinstance(mission, str)
+    ex = _step(
+        store_url,
+        clock,
+        lambda: engine.start_run(mission, by=agent, segment_id="seg-1"),
+        kinds=["run.started"],
+    )
+    assert isinstance(ex, charter.Executor)
+    succeeded = _step(
+        store_url,
+        clock,
+        lambda: ex.attempt(adapter, "write", {"n": 1}, effect_key="w1"),
+        kinds=["attempt.prepared", "attempt.dispatched", "attempt.settled"],
+    )
+    assert isinstance(succeeded, charter.Attempt)
+
+    def lost(send: charter.Dispatch) -> charter.Outcome:
+        raise TimeoutError("no answer")
+
+    adapter.script["read"] = lost
+    unknown = _step(
+        store_url,
+        clock,
+        lambda: ex.attempt(adapter, "read", {"n": 2}, effect_key="r1"),
+        kinds=["attempt.prepared", "attempt.dispatched", "attempt.unknown"],
+    )
+    assert isinstance(unknown, charter.Attempt)
+    assert unknown.status is charter.AttemptStatus.UNKNOWN
+
+    waiting = _step(
+        store_url,
+        clock,
+        lambda: ex.attempt(adapter, "charge", {"n": 3}, effect_key="c1"),
+        kinds=["approval.requested", "attempt.prepared"],
+        raises=charter.ApprovalRequired,
+    )
+    assert isinstance(waiting, charter.ApprovalRequired)
+    approved_id = waiting.details["attempt_id"]
+    (pending,) = engine.approvals(run_id=ex.run_id, pending=True)
+    _step(
+        store_url,
+        clock,
+        lambda: engine.approve(pending.id, by=bob),
+        kinds=["approval.decided"],
+    )
+    _step(
+        store_url,
+        clock,
+        lambda: ex.dispatch(approved_id, adapter),
+        kinds=["attempt.dispatched", "attempt.settled"],
+    )
+
+    adapter.script["write"] = lambda send: charter.Outcome.succeeded(
+        {"ok": True}, cost={"usd": 9_000, "calls": 1}, receipt={"id": "over"}
+    )
+    overrun = _step(
+        store_url,
+        clock,
+        lambda: ex.attempt(adapter, "write", {"n": 4}, effect_key="w2"),
+        kinds=["attempt.prepared", "attempt.dispatched", "attempt.settled", "incident.opened"],
+    )
+    assert isinstance(overrun, charter.Attempt)
+    (incident,) = engine.incidents(mission, open_only=True)
+
+    # Refusals change nothing but are recorded.
+    _step(
+        store_url,
+        clock,
+        lambda: engine.raise_limit(mission, "usd", 2_000_000, by=bob),
+        kinds=["authorization.refused"],
+        changes_state=False,
+        raises=charter.NotAuthorized,
+    )
+    _step(
+        store_url,
+        clock,
+        lambda: ex.attempt(adapter, "read", {"n": 5}, effect_key="r2"),
+        kinds=["run.status", "admission.refused"],  # L7: paused while an incident is open
+        raises=charter.AllowanceExceeded,
+    )
+    _step(
+        store_url,
+        clock,
+        lambda: engine.close_incident(incident["id"], by=alice, note="priced wrong; fixed"),
+        kinds=["incident.closed", "run.status"],  # closing it unpauses the run
+    )
+    _step(
+        store_url,
+        clock,
+        lambda: engine.raise_limit(mission, "usd", 2_000_000, by=alice),
+        kinds=["contract.version"],
+    )
+    voided = _step(
+        store_url,
+        clock,
+        lambda: ex.admit(adapter, "write", {"n": 6}, effect_key="w3"),
+        kinds=["attempt.prepared"],
+    )
+    assert isinstance(voided, charter.Attempt)
+    _step(
+        store_url,
+        clock,
+        lambda: engine.stop_run(ex.run_id, by=alice),
+        kinds=["attempt.voided", "run.status"],
+    )
+    _step(
+        store_url,
+        clock,
+        lambda: engine.authenticate("alice:not-the-secret"),
+        kinds=["auth.refused"],
+        changes_state=False,
+        raises=charter.AuthenticationError,
+    )
+    return History(
+        mission=mission,
+        run=ex.run_id,
+        succeeded=succeeded.id,
+        unknown=unknown.id,
+        approved=approved_id,
+        approval=pending.id,
+        overrun=overrun.id,
+        incident=incident["id"],
+        voided=voided.id,
+    )
+
+
+@pytest.fixture
+def history(
+    engine: charter.Engine,
+    who: Principals,
+    adapter: RecordingAdapter,
+    store_url: str,
+    clock: ManualClock,
+) -> History:
+    return make_history(engine, who, adapter, store_url, clock)
+
+
+# -- every transition, one event, same transaction ------------------------------------------
+
+
+def test_S1_every_transition_appends_its_events_and_refusals_only_events(
+    history: History, engine: charter.Engine
+) -> None:
+    # make_history checked every step; the result is a chain that verifies.
+    assert all(v.ok for v in engine.verify_audit())
+    assert {v.mission_id for v in engine.verify_audit()} == {history.mission, "engine"}
+
+
+def test_S1_the_recorded_state_is_what_the_audit_trail_says(
+    history: History, engine: charter.Engine, store_url: str
+) -> None:
+    trail = events(store_url, history.mission)
+
+    def last_after(entity: str, prefix: str) -> str | None:
+        afters = [
+            e["after"]
+            for e in trail
+            if e["entity"] == entity and e["kind"].startswith(prefix) and e["after"] is not None
+        ]
+        return afters[-1] if afters else None
+
+    with connect(store_url) as con:
+        attempts = [dict(r) for r in con.execute("SELECT * FROM attempts")]
+        runs = [dict(r) for r in con.execute("SELECT * FROM runs")]
+        approvals = [dict(r) for r in con.execute("SELECT * FROM approvals")]
+        incidents = [dict(r) for r in con.execute("SELECT * FROM incidents")]
+        versions = [dict(r) for r in con.execute("SELECT * FROM contract_versions")]
+        missions = [dict(r) for r in con.execute("SELECT * FROM missions")]
+
+    assert len(attempts) == 5
+    for a in attempts:
+        kinds = [e["kind"] for e in trail if e["entity"] == a["id"]]
+        assert kinds.count("attempt.prepared") == 1
+        assert kinds.count("attempt.dispatched") == (a["dispatched_at_us"] is not None)
+        assert last_after(a["id"], "attempt.") == a["status"]
+        (prepared,) = (
+            e for e in trail if e["entity"] == a["id"] and e["kind"] == "attempt.prepared"
+        )
+        assert prepared["at_us"] == a["prepared_at_us"]
+        if a["settled_at_us"] is not None:
+            (done,) = (
+                e
+                for e in trail
+                if e["entity"] == a["id"] and e["kind"] in ("attempt.settled", "attempt.voided")
+            )
+            assert done["at_us"] == a["settled_at_us"]
+    assert {a["id"]: a["status"] for a in attempts} == {
+        history.succeeded: "succeeded",
+        history.unknown: "unknown",
+        history.approved: "succeeded",
+        history.overrun: "succeeded",
+        history.voided: "voided",
+    }
+    (run,) = runs
+    starts = [e for e in trail if e["kind"] == "run.started"]
+    assert [(e["entity"], e["at_us"], e["actor"]) for e in starts] == [
+        (run["id"], run["created_at_us"], run["principal"])
+    ]
+    assert last_after(run["id"], "run.") == run["status"] == "stopping"
+    (approval,) = approvals
+    assert last_after(approval["id"], "approval.") == approval["status"] == "approved"
+    (incident,) = incidents
+    assert last_after(incident["id"], "incident.") == incident["status"] == "closed"
+    assert [int(e["after"]) for e in trail if e["kind"] == "contract.version"] == sorted(
+        v["version"] for v in versions
+    )
+    (mission,) = missions
+    created = [e for e in trail if e["kind"] == "mission.created"]
+    assert [(e["entity"], e["at_us"], e["actor"]) for e in created] == [
+        (mission["id"], mission["created_at_us"], mission["created_by"])
+    ]
+    assert mission["contract_version"] == 2
+    refusals = events(store_url, "engine")
+    assert [(e["kind"], e["actor"]) for e in refusals] == [("auth.refused", "alice")]
+
+
+def test_S1_events_carry_segment_epoch_and_the_payload_hash(
+    history: History, store_url: str
+) -> None:
+    trail = events(store_url, history.mission)
+    for e in trail:
+        assert e["payload_hash"] == digest(e["payload"])
+    on_run = [e for e in trail if e["kind"].startswith("attempt.") and e["actor"] == "agent"]
+    assert on_run
+    assert all(e["segment"] == "seg-1" and e["epoch"] == 1 for e in on_run)
+
+
+@pytest.mark.parametrize("operation", ["create_mission", "start_run", "attempt", "approve"])
+def test_S1_a_transition_whose_event_cannot_be_written_does_not_happen(
+    operation: str,
+    engine: charter.Engine,
+    who: Principals,
+    adapter: RecordingAdapter,
+    store_url: str,
+) -> None:
+    mission = engine.create_mission(APPROVAL_CONTRACT, by=who.alice)
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(charter.ApprovalRequired):
+        ex.attempt(adapter, "charge", {"n": 1}, effect_key="c1")
+    (pending,) = engine.approvals(pending=True)
+    actions: dict[str, Callable[[], object]] = {
+        "create_mission": lambda: engine.create_mission(default_contract(), by=who.alice),
+        "start_run": lambda: engine.start_run(mission, by=who.agent, segment_id="seg-2"),
+        "attempt": lambda: ex.attempt(adapter, "write", {"n": 2}, effect_key="w1"),
+        "approve": lambda: engine.approve(pending.id, by=who.bob),
+    }
+    before_state, before_events = state(store_url), events(store_url)
+    execute(
+        store_url,
+        "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit_events "
+        "BEGIN SELECT RAISE(ABORT, 'audit log refused'); END",
+    )
+    with pytest.raises((charter.StoreError, sqlite3.Error)):
+        actions[operation]()
+    execute(store_url, "DROP TRIGGER refuse_audit")
+    assert state(store_url) == before_state
+    assert events(store_url) == before_events
+    assert adapter.sent == []  # nothing reached the target either
+    assert all(v.ok for v in engine.verify_audit())
+
+
+def test_S1_a_transaction_that_fails_after_staging_events_leaves_none(
+    engine: charter.Engine,
+    who: Principals,
+    adapter: RecordingAdapter,
+    store_url: str,
+) -> None:
+    mission = engine.create_mission(default_contract(), by=who.alice)
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    prepared = ex.admit(adapter, "write", {"n": 1}, effect_key="w1")
+    before_state, before_events = state(store_url), events(store_url)
+    # stop_run voids the PREPARED attempt (an event is staged), then its status
+    # change fails: the void and its event must both disappear.
+    execute(
+        store_url,
+        "CREATE TRIGGER refuse_stop BEFORE UPDATE OF status ON runs "
+        "BEGIN SELECT RAISE(ABORT, 'refused'); END",
+    )
+    with pytest.raises((charter.StoreError, sqlite3.Error)):
+        engine.stop_run(ex.run_id, by=who.alice)
+    execute(store_url, "DROP TRIGGER refuse_stop")
+    assert state(store_url) == before_state
+    assert events(store_url) == before_events
+    assert engine.attempt(prepared.id).status is charter.AttemptStatus.PREPARED
+    assert engine.check_ledger(mission) == []
+
+
+def test_S1_a_failed_decision_leaves_no_event(
+    engine: charter.Engine,
+    who: Principals,
+    adapter: RecordingAdapter,
+    store_url: str,
+) -> None:
+    mission = engine.create_mission(default_contract(), by=who.alice)
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    adapter.script["write"] = lambda send: charter.Outcome.succeeded(
+        cost={"usd": 50_000, "calls": 1}
+    )
+    ex.attempt(adapter, "write", {"n": 1}, effect_key="w1")
+    (incident,) = engine.incidents(mission, open_only=True)
+    before_state, before_events = state(store_url), events(store_url)
+    with pytest.raises(charter.StateError):
+        engine.close_incident(incident["id"], by=who.alice, note="   ")
+    with pytest.raises(charter.ContractError):
+        engine.amend_contract(
+            mission, default_contract(allowance={"usd": 1_000_000}), by=who.alice, reason="x"
+        )
+    with pytest.raises(charter.ContractError):
+        engine.raise_limit(mission, "usd", 10, by=who.alice)
+    assert state(store_url) == before_state
+    assert events(store_url) == before_events
+
+
+class SimulatedCrash(BaseException):
+    """The executor's process dies at a durable boundary."""
+
+
+def _crash_at(point: str) -> Callable[[str], None]:
+    def hook(name: str) -> None:
+        if name == point:
+            raise SimulatedCrash(point)
+
+    return hook
+
+
+def test_S1_recovery_and_resolution_append_their_events(
+    engine: charter.Engine,
+    who: Principals,
+    adapter: RecordingAdapter,
+    store_url: str,
+    clock: ManualClock,
+) -> None:
+    mission = engine.create_mission(default_contract(), by=who.alice)
+    doomed = charter.Engine.open(
+        store_url,
+        config=charter.EngineConfig(credentials=who.digests),
+        clock=clock,
+        crash_hook=_crash_at("dispatch.after"),
+    )
+    try:
+        ex = doomed.start_run(
+            mission, by=doomed.authenticate(who.credentials["agent"]), segment_id="seg-1"
+        )
+        prepared = ex.admit(adapter, "write", {"n": 1}, effect_key="later")
+        with pytest.raises(SimulatedCrash):
+            ex.attempt(adapter, "write", {"n": 2}, effect_key="now")
+    finally:
+        doomed.close()
+    (dispatched,) = (
+        a for a in engine.attempts(run_id=ex.run_id) if a.status is charter.AttemptStatus.DISPATCHED
+    )
+    clock.advance(60)  # the lease expires
+    _step(
+        store_url,
+        clock,
+        lambda: engine.coordinator.recover(ex.run_id, "seg-2"),
+        kinds=["run.recovered", "attempt.voided", "attempt.unknown", "run.status"],
+    )
+    trail = engine.audit_events(mission)
+    by_entity = {e["entity"]: e for e in trail if e["at_us"] == clock.now_us()}
+    assert by_entity[prepared.id]["kind"] == "attempt.voided"
+    assert by_entity[dispatched.id]["kind"] == "attempt.unknown"
+    assert (by_entity[ex.run_id]["segment"], by_entity[ex.run_id]["epoch"]) == ("seg-2", 2)
+    _step(
+        store_url,
+        clock,
+        lambda: engine.coordinator.resolve(
+            dispatched.id, by=who.alice, outcome="failed", evidence="no such payment"
+        ),
+        kinds=["attempt.settled", "evidence.recorded"],
+    )
+    _step(
+        store_url,
+        clock,
+        lambda: engine.coordinator.resolve(
+            dispatched.id, by=who.bob, outcome="succeeded", evidence="it went through"
+        ),
+        kinds=["authorization.refused"],
+        changes_state=False,
+        raises=charter.NotAuthorized,
+    )
+    assert engine.attempt(dispatched.id).status is charter.AttemptStatus.FAILED
+    assert all(v.ok for v in engine.verify_audit())
+    assert engine.check_ledger(mission) == []
+
+
+# -- the chain ---------------------------------------------------------------------------
+
+
+def test_S1_the_chain_links_every_event_to_the_one_before(history: History, store_url: str) -> None:
+    for chain in (history.mission, "engine"):
+        trail = events(store_url, chain)
+        assert [e["seq"] for e in trail] == list(range(1, len(trail) + 1))
+        prev = GENESIS
+        for e in trail:
+            assert e["prev_hash"] == prev
+            prev = e["hash"]
+        assert len({e["hash"] for e in trail}) == len(trail)
+
+
+def _chain_length(store_url: str, chain: str) -> int:
+    return len(events(store_url, chain))
+
+
+def test_S1_changing_any_field_of_any_event_breaks_the_chain_there(
+    history: History, engine: charter.Engine, store_url: str
+) -> None:
+    trail = events(store_url, history.mission)
+    assert len(trail) >= 20
+    for row in trail:
+        for column in TAMPERABLE:
+            original = row[column]
+            if isinstance(original, int):
+                forged: Any = original + 1
+            elif original is None:
+                forged = 1 if column == "epoch" else "forged"
+            elif column == "payload":
+                forged = canonical({"forged": True})
+            else:
+                forged = original[:-1] + ("0" if original[-1:] != "0" else "1")
+            execute(
+                store_url,
+                f"UPDATE audit_events SET {column} = ? WHERE mission_id = ? AND seq = ?",
+                forged,
+                history.mission,
+                row["seq"],
+            )
+            result = verdict(engine, history.mission)
+            assert (result.ok, result.broken_at) == (False, row["seq"]), (column, row["seq"])
+            execute(
+                store_url,
+                f"UPDATE audit_events SET {column} = ? WHERE mission_id = ? AND seq = ?",
+                original,
+                history.mission,
+                row["seq"],
+            )
+    assert verdict(engine, history.mission).ok
+    assert events(store_url, history.mission) == trail
+
+
+def test_S1_a_payload_rewritten_with_its_own_hash_is_detected(
+    history: History, engine: charter.Engine, store_url: str
+) -> None:
+    trail = events(store_url, history.mission)
+    settled = next(e for e in trail if e["kind"] == "attempt.settled")
+    forged = canonical({**json.loads(settled["payload"]), "actual": {"usd": 1}})
+    execute(
+        store_url,
+        "UPDATE audit_events SET payload = ?, payload_hash = ? WHERE mission_id = ? AND seq = ?",
+        forged,
+        digest(forged),
+        history.mission,
+        settled["seq"],
+    )
+    result = verdict(engine, history.mission)
+    assert (result.ok, result.broken_at) == (False, settled["seq"])
+
+
+def test_S1_a_fully_rehashed_event_breaks_the_link_to_the_next(
+    history: History, engine: charter.Engine, store_url: str
+) -> None:
+    trail = events(store_url, history.mission)
+    target = next(e for e in trail if e["kind"] == "approval.decided")
+    assert target["seq"] < len(trail)
+    fields = {k: target[k] for k in charter.audit.HASHED_FIELDS}
+    fields["actor"] = "mallory"
+    execute(
+        store_url,
+        "UPDATE audit_events SET actor = ?, hash = ? WHERE mission_id = ? AND seq = ?",
+        "mallory",
+        event_hash(target["prev_hash"], fields),
+        history.mission,
+        target["seq"],
+    )
+    result = verdict(engine, history.mission)
+    assert (result.ok, result.broken_at) == (False, target["seq"] + 1)
+
+
+def test_S1_deleting_an_event_is_detected(
+    history: History, engine: charter.Engine, store_url: str
+) -> None:
+    trail = events(store_url, history.mission)
+    columns = list(trail[0])
+    for row in trail[:-1]:  # a truncated tail is caught by snapshot signatures (S2)
+        execute(
+            store_url,
+            "DELETE FROM audit_events WHERE mission_id = ? AND seq = ?",
+            history.mission,
+            row["seq"],
+        )
+        result = verdict(engine, history.mission)
+        assert not result.ok
+        assert result.broken_at in (row["seq"], row["seq"] + 1)
+        execute(
+            store_url,
+            f"INSERT INTO audit_events ({', '.join(columns)}) "
+            f"VALUES ({', '.join('?' for _ in columns)})",
+            *(row[c] for c in columns),
+        )
+    assert verdict(engine, history.mission).ok
+
+
+def test_S1_moving_an_event_to_another_chain_is_detected_on_both(
+    history: History, engine: charter.Engine, who: Principals, store_url: str
+) -> None:
+    other = engine.create_mission(default_contract(), by=who.alice)
+    trail = events(store_url, history.mission)
+    victim = trail[len(trail) // 2]
+    execute(
+        store_url,
+        "UPDATE audit_events SET mission_id = ?, seq = ? WHERE mission_id = ? AND seq = ?",
+        other,
+        _chain_length(store_url, other) + 1,
+        history.mission,
+        victim["seq"],
+    )
+    source = verdict(engine, history.mission)
+    assert not source.ok
+    assert source.broken_at in (victim["seq"], victim["seq"] + 1)
+    target = verdict(engine, other)
+    assert (target.ok, target.broken_at) == (False, _chain_length(store_url, other))
+
+
+def test_S1_inserting_a_well_formed_event_is_detected(
+    history: History, engine: charter.Engine, store_url: str
+) -> None:
+    trail = events(store_url, history.mission)
+    at = trail[len(trail) // 2]["seq"]
+    # Make room at ``at`` (two steps: the primary key forbids overlapping seqs).
+    execute(
+        store_url,
+        "UPDATE audit_events SET seq = seq + 100000 WHERE mission_id = ? AND seq >= ?",
+        history.mission,
+        at,
+    )
+    execute(
+        store_url,
+        "UPDATE audit_events SET seq = seq - 99999 WHERE mission_id = ? AND seq >= 100000",
+        history.mission,
+    )
+    prev = trail[at - 2]["hash"]
+    forged = {
+        "seq": at,
+        "at_us": trail[at - 2]["at_us"],
+        "actor": "alice",
+        "segment": None,
+        "epoch": None,
+        "kind": "approval.decided",
+        "entity": "apr_forged",
+        "before": "pending",
+        "after": "approved",
+        "payload": canonical({}),
+    }
+    forged["payload_hash"] = digest(forged["payload"])
+    h = event_hash(prev, {k: forged[k] for k in charter.audit.HASHED_FIELDS})
+    execute(
+        store_url,
+        "INSERT INTO audit_events (mission_id, seq, at_us, actor, segment, epoch, kind, entity, "
+        "before, after, payload, payload_hash, prev_hash, hash) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        history.mission,
+        *(forged[k] for k in ("seq", "at_us", "actor", "segment", "epoch", "kind", "entity")),
+        *(forged[k] for k in ("before", "after", "payload", "payload_hash")),
+        prev,
+        h,
+    )
+    result = verdict(engine, history.mission)
+    assert (result.ok, result.broken_at) == (False, at + 1)
+
+
+def test_S1_appending_an_event_with_a_made_up_hash_is_detected(
+    history: History, engine: charter.Engine, store_url: str
+) -> None:
+    trail = events(store_url, history.mission)
+    last = trail[-1]
+    execute(
+        store_url,
+        "INSERT INTO audit_events (mission_id, seq, at_us, actor, segment, epoch, kind, entity, "
+        "before, after, payload, payload_hash, prev_hash, hash) "
+        "VALUES (?, ?, ?, 'alice', NULL, NULL, 'incident.closed', 'inc_x', 'open', 'closed', "
+        "'{}', ?, ?, ?)",
+        history.mission,
+        last["seq"] + 1,
+        last["at_us"],
+        digest("{}"),
+        last["hash"],
+        "f" * 64,
+    )
+    result = verdict(engine, history.mission)
+    assert (result.ok, result.broken_at) == (False, last["seq"] + 1)
+
+
+def _swap(store_url: str, mission: str, k: int) -> None:
+    """Exchange the positions of events ``k`` and ``k + 1`` (through a free slot)."""
+    move = "UPDATE audit_events SET seq = ? WHERE mission_id = ? AND seq = ?"
+    execute(store_url, move, -1, mission, k)
+    execute(store_url, move, k, mission, k + 1)
+    execute(store_url, move, k + 1, mission, -1)
+
+
+def test_S1_reordering_events_is_detected(
+    history: History, engine: charter.Engine, store_url: str
+) -> None:
+    trail = events(store_url, history.mission)
+    for k in (1, len(trail) // 2, len(trail) - 1):
+        _swap(store_url, history.mission, k)
+        moved = events(store_url, history.mission)
+        assert moved[k - 1]["hash"] == trail[k]["hash"]  # really swapped
+        result = verdict(engine, history.mission)
+        assert (result.ok, result.broken_at) == (False, k)
+        _swap(store_url, history.mission, k)
+        assert verdict(engine, history.mission).ok
+
+
+def test_S1_the_engine_chain_is_verified_like_a_mission_chain(
+    history: History, engine: charter.Engine, store_url: str
+) -> None:
+    execute(
+        store_url,
+        "UPDATE audit_events SET actor = 'bob' WHERE mission_id = 'engine' AND seq = 1",
+    )
+    results = {v.mission_id: v for v in engine.verify_audit()}
+    assert (results["engine"].ok, results["engine"].broken_at) == (False, 1)
+    assert results[history.mission].ok
+
+
+# -- one chain per mission -----------------------------------------------------------------
+
+
+def test_S1_chains_are_per_mission(
+    engine: charter.Engine,
+    who: Principals,
+    adapter: RecordingAdapter,
+    store_url: str,
+    clock: ManualClock,
+) -> None:
+    first = engine.create_mission(default_contract(), by=who.alice)
+    second = engine.create_mission(default_contract(objective="second"), by=who.alice)
+    ex1 = engine.start_run(first, by=who.agent, segment_id="seg-a")
+    ex2 = engine.start_run(second, by=who.agent, segment_id="seg-b")
+    for i in range(3):  # interleaved work on both missions
+        clock.advance(1)
+        ex1.attempt(adapter, "write", {"i": i}, effect_key=f"a{i}")
+        ex2.attempt(adapter, "read", {"i": i}, effect_key=f"b{i}")
+    engine.raise_limit(second, "calls", 500, by=who.alice)
+
+    owned = {
+        first: {first, ex1.run_id} | {a.id for a in engine.attempts(mission_id=first)},
+        second: {second, ex2.run_id} | {a.id for a in engine.attempts(mission_id=second)},
+    }
+    for mission, entities in owned.items():
+        trail = events(store_url, mission)
+        assert [e["seq"] for e in trail] == list(range(1, len(trail) + 1))
+        assert trail[0]["prev_hash"] == GENESIS
+        assert {e["entity"] for e in trail} <= entities
+        assert {e["entity"] for e in trail} == entities
+    assert len(events(store_url, first)) == 2 + 1 + 3 * 3
+    assert len(events(store_url, second)) == 2 + 1 + 3 * 3 + 1
+    results = {v.mission_id: v for v in engine.verify_audit()}
+    assert set(results) == {first, second}
+    assert all(v.ok for v in results.values())
+    assert results[first].events == len(events(store_url, first))
+
+    execute(
+        store_url,
+        "UPDATE audit_events SET payload = '{}' WHERE mission_id = ? AND seq = 2",
+        first,
+    )
+    assert (verdict(engine, first).ok, verdict(engine, first).broken_at) == (False, 2)
+    assert verdict(engine, second).ok
+
+
+def test_S1_verifying_an_unknown_mission_is_not_found(
+    engine: charter.Engine, store_url: str
+) -> None:
+    with pytest.raises(charter.NotFound) as info:
+        engine.verify_audit("msn_nope")
+    assert info.value.details["mission_id"] == "msn_nope"
+    assert events(store_url) == []

@@ -1,0 +1,530 @@
+"""Contracts: strict validation, lossless serialisation, audited versions, current authority."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import charter
+from charter.contracts import Contract
+from charter.principals import Right
+from charter.testing import RecordingAdapter
+from conftest import Principals, default_contract
+
+#: The last representable deadline (datetime.max, UTC) in microseconds since 1970.
+LATEST_DEADLINE_US = (
+    datetime.max.replace(tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)
+) // timedelta(microseconds=1)
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _with(**changes: Any) -> dict[str, Any]:
+    return default_contract(**changes)
+
+
+def _without(key: str) -> dict[str, Any]:
+    contract = default_contract()
+    del contract[key]
+    return contract
+
+
+def _agent(grants: Any) -> dict[str, Any]:
+    return _with(principals={"agent": grants, "alice": ["resolve"]})
+
+
+#: Malformed contracts and the field each refusal must name (``None``: any field).
+MALFORMED: dict[str, tuple[Any, str | None]] = {
+    "a list": ([default_contract()], None),
+    "null": (None, None),
+    "unknown field": (_with(budget={"usd": 1}), "budget"),
+    "missing objective": (_without("objective"), "objective"),
+    "empty objective": (_with(objective=""), "objective"),
+    "blank objective": (_with(objective="   "), "objective"),
+    "objective not text": (_with(objective=7), "objective"),
+    "missing principals": (_without("principals"), "principals"),
+    "no principals": (_with(principals={}), "principals"),
+    "principals as a list": (_with(principals=["alice"]), "principals"),
+    "principal name with a colon": (_with(principals={"al:ice": ["stop"]}), "principals"),
+    "empty principal name": (_with(principals={"": ["stop"]}), "principals"),
+    "unknown right in a list": (_agent(["run", "fly"]), "principals.agent"),
+    "unknown right in a mapping": (_agent({"fly": ["*"]}), "principals.agent"),
+    "right as a nested list": (_agent([["run"]]), "principals.agent"),
+    "right as a mapping in a list": (_agent([{"run": "*"}]), "principals.agent"),
+    "grants as text": (_agent("run"), "principals.agent"),
+    "scope without an operation": (_agent({"run": ["recorder"]}), "principals.agent.run"),
+    "empty scope": (_agent({"run": [""]}), "principals.agent.run"),
+    "scope not text": (_agent({"run": [5]}), "principals.agent.run"),
+    "scopes not a list": (_agent({"run": {"recorder.*": True}}), "principals.agent.run"),
+    "missing allowance": (_without("allowance"), "allowance"),
+    "empty allowance": (_with(allowance={}), "allowance"),
+    "float allowance": (_with(allowance={"usd": 1.5}), "allowance.usd"),
+    "whole float allowance": (_with(allowance={"usd": 100.0}), "allowance.usd"),
+    "negative allowance": (_with(allowance={"usd": -1}), "allowance.usd"),
+    "bool allowance": (_with(allowance={"usd": True}), "allowance.usd"),
+    "text allowance": (_with(allowance={"usd": "100"}), "allowance.usd"),
+    "odd unit name": (_with(allowance={"usd-micros": 1}), "allowance"),
+    "approvals not a mapping": (_with(approvals=["recorder.*"]), "approvals"),
+    "approvals unknown key": (_with(approvals={"required": [], "quorum": 2}), "approvals"),
+    "approvals required as text": (_with(approvals={"required": "recorder.*"}), "approvals"),
+    "approvals empty scope": (_with(approvals={"required": [""]}), "approvals"),
+    "approvals scope that matches nothing": (
+        _with(approvals={"required": ["recorder"]}),
+        "approvals",
+    ),
+    "approvals zero ttl": (_with(approvals={"ttl_seconds": 0}), "approvals.ttl_seconds"),
+    "approvals float ttl": (_with(approvals={"ttl_seconds": 60.0}), "approvals.ttl_seconds"),
+    "approvals bool ttl": (_with(approvals={"ttl_seconds": True}), "approvals.ttl_seconds"),
+    "stop conditions not a mapping": (_with(stop_conditions=[1]), "stop_conditions"),
+    "stop conditions unknown key": (_with(stop_conditions={"max_usd": 1}), "stop_conditions"),
+    "naive deadline": (
+        _with(stop_conditions={"deadline": "2026-06-01T12:00:00"}),
+        "stop_conditions.deadline",
+    ),
+    "deadline not a time": (
+        _with(stop_conditions={"deadline": "next tuesday"}),
+        "stop_conditions.deadline",
+    ),
+    "negative deadline_us": (
+        _with(stop_conditions={"deadline_us": -1}),
+        "stop_conditions.deadline_us",
+    ),
+    "deadline_us after 9999": (
+        _with(stop_conditions={"deadline_us": LATEST_DEADLINE_US + 1}),
+        "stop_conditions.deadline_us",
+    ),
+    "float deadline_us": (
+        _with(stop_conditions={"deadline_us": 1.5}),
+        "stop_conditions.deadline_us",
+    ),
+    "negative max_attempts": (
+        _with(stop_conditions={"max_attempts": -1}),
+        "stop_conditions.max_attempts",
+    ),
+    "bool max_attempts": (
+        _with(stop_conditions={"max_attempts": True}),
+        "stop_conditions.max_attempts",
+    ),
+    "text max_failed_attempts": (
+        _with(stop_conditions={"max_failed_attempts": "3"}),
+        "stop_conditions.max_failed_attempts",
+    ),
+    "unknown resume mode": (_with(resume="eventually"), "resume"),
+    "resume not text": (_with(resume=1), "resume"),
+    "unknown read_only_unknown": (_with(read_only_unknown="retry"), "read_only_unknown"),
+    "bool read_only_unknown": (_with(read_only_unknown=True), "read_only_unknown"),
+    "zero max_recoveries": (_with(max_recoveries=0), "max_recoveries"),
+    "float max_node_crashes": (_with(max_node_crashes=2.0), "max_node_crashes"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_contract_is_refused_naming_its_field(case: str) -> None:
+    data, field = MALFORMED[case]
+    with pytest.raises(charter.ContractError) as info:
+        Contract.from_dict(data)
+    assert info.value.code == "contract_error"
+    assert "field" in info.value.details
+    if field is not None:
+        assert info.value.details["field"] == field
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"objective": "x", ', "[1, 2]"],
+)
+def test_contract_json_that_does_not_parse_to_a_contract_is_refused_naming_a_field(
+    text: str,
+) -> None:
+    with pytest.raises(charter.ContractError) as info:
+        Contract.from_json(text)
+    assert "field" in info.value.details
+
+
+@pytest.mark.parametrize("case", [c for c in MALFORMED if MALFORMED[c][0] is not None])
+def test_create_mission_with_a_malformed_contract_creates_nothing(
+    case: str, engine: charter.Engine, who: Principals, store_url: str
+) -> None:
+    data, _ = MALFORMED[case]
+    alice = who.alice
+    before = engine.missions()
+    with pytest.raises(charter.ContractError) as info:
+        engine.create_mission(data, by=alice)
+    assert "field" in info.value.details
+    assert engine.missions() == before
+    assert _rows(store_url, "missions") == []
+    assert _rows(store_url, "contract_versions") == []
+    assert _rows(store_url, "allowances") == []
+    assert _rows(store_url, "audit_events") == []
+
+
+def test_create_mission_refuses_a_creator_who_is_not_a_principal(
+    engine: charter.Engine, who: Principals, store_url: str
+) -> None:
+    with pytest.raises(charter.ContractError) as info:
+        engine.create_mission(default_contract(), by=who.mallory)
+    assert info.value.details["field"] == "principals"
+    assert engine.missions() == []
+    assert _rows(store_url, "audit_events") == []
+
+
+@pytest.mark.parametrize("limit", [2**63, 2**64 + 5])
+def test_an_allowance_the_store_cannot_hold_is_a_contract_error(
+    limit: int, engine: charter.Engine, who: Principals, store_url: str
+) -> None:
+    with pytest.raises(charter.ContractError) as info:
+        engine.create_mission(_with(allowance={"usd": limit}), by=who.alice)
+    assert info.value.details["field"] == "allowance.usd"
+    assert engine.missions() == []
+
+
+def test_the_largest_storable_allowance_is_accepted(
+    engine: charter.Engine, who: Principals
+) -> None:
+    mission = engine.create_mission(_with(allowance={"usd": 2**63 - 1}), by=who.alice)
+    assert engine.balances(mission)["usd"].available == 2**63 - 1
+    assert engine.check_ledger(mission) == []
+
+
+@contextmanager
+def _connect(path: str) -> Iterator[sqlite3.Connection]:
+    with closing(sqlite3.connect(path)) as con:
+        yield con
+
+
+def _rows(path: str, table: str) -> list[tuple[Any, ...]]:
+    with _connect(path) as con:
+        return [tuple(r) for r in con.execute(f"SELECT * FROM {table}")]
+
+
+# -- serialisation --------------------------------------------------------------------------
+
+NAMES = st.from_regex(r"[a-z][a-z0-9_.\-]{0,11}", fullmatch=True)
+UNITS = st.from_regex(r"[a-z][a-z0-9_]{0,11}", fullmatch=True)
+SCOPES = st.one_of(
+    st.just("*"),
+    st.builds(lambda a: f"{a}.*", UNITS),
+    st.builds(lambda a, o: f"{a}.{o}", UNITS, UNITS),
+)
+RIGHTS = st.sampled_from([r.value for r in Right])
+GRANTS = st.one_of(
+    st.lists(RIGHTS, max_size=8),
+    st.dictionaries(RIGHTS, st.one_of(SCOPES, st.lists(SCOPES, min_size=1, max_size=3))),
+)
+COUNTS = st.integers(min_value=0, max_value=2**62)
+DEADLINES = st.datetimes(
+    min_value=datetime(1970, 1, 2),
+    max_value=datetime(2400, 1, 1),
+    timezones=st.builds(
+        timezone, st.integers(-23 * 60, 23 * 60).map(lambda m: timedelta(minutes=m))
+    ),
+)
+
+
+@st.composite
+def contracts(draw: st.DrawFn) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "objective": draw(st.text(min_size=1).filter(str.strip)),
+        "principals": draw(st.dictionaries(NAMES, GRANTS, min_size=1, max_size=4)),
+        "allowance": draw(st.dictionaries(UNITS, COUNTS, min_size=1, max_size=4)),
+    }
+    if draw(st.booleans()):
+        approvals: dict[str, Any] = {"required": draw(st.lists(SCOPES, max_size=3))}
+        if draw(st.booleans()):
+            approvals["ttl_seconds"] = draw(st.integers(1, 10**9))
+        data["approvals"] = approvals
+    if draw(st.booleans()):
+        stop: dict[str, Any] = {}
+        for key in ("max_attempts", "max_failed_attempts"):
+            if draw(st.booleans()):
+                stop[key] = draw(COUNTS)
+        deadline = draw(st.sampled_from(["none", "iso", "us"]))
+        if deadline == "iso":
+            stop["deadline"] = draw(DEADLINES).isoformat()
+        elif deadline == "us":
+            stop["deadline_us"] = draw(st.integers(0, LATEST_DEADLINE_US))
+        data["stop_conditions"] = stop
+    if draw(st.booleans()):
+        data["resume"] = draw(st.sampled_from(["automatic", "rules", "human"]))
+    for key in ("max_recoveries", "max_node_crashes"):
+        if draw(st.booleans()):
+            data[key] = draw(st.integers(1, 1000))
+    if draw(st.booleans()):
+        data["read_only_unknown"] = draw(st.sampled_from(["wait", "write_off"]))
+    return data
+
+
+@settings(max_examples=300, deadline=None)
+@given(contracts())
+def test_a_contract_round_trips_through_its_dict_and_json(data: dict[str, Any]) -> None:
+    contract = Contract.from_dict(data)
+    again = Contract.from_dict(contract.to_dict())
+    assert again == contract
+    assert again.to_dict() == contract.to_dict()
+    assert Contract.from_json(contract.canonical_json()) == contract
+    assert Contract.from_dict(json.loads(json.dumps(contract.to_dict()))) == contract
+    assert again.digest() == contract.digest()
+    # Nothing granted was lost on the way.
+    for name, grants in data["principals"].items():
+        pairs = (
+            [(r, "*") for r in grants]
+            if isinstance(grants, list)
+            else [
+                (r, s)
+                for r, scopes in grants.items()
+                for s in ([scopes] if isinstance(scopes, str) else scopes)
+            ]
+        )
+        for right, scope in pairs:
+            probe = "x.y" if scope == "*" else scope.replace("*", "op")
+            assert again.allows(name, Right(right), probe)
+    assert dict(again.allowance) == data["allowance"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(DEADLINES)
+def test_a_deadline_is_kept_to_the_exact_microsecond(moment: datetime) -> None:
+    contract = Contract.from_dict(_with(stop_conditions={"deadline": moment.isoformat()}))
+    assert contract.stop_conditions.deadline_us == (moment - EPOCH) // timedelta(microseconds=1)
+
+
+@pytest.mark.parametrize(
+    "deadline", ["1969-12-31T23:59:59+00:00", "1900-01-01T00:00:00Z", "2026-06-01T00:00:00Z"]
+)
+def test_an_accepted_contract_can_always_be_read_back(
+    deadline: str, engine: charter.Engine, who: Principals
+) -> None:
+    mission = engine.create_mission(_with(stop_conditions={"deadline": deadline}), by=who.alice)
+    stored = engine.contract(mission)
+    assert stored == Contract.from_dict(_with(stop_conditions={"deadline": deadline}))
+
+
+def test_the_same_contract_has_the_same_digest_whatever_the_key_order() -> None:
+    data = default_contract(approvals={"required": ["recorder.charge"], "ttl_seconds": 60})
+    shuffled = {k: data[k] for k in reversed(list(data))}
+    assert Contract.from_dict(data).digest() == Contract.from_dict(shuffled).digest()
+    assert (
+        Contract.from_dict(data).digest()
+        != Contract.from_dict({**data, "objective": "other"}).digest()
+    )
+
+
+# -- versions ----------------------------------------------------------------------------------
+
+
+def _versions(store_url: str, mission: str) -> list[tuple[Any, ...]]:
+    with _connect(store_url) as con:
+        return [
+            tuple(r)
+            for r in con.execute(
+                "SELECT version, digest, reason, created_by FROM contract_versions "
+                "WHERE mission_id = ? ORDER BY version",
+                (mission,),
+            )
+        ]
+
+
+def test_the_creator_amends_a_contract_into_an_audited_new_version(
+    engine: charter.Engine, who: Principals, mission: str, store_url: str
+) -> None:
+    amended = _with(objective="narrower", allowance={"usd": 500_000, "calls": 100})
+    version = engine.amend_contract(mission, amended, by=who.alice, reason="narrow the budget")
+    assert version == 2
+    assert engine.mission(mission).contract_version == 2
+    assert engine.contract(mission) == Contract.from_dict(amended)
+    assert engine.contract(mission, 1) == Contract.from_dict(default_contract())
+    digest = Contract.from_dict(amended).digest()
+    assert _versions(store_url, mission) == [
+        (1, Contract.from_dict(default_contract()).digest(), "created", "alice"),
+        (2, digest, "narrow the budget", "alice"),
+    ]
+    event = engine.audit_events(mission)[-1]
+    assert (event["kind"], event["actor"], event["before"], event["after"]) == (
+        "contract.version",
+        "alice",
+        "1",
+        "2",
+    )
+    payload = json.loads(event["payload"])
+    assert payload["digest"] == digest
+    assert payload["reason"] == "narrow the budget"
+    assert Contract.from_dict(payload["contract"]) == Contract.from_dict(amended)
+    # A lowered limit moves the difference out of available, and the ledger holds (L0).
+    balance = engine.balances(mission)["usd"]
+    assert (balance.limit, balance.available) == (500_000, 500_000)
+    assert engine.check_ledger(mission) == []
+    assert all(v.ok for v in engine.verify_audit())
+
+
+def test_someone_else_cannot_amend_the_contract(
+    engine: charter.Engine, who: Principals, mission: str, store_url: str
+) -> None:
+    before = _versions(store_url, mission)
+    events = engine.audit_events(mission)
+    for name in ("bob", "agent", "mallory"):
+        with pytest.raises(charter.NotAuthorized) as info:
+            engine.amend_contract(
+                mission,
+                _with(principals={name: ["raise_limit"], "alice": ["stop"]}),
+                by=getattr(who, name),
+                reason="take over",
+            )
+        assert info.value.details["principal"] == name
+    assert _versions(store_url, mission) == before
+    assert engine.mission(mission).contract_version == 1
+    assert engine.contract(mission) == Contract.from_dict(default_contract())
+    refusals = engine.audit_events(mission)[len(events) :]
+    assert [(e["kind"], e["actor"]) for e in refusals] == [
+        ("authorization.refused", "bob"),
+        ("authorization.refused", "agent"),
+        ("authorization.refused", "mallory"),
+    ]
+
+
+def test_a_version_cannot_drop_an_allowance_unit(
+    engine: charter.Engine, who: Principals, mission: str, store_url: str
+) -> None:
+    before = _versions(store_url, mission)
+    events = engine.audit_events(mission)
+    balances = engine.balances(mission)
+    with pytest.raises(charter.ContractError) as info:
+        engine.amend_contract(
+            mission, _with(allowance={"usd": 1_000_000}), by=who.alice, reason="no more calls"
+        )
+    assert info.value.details["field"] == "allowance"
+    assert _versions(store_url, mission) == before
+    assert engine.audit_events(mission) == events
+    assert engine.balances(mission) == balances
+
+
+def test_a_malformed_amendment_changes_nothing(
+    engine: charter.Engine, who: Principals, mission: str, store_url: str
+) -> None:
+    before = _versions(store_url, mission)
+    with pytest.raises(charter.ContractError) as info:
+        engine.amend_contract(
+            mission, _with(allowance={"usd": 1.5, "calls": 1}), by=who.alice, reason="typo"
+        )
+    assert info.value.details["field"] == "allowance.usd"
+    assert _versions(store_url, mission) == before
+
+
+def test_raise_limit_makes_a_new_version_that_only_raises(
+    engine: charter.Engine, who: Principals, mission: str, store_url: str
+) -> None:
+    assert engine.raise_limit(mission, "usd", 3_000_000, by=who.alice) == 2
+    assert engine.contract(mission).allowance["usd"] == 3_000_000
+    assert engine.balances(mission)["usd"].available == 3_000_000
+    for unit, limit in (("usd", 3_000_000), ("usd", 10), ("yen", 10**9)):
+        with pytest.raises(charter.ContractError) as info:
+            engine.raise_limit(mission, unit, limit, by=who.alice)
+        assert info.value.details["field"] == "allowance"
+    not_integers: list[Any] = [4_000_000.0, True]
+    for amount in not_integers:
+        with pytest.raises(charter.ContractError):
+            engine.raise_limit(mission, "usd", amount, by=who.alice)
+    assert [v[0] for v in _versions(store_url, mission)] == [1, 2]
+    assert engine.check_ledger(mission) == []
+
+
+# -- A1: authority is the current version's -----------------------------------------------------
+
+
+def test_a_revoked_run_right_refuses_the_next_admission(
+    engine: charter.Engine,
+    who: Principals,
+    mission: str,
+    adapter: RecordingAdapter,
+    store_url: str,
+) -> None:
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    first = ex.attempt(adapter, "write", {"n": 1}, effect_key="before")
+    assert first.status is charter.AttemptStatus.SUCCEEDED
+    revoked = _with(
+        principals={
+            "agent": {},
+            "alice": ["resolve", "raise_limit", "stop", "approve"],
+        }
+    )
+    engine.amend_contract(mission, revoked, by=who.alice, reason="agent misbehaved")
+    balances = engine.balances(mission)
+    with pytest.raises(charter.NotAuthorized) as info:
+        ex.attempt(adapter, "write", {"n": 2}, effect_key="after")
+    assert info.value.details["principal"] == "agent"
+    assert [a.id for a in engine.attempts(mission_id=mission)] == [first.id]
+    assert len(adapter.sent) == 1
+    assert engine.balances(mission) == balances
+    event = engine.audit_events(mission)[-1]
+    assert (event["kind"], event["actor"]) == ("admission.refused", "agent")
+    with pytest.raises(charter.NotAuthorized):
+        engine.start_run(mission, by=who.agent, segment_id="seg-2")
+    assert len(engine.runs(mission)) == 1
+
+
+def test_a_narrowed_scope_applies_to_the_running_executor(
+    engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter
+) -> None:
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    narrowed = _with(principals={"agent": {"run": ["recorder.read"]}, "alice": ["resolve", "stop"]})
+    engine.amend_contract(mission, narrowed, by=who.alice, reason="read only from now on")
+    with pytest.raises(charter.NotAuthorized) as info:
+        ex.attempt(adapter, "write", {"n": 1}, effect_key="w")
+    assert info.value.details["scope"] == "recorder.write"
+    read = ex.attempt(adapter, "read", {"n": 2}, effect_key="r")
+    assert read.status is charter.AttemptStatus.SUCCEEDED
+    assert [s.operation for s in adapter.sent] == ["read"]
+
+
+def test_a_right_revoked_by_another_engine_is_seen_at_the_next_admission(
+    engine: charter.Engine,
+    who: Principals,
+    mission: str,
+    adapter: RecordingAdapter,
+    make_engine: Callable[..., charter.Engine],
+) -> None:
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    ex.attempt(adapter, "write", {"n": 1}, effect_key="w1")
+    other = make_engine()
+    alice_there = other.authenticate(who.credentials["alice"])
+    other.amend_contract(
+        mission,
+        _with(principals={"agent": {}, "alice": ["stop"]}),
+        by=alice_there,
+        reason="revoked elsewhere",
+    )
+    with pytest.raises(charter.NotAuthorized):
+        ex.attempt(adapter, "write", {"n": 2}, effect_key="w2")
+    assert len(adapter.sent) == 1
+
+
+def test_a_revoked_approver_no_longer_decides(
+    engine: charter.Engine, who: Principals, adapter: RecordingAdapter
+) -> None:
+    mission = engine.create_mission(
+        _with(approvals={"required": ["recorder.charge"]}), by=who.alice
+    )
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(charter.ApprovalRequired):
+        ex.attempt(adapter, "charge", {"amount": 1}, effect_key="c")
+    (approval,) = engine.approvals(pending=True)
+    engine.amend_contract(
+        mission,
+        _with(
+            approvals={"required": ["recorder.charge"]},
+            principals={"agent": {"run": ["recorder.*"]}, "alice": ["resolve"], "bob": []},
+        ),
+        by=who.alice,
+        reason="bob left",
+    )
+    with pytest.raises(charter.NotAuthorized):
+        engine.approve(approval.id, by=who.bob)
+    (still,) = engine.approvals(pending=True)
+    assert still.id == approval.id

@@ -1,0 +1,515 @@
+"""The store: recorded migrations, SQLite settings, bounded busy waits, typed errors, config."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import charter
+from charter.storage.dialect import sqlite as sqlite_dialect
+from charter.storage.schema import LATEST, MIGRATIONS
+from charter.testing import ManualClock, RecordingAdapter
+from conftest import Principals, default_contract
+
+HOLDER = Path(__file__).with_name("_hold_write_lock.py")
+
+
+@contextmanager
+def connect(path: str | Path) -> Iterator[sqlite3.Connection]:
+    with closing(sqlite3.connect(str(path), isolation_level=None)) as con:
+        yield con
+
+
+def dump(path: str | Path) -> list[str]:
+    """The whole store, schema and rows, as SQL text."""
+    with connect(path) as con:
+        return list(con.iterdump())
+
+
+def tables(path: str | Path) -> set[str]:
+    with connect(path) as con:
+        return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def migrations(path: str | Path) -> list[tuple[Any, ...]]:
+    with connect(path) as con:
+        return [
+            tuple(r)
+            for r in con.execute(
+                "SELECT version, name, applied_at_us FROM schema_migrations ORDER BY version"
+            )
+        ]
+
+
+def pragma(engine: charter.Engine, name: str) -> Any:
+    """A setting of the engine's own connection."""
+    with engine._db.read() as tx:
+        row = tx.one(f"PRAGMA {name}")
+        assert row is not None
+        return row[0]
+
+
+# -- migrations ---------------------------------------------------------------------------
+
+
+def test_migrations_are_recorded_with_their_versions(
+    engine: charter.Engine, store_url: str, clock: ManualClock
+) -> None:
+    assert migrations(store_url) == [(v, name, clock.now_us()) for v, name, _ in MIGRATIONS]
+    assert [v for v, _, _ in MIGRATIONS] == list(range(1, LATEST + 1))
+    assert {
+        "missions",
+        "contract_versions",
+        "allowances",
+        "ledger_entries",
+        "runs",
+        "segments",
+        "attempts",
+        "evidence",
+        "incidents",
+        "approvals",
+        "audit_events",
+        "node_executions",
+        "journal",
+    } <= tables(store_url)
+
+
+def test_reopening_a_store_is_idempotent(
+    make_engine: Callable[..., charter.Engine],
+    store_url: str,
+    clock: ManualClock,
+    creds: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    first = make_engine()
+    mission = first.create_mission(default_contract(), by=first.authenticate(creds[0]["alice"]))
+    first.close()
+    before = dump(store_url)
+    for _ in range(3):
+        clock.advance(60)
+        again = make_engine()
+        assert [m.id for m in again.missions()] == [mission]
+        again.close()
+    assert dump(store_url) == before
+
+
+def _build_version_1(path: Path) -> None:
+    """A store as the first migration left it."""
+    dialect = sqlite_dialect()
+    version, name, statements = MIGRATIONS[0]
+    with connect(path) as con:
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute(
+            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+            "applied_at_us BIGINT NOT NULL)"
+        )
+        for statement in statements:
+            con.execute(dialect.sql(statement))
+        con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, 42))
+
+
+def test_an_older_store_is_migrated_forward(
+    make_engine: Callable[..., charter.Engine], store_url: str, clock: ManualClock
+) -> None:
+    _build_version_1(Path(store_url))
+    assert "node_executions" not in tables(store_url)
+    make_engine()
+    assert [(v, at) for v, _, at in migrations(store_url)] == [(1, 42), (2, clock.now_us())]
+    assert {"node_executions", "journal"} <= tables(store_url)
+
+
+def test_a_failing_migration_leaves_the_store_at_its_previous_version(
+    make_engine: Callable[..., charter.Engine], store_url: str
+) -> None:
+    _build_version_1(Path(store_url))
+    with connect(store_url) as con:  # something in the way of migration 2
+        con.execute("CREATE TABLE journal (x INTEGER)")
+    before = dump(store_url)
+    with pytest.raises(charter.StoreError):
+        make_engine()
+    assert dump(store_url) == before
+    assert "node_executions" not in tables(store_url)  # the whole migration rolled back
+
+
+def test_a_store_newer_than_this_charter_is_refused_and_left_untouched(
+    make_engine: Callable[..., charter.Engine],
+    store_url: str,
+    creds: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    engine = make_engine()
+    engine.create_mission(default_contract(), by=engine.authenticate(creds[0]["alice"]))
+    engine.close()
+    with connect(store_url) as con:
+        con.execute("INSERT INTO schema_migrations VALUES (?, 'from the future', 1)", (LATEST + 1,))
+    before = dump(store_url)
+    with pytest.raises(charter.SchemaError) as info:
+        make_engine()
+    assert info.value.code == "schema_error"
+    assert isinstance(info.value, charter.StoreError)
+    assert dump(store_url) == before
+
+
+def test_a_newer_store_gets_none_of_this_charters_tables(
+    make_engine: Callable[..., charter.Engine], store_url: str
+) -> None:
+    with connect(store_url) as con:
+        con.execute(
+            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+            "applied_at_us BIGINT NOT NULL)"
+        )
+        con.execute("INSERT INTO schema_migrations VALUES (?, 'rewritten', 1)", (LATEST + 7,))
+    before = dump(store_url)
+    with pytest.raises(charter.SchemaError):
+        make_engine()
+    assert dump(store_url) == before
+    assert tables(store_url) == {"schema_migrations"}
+
+
+# -- SQLite settings --------------------------------------------------------------------------
+
+
+def test_sqlite_runs_in_wal_with_full_sync(
+    make_engine: Callable[..., charter.Engine], store_url: str
+) -> None:
+    engine = make_engine(busy_timeout_seconds=0.2)
+    assert pragma(engine, "journal_mode") == "wal"
+    assert pragma(engine, "synchronous") == 2  # FULL
+    assert pragma(engine, "foreign_keys") == 1
+    assert pragma(engine, "busy_timeout") == 200
+    with connect(store_url) as con:  # WAL is a property of the file, seen by everyone
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+# -- a busy store ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def write_lock_held(store: str) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding the store's write lock for the duration of the block."""
+    child = subprocess.Popen(
+        [sys.executable, str(HOLDER), store, "30"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        assert child.stdout.readline().strip() == "locked"
+        yield child
+    finally:
+        child.stdin.close()
+        assert child.stdout.readline().strip() == "released"
+        child.stdout.close()
+        assert child.wait(timeout=10) == 0
+
+
+def _timed_busy(action: Callable[[], object]) -> tuple[charter.StoreBusy, float]:
+    started = time.monotonic()
+    with pytest.raises(charter.StoreBusy) as info:
+        action()
+    return info.value, time.monotonic() - started
+
+
+def test_a_held_write_lock_gives_store_busy_after_a_bounded_wait(
+    make_engine: Callable[..., charter.Engine],
+    store_url: str,
+    creds: tuple[dict[str, str], dict[str, str]],
+    adapter: RecordingAdapter,
+) -> None:
+    engine = make_engine(busy_timeout_seconds=0.2)
+    alice = engine.authenticate(creds[0]["alice"])
+    agent = engine.authenticate(creds[0]["agent"])
+    mission = engine.create_mission(default_contract(), by=alice)
+    ex = engine.start_run(mission, by=agent, segment_id="seg-1")
+    before = dump(store_url)
+    writes: list[Callable[[], object]] = [
+        lambda: engine.create_mission(default_contract(), by=alice),
+        lambda: ex.attempt(adapter, "write", {"n": 1}, effect_key="w1"),
+        lambda: engine.raise_limit(mission, "usd", 5_000_000, by=alice),
+        lambda: engine.stop_run(ex.run_id, by=alice),
+    ]
+    with write_lock_held(store_url):
+        for write in writes:
+            error, waited = _timed_busy(write)
+            assert error.code == "store_busy"
+            assert error.details.get("retryable") is True
+            assert 0.15 <= waited < 3.0
+        # WAL: readers are not blocked by a writer.
+        assert [m.id for m in engine.missions()] == [mission]
+        assert engine.run(ex.run_id).status is charter.RunStatus.ACTIVE
+    assert adapter.sent == []  # nothing was sent that is not written down
+    assert dump(store_url) == before
+    assert engine.check_ledger(mission) == []
+    assert all(v.ok for v in engine.verify_audit())
+    # The store serves again once the lock is gone.
+    attempt = ex.attempt(adapter, "write", {"n": 1}, effect_key="w1")
+    assert attempt.status is charter.AttemptStatus.SUCCEEDED
+
+
+def test_opening_a_locked_store_is_bounded_too(
+    make_engine: Callable[..., charter.Engine], store_url: str
+) -> None:
+    make_engine().close()
+    with write_lock_held(store_url):
+        error, waited = _timed_busy(lambda: make_engine(busy_timeout_seconds=0.2))
+        assert error.code == "store_busy"
+        assert waited < 3.0
+
+
+# -- unknown IDs -------------------------------------------------------------------------
+
+Lookup = Callable[[charter.Engine, Principals, str, charter.Executor, RecordingAdapter], object]
+
+UNKNOWN: dict[str, tuple[str, Lookup]] = {
+    "mission": ("mission_id", lambda e, w, m, x, a: e.mission("msn_nope")),
+    "contract": ("mission_id", lambda e, w, m, x, a: e.contract("msn_nope")),
+    "contract version": ("version", lambda e, w, m, x, a: e.contract(m, 99)),
+    "incidents": ("mission_id", lambda e, w, m, x, a: e.incidents("msn_nope")),
+    "balances": ("mission_id", lambda e, w, m, x, a: e.balances("msn_nope")),
+    "ledger entries": ("mission_id", lambda e, w, m, x, a: e.ledger_entries("msn_nope")),
+    "check ledger": ("mission_id", lambda e, w, m, x, a: e.check_ledger("msn_nope")),
+    "verify audit": ("mission_id", lambda e, w, m, x, a: e.verify_audit("msn_nope")),
+    "run": ("run_id", lambda e, w, m, x, a: e.run("run_nope")),
+    "attempt": ("attempt_id", lambda e, w, m, x, a: e.attempt("att_nope")),
+    "evidence": ("attempt_id", lambda e, w, m, x, a: e.evidence("att_nope")),
+    "approve": ("approval_id", lambda e, w, m, x, a: e.approve("apr_nope", by=w.bob)),
+    "close incident": (
+        "incident_id",
+        lambda e, w, m, x, a: e.close_incident("inc_nope", by=w.alice, note="fine"),
+    ),
+    "stop run": ("run_id", lambda e, w, m, x, a: e.stop_run("run_nope", by=w.alice)),
+    "raise limit": (
+        "mission_id",
+        lambda e, w, m, x, a: e.raise_limit("msn_nope", "usd", 10**9, by=w.alice),
+    ),
+    "amend contract": (
+        "mission_id",
+        lambda e, w, m, x, a: e.amend_contract(
+            "msn_nope", default_contract(), by=w.alice, reason="x"
+        ),
+    ),
+    "start run": (
+        "mission_id",
+        lambda e, w, m, x, a: e.start_run("msn_nope", by=w.agent, segment_id="seg-9"),
+    ),
+    "dispatch": ("attempt_id", lambda e, w, m, x, a: x.dispatch("att_nope", a)),
+}
+
+
+@pytest.mark.parametrize("case", list(UNKNOWN))
+def test_an_unknown_id_is_not_found_and_changes_nothing(
+    case: str,
+    engine: charter.Engine,
+    who: Principals,
+    mission: str,
+    store_url: str,
+) -> None:
+    adapter = RecordingAdapter()
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    key, lookup = UNKNOWN[case]
+    before = dump(store_url)
+    with pytest.raises(charter.NotFound) as info:
+        lookup(engine, who, mission, ex, adapter)
+    assert info.value.code == "not_found"
+    assert key in info.value.details
+    assert info.value.to_dict()["code"] == "not_found"
+    assert dump(store_url) == before
+    assert adapter.sent == []
+
+
+# -- store URLs --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://charter@localhost/charter",
+        "postgres://charter@localhost/charter",
+        "mysql://charter@localhost/charter",
+        "sqlite://relative.db",
+        "file:///tmp/charter.db",
+        "https://example.com/charter.db",
+    ],
+)
+def test_an_unsupported_store_url_is_a_config_error(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(charter.ConfigError) as info:
+        charter.Engine.open(url)
+    assert info.value.code == "config_error"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sqlite_url_and_a_bare_path_open_the_same_kind_of_store(tmp_path: Path) -> None:
+    by_url = tmp_path / "a" / "via-url.db"
+    with charter.Engine.open(f"sqlite:///{by_url}") as engine:
+        assert engine.missions() == []
+    by_path = tmp_path / "b" / "c" / "via-path.db"
+    with charter.Engine.open(str(by_path)) as engine:
+        assert engine.missions() == []
+    assert migrations(by_url)[-1][0] == LATEST
+    assert migrations(by_path)[-1][0] == LATEST
+
+
+@pytest.mark.parametrize("kind", ["directory", "not a database"])
+def test_a_store_that_cannot_be_opened_is_a_store_error(kind: str, tmp_path: Path) -> None:
+    target = tmp_path / "store"
+    if kind == "directory":
+        target.mkdir()
+    else:
+        target.write_bytes(b"this is not a SQLite file at all, just some bytes" * 100)
+    before = target.read_bytes() if target.is_file() else None
+    with pytest.raises(charter.StoreError):
+        charter.Engine.open(str(target))
+    if before is not None:
+        assert target.read_bytes() == before
+
+
+# -- engine configuration ----------------------------------------------------------------
+
+BAD_VALUES: dict[str, dict[str, Any]] = {
+    "evidence_settles unknown": {"evidence_settles": "sometimes"},
+    "resume unknown": {"resume": "eventually"},
+    "zero lease": {"lease_seconds": 0},
+    "negative lease": {"lease_seconds": -1},
+    "nan lease": {"lease_seconds": math.nan},
+    "infinite lease": {"lease_seconds": math.inf},
+    "bool lease": {"lease_seconds": True, "send_deadline_seconds": True},
+    "zero send deadline": {"send_deadline_seconds": 0},
+    "send deadline after the lease": {"lease_seconds": 10, "send_deadline_seconds": 11},
+    "zero busy timeout": {"busy_timeout_seconds": 0},
+    "negative busy timeout": {"busy_timeout_seconds": -0.5},
+    "nan busy timeout": {"busy_timeout_seconds": math.nan},
+    "infinite busy timeout": {"busy_timeout_seconds": math.inf},
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_VALUES))
+def test_engine_config_refuses_bad_values(case: str) -> None:
+    with pytest.raises(charter.ConfigError) as info:
+        charter.EngineConfig(**BAD_VALUES[case])
+    assert info.value.code == "config_error"
+
+
+FROM_MAPPING: dict[str, dict[str, Any]] = {
+    "unknown key": {"workers": 4},
+    "credentials as a list": {"credentials": ["alice"]},
+    "credentials as text": {"credentials": "alice"},
+    "lease as text": {"lease_seconds": "30"},
+    "lease as a list": {"lease_seconds": [30]},
+    "store not text": {"store": 5},
+    "resume as a list": {"resume": ["human"]},
+}
+
+
+@pytest.mark.parametrize("case", list(FROM_MAPPING))
+def test_engine_config_from_mapping_refuses_bad_data(case: str) -> None:
+    with pytest.raises(charter.ConfigError) as info:
+        charter.EngineConfig.from_mapping(FROM_MAPPING[case])
+    assert info.value.code == "config_error"
+
+
+@pytest.mark.parametrize("digest", ["hunter2", "sha256:abc", "sha1:" + "0" * 64, 5, None])
+def test_a_bad_credential_digest_is_a_config_error_when_the_engine_opens(
+    digest: Any, tmp_path: Path
+) -> None:
+    config = charter.EngineConfig.from_mapping({"credentials": {"alice": digest}})
+    with pytest.raises(charter.ConfigError) as info:
+        charter.Engine.open(str(tmp_path / "charter.db"), config=config)
+    assert info.value.code == "config_error"
+
+
+def test_opening_an_engine_with_a_bad_credential_digest_leaves_no_store_open(
+    tmp_path: Path,
+) -> None:
+    store = tmp_path / "charter.db"
+    config = charter.EngineConfig.from_mapping({"credentials": {"alice": "not-a-digest"}})
+    with pytest.raises(charter.ConfigError):
+        charter.Engine.open(str(store), config=config)
+    # While the error is still referenced the store must already be closed: an open
+    # SQLite connection keeps its WAL file, the last close removes it.
+    assert not store.with_name("charter.db-wal").exists()
+
+
+def test_engine_config_from_a_toml_file(tmp_path: Path) -> None:
+    alice_credential, alice_digest = charter.new_credential("alice")
+    (tmp_path / "conf").mkdir()
+    path = tmp_path / "conf" / "charter.toml"
+    path.write_text(
+        'store = "data/charter.db"\n'
+        'evidence_settles = "auto"\n'
+        'resume = "automatic"\n'
+        "lease_seconds = 60\n"
+        "send_deadline_seconds = 10.5\n"
+        "busy_timeout_seconds = 1.5\n"
+        "\n"
+        "[credentials]\n"
+        f'alice = "{alice_digest}"\n'
+    )
+    config = charter.EngineConfig.from_file(path)
+    assert config.store == str(tmp_path / "conf" / "data" / "charter.db")
+    assert config.evidence_settles == "auto"
+    assert config.resume == "automatic"
+    assert (config.lease_seconds, config.send_deadline_seconds) == (60, 10.5)
+    assert config.busy_timeout_seconds == 1.5
+    assert dict(config.credentials) == {"alice": alice_digest}
+    with charter.Engine.open(config=config) as engine:
+        assert engine.authenticate(alice_credential).name == "alice"
+        assert pragma(engine, "busy_timeout") == 1500
+    assert (tmp_path / "conf" / "data" / "charter.db").exists()
+
+
+def test_engine_config_defaults_and_absolute_store_paths(tmp_path: Path) -> None:
+    path = tmp_path / "charter.toml"
+    path.write_text(f'store = "{tmp_path / "elsewhere.db"}"\n')
+    config = charter.EngineConfig.from_file(path)
+    assert config.store == str(tmp_path / "elsewhere.db")
+    assert config == charter.EngineConfig(store=str(tmp_path / "elsewhere.db"))
+    url = tmp_path / "url.toml"
+    url.write_text('store = "postgresql://charter@localhost/charter"\n')
+    assert charter.EngineConfig.from_file(url).store == "postgresql://charter@localhost/charter"
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("missing.toml", None),
+        ("syntax.toml", "store = \n"),
+        ("unknown.toml", "stores = 'x.db'\n"),
+        ("bad.toml", "lease_seconds = -5\n"),
+        ("nan.toml", "lease_seconds = nan\n"),
+        ("type.toml", "lease_seconds = '30'\n"),
+    ],
+)
+def test_a_bad_config_file_is_a_config_error(name: str, text: str | None, tmp_path: Path) -> None:
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(charter.ConfigError):
+        charter.EngineConfig.from_file(path)
+
+
+def test_engine_config_is_discovered_from_the_environment_then_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CHARTER_CONFIG", raising=False)
+    assert charter.EngineConfig.discover() == charter.EngineConfig()
+    (tmp_path / "charter.toml").write_text("lease_seconds = 45\n")
+    assert charter.EngineConfig.discover().lease_seconds == 45
+    other = tmp_path / "other.toml"
+    other.write_text("lease_seconds = 90\n")
+    monkeypatch.setenv("CHARTER_CONFIG", str(other))
+    assert charter.EngineConfig.discover().lease_seconds == 90
+    monkeypatch.setenv("CHARTER_CONFIG", str(tmp_path / "absent.toml"))
+    with pytest.raises(charter.ConfigError):
+        charter.EngineConfig.discover()
