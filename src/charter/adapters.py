@@ -148,7 +148,7 @@ class Dispatch:
     def check_deadline(self) -> None:
         """Raise :class:`NotApplied` if the send deadline has passed (F3)."""
         now = self.clock.now_us()
-        if now > self.send_deadline_us:
+        if now >= self.send_deadline_us:  # the lease ends at this instant too (F3)
             raise NotApplied(
                 "send deadline passed before sending",
                 evidence={"deadline_us": self.send_deadline_us, "now_us": now},
