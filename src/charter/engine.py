@@ -237,6 +237,13 @@ class Engine:
                     "their spent amount instead",
                     field="allowance",
                 )
+            for b_unit, bal in ledger.cached(tx, mission_id).items():
+                if parsed.allowance[b_unit] < bal.held + bal.spent:
+                    raise ContractError(
+                        f"allowance.{b_unit} cannot go below what is held and spent "
+                        f"({bal.held + bal.spent}); available would turn negative (L0)",
+                        field=f"allowance.{b_unit}",
+                    )
             return missions.add_version(
                 tx, mission_id, parsed, reason=reason, by=by.name, previous=current
             )
@@ -275,7 +282,7 @@ class Engine:
         ):
             return
         if tx.one(
-            "SELECT 1 AS x FROM allowances WHERE mission_id = ? AND available <= 0", mission_id
+            "SELECT 1 AS x FROM allowances WHERE mission_id = ? AND available < 0", mission_id
         ):
             return
         for run in runs.list_runs(tx, mission_id):

@@ -50,6 +50,7 @@ def settle(
     nothing) if the attempt was no longer in ``from_statuses``.
     """
     assert status.settled
+    price_source = price_source or attempt.price_source  # L8: entries always name a source
     marks = ", ".join("?" for _ in from_statuses)
     changed = tx.run(
         "UPDATE attempts SET status = ?, actual = ?, result = ?, receipt = ?, "
