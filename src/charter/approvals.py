@@ -192,11 +192,13 @@ def standing(
 def renew_expired(tx: Tx, run_id: str, *, actor: str, epoch: int | None) -> list[str]:
     """Retire the run's expired approvals; ask again for effects still to be sent (W2).
 
+    Returns the IDs of the expired approvals whose effect still waits to be sent.
+
     An approval whose effect was already dispatched has done its work and is
     simply retired. For an effect not yet sent, a new request is opened: the
     expired decision never authorises a dispatch, and the run is not stuck.
     """
-    renewed: list[str] = []
+    retired: list[str] = []
     for a in list_approvals(tx, run_id=run_id):
         if a.status is not ApprovalStatus.APPROVED or a.expires_at_us is None:
             continue
@@ -214,19 +216,18 @@ def renew_expired(tx: Tx, run_id: str, *, actor: str, epoch: int | None) -> list
             a.request_hash,
         )
         if sent is None:
-            renewed.append(
-                request(
-                    tx,
-                    mission_id=a.mission_id,
-                    run_id=a.run_id,
-                    effect=a.effect_id,
-                    scope=a.scope,
-                    request_hash=a.request_hash,
-                    actor=actor,
-                    epoch=epoch,
-                )
+            retired.append(a.id)
+            request(
+                tx,
+                mission_id=a.mission_id,
+                run_id=a.run_id,
+                effect=a.effect_id,
+                scope=a.scope,
+                request_hash=a.request_hash,
+                actor=actor,
+                epoch=epoch,
             )
-    return renewed
+    return retired
 
 
 def decide(

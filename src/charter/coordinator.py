@@ -21,6 +21,7 @@ from charter.clock import seconds_us
 from charter.contracts import RESUME_STRICTNESS, Contract, ResumeMode
 from charter.errors import (
     AttemptAlreadySettled,
+    Fenced,
     LeaseHeld,
     NeedsIntervention,
     NotApplied,
@@ -82,6 +83,8 @@ class Coordinator:
                     run_id=run_id,
                     segment_id=segment_id,
                 )
+            if by is not None:
+                self._engine._vouch(tx, by, mission_id=run.mission_id, entity=run_id)
             actor = by.name if by is not None else f"segment:{segment_id}"
             if run.lease_expires_us > tx.now_us:
                 if not force:
@@ -149,7 +152,7 @@ class Coordinator:
                     uncertain += 1
                 elif a.status is AttemptStatus.UNKNOWN:
                     uncertain += 1
-            approvals.renew_expired(tx, run_id, actor=actor, epoch=epoch)
+            expired = approvals.renew_expired(tx, run_id, actor=actor, epoch=epoch)
             crashed = tx.all(
                 "SELECT node_id, execution, crashes FROM node_executions WHERE run_id = ? "
                 "AND status = 'running'",
@@ -176,7 +179,7 @@ class Coordinator:
                     tx, run, RunStatus.NEEDS_INTERVENTION, reason, actor=actor, segment=segment_id
                 )
                 run = runs.load(tx, run_id)
-            return recovery.build(tx, run, contract, voided)
+            return recovery.build(tx, run, contract, voided, expired)
 
     def state(self, run_id: str) -> RecoveryState:
         """The recovery state without taking ownership (a read)."""
@@ -208,6 +211,9 @@ class Coordinator:
             raise StateError(
                 f"attempt {attempt_id} belongs to adapter {attempt.adapter!r}, not {adapter.name!r}"
             )
+        if by is not None:
+            with self._db.transaction() as tx:
+                self._engine._vouch(tx, by, mission_id=attempt.mission_id, entity=attempt_id)
         actor = by.name if by is not None else "engine:reconcile"
         try:
             evidence = adapter.reconcile(attempt)
@@ -241,21 +247,29 @@ class Coordinator:
         if op is None or op.effect is not EffectClass.IDEMPOTENT_KEYED:
             return None
         assert op.dedupe_window_seconds is not None
-        with self._db.transaction() as tx:
-            executor._own(tx)  # the A2 condition: epoch and lease
-            sent_at = attempt.dispatched_at_us or attempt.prepared_at_us
-            if tx.now_us - sent_at > seconds_us(op.dedupe_window_seconds):
-                return None
-            deadline = executor._send_deadline(tx.now_us)
-            tx.audit(
-                attempt.mission_id,
-                "attempt.replayed",
-                attempt.id,
-                actor=executor.principal,
-                segment=executor.segment_id,
-                epoch=executor.epoch,
-                payload={"idempotency_key": attempt.idempotency_key, "send_deadline_us": deadline},
-            )
+        try:
+            with self._db.transaction() as tx:
+                executor._own(tx)  # the A2 condition: epoch and lease
+                sent_at = attempt.dispatched_at_us or attempt.prepared_at_us
+                if tx.now_us - sent_at > seconds_us(op.dedupe_window_seconds):
+                    return None
+                deadline = executor._send_deadline(tx.now_us)
+                tx.audit(
+                    attempt.mission_id,
+                    "attempt.replayed",
+                    attempt.id,
+                    actor=executor.principal,
+                    segment=executor.segment_id,
+                    epoch=executor.epoch,
+                    payload={
+                        "idempotency_key": attempt.idempotency_key,
+                        "send_deadline_us": deadline,
+                    },
+                )
+        except Fenced:
+            # An executor that no longer owns the run sends nothing; the lookup's
+            # evidence is still recorded by the caller (R7).
+            return None
         send = Dispatch(
             attempt.id,
             attempt.operation,
@@ -268,10 +282,11 @@ class Coordinator:
         try:
             outcome = adapter.dispatch(send)
         except NotApplied as exc:
+            # A replay refused before sending proves nothing about the first send.
             return Evidence(
-                "not_applied",
+                "indeterminate",
                 None,
-                {"replay": True, "reason": exc.reason},
+                {"replay": True, "replay_not_applied": exc.reason},
                 source="same-key replay",
             )
         except Exception as exc:
@@ -476,6 +491,9 @@ class Coordinator:
                 "start a reviewed new linked run",
                 run_id=run_id,
             )
+        if by is not None:
+            with self._db.transaction() as tx:
+                self._engine._vouch(tx, by, mission_id=run.mission_id, entity=run_id)
         if run.owner_segment != segment_id:
             self.recover(run_id, segment_id, force=force, by=by)
         with self._db.transaction() as tx:
@@ -492,13 +510,10 @@ class Coordinator:
                         "the resume policy is 'human': an authenticated principal "
                         "must authorise the continuation"
                     )
-                else:
-                    self._engine._auth.vouch(by)
-                    if not contract.principals.get(by.name, {}).get(Right.RUN):
-                        blockers.append(
-                            f"principal {by.name!r} has no 'run' right to "
-                            "authorise the continuation"
-                        )
+                elif not contract.principals.get(by.name, {}).get(Right.RUN):
+                    blockers.append(
+                        f"principal {by.name!r} has no 'run' right to authorise the continuation"
+                    )
             if not blockers and mode == "rules":
                 failed = [
                     getattr(r, "__name__", repr(r))
@@ -520,6 +535,7 @@ class Coordinator:
                     entity=run_id,
                     actor=actor,
                     payload={"blockers": blockers, "mode": mode},
+                    keep_changes=True,  # renewed approval requests stand (W2)
                 )
             if run.status is not RunStatus.ACTIVE:
                 runs.set_status(
@@ -567,6 +583,8 @@ class Coordinator:
         for w in state.waits:
             if w["expired"]:
                 out.append(f"approval {w['id']} expired")
+            elif w.get("renews"):
+                out.append(f"approval {w['id']} renews an expired one and awaits a decision")
         a = state.assessment
         if not contract.principals.get(state.run.principal, {}).get(Right.RUN):
             out.append(f"principal {state.run.principal!r} no longer has the 'run' right")

@@ -170,15 +170,23 @@ class Engine:
             )
         return contract
 
-    def _vouch(self, tx: Tx, principal: Principal) -> None:
+    def _vouch(
+        self,
+        tx: Tx,
+        principal: Principal,
+        *,
+        mission_id: str = ENGINE_CHAIN,
+        entity: str = "engine",
+    ) -> None:
+        """Refuse (and audit, on the mission's chain if known) a forged principal."""
         try:
             self._auth.vouch(principal)
         except AuthenticationError as exc:
             raise tx.refused(
                 exc,
-                mission_id=ENGINE_CHAIN,
+                mission_id=mission_id,
                 kind="auth.refused",
-                entity="engine",
+                entity=entity,
                 actor=str(getattr(principal, "name", "?")),
                 payload={"reason": "forged or foreign principal"},
             ) from None

@@ -139,7 +139,14 @@ def assess(tx: Tx, run: Run, contract: Contract) -> dict[str, Any]:
     }
 
 
-def build(tx: Tx, run: Run, contract: Contract, voided: list[str]) -> RecoveryState:
+def build(
+    tx: Tx,
+    run: Run,
+    contract: Contract,
+    voided: list[str],
+    expired: list[str] | None = None,
+) -> RecoveryState:
+    """The recovery state; ``expired`` names approvals this recovery retired (W2)."""
     unresolved = list_attempts(tx, run_id=run.id, unresolved=True)
     counts = {
         r["status"]: r["n"]
@@ -165,13 +172,23 @@ def build(tx: Tx, run: Run, contract: Contract, voided: list[str]) -> RecoverySt
     ]
     plan_row = tx.one("SELECT plan FROM runs WHERE id = ?", run.id)
     waits = []
+    retired = set(expired or ())
     for w in list_approvals(tx, run_id=run.id):
-        if w.status is ApprovalStatus.PENDING or (
+        lapsed = w.id in retired or (
             w.status is ApprovalStatus.APPROVED
             and w.expires_at_us is not None
             and w.expires_at_us <= tx.now_us
-        ):
-            waits.append({**w.to_dict(), "expired": w.status is ApprovalStatus.APPROVED})
+        )
+        if lapsed:
+            waits.append({**w.to_dict(), "expired": True, "renews": False})
+        elif w.status is ApprovalStatus.PENDING:
+            renews = tx.one(
+                "SELECT 1 AS x FROM approvals WHERE effect_id = ? AND request_hash = ? "
+                "AND status = 'expired'",
+                w.effect_id,
+                w.request_hash,
+            )
+            waits.append({**w.to_dict(), "expired": False, "renews": renews is not None})
     actions: list[NextAction] = []
     if run.status.terminal:
         actions.append(NextAction("run", run.id, "run_terminal", NEXT_ACTIONS["run_terminal"]))
@@ -199,7 +216,7 @@ def build(tx: Tx, run: Run, contract: Contract, voided: list[str]) -> RecoverySt
                     NEXT_ACTIONS["no_admission"],
                 )
             )
-    if sum(counts.values()):
+    if any(counts.get(s) for s in ("succeeded", "failed", "written_off")):
         actions.append(NextAction("attempts", "settled", "settled", NEXT_ACTIONS["settled"]))
     return RecoveryState(
         run=run,
