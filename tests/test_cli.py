@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+import _cli_mission
+from charter.testing import RecordingAdapter, credential
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,8 +40,6 @@ ex.execute(m.plan)
 
 @pytest.fixture
 def setup(tmp_path: Path) -> dict[str, Any]:
-    from charter.testing import credential
-
     agent, agent_digest = credential("agent")
     ops, ops_digest = credential("ops")
     (tmp_path / "charter.toml").write_text(
@@ -145,3 +148,150 @@ def test_cli_errors_are_one_line_and_change_nothing(setup: dict[str, Any]) -> No
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1
     code, runs = charter_cli(setup, "runs")
     assert code == 0 and runs == []
+
+
+# -- bad input for every command: a typed error, one line, exit 1, nothing changed -------------
+
+
+def _snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every table but the audit log (refusals are audited, by design)."""
+    with closing(sqlite3.connect(db)) as con:
+        tables = [
+            r[0]
+            for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            if r[0] != "audit_events"
+        ]
+        return {t: sorted(con.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in tables}
+
+
+@pytest.fixture
+def populated(setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A mission with a run holding one settled and one UNKNOWN attempt."""
+    import charter
+
+    monkeypatch.setenv("CHARTER_TEST_OUTBOX", setup["env"]["CHARTER_TEST_OUTBOX"])
+    mallory, mallory_digest = credential("mallory")
+    toml = setup["dir"] / "charter.toml"
+    toml.write_text(
+        toml.read_text().replace("[adapters]", f'mallory = "{mallory_digest}"\n[adapters]')
+    )
+    config = charter.EngineConfig.from_file(toml)
+    with charter.Engine.open(config=config) as engine:
+        ops = engine.authenticate(setup["ops"])
+        agent = engine.authenticate(setup["agent"])
+        mission = engine.create_mission(
+            {
+                "objective": "announce",
+                "principals": {
+                    "agent": {"run": ["mail.*"]},
+                    "ops": ["resolve", "run", "stop"],
+                    "mallory": {"run": ["mail.*"]},
+                },
+                "allowance": {"calls": 10},
+            },
+            by=ops,
+        )
+        ex = engine.start_run(mission, by=agent, segment_id="seg-1")
+        mail = _cli_mission.make_mail()
+        settled = ex.attempt(mail, "send", {"n": 1}, effect_key="a")
+        lost = RecordingAdapter(name="mail", operations=mail.operations, script={"send": _raise})
+        unknown = ex.attempt(lost, "send", {"n": 2}, effect_key="b")
+    return {
+        **setup,
+        "mallory": mallory,
+        "mission": mission,
+        "run": ex.run_id,
+        "settled": settled.id,
+        "unknown": unknown.id,
+    }
+
+
+def _raise(send: Any) -> Any:
+    raise TimeoutError("lost")
+
+
+BAD: dict[str, tuple[list[str], str | None, str]] = {
+    "show unknown run": (["show", "run_x"], None, "not_found"),
+    "attempts of unknown run is empty": (["attempts", "--run", "run_x"], None, ""),
+    "recover unknown run": (["recover", "run_x", "--segment", "s9"], None, "not_found"),
+    "recover reused segment": (["recover", "{run}", "--segment", "seg-1"], None, "segment_reused"),
+    "recover live lease": (["recover", "{run}", "--segment", "s9"], None, "lease_held"),
+    "force without right": (
+        ["recover", "{run}", "--segment", "s9", "--force"],
+        "mallory",
+        "not_authorized",
+    ),
+    "reconcile unknown attempt": (["reconcile", "att_x"], None, "not_found"),
+    "reconcile settled attempt": (["reconcile", "{settled}"], None, "attempt_settled"),
+    "confirm unknown attempt": (["confirm", "att_x"], "ops", "not_found"),
+    "confirm without evidence": (["confirm", "{unknown}"], "ops", "invalid_state"),
+    "confirm by mallory": (["confirm", "{unknown}"], "mallory", "not_authorized"),
+    "resolve settled attempt": (
+        ["resolve", "{settled}", "--failed", "--evidence", "x"],
+        "ops",
+        "attempt_settled",
+    ),
+    "resolve by mallory": (
+        ["resolve", "{unknown}", "--written-off", "--evidence", "x"],
+        "mallory",
+        "not_authorized",
+    ),
+    "resolve unauthenticated": (
+        ["resolve", "{unknown}", "--written-off", "--evidence", "x"],
+        None,
+        "unauthenticated",
+    ),
+    "resolve bad cost": (
+        ["resolve", "{unknown}", "--succeeded", "--cost", "calls=1.5", "--evidence", "x"],
+        "ops",
+        "invalid_state",
+    ),
+    "resume unknown run": (["resume", "run_x", "--segment", "s9"], "ops", "not_found"),
+    "resume past unknown attempt": (
+        ["resume", "{run}", "--segment", "seg-1"],
+        "ops",
+        "needs_intervention",
+    ),
+    "approve unknown": (["approve", "apr_x"], "ops", "not_found"),
+    "incidents unknown mission": (["incidents", "msn_x"], None, "not_found"),
+    "close unknown incident": (["close-incident", "inc_x", "--note", "n"], "ops", "not_found"),
+    "ledger unknown mission": (["ledger", "msn_x"], None, "not_found"),
+    "audit unknown mission": (["audit", "verify", "--mission", "msn_x"], None, "not_found"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
+def test_cli_bad_input_is_a_typed_one_line_error_and_changes_nothing(
+    populated: dict[str, Any], case: str
+) -> None:
+    args, who, code = BAD[case]
+    args = [a.format(**populated) for a in args]
+    db = populated["dir"] / "charter.db"
+    before = _snapshot(db)
+    env = dict(populated["env"])
+    if who is not None:
+        env["CHARTER_CREDENTIAL"] = populated[who]
+    plain = subprocess.run(
+        [sys.executable, "-m", "charter", *args],
+        cwd=populated["dir"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    as_json = subprocess.run(
+        [sys.executable, "-m", "charter", *args, "--json"],
+        cwd=populated["dir"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert _snapshot(db) == before
+    if not code:  # a query that finds nothing is not an error
+        assert plain.returncode == 0 and json.loads(as_json.stdout) == []
+        return
+    assert plain.returncode == 1 and as_json.returncode == 1
+    assert len(plain.stderr.strip().splitlines()) == 1 and plain.stderr.startswith("error: ")
+    assert "Traceback" not in plain.stderr + as_json.stderr
+    assert json.loads(as_json.stdout)["error"]["code"] == code
