@@ -1613,3 +1613,35 @@ def test_table_a_terminal_run_is_never_reopened(
     run = engine.run(ex.run_id)
     assert (run.status, run.epoch, run.owner_segment) == (RunStatus.COMPLETED, 1, "seg-1")
     assert len(adapter.sent) == 1
+
+
+def test_f2_a_late_result_that_contradicts_recorded_evidence_opens_an_incident(
+    make_engine: MakeEngine, creds: Creds, adapter: RecordingAdapter, clock: ManualClock
+) -> None:
+    # F2: while the old owner is still waiting for its answer, the run is recovered
+    # and a lookup records "not applied" (unconfirmed). The late answer says it was
+    # applied: neither may win on its own — the attempt stays UNKNOWN with its hold
+    # and a person decides, with both pieces of evidence kept.
+    eng, who, mission = open_engine(make_engine, creds)
+    other = make_engine()
+    ex = eng.start_run(mission, by=who.agent, segment_id="seg-1")
+
+    def slow(send: Dispatch) -> Outcome:
+        clock.advance(31)
+        other.coordinator.recover(ex.run_id, "seg-2")
+        lookup = RecordingAdapter(name=adapter.name, operations=adapter.operations)
+        lookup.evidence[send.attempt_id] = Evidence.not_applied({"lookup": "no such charge"})
+        other.coordinator.reconcile(send.attempt_id, lookup)
+        return Outcome.succeeded({"ok": True}, cost={"usd": 5_000, "calls": 1}, receipt={"r": 1})
+
+    adapter.script["write"] = slow
+    attempt = ex.attempt(adapter, "write", {"to": "x"}, effect_key="late")
+
+    assert attempt.status is AttemptStatus.UNKNOWN
+    assert eng.attempt(attempt.id).status is AttemptStatus.UNKNOWN
+    assert held(eng, mission) == {"usd": 5_000, "calls": 1}
+    [incident] = eng.incidents(mission, open_only=True)
+    assert (incident["kind"], incident["attempt_id"]) == ("conflicting_evidence", attempt.id)
+    kept = sorted((e["verdict"], e["epoch"], e["settled"]) for e in eng.evidence(attempt.id))
+    assert kept == [("applied", 1, 0), ("not_applied", None, 0)]
+    assert len(adapter.sent) == 1

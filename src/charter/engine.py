@@ -8,6 +8,7 @@ are checked against the mission's *current* contract; refusals are audited.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -119,13 +120,25 @@ class Engine:
         try:
             return self._auth.authenticate(credential)
         except AuthenticationError as exc:
+            # Record a configured name as given; anything else only by digest, in case
+            # a secret was typed where the name belongs (S3).
+            claimed = exc.details.get("principal")
+            if claimed is None:
+                who = "?"
+            else:
+                who = (
+                    claimed
+                    if claimed in self.config.credentials
+                    else "unknown:" + hashlib.sha256(str(claimed).encode()).hexdigest()[:16]
+                )
+                exc.details["principal"] = who
             with self._db.transaction() as tx:
                 raise tx.refused(
                     exc,
                     mission_id=ENGINE_CHAIN,
                     kind="auth.refused",
-                    entity=str(exc.details.get("principal", "?")),
-                    actor=str(exc.details.get("principal", "?")),
+                    entity=who,
+                    actor=who,
                     payload={"reason": "bad credential"},
                 ) from None
 

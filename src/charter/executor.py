@@ -654,7 +654,7 @@ class Executor:
                     keep_changes=True,
                 )
         deadline = self._send_deadline(tx.now_us)
-        tx.run(
+        changed = tx.run(
             "UPDATE attempts SET status = 'dispatched', dispatched_epoch = ?, "
             "dispatched_at_us = ?, send_deadline_us = ? WHERE id = ? AND status = 'prepared'",
             self.epoch,
@@ -662,6 +662,8 @@ class Executor:
             deadline,
             attempt.id,
         )
+        if not changed:  # voided concurrently: it must never be sent
+            raise StateError(f"attempt {attempt.id} is no longer PREPARED; nothing is sent")
         attempt = _with(
             attempt,
             status=AttemptStatus.DISPATCHED,
@@ -862,7 +864,24 @@ class Executor:
         with a recorded settlement. Nothing it reports is lost.
         """
         settled = False
-        if current.status is AttemptStatus.UNKNOWN:
+        disputed = current.status is AttemptStatus.UNKNOWN and self._disputed(tx, current, evidence)
+        if disputed:
+            # Evidence already recorded says otherwise: a person must decide.
+            open_incident(
+                tx,
+                current.mission_id,
+                "conflicting_evidence",
+                {
+                    "recorded": "unconfirmed evidence",
+                    "late_verdict": evidence.verdict,
+                    "from_epoch": self.epoch,
+                },
+                actor=self.principal,
+                run_id=current.run_id,
+                attempt_id=current.id,
+                epoch=self.epoch,
+            )
+        elif current.status is AttemptStatus.UNKNOWN:
             if evidence.verdict == "applied":
                 assert evidence.outcome is not None
                 o = evidence.outcome
@@ -921,6 +940,20 @@ class Executor:
             settled=settled,
         )
         return load(tx, current.id)
+
+    @staticmethod
+    def _disputed(tx: Tx, current: Attempt, evidence: Evidence) -> bool:
+        """Whether conclusive evidence on record contradicts ``evidence``."""
+        mine = None if evidence.outcome is None else evidence.outcome.status
+        for r in tx.all(
+            "SELECT verdict, outcome FROM evidence WHERE attempt_id = ? "
+            "AND verdict != 'indeterminate'",
+            current.id,
+        ):
+            theirs = None if r["outcome"] is None else json.loads(r["outcome"])["status"]
+            if r["verdict"] != evidence.verdict or theirs != mine:
+                return True
+        return False
 
     def _units(self, tx: Tx) -> set[str]:
         return {

@@ -84,8 +84,8 @@ class Authenticator:
         expected = self._digests.get(name)
         if expected is None or not hmac.compare_digest(expected, hash_secret(secret)):
             raise AuthenticationError(
-                f"credential for {name!r} is not valid here; check the engine's configured "
-                "credentials",
+                "the credential is not valid here; check the principal's name and secret "
+                "against the engine's configured credentials",
                 principal=name,
             )
         return Principal(name, self._proof(name))
