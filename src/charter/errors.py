@@ -23,7 +23,6 @@ message says what was wrong and what to do about it::
     ├── AdapterError                an adapter broke its protocol
     ├── NonDeterminismError         a replayed call differs from its record (A6)
     ├── AuditError                  the hash chain does not verify (S1)
-    ├── LedgerError                 amounts or balances are invalid (L0-L2)
     └── StoreError                  the store cannot serve the request
         ├── StoreBusy               bounded busy wait ran out
         └── SchemaError             the store's schema is unknown or newer
@@ -130,10 +129,6 @@ class NonDeterminismError(CharterError):
 
 class AuditError(CharterError):
     code = "audit_broken"
-
-
-class LedgerError(CharterError):
-    code = "ledger_error"
 
 
 class StoreError(CharterError):

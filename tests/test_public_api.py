@@ -1,0 +1,80 @@
+"""The public names are a decision: renaming or dropping one must show up here."""
+
+from __future__ import annotations
+
+import charter
+
+PUBLIC = [
+    "Adapter",
+    "AdapterError",
+    "AdmissionRefused",
+    "AllowanceExceeded",
+    "ApprovalRequired",
+    "Attempt",
+    "AttemptAlreadySettled",
+    "AttemptFailed",
+    "AttemptStatus",
+    "AuditError",
+    "AuthenticationError",
+    "Blocked",
+    "CharterError",
+    "Clock",
+    "ConfigError",
+    "Context",
+    "Contract",
+    "ContractError",
+    "Dispatch",
+    "EffectClass",
+    "Engine",
+    "EngineConfig",
+    "Estimate",
+    "Evidence",
+    "Executor",
+    "Fenced",
+    "LeaseHeld",
+    "ManualClock",
+    "NeedsIntervention",
+    "Node",
+    "NonDeterminismError",
+    "NotApplied",
+    "NotAuthorized",
+    "NotFound",
+    "Operation",
+    "Outcome",
+    "Plan",
+    "Principal",
+    "Right",
+    "Run",
+    "RunStatus",
+    "RunTerminal",
+    "SchemaError",
+    "SegmentReused",
+    "StateError",
+    "StoreBusy",
+    "StoreError",
+    "SystemClock",
+    "__version__",
+    "hash_secret",
+    "new_credential",
+    "node",
+]
+
+
+def test_public_names_are_pinned_and_sorted() -> None:
+    assert charter.__all__ == PUBLIC
+    assert sorted(charter.__all__, key=str.lower) == sorted(PUBLIC, key=str.lower)
+    for name in PUBLIC:
+        assert hasattr(charter, name), name
+
+
+def test_every_error_has_one_root_and_a_stable_code() -> None:
+    errors = [getattr(charter, n) for n in PUBLIC if n.endswith(("Error", "Refused"))]
+    errors += [charter.NotFound, charter.NotAuthorized, charter.AttemptAlreadySettled]
+    codes = set()
+    for error in errors:
+        assert issubclass(error, charter.CharterError), error
+        codes.add(error.code)
+    assert len(codes) == len(set(errors))
+    # Signals user code must not swallow are not Exceptions.
+    assert not issubclass(charter.Fenced, Exception)
+    assert not issubclass(charter.Blocked, Exception)
