@@ -603,6 +603,13 @@ class Coordinator:
             out.append(f"a node crashed {contract.max_node_crashes} times in a row")
         if state.run.status in (RunStatus.STOPPING,):
             out.append("the run is stopping")
+        reason = state.run.status_reason or ""
+        if state.run.status is RunStatus.NEEDS_INTERVENTION and reason.startswith(
+            "non-determinism"
+        ):
+            # Unlike an unresolved attempt, nothing recorded can clear this: replay
+            # would diverge again. Stop the run; review a new linked one.
+            out.append(reason)
         return out
 
     def _contract(self, tx: Tx, mission_id: str) -> Contract:

@@ -409,11 +409,23 @@ class Executor:
                     status=r["status"],
                 )
         if retry_of is not None:
-            prior = next((r for r in rows if r["id"] == retry_of), None)
-            if prior is None or prior["status"] not in ("failed", "written_off", "voided"):
+            prior = next((r for r in rows if r["id"] == retry_of), None) or tx.one(
+                "SELECT id, status FROM attempts WHERE id = ? AND run_id = ? AND node_id = ? "
+                "AND execution < ? AND effect_key = ?",
+                retry_of,
+                self.run_id,
+                node_id,
+                execution,
+                effect_key,
+            )
+            ended = {"failed", "written_off", "voided"}
+            if prior is not None and prior["id"] not in {r["id"] for r in rows}:
+                ended.add("succeeded")  # a new node execution re-does a settled effect
+            if prior is None or prior["status"] not in ended:
                 raise StateError(
                     f"retry_of {retry_of!r} must name a FAILED, WRITTEN_OFF or VOIDED attempt "
-                    f"of the same effect {effect_key!r}",
+                    f"of the same effect {effect_key!r} (or its attempt in an earlier node "
+                    "execution)",
                     retry_of=retry_of,
                 )
 

@@ -167,13 +167,10 @@ class Context:
         call = ex.prepare_call(adapter, operation, request)
         prior = self._latest(effect_key)
         generation, retry_of = 1, None
+        if prior is None and self.execution > 1:
+            retry_of = self._earlier(effect_key)  # A4: linked to the try before
         if prior is not None:
             if prior.request_hash != call.request_hash or prior.scope != call.scope:
-                ex._mark(
-                    "needs_intervention",
-                    f"non-determinism in node {self.node_id}: effect {effect_key} replayed "
-                    "with a different request",
-                )
                 raise NonDeterminismError(
                     f"node {self.node_id} execution {self.execution} replayed effect "
                     f"{effect_key} with a different request than recorded (attempt "
@@ -225,6 +222,22 @@ class Context:
                 effect_key,
             )
         return None if row is None else from_row(row)
+
+    def _earlier(self, effect_key: str) -> str | None:
+        """The same effect's attempt in the latest earlier execution, if it ended."""
+        with self._ex._db.read() as tx:
+            row = tx.one(
+                "SELECT id, status FROM attempts WHERE run_id = ? AND node_id = ? "
+                "AND execution < ? AND effect_key = ? ORDER BY execution DESC, generation DESC "
+                "LIMIT 1",
+                self.run_id,
+                self.node_id,
+                self.execution,
+                effect_key,
+            )
+        if row is None or row["status"] not in ("failed", "written_off", "voided", "succeeded"):
+            return None
+        return str(row["id"])
 
     def _outcome(self, attempt: Attempt) -> Any:
         if attempt.status is AttemptStatus.SUCCEEDED:
@@ -352,21 +365,20 @@ def _completed(ex: Executor, node_id: str) -> Any:
         )
         if row is None:
             return _MISSING
-        if digest(row["result"]) != row["result_hash"]:
-            open_incident(
-                tx,
-                ex.mission_id,
-                "hash_mismatch",
-                {"node_id": node_id, "execution": row["execution"]},
-                actor=ex.principal,
-                run_id=ex.run_id,
-                epoch=ex.epoch,
-            )
-            ex._set_status_tx(tx, "needs_intervention", f"result of node {node_id} fails its hash")
-            raise Blocked(
-                f"the stored result of node {node_id} does not match its hash", run_id=ex.run_id
-            )
-        return json.loads(row["result"])
+        if digest(row["result"]) == row["result_hash"]:
+            return json.loads(row["result"])
+        # Keep the incident and the status (commit), then stop the consumer.
+        open_incident(
+            tx,
+            ex.mission_id,
+            "hash_mismatch",
+            {"node_id": node_id, "execution": row["execution"]},
+            actor=ex.principal,
+            run_id=ex.run_id,
+            epoch=ex.epoch,
+        )
+        ex._set_status_tx(tx, "needs_intervention", f"result of node {node_id} fails its hash")
+    raise Blocked(f"the stored result of node {node_id} does not match its hash", run_id=ex.run_id)
 
 
 def _run_node(ex: Executor, n: Node, value: Any) -> Any:
@@ -378,14 +390,19 @@ def _run_node(ex: Executor, n: Node, value: Any) -> Any:
             if n.check is not None and not n.check(result):
                 raise _CheckFailed(f"node {n.name} result failed its check")
             result_json = json.dumps(result, sort_keys=True, separators=(",", ":"))
-        except (Blocked, NonDeterminismError):
+        except Blocked:
             _set_node(ex, n.name, execution, "blocked", None)
+            raise
+        except NonDeterminismError as exc:
+            _set_node(ex, n.name, execution, "blocked", None)
+            ex._mark("needs_intervention", f"non-determinism in node {n.name}: {exc.message}")
             raise
         except Exception as exc:
             failed = _set_node(ex, n.name, execution, "failed", f"{type(exc).__name__}: {exc}")
             if failed <= n.retries:
                 execution = _start(ex, n.name)
                 continue
+            _give_up(ex, n.name, failed, exc)
             raise
         ex._crash("node.completed.before")
         _complete(ex, n.name, execution, result_json)
@@ -395,6 +412,17 @@ def _run_node(ex: Executor, n: Node, value: Any) -> Any:
 
 class _CheckFailed(Exception):
     pass
+
+
+def _give_up(ex: Executor, node_id: str, failed: int, exc: Exception) -> None:
+    """Retries exhausted: the run fails, or needs a person if effects are in flight."""
+    from charter.runs import RunStatus
+
+    reason = f"node {node_id} failed {failed} time(s): {type(exc).__name__}: {exc}"
+    try:
+        ex.finish(RunStatus.FAILED, reason)
+    except StateError:
+        ex._mark("needs_intervention", reason)
 
 
 def _start(ex: Executor, node_id: str) -> int:

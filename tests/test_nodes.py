@@ -1,0 +1,811 @@
+"""Nodes, replay and node recovery (A4, A6, N1, R5, R6), on a real store.
+
+Crash tests kill a real child process (``_node_plans.py``) with SIGKILL in the
+middle of a node, then recover and replay the run in this process. The target
+is a file, so what was really sent can be counted across processes. This
+process's clock runs a day ahead of the real one, so the child's lease has
+always expired by the time it is recovered here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import _node_plans as plans
+import charter
+from charter import AttemptStatus, RunStatus
+from charter.adapters import Dispatch, Outcome
+from charter.clock import MICROS, SystemClock
+from charter.recovery import NEXT_ACTIONS
+from charter.testing import ManualClock, RecordingAdapter
+from conftest import Principals, default_contract
+
+HERE = Path(__file__).resolve().parent
+CHILD_CODE = "import sys, _node_plans; sys.exit(_node_plans.main(sys.argv[1:]))"
+CHILD_TIMEOUT = 60.0
+GATE_SECONDS = 1.0
+
+
+# -- fixtures --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A day ahead of the real clock: every lease a child took has expired here."""
+    return ManualClock(SystemClock().now_us() + 86_400 * MICROS)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "work"
+    path.mkdir()
+    monkeypatch.setenv(plans.DIR_ENV, str(path))
+    return path
+
+
+def node_contract(**overrides: Any) -> dict[str, Any]:
+    contract = default_contract(**overrides)
+    contract["principals"] = {
+        **contract["principals"],
+        "agent": {"run": ["recorder.*", "outbox.*"]},
+    }
+    return contract
+
+
+@pytest.fixture
+def new_mission(engine: charter.Engine, who: Principals) -> Callable[..., str]:
+    def make(**overrides: Any) -> str:
+        return engine.create_mission(node_contract(**overrides), by=who.alice)
+
+    return make
+
+
+@dataclass
+class Children:
+    """Starts child processes on the test's store and expects each to die by SIGKILL."""
+
+    store: str
+    credential: str
+    digests: dict[str, str]
+    workdir: Path
+    started: int = 0
+
+    def run(
+        self,
+        *,
+        segment_id: str,
+        mission_id: str | None = None,
+        plan: str | None = None,
+        run_id: str | None = None,
+        kill_point: str | None = None,
+        kill_skip: int = 0,
+        die_in: tuple[str, ...] = (),
+    ) -> str:
+        """Run a child to its death; return the run it owned."""
+        self.started += 1
+        config = self.workdir.parent / f"child-{self.started}.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "store": self.store,
+                    "digests": self.digests,
+                    "credential": self.credential,
+                    "mission_id": mission_id,
+                    "plan": plan,
+                    "input": {"start": True},
+                    "run_id": run_id,
+                    "segment_id": segment_id,
+                    "kill_point": kill_point,
+                    "kill_skip": kill_skip,
+                    "die_in": list(die_in),
+                }
+            )
+        )
+        src = str(Path(charter.__file__).resolve().parent.parent)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join((str(HERE), src)),
+            plans.DIR_ENV: str(self.workdir),
+        }
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD_CODE, str(config)],
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+            env=env,
+        )
+        assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stdout, proc.stderr)
+        reports = [json.loads(line) for line in proc.stdout.splitlines()]
+        assert len(reports) == 1, proc.stdout
+        return str(reports[0]["run_id"])
+
+
+@pytest.fixture
+def children(
+    store_url: str, creds: tuple[dict[str, str], dict[str, str]], workdir: Path
+) -> Children:
+    return Children(store_url, creds[0]["agent"], creds[1], workdir)
+
+
+# -- reading the store -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def store(path: str) -> Iterator[sqlite3.Connection]:
+    con = sqlite3.connect(path, isolation_level=None)
+    con.row_factory = sqlite3.Row
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def node_rows(path: str, run_id: str) -> list[dict[str, Any]]:
+    with store(path) as con:
+        return [
+            dict(r)
+            for r in con.execute(
+                "SELECT * FROM node_executions WHERE run_id = ? ORDER BY node_id, execution",
+                (run_id,),
+            )
+        ]
+
+
+def node_states(path: str, run_id: str) -> list[tuple[str, int, str]]:
+    return [(r["node_id"], r["execution"], r["status"]) for r in node_rows(path, run_id)]
+
+
+def journal(path: str, run_id: str, node_id: str) -> list[tuple[int, int, str, Any]]:
+    with store(path) as con:
+        return [
+            (r["execution"], r["seq"], r["kind"], json.loads(r["value"]))
+            for r in con.execute(
+                "SELECT * FROM journal WHERE run_id = ? AND node_id = ? ORDER BY execution, seq",
+                (run_id, node_id),
+            )
+        ]
+
+
+def outbox() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in plans.lines("outbox.jsonl")]
+
+
+def side() -> list[str]:
+    return plans.lines("side.txt")
+
+
+def attempts_of(engine: charter.Engine, run_id: str) -> list[charter.Attempt]:
+    return sorted(
+        engine.attempts(run_id=run_id), key=lambda a: (a.node_id, a.execution, a.effect_key)
+    )
+
+
+def assert_one_send_per_attempt(engine: charter.Engine, run_id: str) -> None:
+    """Every attempt reached the target exactly once, and nothing else did."""
+    keys = Counter(m["key"] for m in outbox())
+    assert keys == Counter(a.idempotency_key for a in engine.attempts(run_id=run_id))
+    assert set(keys.values()) == {1}
+
+
+# -- A6: replay after a real crash ---------------------------------------------------------
+
+
+def test_A6_sigkill_mid_node_replays_from_first_line_in_the_same_execution(
+    engine: charter.Engine,
+    who: Principals,
+    new_mission: Callable[..., str],
+    children: Children,
+    store_url: str,
+) -> None:
+    run_id = children.run(
+        segment_id="seg-1",
+        mission_id=new_mission(),
+        plan="_node_plans:replay_plan",
+        die_in=("replay",),
+    )
+    # The child died inside the node, after its first effect settled and its
+    # journaled values were taken, before its second effect.
+    (first,) = attempts_of(engine, run_id)
+    assert first.status is AttemptStatus.SUCCEEDED
+    assert side() == ["replay"]
+    assert len(outbox()) == 1
+    recorded = journal(store_url, run_id, "replay")
+    assert [(execution, kind) for execution, _, kind, _ in recorded] == [
+        (1, "now"),
+        (1, "random"),
+        (1, "uuid"),
+    ]
+    assert node_states(store_url, run_id) == [("replay", 1, "running")]
+
+    coordinator = engine.coordinator
+    coordinator.recover(run_id, "seg-2")
+    result = coordinator.resume(run_id, "seg-2", by=who.agent).execute()
+
+    # Bare code ran again from the node's first line ...
+    assert side() == ["replay", "replay"]
+    # ... but the settled effect was not sent again: one send per effect.
+    attempts = attempts_of(engine, run_id)
+    assert [(a.node_id, a.effect_key, a.status) for a in attempts] == [
+        ("finish", "#1", AttemptStatus.SUCCEEDED),
+        ("replay", "#1", AttemptStatus.SUCCEEDED),
+        ("replay", "#2", AttemptStatus.SUCCEEDED),
+    ]
+    assert attempts[1].id == first.id
+    assert_one_send_per_attempt(engine, run_id)
+    assert Counter(json.dumps(m["request"], sort_keys=True) for m in outbox()) == Counter(
+        json.dumps({"effect": e}) for e in ("first", "second", "third")
+    )
+    # The settled attempt returned its recorded result; the values journaled
+    # by the dead process came back unchanged (this process's clock and
+    # randomness differ from the child's).
+    assert result["first"] == first.result
+    assert result["second"] == attempts[2].result
+    assert result["third"] == attempts[0].result  # the async node ran
+    now_us, rnd, uid = (value for _, _, _, value in recorded)
+    assert result["now"] == datetime.fromtimestamp(now_us / MICROS, tz=UTC).isoformat()
+    assert result["random"] == rnd
+    assert result["uuid"] == uid
+    assert journal(store_url, run_id, "replay") == recorded
+    # A node re-run after a crash replays the same execution.
+    assert node_states(store_url, run_id) == [
+        ("finish", 1, "completed"),
+        ("replay", 1, "completed"),
+    ]
+    assert {(a.node_id, a.execution) for a in attempts} == {("finish", 1), ("replay", 1)}
+    assert engine.run(run_id).status is RunStatus.COMPLETED
+
+
+def test_A6_sigkill_before_completion_replays_recorded_results_and_sends_nothing_again(
+    engine: charter.Engine,
+    who: Principals,
+    new_mission: Callable[..., str],
+    children: Children,
+    store_url: str,
+) -> None:
+    run_id = children.run(
+        segment_id="seg-1",
+        mission_id=new_mission(),
+        plan="_node_plans:replay_plan",
+        kill_point="node.completed.before",
+    )
+    before = {a.effect_key: a for a in attempts_of(engine, run_id)}
+    assert set(before) == {"#1", "#2"}
+    assert all(a.status is AttemptStatus.SUCCEEDED for a in before.values())
+    assert len(outbox()) == 2
+
+    engine.coordinator.recover(run_id, "seg-2")
+    result = engine.coordinator.resume(run_id, "seg-2", by=who.agent).execute()
+
+    assert side() == ["replay", "replay"]
+    assert result["first"] == before["#1"].result
+    assert result["second"] == before["#2"].result
+    replay_attempts = [a for a in attempts_of(engine, run_id) if a.node_id == "replay"]
+    assert [a.id for a in replay_attempts] == [before["#1"].id, before["#2"].id]
+    assert len(outbox()) == 3  # the two replayed effects once, the next node's once
+    assert_one_send_per_attempt(engine, run_id)
+    assert node_states(store_url, run_id) == [
+        ("finish", 1, "completed"),
+        ("replay", 1, "completed"),
+    ]
+
+
+def test_A6_replayed_request_that_differs_is_non_determinism_and_nothing_is_sent(
+    engine: charter.Engine,
+    who: Principals,
+    new_mission: Callable[..., str],
+    children: Children,
+    store_url: str,
+) -> None:
+    run_id = children.run(
+        segment_id="seg-1",
+        mission_id=new_mission(),
+        plan="_node_plans:drift_plan",
+        kill_point="node.completed.before",
+    )
+    (recorded,) = attempts_of(engine, run_id)
+    sent_before = outbox()
+
+    engine.coordinator.recover(run_id, "seg-2")
+    ex = engine.coordinator.resume(run_id, "seg-2", by=who.agent)
+    with pytest.raises(charter.NonDeterminismError) as raised:
+        ex.execute()
+
+    assert raised.value.details["attempt_id"] == recorded.id
+    assert raised.value.details["recorded_hash"] == recorded.request_hash
+    assert raised.value.details["replayed_hash"] != recorded.request_hash
+    assert engine.run(run_id).status is RunStatus.NEEDS_INTERVENTION
+    assert [a.id for a in attempts_of(engine, run_id)] == [recorded.id]
+    assert outbox() == sent_before
+    assert node_states(store_url, run_id) == [("drift", 1, "blocked")]
+    # R9: no resume clears it; a person has to intervene (stop, and a reviewed new run).
+    with pytest.raises(charter.NeedsIntervention):
+        engine.coordinator.resume(run_id, "seg-2", by=who.agent)
+    assert engine.run(run_id).status is RunStatus.NEEDS_INTERVENTION
+
+
+def test_A6_replayed_journal_value_of_another_kind_is_non_determinism_and_needs_intervention(
+    engine: charter.Engine,
+    who: Principals,
+    new_mission: Callable[..., str],
+    children: Children,
+    store_url: str,
+) -> None:
+    run_id = children.run(
+        segment_id="seg-1",
+        mission_id=new_mission(),
+        plan="_node_plans:wobble_plan",
+        kill_point="node.completed.before",
+    )
+    recorded = journal(store_url, run_id, "wobble")
+    assert [kind for _, _, kind, _ in recorded] == ["now"]
+
+    engine.coordinator.recover(run_id, "seg-2")
+    ex = engine.coordinator.resume(run_id, "seg-2", by=who.agent)
+    with pytest.raises(charter.NonDeterminismError):
+        ex.execute()
+
+    assert journal(store_url, run_id, "wobble") == recorded
+    assert node_states(store_url, run_id) == [("wobble", 1, "blocked")]
+    assert engine.run(run_id).status is RunStatus.NEEDS_INTERVENTION
+
+
+def test_A6_unknown_attempt_blocks_replayed_node_until_a_person_resolves_it(
+    engine: charter.Engine,
+    who: Principals,
+    new_mission: Callable[..., str],
+    children: Children,
+    store_url: str,
+) -> None:
+    mission = new_mission()
+    run_id = children.run(
+        segment_id="seg-1",
+        mission_id=mission,
+        plan="_node_plans:pay_plan",
+        kill_point="settlement.before",
+    )
+    assert len(outbox()) == 1  # the target got it; the outcome was never recorded
+
+    state, unresolved = engine.coordinator.recover(run_id, "seg-2")
+    (uncertain,) = attempts_of(engine, run_id)
+    assert unresolved == [uncertain.id]
+    assert uncertain.status is AttemptStatus.UNKNOWN
+    assert engine.run(run_id).status is RunStatus.NEEDS_INTERVENTION
+    with pytest.raises(charter.NeedsIntervention):
+        engine.coordinator.resume(run_id, "seg-2", by=who.agent)
+
+    # Even the recovered owner, executing anyway, cannot get past it: the
+    # replayed node blocks on the unresolved attempt and sends nothing.
+    owner = charter.Executor(
+        engine,
+        run_id=run_id,
+        mission_id=mission,
+        segment_id="seg-2",
+        epoch=state.epoch,
+        principal="agent",
+        lease_expires_us=state.run.lease_expires_us,
+    )
+    with pytest.raises(charter.Blocked) as blocked:
+        owner.execute()
+    assert blocked.value.attempt_id == uncertain.id
+    assert engine.attempt(uncertain.id).status is AttemptStatus.UNKNOWN
+    assert [a.id for a in attempts_of(engine, run_id)] == [uncertain.id]
+    assert len(outbox()) == 1
+    assert engine.run(run_id).status is RunStatus.NEEDS_INTERVENTION
+    assert node_states(store_url, run_id) == [("pay", 1, "blocked")]
+
+    # A person settles it; the replay then returns the settled result.
+    engine.coordinator.resolve(
+        uncertain.id,
+        by=who.alice,
+        outcome="succeeded",
+        evidence={"outbox_line": 1},
+        cost={"calls": 1},
+        result={"line": 1},
+    )
+    result = engine.coordinator.resume(run_id, "seg-2", by=who.agent).execute()
+    assert result == {"paid": {"line": 1}}
+    assert len(outbox()) == 1
+    assert side() == ["pay", "pay", "pay"]
+    assert node_states(store_url, run_id) == [("pay", 1, "completed")]
+    assert engine.run(run_id).status is RunStatus.COMPLETED
+
+
+# -- A6: in one process ----------------------------------------------------------------------
+
+
+def test_A6_unknown_attempt_blocks_the_node_and_the_run_needs_intervention(
+    engine: charter.Engine, mission: str, who: Principals, store_url: str
+) -> None:
+    def lost(send: Dispatch) -> Outcome:
+        raise TimeoutError("no answer")
+
+    target = RecordingAdapter(script={"write": lost})
+
+    @charter.node
+    def send(ctx: charter.Context, value: Any) -> Any:
+        return ctx.attempt(target, "write", {"n": 1})
+
+    @charter.node
+    def after(ctx: charter.Context, value: Any) -> Any:
+        return ctx.attempt(target, "write", {"n": 2})
+
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(charter.Blocked) as blocked:
+        ex.execute(charter.Plan("lost", (send, after)))
+
+    (attempt,) = engine.attempts(run_id=ex.run_id)
+    assert attempt.status is AttemptStatus.UNKNOWN
+    assert blocked.value.attempt_id == attempt.id
+    assert len(target.sent) == 1
+    assert engine.run(ex.run_id).status is RunStatus.NEEDS_INTERVENTION
+    assert node_states(store_url, ex.run_id) == [("send", 1, "blocked")]
+
+
+@dataclass
+class GateAdapter(RecordingAdapter):
+    """A recorder whose sends wait (bounded) for a second concurrent send."""
+
+    gate: threading.Barrier = field(
+        default_factory=lambda: threading.Barrier(2, timeout=GATE_SECONDS)
+    )
+    met: list[bool] = field(default_factory=list)
+
+    def dispatch(self, send: Dispatch) -> Outcome:
+        try:
+            self.gate.wait()
+            self.met.append(True)
+        except threading.BrokenBarrierError:
+            self.met.append(False)
+        return super().dispatch(send)
+
+
+def test_A6_concurrent_unkeyed_calls_are_refused(
+    engine: charter.Engine, mission: str, who: Principals
+) -> None:
+    target = GateAdapter()
+
+    @charter.node
+    async def fan_out(ctx: charter.Context, value: Any) -> dict[str, int]:
+        results = await asyncio.gather(
+            ctx.aattempt(target, "write", {"n": 1}),
+            ctx.aattempt(target, "write", {"n": 2}),
+            return_exceptions=True,
+        )
+        refused = sum(isinstance(r, charter.StateError) for r in results)
+        return {"refused": refused, "ok": sum(isinstance(r, dict) for r in results)}
+
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    assert ex.execute(charter.Plan("fan", (fan_out,))) == {"refused": 1, "ok": 1}
+
+    (attempt,) = engine.attempts(run_id=ex.run_id)
+    assert attempt.effect_key == "#1"
+    assert [s.attempt_id for s in target.sent] == [attempt.id]
+    assert target.met == [False]  # the refused call never reached the target
+
+
+def test_A6_concurrent_keyed_calls_run_concurrently_in_an_async_node(
+    engine: charter.Engine, mission: str, who: Principals, store_url: str
+) -> None:
+    target = GateAdapter()
+
+    @charter.node
+    async def fan_out(ctx: charter.Context, value: Any) -> list[Any]:
+        await asyncio.sleep(0)
+        return list(
+            await asyncio.gather(
+                ctx.aattempt(target, "write", {"n": 1}, key="a"),
+                ctx.aattempt(target, "write", {"n": 2}, key="b"),
+            )
+        )
+
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    result = ex.execute(charter.Plan("fan", (fan_out,)))
+
+    attempts = {a.effect_key: a for a in engine.attempts(run_id=ex.run_id)}
+    assert set(attempts) == {"k:a", "k:b"}
+    assert all(a.status is AttemptStatus.SUCCEEDED for a in attempts.values())
+    assert result == [attempts["k:a"].result, attempts["k:b"].result]
+    assert target.met == [True, True]  # both sends were in flight at once
+    assert sorted(s.attempt_id for s in target.sent) == sorted(a.id for a in attempts.values())
+    assert node_states(store_url, ex.run_id) == [("fan_out", 1, "completed")]
+    assert engine.run(ex.run_id).status is RunStatus.COMPLETED
+
+
+# -- N1: checked results -----------------------------------------------------------------------
+
+
+def test_N1_failing_check_retries_as_new_executions_until_it_passes(
+    engine: charter.Engine, mission: str, who: Principals, adapter: RecordingAdapter, store_url: str
+) -> None:
+    checked: list[Any] = []
+
+    def passes(result: Any) -> bool:
+        checked.append(result)
+        return bool(result["execution"] >= 3)
+
+    @charter.node(check=passes, retries=2)
+    def draft(ctx: charter.Context, value: Any) -> dict[str, int]:
+        return {"execution": ctx.execution}
+
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    assert ex.execute(charter.Plan("draft", (draft,))) == {"execution": 3}
+
+    assert checked == [{"execution": 1}, {"execution": 2}, {"execution": 3}]
+    rows = node_rows(store_url, ex.run_id)
+    assert [(r["execution"], r["status"]) for r in rows] == [
+        (1, "failed"),
+        (2, "failed"),
+        (3, "completed"),
+    ]
+    assert [r["result"] for r in rows[:2]] == [None, None]
+    assert json.loads(rows[2]["result"]) == {"execution": 3}
+    assert engine.run(ex.run_id).status is RunStatus.COMPLETED
+
+
+def test_N1_exhausted_retries_fail_the_node_and_nothing_downstream_runs(
+    engine: charter.Engine, mission: str, who: Principals, adapter: RecordingAdapter, store_url: str
+) -> None:
+    downstream: list[Any] = []
+
+    @charter.node(check=lambda result: False, retries=2)
+    def draft(ctx: charter.Context, value: Any) -> Any:
+        return ctx.attempt(adapter, "write", {"execution": ctx.execution})
+
+    @charter.node
+    def publish(ctx: charter.Context, value: Any) -> Any:
+        downstream.append(value)
+        return ctx.attempt(adapter, "write", {"publish": value})
+
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(Exception):  # noqa: B017 - the node's failure, whatever its type
+        ex.execute(charter.Plan("draft", (draft, publish)))
+
+    assert node_states(store_url, ex.run_id) == [
+        ("draft", 1, "failed"),
+        ("draft", 2, "failed"),
+        ("draft", 3, "failed"),
+    ]
+    assert all(r["result"] is None for r in node_rows(store_url, ex.run_id))
+    assert downstream == []
+    assert [s.request for s in adapter.sent] == [
+        {"execution": 1},
+        {"execution": 2},
+        {"execution": 3},
+    ]
+    assert {a.node_id for a in engine.attempts(run_id=ex.run_id)} == {"draft"}
+    # Retries exhausted and nothing in flight: the run fails, and no resume re-runs it.
+    assert engine.run(ex.run_id).status is RunStatus.FAILED
+    with pytest.raises(charter.RunTerminal):
+        engine.coordinator.resume(ex.run_id, ex.segment_id, by=who.agent)
+    assert len(node_states(store_url, ex.run_id)) == 3
+
+
+def test_N1_checked_result_and_its_hash_are_stored_before_the_next_node_starts(
+    engine: charter.Engine, mission: str, who: Principals, store_url: str
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    @charter.node(check=lambda result: result["total"] == 6)
+    def produce(ctx: charter.Context, value: Any) -> dict[str, Any]:
+        return {"total": sum(value["items"]), "items": value["items"]}
+
+    @charter.node
+    def consume(ctx: charter.Context, value: dict[str, Any]) -> dict[str, Any]:
+        # What the store holds, read by another connection, as this node starts.
+        seen.extend(r for r in node_rows(store_url, ctx.run_id) if r["node_id"] == "produce")
+        return {"consumed": value["total"]}
+
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    assert ex.execute(charter.Plan("handoff", (produce, consume)), {"items": [1, 2, 3]}) == {
+        "consumed": 6
+    }
+
+    (row,) = seen
+    assert row["status"] == "completed"
+    assert row["execution"] == 1
+    assert json.loads(row["result"]) == {"total": 6, "items": [1, 2, 3]}
+    assert row["result_hash"] == hashlib.sha256(row["result"].encode()).hexdigest()
+
+
+def _tampered_handoff(
+    engine: charter.Engine,
+    who: Principals,
+    new_mission: Callable[..., str],
+    children: Children,
+    store_url: str,
+) -> tuple[str, str]:
+    """Crash right after ``produce`` completed, edit its stored result, replay."""
+    mission = new_mission()
+    run_id = children.run(
+        segment_id="seg-1",
+        mission_id=mission,
+        plan="_node_plans:handoff_plan",
+        kill_point="node.completed.after",
+    )
+    assert node_states(store_url, run_id) == [("produce", 1, "completed")]
+    with store(store_url) as con:
+        changed = con.execute(
+            "UPDATE node_executions SET result = ? WHERE run_id = ? AND node_id = 'produce'",
+            (json.dumps({"value": 43}, separators=(",", ":")), run_id),
+        ).rowcount
+    assert changed == 1
+
+    engine.coordinator.recover(run_id, "seg-2")
+    ex = engine.coordinator.resume(run_id, "seg-2", by=who.agent)
+    with pytest.raises(charter.Blocked):
+        ex.execute()
+    return mission, run_id
+
+
+def test_N1_tampered_result_is_caught_and_the_consumer_does_not_start(
+    engine: charter.Engine,
+    who: Principals,
+    new_mission: Callable[..., str],
+    children: Children,
+    store_url: str,
+) -> None:
+    _, run_id = _tampered_handoff(engine, who, new_mission, children, store_url)
+
+    assert node_states(store_url, run_id) == [("produce", 1, "completed")]
+    assert "consume" not in side()
+    assert outbox() == []
+    assert engine.attempts(run_id=run_id) == []
+
+
+def test_N1_tampered_result_opens_a_hash_mismatch_incident_and_the_run_needs_intervention(
+    engine: charter.Engine,
+    who: Principals,
+    new_mission: Callable[..., str],
+    children: Children,
+    store_url: str,
+) -> None:
+    mission, run_id = _tampered_handoff(engine, who, new_mission, children, store_url)
+
+    incidents = engine.incidents(mission, open_only=True)
+    assert [(i["kind"], i["run_id"]) for i in incidents] == [("hash_mismatch", run_id)]
+    assert incidents[0]["detail"] == {"node_id": "produce", "execution": 1}
+    assert engine.run(run_id).status is RunStatus.NEEDS_INTERVENTION
+    assert all(v.ok for v in engine.verify_audit(mission))
+
+
+# -- R5 / R6: node rows of the recovery table, crash limits -------------------------------------
+
+
+def test_R5_recovery_state_names_next_actions_for_running_and_completed_nodes(
+    engine: charter.Engine,
+    who: Principals,
+    new_mission: Callable[..., str],
+    children: Children,
+    store_url: str,
+) -> None:
+    run_id = children.run(
+        segment_id="seg-1",
+        mission_id=new_mission(),
+        plan="_node_plans:crashy_plan",
+        die_in=("crashy",),
+    )
+    state = engine.coordinator.recover(run_id, "seg-2")
+
+    assert state.unresolved == []
+    assert state.run.status is RunStatus.ACTIVE
+    assert [(n["node_id"], n["execution"], n["status"], n["crashes"]) for n in state.nodes] == [
+        ("prepare", 1, "completed", 0),
+        ("crashy", 1, "running", 1),
+    ]
+    node_actions = {a.id: (a.phase, a.action) for a in state.next_actions if a.kind == "node"}
+    assert node_actions == {
+        "prepare#1": ("node_completed", NEXT_ACTIONS["node_completed"]),
+        "crashy#1": ("no_admission", NEXT_ACTIONS["no_admission"]),
+    }
+
+    result = engine.coordinator.resume(run_id, "seg-2", by=who.agent).execute()
+    assert result["crashy"] is True
+    assert len(outbox()) == 1  # the completed node was not run again
+    assert_one_send_per_attempt(engine, run_id)
+    assert side() == ["crashy", "crashy"]
+
+
+def test_R6_node_that_crashed_its_process_max_node_crashes_times_in_a_row_needs_intervention(
+    engine: charter.Engine,
+    who: Principals,
+    new_mission: Callable[..., str],
+    children: Children,
+    store_url: str,
+) -> None:
+    run_id = children.run(
+        segment_id="seg-1",
+        mission_id=new_mission(max_node_crashes=2),
+        plan="_node_plans:crashy_plan",
+        die_in=("crashy",),
+    )
+    first = engine.coordinator.recover(run_id, "seg-2")
+    assert first.run.status is RunStatus.ACTIVE  # one crash is below the limit
+
+    # The recovered owner resumes in a fresh process; the node crashes it again.
+    children.run(segment_id="seg-2", run_id=run_id, die_in=("crashy",))
+    second = engine.coordinator.recover(run_id, "seg-3")
+
+    assert second.run.status is RunStatus.NEEDS_INTERVENTION
+    assert engine.run(run_id).status is RunStatus.NEEDS_INTERVENTION
+    crashy = [n for n in second.nodes if n["node_id"] == "crashy"]
+    assert [(n["execution"], n["status"], n["crashes"]) for n in crashy] == [(1, "running", 2)]
+    with pytest.raises(charter.NeedsIntervention):
+        engine.coordinator.resume(run_id, "seg-3", by=who.agent)
+    assert side() == ["crashy", "crashy"]
+    assert len(outbox()) == 1
+    assert_one_send_per_attempt(engine, run_id)
+
+
+# -- retry policy: new executions, new attempts --------------------------------------------------
+
+
+def _flaky_run(
+    engine: charter.Engine, mission: str, who: Principals, adapter: RecordingAdapter
+) -> str:
+    """A node whose first execution's effect is refused by the target; its retry succeeds."""
+    refusals = [charter.NotApplied("rejected before processing")]
+
+    def write(send: Dispatch) -> Outcome:
+        if refusals:
+            raise refusals.pop()
+        return Outcome.succeeded({"written": True}, cost={"usd": 5_000, "calls": 1})
+
+    adapter.script["write"] = write
+
+    @charter.node(retries=1)
+    def flaky(ctx: charter.Context, value: Any) -> dict[str, Any]:
+        return {"sent": ctx.attempt(adapter, "write", {"n": 1}), "execution": ctx.execution}
+
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    assert ex.execute(charter.Plan("flaky", (flaky,))) == {
+        "sent": {"written": True},
+        "execution": 2,
+    }
+    return ex.run_id
+
+
+def test_A4_retry_policy_runs_a_new_execution_whose_attempts_are_new(
+    engine: charter.Engine, mission: str, who: Principals, adapter: RecordingAdapter, store_url: str
+) -> None:
+    run_id = _flaky_run(engine, mission, who, adapter)
+
+    assert node_states(store_url, run_id) == [("flaky", 1, "failed"), ("flaky", 2, "completed")]
+    one, two = sorted(engine.attempts(run_id=run_id), key=lambda a: a.execution)
+    assert (one.execution, one.status) == (1, AttemptStatus.FAILED)
+    assert (two.execution, two.status) == (2, AttemptStatus.SUCCEEDED)
+    assert one.effect_key == two.effect_key == "#1"
+    assert one.request_hash == two.request_hash
+    assert one.id != two.id
+    assert one.idempotency_key != two.idempotency_key
+    assert [(s.attempt_id, s.idempotency_key) for s in adapter.sent] == [
+        (one.id, one.idempotency_key),
+        (two.id, two.idempotency_key),
+    ]
+
+
+def test_A4_retry_policy_attempt_is_linked_to_the_failed_one_before(
+    engine: charter.Engine, mission: str, who: Principals, adapter: RecordingAdapter
+) -> None:
+    run_id = _flaky_run(engine, mission, who, adapter)
+
+    one, two = sorted(engine.attempts(run_id=run_id), key=lambda a: a.execution)
+    assert one.status is AttemptStatus.FAILED
+    assert one.retry_of is None
+    assert two.retry_of == one.id
