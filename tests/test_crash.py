@@ -341,7 +341,7 @@ BOUNDARIES = [
     ("path", "point", "phase", "reached_target"),
     [pytest.param(*b, id=f"{b[0]}-{b[1]}") for b in BOUNDARIES],
 )
-def test_a_process_killed_at_a_durable_boundary_is_recovered_to_a_safe_state(
+def test_F1_R2_R3_R4_a_process_killed_at_a_durable_boundary_is_recovered_to_a_safe_state(
     world: World,
     path: str,
     point: str,
@@ -441,7 +441,7 @@ def test_a_process_killed_at_a_durable_boundary_is_recovered_to_a_safe_state(
 
 
 @pytest.mark.crash
-def test_a_live_lease_is_taken_over_only_by_force_by_a_principal_with_stop(
+def test_R1_F1_a_live_lease_is_taken_over_only_by_force_by_a_principal_with_stop(
     world: World,
 ) -> None:
     engine = world.engine
@@ -539,7 +539,7 @@ def _assert_fenced(
 
 
 @pytest.mark.crash
-def test_an_owner_whose_lease_expired_is_fenced_even_without_a_takeover(
+def test_F2_an_owner_whose_lease_expired_is_fenced_even_without_a_takeover(
     world: World, spawn: Callable[..., Child]
 ) -> None:
     engine = world.engine
@@ -562,7 +562,7 @@ def test_an_owner_whose_lease_expired_is_fenced_even_without_a_takeover(
 
 
 @pytest.mark.crash
-def test_a_paused_owner_is_fenced_and_its_late_settlement_is_kept_as_evidence(
+def test_F2_a_paused_owner_is_fenced_and_its_late_settlement_is_kept_as_evidence(
     world: World, spawn: Callable[..., Child]
 ) -> None:
     engine = world.engine
@@ -608,7 +608,7 @@ def test_a_paused_owner_is_fenced_and_its_late_settlement_is_kept_as_evidence(
 
 
 @pytest.mark.crash
-def test_a_paused_owner_refuses_to_send_after_its_deadline(
+def test_F3_a_paused_owner_refuses_to_send_after_its_deadline(
     world: World, spawn: Callable[..., Child]
 ) -> None:
     engine = world.engine
@@ -639,7 +639,7 @@ def test_a_paused_owner_refuses_to_send_after_its_deadline(
         pytest.param("succeeded", COST, False, id="resolved-alike"),
     ],
 )
-def test_a_late_settlement_after_a_persons_resolution(
+def test_F2_a_late_settlement_after_a_persons_resolution(
     world: World,
     spawn: Callable[..., Child],
     resolution: Resolution,
@@ -687,7 +687,7 @@ def test_a_late_settlement_after_a_persons_resolution(
     assert_store_holds(world)
 
 
-def test_no_send_is_possible_at_the_instant_another_owner_may_take_over(tmp_path: Path) -> None:
+def test_F3_no_send_is_possible_at_the_instant_another_owner_may_take_over(tmp_path: Path) -> None:
     """F3 at the boundary: the send deadline ends no later than the lease, exclusively.
 
     The lease counts as expired at ``lease_expires_us`` (``recover`` may take the run
