@@ -48,8 +48,8 @@ def demo() -> None:
 
 def test() -> None:
     ensure_venv("test")
-    run(BIN / "ruff", "check", "src", "tests", "tasks.py")
-    run(BIN / "ruff", "format", "--check", "src", "tests", "tasks.py")
+    run(BIN / "ruff", "check", "src", "tests", "bench", "tasks.py")
+    run(BIN / "ruff", "format", "--check", "src", "tests", "bench", "tasks.py")
     run(BIN / "mypy")
     run(PY, "-m", "pytest", *sys.argv[2:])
 

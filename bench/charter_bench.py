@@ -1,0 +1,354 @@
+"""Charter's side: the attempt loop, recover() on big runs, peak memory.
+
+Everything here goes through Charter's public API — ``Engine.open``,
+``EngineConfig``, ``testing.credential``, ``start_run``,
+``Executor.attempt``, ``Coordinator.recover`` — on the embedded SQLite store
+(WAL, ``synchronous=FULL``). Only the bulk of the big stores is written with
+direct SQL (see :mod:`storebuild`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import storebuild
+from timing import Sample, clock, repeat
+
+import charter
+from charter.testing import RecordingAdapter, credential
+
+HERE = Path(__file__).resolve().parent
+
+CONTRACT = {
+    "objective": "benchmark",
+    "principals": {"agent": {"run": ["recorder.*"]}},
+    "allowance": {"calls": 10**12},
+}
+
+
+class Interrupted(BaseException):
+    """Stands for a process dying right after the dispatch commit."""
+
+
+class InterruptAfterDispatch:
+    """A crash hook that, when armed, stops the attempt at ``dispatch.after``."""
+
+    def __init__(self) -> None:
+        self.armed = False
+
+    def __call__(self, point: str) -> None:
+        if self.armed and point == "dispatch.after":
+            raise Interrupted
+
+
+def setup(
+    store: Path | str, *, crash_hook: Any = None
+) -> tuple[charter.Engine, charter.Principal, str, dict[str, str]]:
+    """A store with one mission that ``agent`` may run on the recorder adapter."""
+    cred, digest = credential("agent")
+    config = charter.EngineConfig(credentials={"agent": digest})
+    engine = charter.Engine.open(str(store), config=config, crash_hook=crash_hook)
+    agent = engine.authenticate(cred)
+    mission = engine.create_mission(CONTRACT, by=agent)
+    return engine, agent, mission, {"credential": cred, "digest": digest}
+
+
+def checkpoint(store: Path) -> None:
+    """Fold the WAL into the database file, so that copying the file copies the store."""
+    with closing(sqlite3.connect(str(store))) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def remove_store(store: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        store.with_name(store.name + suffix).unlink(missing_ok=True)
+
+
+def _checks(engine: charter.Engine, mission: str) -> dict[str, Any]:
+    """The store still holds its invariants: ledger (L0-L2) and audit chain (S1)."""
+    return {
+        "ledger_problems": engine.check_ledger(mission),
+        "audit_ok": all(v.ok for v in engine.verify_audit(mission)),
+    }
+
+
+# -- attempt overhead ---------------------------------------------------------------------
+def attempt_overhead(
+    workdir: str, steps: int, warmup: int, reps: int, url: str | None = None
+) -> dict[str, Any]:
+    """N attempts in one run: admission + dispatch commit, no-op send, settlement.
+
+    The timed unit is ``start_run`` + N attempts + ``finish``, divided by N
+    (as the peers' workflow or graph run is); the attempt loop alone is kept too.
+    ``url`` names another store (a PostgreSQL database); a store this Charter
+    cannot open yet is reported as pending, with Charter's own message.
+    """
+    store = url or str(Path(workdir) / "charter.db")
+    try:
+        engine, agent, mission, _ = setup(store)
+    except charter.ConfigError as exc:
+        return {"pending": exc.message}
+    loop_only = Sample("s")
+    statuses: set[str] = set()
+
+    def once(i: int) -> float:
+        adapter = RecordingAdapter()
+        t0 = clock()
+        ex = engine.start_run(mission, by=agent, segment_id=f"seg-{i}")
+        t1 = clock()
+        for k in range(steps):
+            attempt = ex.attempt(adapter, "write", {"k": k}, effect_key=f"e{k}")
+            statuses.add(attempt.status.value)
+        t2 = clock()
+        ex.finish()
+        t3 = clock()
+        (loop_only.warmup if i < warmup else loop_only.values).append((t2 - t1) / steps)
+        assert len(adapter.sent) == steps
+        return (t3 - t0) / steps
+
+    sample = repeat(once, warmup=warmup, reps=reps, unit="s")
+    checks = _checks(engine, mission)
+    engine.close()
+    settings: dict[str, Any] = {}
+    if url is None:
+        with closing(sqlite3.connect(store)) as conn:
+            settings = {
+                "journal_mode": conn.execute("PRAGMA journal_mode").fetchone()[0],
+                "synchronous": "FULL (set by Charter on its connection)",
+            }
+    return {
+        "sample": sample.to_dict(),
+        "loop_only": loop_only.to_dict(),
+        "statuses": sorted(statuses),
+        "checks": checks,
+        "settings": settings,
+    }
+
+
+def profile_attempts(workdir: str, steps: int, top: int = 25) -> str:
+    """cProfile of the attempt loop, sorted by own time then by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    engine, agent, mission, _ = setup(Path(workdir) / "charter.db")
+    adapter = RecordingAdapter()
+    ex = engine.start_run(mission, by=agent, segment_id="seg-warm")
+    for k in range(50):
+        ex.attempt(adapter, "write", {"k": k}, effect_key=f"w{k}")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for k in range(steps):
+        ex.attempt(adapter, "write", {"k": k}, effect_key=f"e{k}")
+    profiler.disable()
+    engine.close()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return out.getvalue()
+
+
+# -- recovery ------------------------------------------------------------------------------
+def build_recovery_store(store: Path, settled: int, unresolved: int) -> dict[str, Any]:
+    """One run with ``settled`` SUCCEEDED attempts and ``unresolved`` in flight.
+
+    Half of the unresolved attempts are PREPARED (admitted, not sent) and half
+    DISPATCHED (committed, then the process "died" before the answer). The
+    dead owner's lease is then put in the past, as if its 30 s had run out.
+    """
+    hook = InterruptAfterDispatch()
+    engine, agent, mission, cred = setup(store, crash_hook=hook)
+    ex = engine.start_run(mission, by=agent, segment_id="seg-1")
+    adapter = RecordingAdapter()
+    template = ex.attempt(adapter, "write", {"k": 0}, effect_key=storebuild.KEY_TEMPLATE)
+    assert template.status is charter.AttemptStatus.SUCCEEDED
+    t0 = clock()
+    storebuild.clone(
+        store,
+        mission_id=mission,
+        run_ids=[],
+        attempt_ids=[template.id],
+        copies=settled - 1,
+        rename=storebuild.rename_ids,
+    )
+    bulk_seconds = clock() - t0
+    prepared = unresolved // 2
+    for k in range(prepared):
+        ex.admit(adapter, "write", {"k": k}, effect_key=f"open-{k}")
+    hook.armed = True
+    for k in range(prepared, unresolved):
+        try:
+            ex.attempt(adapter, "write", {"k": k}, effect_key=f"open-{k}")
+        except Interrupted:
+            pass
+        else:
+            raise AssertionError("the dispatch was not interrupted")
+    checks = _checks(engine, mission)
+    counts: dict[str, int] = {}
+    for a in engine.attempts(run_id=ex.run_id, unresolved=True):
+        counts[a.status.value] = counts.get(a.status.value, 0) + 1
+    engine.close()
+    with closing(sqlite3.connect(str(store))) as conn, conn:
+        conn.execute(
+            "UPDATE runs SET lease_expires_us = ? WHERE id = ?",
+            (time.time_ns() // 1000 - 1_000_000, ex.run_id),
+        )
+        total = conn.execute(
+            "SELECT COUNT(*) FROM attempts WHERE run_id = ?", (ex.run_id,)
+        ).fetchone()[0]
+    checkpoint(store)
+    return {
+        "run_id": ex.run_id,
+        "credential": cred,
+        "attempts": total,
+        "unresolved": counts,
+        "bulk_seconds": bulk_seconds,
+        "size_bytes": store.stat().st_size,
+        "checks": checks,
+    }
+
+
+def recovery(workdir: str, sizes: list[int], unresolved: int, warmup: int, reps: int) -> dict:
+    """``recover()`` latency on a copy of each big store (a fresh copy per repetition)."""
+    out: dict[str, Any] = {}
+    for size in sizes:
+        base = Path(workdir) / f"recover-{size}.db"
+        built = build_recovery_store(base, size, unresolved)
+        config = charter.EngineConfig(credentials={"agent": built["credential"]["digest"]})
+        seen: dict[str, Any] = {}
+
+        def once(
+            i: int,
+            base: Path = base,
+            built: dict[str, Any] = built,
+            config: Any = config,
+            seen: dict[str, Any] = seen,
+        ) -> float:
+            trial = base.with_name(f"trial-{base.name}")
+            shutil.copyfile(base, trial)
+            with charter.Engine.open(str(trial), config=config) as engine:
+                t0 = clock()
+                state = engine.coordinator.recover(built["run_id"], f"seg-recover-{i}")
+                elapsed = clock() - t0
+                seen.update(
+                    status=state.run.status.value,
+                    epoch=state.epoch,
+                    unresolved=len(state.unresolved),
+                    voided=len(state.voided),
+                    settled_counts=state.settled_counts,
+                )
+            remove_store(trial)
+            return elapsed
+
+        sample = repeat(once, warmup=warmup, reps=reps, unit="s")
+        built.pop("credential")  # a throwaway secret, still kept out of the results
+        out[str(size)] = {"sample": sample.to_dict(), "store": built, "after_recover": seen}
+        remove_store(base)
+    return out
+
+
+# -- memory --------------------------------------------------------------------------------
+def build_runs_store(store: Path, runs: int) -> dict[str, Any]:
+    """A store holding ``runs`` completed runs of a one-node, one-attempt plan."""
+    import children.memory_child as plan_module
+
+    engine, agent, mission, cred = setup(store)
+    ex = engine.start_run(mission, by=agent, segment_id="seg-1", plan=plan_module.PLAN)
+    ex.execute(plan_module.PLAN, {"k": 0})
+    attempt_ids = [a.id for a in engine.attempts(run_id=ex.run_id)]
+    engine.close()
+    t0 = clock()
+    storebuild.clone(
+        store,
+        mission_id=mission,
+        run_ids=[ex.run_id],
+        attempt_ids=attempt_ids,
+        copies=runs - 1,
+        rename=storebuild.rename_ids,
+    )
+    bulk_seconds = clock() - t0
+    config = charter.EngineConfig(credentials={"agent": cred["digest"]})
+    with charter.Engine.open(str(store), config=config) as engine:
+        checks = _checks(engine, mission)
+    with closing(sqlite3.connect(str(store))) as conn:
+        completed = conn.execute("SELECT COUNT(*) FROM runs WHERE status = 'completed'").fetchone()
+    checkpoint(store)
+    return {
+        "mission_id": mission,
+        "credential": cred,
+        "completed_runs": completed[0],
+        "bulk_seconds": bulk_seconds,
+        "size_bytes": store.stat().st_size,
+        "checks": checks,
+    }
+
+
+def memory(workdir: str, runs: int, warmup: int, reps: int) -> dict[str, Any]:
+    """Peak RSS of a fresh process that opens the store and executes one more run."""
+    base = Path(workdir) / "runs.db"
+    built = build_runs_store(base, runs)
+    spec = Path(workdir) / "memory.json"
+    spec.write_text(json.dumps({"mission_id": built["mission_id"], **built["credential"]}))
+    child = HERE / "children" / "memory_child.py"
+
+    def once(i: int) -> float:
+        trial = base.with_name(f"trial-{i}.db")
+        shutil.copyfile(base, trial)
+        proc = subprocess.run(
+            [sys.executable, str(child), str(trial), str(spec)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        remove_store(trial)
+        report = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert report["status"] == "completed", report
+        return float(report["max_rss_bytes"])
+
+    sample = repeat(once, warmup=warmup, reps=reps, unit="bytes")
+    baseline = subprocess.run(
+        [sys.executable, str(child), "--baseline"], check=True, capture_output=True, text=True
+    )
+    remove_store(base)
+    built.pop("credential")
+    return {
+        "sample": sample.to_dict(),
+        "store": built,
+        "baseline_import_only_bytes": json.loads(baseline.stdout)["max_rss_bytes"],
+    }
+
+
+# -- start-up ------------------------------------------------------------------------------
+def startup(warmup: int, reps: int) -> dict[str, Any]:
+    """``import charter`` inside a fresh interpreter; ``charter --help`` as a whole process."""
+    py = sys.executable
+    script = Path(py).with_name("charter")
+    code = "import time; t = time.perf_counter(); import charter; print(time.perf_counter() - t)"
+
+    def import_time(_: int) -> float:
+        proc = subprocess.run([py, "-c", code], check=True, capture_output=True, text=True)
+        return float(proc.stdout.strip())
+
+    def wall(cmd: list[str]) -> float:
+        t0 = clock()
+        subprocess.run(cmd, check=True, capture_output=True)
+        return clock() - t0
+
+    help_cmd = [str(script), "--help"] if script.exists() else [py, "-m", "charter", "--help"]
+    return {
+        "import": repeat(import_time, warmup=warmup, reps=reps, unit="s").to_dict(),
+        "help": repeat(lambda _: wall(help_cmd), warmup=warmup, reps=reps, unit="s").to_dict(),
+        "bare_python": repeat(
+            lambda _: wall([py, "-c", "pass"]), warmup=warmup, reps=reps, unit="s"
+        ).to_dict(),
+        "help_command": " ".join(Path(c).name if i == 0 else c for i, c in enumerate(help_cmd)),
+    }

@@ -1,0 +1,270 @@
+"""The order of a bench run; each measurement is a process of its own.
+
+1. start-up (``import charter``, ``charter --help``), while the machine is quiet;
+2. attempt overhead in interleaved rounds — every round measures the raw
+   floor, Charter, DBOS and LangGraph in turn, on SQLite then PostgreSQL — so
+   that a slow minute of the disk falls on every framework alike;
+3. ``recover()`` on runs holding 1,000 / 10,000 / 100,000 settled attempts;
+4. a fresh process resuming after SIGKILL, interleaved across frameworks;
+5. peak RSS of a process that executes one more run on a 10,000-run store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import killresume
+import pg
+import report
+from timing import Sample
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Plan:
+    steps: int
+    rounds: int
+    warmup: int
+    reps_per_round: int
+    sizes: tuple[int, ...]
+    unresolved: int
+    recovery_reps: int
+    resume_reps: int
+    startup_reps: int
+    memory_runs: int
+    memory_reps: int
+
+
+FULL = Plan(
+    steps=200,
+    rounds=3,
+    warmup=1,
+    reps_per_round=3,
+    sizes=(1_000, 10_000, 100_000),
+    unresolved=10,
+    recovery_reps=7,
+    resume_reps=5,
+    startup_reps=10,
+    memory_runs=10_000,
+    memory_reps=5,
+)
+QUICK = Plan(
+    steps=50,
+    rounds=1,
+    warmup=1,
+    reps_per_round=2,
+    sizes=(1_000, 10_000),
+    unresolved=10,
+    recovery_reps=2,
+    resume_reps=2,
+    startup_reps=3,
+    memory_runs=1_000,
+    memory_reps=2,
+)
+
+
+def say(text: str) -> None:
+    print(f"· {text}", file=sys.stderr, flush=True)
+
+
+class Runner:
+    """Runs worker tasks in fresh processes of one interpreter."""
+
+    def __init__(self, python: str, scratch: Path) -> None:
+        self.python = python
+        self.scratch = scratch
+        self._n = 0
+
+    def dir(self, name: str) -> Path:
+        self._n += 1
+        d = self.scratch / f"{self._n:03d}-{name}"
+        d.mkdir(parents=True)
+        return d
+
+    def task(self, name: str, **kwargs: Any) -> dict[str, Any]:
+        d = self.dir(name.replace(".", "-") + "-io")
+        (d / "args.json").write_text(json.dumps(kwargs))
+        with (d / "log").open("w") as log:
+            proc = subprocess.run(
+                [
+                    self.python,
+                    str(HERE / "worker.py"),
+                    name,
+                    str(d / "out.json"),
+                    str(d / "args.json"),
+                ],
+                check=False,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=HERE,
+            )
+        if proc.returncode != 0:
+            tail = (d / "log").read_text()[-4000:]
+            raise SystemExit(f"bench task {name} failed (exit {proc.returncode}):\n{tail}")
+        result: dict[str, Any] = json.loads((d / "out.json").read_text())
+        return result
+
+
+def _is_sample(value: Any) -> bool:
+    return isinstance(value, dict) and "values" in value and "unit" in value
+
+
+def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One sample from several rounds (values and warm-ups concatenated)."""
+    merged = Sample(parts[0]["unit"])
+    for p in parts:
+        merged.values.extend(p["values"])
+        merged.warmup.extend(p["warmup"])
+    return merged.to_dict()
+
+
+def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds of one framework: samples merged, other fields from the last round."""
+    out = dict(results[-1])
+    for key, value in results[-1].items():
+        if _is_sample(value):
+            out[key] = _merge([r[key] for r in results])
+    return out
+
+
+def attempt_rounds(run: Runner, plan: Plan, server: pg.Server | None) -> dict[str, dict[str, Any]]:
+    kw = {"steps": plan.steps, "warmup": plan.warmup, "reps": plan.reps_per_round}
+    got: dict[str, dict[str, list[dict[str, Any]]]] = {"sqlite": {}, "postgresql": {}}
+
+    def keep(backend: str, who: str, result: dict[str, Any]) -> None:
+        got[backend].setdefault(who, []).append(result)
+
+    for r in range(plan.rounds):
+        tag = f"round {r + 1}/{plan.rounds}"
+        say(f"attempt overhead, {tag}: raw floor, Charter, DBOS, LangGraph on SQLite")
+        keep("sqlite", "floor", run.task("floor.sqlite", workdir=str(run.dir("floor")), **kw))
+        keep(
+            "sqlite", "charter", run.task("charter.attempts", workdir=str(run.dir("charter")), **kw)
+        )
+        url = f"sqlite:///{run.dir('dbos') / 'dbos.sqlite'}"
+        keep("sqlite", "dbos", run.task("dbos", url=url, **kw))
+        keep(
+            "sqlite",
+            "langgraph",
+            run.task("langgraph.sqlite", workdir=str(run.dir("langgraph")), **kw),
+        )
+        if server is None:
+            continue
+        say(f"attempt overhead, {tag}: the same on PostgreSQL")
+        keep(
+            "postgresql",
+            "floor",
+            run.task("floor.postgres", url=pg.fresh_database(server, f"bench_floor_{r}"), **kw),
+        )
+        keep(
+            "postgresql",
+            "charter",
+            run.task(
+                "charter.attempts",
+                workdir=str(run.dir("charter-pg")),
+                url=pg.fresh_database(server, f"bench_charter_{r}"),
+                **kw,
+            ),
+        )
+        keep(
+            "postgresql",
+            "dbos",
+            run.task("dbos", url=pg.fresh_database(server, f"bench_dbos_{r}"), **kw),
+        )
+        keep(
+            "postgresql",
+            "langgraph",
+            run.task("langgraph.postgres", url=pg.fresh_database(server, f"bench_lg_{r}"), **kw),
+        )
+    return {
+        backend: {who: _combine(results) for who, results in by_who.items()}
+        for backend, by_who in got.items()
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = QUICK if args.quick else FULL
+    # Child processes may write bytecode caches, as an installed package has them:
+    # without them every fresh process would compile Charter from source (the
+    # peers' site-packages come with their caches).
+    no_cache = os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None
+    scratch = Path(tempfile.mkdtemp(prefix="charter-bench-", dir=args.workdir))
+    runner = Runner(sys.executable, scratch)
+    results: dict[str, Any] = {
+        "quick": args.quick,
+        "plan": plan.__dict__,
+        "machine": report.machine(scratch),
+        "environment": {"PYTHONDONTWRITEBYTECODE_removed_for_children": no_cache},
+    }
+    try:
+        say("start-up: import charter, charter --help")
+        results["startup"] = runner.task(
+            "charter.startup", warmup=plan.warmup, reps=plan.startup_reps
+        )
+        server_cm = contextlib.nullcontext(None) if args.no_postgres else pg.server()
+        with server_cm as server:
+            results["postgresql"] = (
+                {"origin": server.origin, "version": pg.version(server)}
+                if server is not None
+                else {"pending": "no PostgreSQL server (set CHARTER_BENCH_POSTGRES)"}
+            )
+            results["attempts"] = attempt_rounds(runner, plan, server)
+        say("recover() on big runs (the stores are built first)")
+        results["recovery"] = runner.task(
+            "charter.recovery",
+            workdir=str(runner.dir("recovery")),
+            sizes=list(plan.sizes),
+            unresolved=plan.unresolved,
+            warmup=plan.warmup,
+            reps=plan.recovery_reps,
+        )
+        say("fresh process after SIGKILL: Charter, DBOS, LangGraph")
+        results["resume"] = killresume.measure(
+            ["charter", "dbos", "langgraph"],
+            sys.executable,
+            runner.dir("resume"),
+            plan.warmup,
+            plan.resume_reps,
+        )
+        say(f"peak RSS on a store of {plan.memory_runs:,} finished runs")
+        results["memory"] = runner.task(
+            "charter.memory",
+            workdir=str(runner.dir("memory")),
+            runs=plan.memory_runs,
+            warmup=plan.warmup,
+            reps=plan.memory_reps,
+        )
+        profile = None
+        if args.profile:
+            say("cProfile of the attempt loop")
+            profile = runner.task(
+                "charter.profile", workdir=str(runner.dir("profile")), steps=1_000
+            )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    results["versions"] = report.versions()
+    results["rows"] = report.rows(results)
+    print(report.text_table(results["rows"]))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    print(f"\nall figures: {args.json}")
+    if profile is not None:
+        (args.json.parent / "profile.txt").write_text(str(profile))
+        print(profile)
+    if args.quick:
+        print(f"a quick run: {args.doc} is left as it was")
+    else:
+        args.doc.write_text(report.markdown(results))
+        print(f"regenerated {args.doc}")
+    return 0

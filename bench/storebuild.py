@@ -1,0 +1,199 @@
+"""Big stores, built fast: copy real rows with direct SQL inserts.
+
+Running 100,000 attempts one by one would take minutes of fsyncs, so the
+bench runs a *template* through Charter's API (one attempt, or one whole run)
+and copies every row it wrote — attempts, ledger entries, audit events, runs,
+segments, node executions, evidence — ``copies`` times in one transaction,
+renaming its IDs. The copies keep the store's invariants:
+
+- the audit chain is extended event by event, each copy re-hashed on top of
+  the previous one, so ``Engine.verify_audit`` holds;
+- the cached allowance balances move by exactly the copied ledger entries, so
+  ``Engine.check_ledger`` holds (both are checked after every build);
+- the mission's admitted-attempt counter counts the copies.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from charter.audit import GENESIS, HASHED_FIELDS, digest, event_hash
+
+_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+
+
+def new_id(prefix: str) -> str:
+    """An ID shaped like Charter's: 48 bits of milliseconds, 80 random bits, base32."""
+    value = (time.time_ns() // 1_000_000) << 80 | secrets.randbits(80)
+    chars = []
+    for _ in range(26):
+        chars.append(_ALPHABET[value & 31])
+        value >>= 5
+    return f"{prefix}_{''.join(reversed(chars))}"
+
+
+def _rows(conn: sqlite3.Connection, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+    cur = conn.execute(sql, params)
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def _marks(values: Sequence[Any]) -> str:
+    return ", ".join("?" for _ in values)
+
+
+def _rename(row: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:
+    out = {}
+    for key, value in row.items():
+        text = value
+        if isinstance(text, str):
+            for old, new in mapping.items():
+                if old in text:
+                    text = text.replace(old, new)
+        out[key] = text
+    return out
+
+
+def _insert(conn: sqlite3.Connection, table: str, rows: Iterable[dict[str, Any]]) -> None:
+    rows = list(rows)
+    if not rows:
+        return
+    cols = list(rows[0])
+    conn.executemany(
+        f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({_marks(cols)})",
+        [tuple(r[c] for c in cols) for r in rows],
+    )
+
+
+def clone(
+    path: Path,
+    *,
+    mission_id: str,
+    run_ids: Sequence[str],
+    attempt_ids: Sequence[str],
+    copies: int,
+    rename: Callable[[str, int], str],
+) -> None:
+    """Append ``copies`` renamed copies of the template runs and attempts.
+
+    ``rename(token, k)`` gives copy ``k``'s replacement for each template ID
+    and for the template effect key :data:`KEY_TEMPLATE`; every text column
+    of every copied row has the template's tokens replaced.
+    """
+    conn = sqlite3.connect(str(path), isolation_level=None)
+    try:
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("BEGIN IMMEDIATE")
+        runs = _rows(conn, f"SELECT * FROM runs WHERE id IN ({_marks(run_ids)})", run_ids)
+        per_run = {
+            table: _rows(
+                conn, f"SELECT * FROM {table} WHERE run_id IN ({_marks(run_ids)})", run_ids
+            )
+            for table in ("segments", "node_executions", "journal")
+        }
+        attempts = _rows(
+            conn, f"SELECT * FROM attempts WHERE id IN ({_marks(attempt_ids)})", attempt_ids
+        )
+        ledger = _rows(
+            conn,
+            f"SELECT * FROM ledger_entries WHERE attempt_id IN ({_marks(attempt_ids)}) ORDER BY id",
+            attempt_ids,
+        )
+        for entry in ledger:
+            del entry["id"]
+        evidence = _rows(
+            conn,
+            f"SELECT * FROM evidence WHERE attempt_id IN ({_marks(attempt_ids)})",
+            attempt_ids,
+        )
+        tokens = [*run_ids, *attempt_ids]
+        events = [
+            e
+            for e in _rows(
+                conn,
+                "SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq",
+                [mission_id],
+            )
+            if any(e["entity"] == t or e["entity"].startswith(t + "/") for t in tokens)
+        ]
+        head = conn.execute(
+            "SELECT seq, hash FROM audit_events WHERE mission_id = ? ORDER BY seq DESC LIMIT 1",
+            (mission_id,),
+        ).fetchone()
+        seq, prev = (head[0], head[1]) if head else (0, GENESIS)
+        extra_tokens = _extra_tokens(attempts)
+        for k in range(copies):
+            mapping = {t: rename(t, k) for t in (*tokens, *extra_tokens)}
+            _insert(conn, "runs", (_rename(r, mapping) for r in runs))
+            for table, rows in per_run.items():
+                _insert(conn, table, (_rename(r, mapping) for r in rows))
+            _insert(conn, "attempts", (_rename(r, mapping) for r in attempts))
+            _insert(conn, "ledger_entries", (_rename(r, mapping) for r in ledger))
+            _insert(conn, "evidence", (_rename(r, mapping) for r in evidence))
+            chained = []
+            for event in events:
+                ev = _rename(event, mapping)
+                seq += 1
+                ev["seq"] = seq
+                ev["payload_hash"] = digest(ev["payload"])
+                ev["prev_hash"] = prev
+                ev["hash"] = event_hash(prev, {f: ev[f] for f in HASHED_FIELDS})
+                prev = ev["hash"]
+                chained.append(ev)
+            _insert(conn, "audit_events", chained)
+        _move_balances(conn, mission_id, ledger, copies)
+        conn.execute(
+            "UPDATE missions SET attempts_admitted = attempts_admitted + ? WHERE id = ?",
+            (copies * len(attempts), mission_id),
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    finally:
+        conn.close()
+
+
+#: Effect keys in templates start with this; copy k gets its own number.
+KEY_PREFIX = "bulk-"
+KEY_TEMPLATE = KEY_PREFIX + "0" * 9
+
+
+def _extra_tokens(attempts: Sequence[dict[str, Any]]) -> list[str]:
+    return sorted({a["effect_key"] for a in attempts if a["effect_key"] == KEY_TEMPLATE})
+
+
+def rename_ids(token: str, k: int) -> str:
+    """The usual ``rename``: a fresh ID per copy, a numbered effect key."""
+    if token == KEY_TEMPLATE:
+        return f"{KEY_PREFIX}{k + 1:09d}"
+    prefix, _, _ = token.partition("_")
+    return new_id(prefix)
+
+
+def _move_balances(
+    conn: sqlite3.Connection, mission_id: str, ledger: Sequence[dict[str, Any]], copies: int
+) -> None:
+    """Apply the copied entries to the cached balances (L0-L2 stay true)."""
+    deltas: dict[str, dict[str, int]] = {}
+    for entry in ledger:
+        d = deltas.setdefault(
+            entry["unit"], {"limit": 0, "available": 0, "held": 0, "spent": 0, "overrun": 0}
+        )
+        d[entry["source"]] -= entry["amount"] * copies
+        d[entry["target"]] += entry["amount"] * copies
+        if entry["kind"] == "overrun":
+            d["overrun"] += entry["amount"] * copies
+    for unit, d in deltas.items():
+        conn.execute(
+            "UPDATE allowances SET limit_amount = limit_amount - ?, available = available + ?, "
+            "held = held + ?, spent = spent + ?, overrun = overrun + ? "
+            "WHERE mission_id = ? AND unit = ?",
+            (d["limit"], d["available"], d["held"], d["spent"], d["overrun"], mission_id, unit),
+        )

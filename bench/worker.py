@@ -1,0 +1,43 @@
+"""Run one measurement in its own process: ``worker.py TASK OUT.json ARGS.json``.
+
+Each framework is measured in a process of its own, so that no peer's
+threads, caches or imports weigh on another's figures (DBOS, for one, is a
+process-wide singleton with background threads).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _tasks() -> dict[str, Callable[..., Any]]:
+    import charter_bench
+    import peers
+
+    return {
+        "charter.attempts": charter_bench.attempt_overhead,
+        "charter.profile": charter_bench.profile_attempts,
+        "charter.recovery": charter_bench.recovery,
+        "charter.memory": charter_bench.memory,
+        "charter.startup": charter_bench.startup,
+        "floor.sqlite": peers.floor_sqlite,
+        "floor.postgres": peers.floor_postgres,
+        "dbos": peers.dbos_steps,
+        "langgraph.sqlite": peers.langgraph_sqlite,
+        "langgraph.postgres": peers.langgraph_postgres,
+    }
+
+
+def main(argv: list[str]) -> int:
+    task, out, args = argv[1], Path(argv[2]), json.loads(Path(argv[3]).read_text())
+    result = _tasks()[task](**args)
+    out.write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
