@@ -151,6 +151,17 @@ def clone(
             "UPDATE missions SET attempts_admitted = attempts_admitted + ? WHERE id = ?",
             (copies * len(attempts), mission_id),
         )
+        # Keep the per-run settled counters the engine maintains (schema v3).
+        conn.execute(
+            "UPDATE runs SET "
+            + ", ".join(
+                f"n_{s} = (SELECT COUNT(*) FROM attempts a WHERE a.run_id = runs.id "
+                f"AND a.status = '{s}')"
+                for s in ("succeeded", "failed", "written_off", "voided")
+            )
+            + " WHERE mission_id = ?",
+            (mission_id,),
+        )
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:

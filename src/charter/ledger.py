@@ -178,7 +178,8 @@ def problems(tx: Tx, mission_id: str) -> list[str]:
     rebuilt = from_entries(tx, mission_id)
     holds: dict[str, int] = {}
     for r in tx.all(
-        "SELECT estimate FROM attempts WHERE mission_id = ? "
+        # Through the runs, so the partial index of open attempts serves it.
+        "SELECT estimate FROM attempts WHERE run_id IN (SELECT id FROM runs WHERE mission_id = ?) "
         "AND status IN ('prepared', 'dispatched', 'unknown')",
         mission_id,
     ):

@@ -148,13 +148,14 @@ def build(
 ) -> RecoveryState:
     """The recovery state; ``expired`` names approvals this recovery retired (W2)."""
     unresolved = list_attempts(tx, run_id=run.id, unresolved=True)
+    row = tx.one(
+        "SELECT n_succeeded, n_failed, n_written_off, n_voided FROM runs WHERE id = ?", run.id
+    )
+    assert row is not None
     counts = {
-        r["status"]: r["n"]
-        for r in tx.all(
-            "SELECT status, COUNT(*) AS n FROM attempts WHERE run_id = ? "
-            "AND status NOT IN ('prepared', 'dispatched', 'unknown') GROUP BY status",
-            run.id,
-        )
+        status: row[f"n_{status}"]
+        for status in ("succeeded", "failed", "written_off", "voided")
+        if row[f"n_{status}"]
     }
     nodes = [
         {

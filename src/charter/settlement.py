@@ -20,6 +20,17 @@ from charter.audit import canonical
 from charter.incidents import open_incident
 from charter.storage import Tx
 
+#: Per-run counters of settled attempts (R5 reports them without scanning history).
+_COUNT = {
+    status: f"UPDATE runs SET n_{status.value} = n_{status.value} + 1 WHERE id = ?"
+    for status in (
+        AttemptStatus.SUCCEEDED,
+        AttemptStatus.FAILED,
+        AttemptStatus.WRITTEN_OFF,
+        AttemptStatus.VOIDED,
+    )
+}
+
 
 def _dump(value: Any) -> str | None:
     return None if value is None else canonical(value)
@@ -100,6 +111,7 @@ def settle(
             attempt_id=attempt.id,
             epoch=epoch,
         )
+    tx.run(_COUNT[status], attempt.run_id)
     if status is AttemptStatus.FAILED:
         tx.run(
             "UPDATE missions SET attempts_failed = attempts_failed + 1 WHERE id = ?",
@@ -144,7 +156,10 @@ def void(
     )
     if not changed:
         return False
-    ledger.record(tx, attempt.mission_id, attempt.id, ledger.release(attempt.estimate), None)
+    ledger.record(
+        tx, attempt.mission_id, attempt.id, ledger.release(attempt.estimate), attempt.price_source
+    )
+    tx.run(_COUNT[AttemptStatus.VOIDED], attempt.run_id)
     tx.audit(
         attempt.mission_id,
         "attempt.voided",

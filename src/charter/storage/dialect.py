@@ -7,7 +7,9 @@ backends cannot drift:
 - ``?`` becomes ``%s`` on PostgreSQL;
 - ``{lock}`` after a ``SELECT`` becomes ``FOR UPDATE`` on PostgreSQL (SQLite's
   ``BEGIN IMMEDIATE`` already holds the single writer lock);
-- ``{serial_pk}`` in DDL is an auto-incrementing 64-bit key.
+- ``{serial_pk}`` in DDL is an auto-incrementing 64-bit key;
+- ``{without_rowid}`` after a table's DDL clusters it by its primary key on
+  SQLite (PostgreSQL tables need nothing).
 
 Upserts use ``ON CONFLICT ... DO UPDATE`` and results use ``RETURNING``: both
 backends accept the same text.
@@ -24,13 +26,18 @@ class Dialect:
     placeholder: str
     lock: str
     serial_pk: str
+    without_rowid: str
     _cache: dict[str, str] = field(default_factory=dict, repr=False)
 
     def sql(self, text: str) -> str:
         """The statement text for this backend (cached)."""
         out = self._cache.get(text)
         if out is None:
-            out = text.replace("{lock}", self.lock).replace("{serial_pk}", self.serial_pk)
+            out = (
+                text.replace("{lock}", self.lock)
+                .replace("{serial_pk}", self.serial_pk)
+                .replace("{without_rowid}", self.without_rowid)
+            )
             if self.placeholder != "?":
                 out = out.replace("?", self.placeholder)
             self._cache[text] = out
@@ -38,8 +45,8 @@ class Dialect:
 
 
 def sqlite() -> Dialect:
-    return Dialect("sqlite", "?", "", "INTEGER PRIMARY KEY")
+    return Dialect("sqlite", "?", "", "INTEGER PRIMARY KEY", " WITHOUT ROWID")
 
 
 def postgresql() -> Dialect:
-    return Dialect("postgresql", "%s", " FOR UPDATE", "BIGSERIAL PRIMARY KEY")
+    return Dialect("postgresql", "%s", " FOR UPDATE", "BIGSERIAL PRIMARY KEY", "")

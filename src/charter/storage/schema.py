@@ -208,4 +208,53 @@ MIGRATIONS: list[tuple[int, str, list[str]]] = [
     ),
 ]
 
+MIGRATIONS.append(
+    (
+        3,
+        "recovery cost follows what is unresolved: settled counts on runs, fewer pages per commit",
+        [
+            # R5 reports settled attempts as counts; keep them as counters so that
+            # recover() never scans a run's history.
+            "ALTER TABLE runs ADD COLUMN n_succeeded BIGINT NOT NULL DEFAULT 0",
+            "ALTER TABLE runs ADD COLUMN n_failed BIGINT NOT NULL DEFAULT 0",
+            "ALTER TABLE runs ADD COLUMN n_written_off BIGINT NOT NULL DEFAULT 0",
+            "ALTER TABLE runs ADD COLUMN n_voided BIGINT NOT NULL DEFAULT 0",
+            """UPDATE runs SET
+                n_succeeded = (SELECT COUNT(*) FROM attempts a
+                               WHERE a.run_id = runs.id AND a.status = 'succeeded'),
+                n_failed = (SELECT COUNT(*) FROM attempts a
+                            WHERE a.run_id = runs.id AND a.status = 'failed'),
+                n_written_off = (SELECT COUNT(*) FROM attempts a
+                                 WHERE a.run_id = runs.id AND a.status = 'written_off'),
+                n_voided = (SELECT COUNT(*) FROM attempts a
+                            WHERE a.run_id = runs.id AND a.status = 'voided')""",
+            # Every index is a page written (and synced) per commit on the hot path.
+            # Mission-wide reads of open attempts go through the run's partial index.
+            "DROP INDEX attempts_mission",
+            "DROP INDEX ledger_entries_attempt",
+            # The audit log is read by (mission, seq) only: key the table by it.
+            """CREATE TABLE audit_events_v3 (
+                mission_id TEXT NOT NULL,
+                seq BIGINT NOT NULL,
+                at_us BIGINT NOT NULL,
+                actor TEXT NOT NULL,
+                segment TEXT,
+                epoch BIGINT,
+                kind TEXT NOT NULL,
+                entity TEXT NOT NULL,
+                before TEXT,
+                after TEXT,
+                payload TEXT NOT NULL,
+                payload_hash TEXT NOT NULL,
+                prev_hash TEXT NOT NULL,
+                hash TEXT NOT NULL,
+                PRIMARY KEY (mission_id, seq)
+            ){without_rowid}""",
+            "INSERT INTO audit_events_v3 SELECT * FROM audit_events",
+            "DROP TABLE audit_events",
+            "ALTER TABLE audit_events_v3 RENAME TO audit_events",
+        ],
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
