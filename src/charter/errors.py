@@ -25,6 +25,7 @@ message says what was wrong and what to do about it::
     ├── AuditError                  the hash chain does not verify (S1)
     └── StoreError                  the store cannot serve the request
         ├── StoreBusy               bounded busy wait ran out
+        ├── StoreConflict           a uniqueness or integrity rule refused a write
         └── SchemaError             the store's schema is unknown or newer
 
 Signals that user code must not swallow derive from ``BaseException``:
@@ -137,6 +138,10 @@ class StoreError(CharterError):
 
 class StoreBusy(StoreError):
     code = "store_busy"
+
+
+class StoreConflict(StoreError):
+    code = "store_conflict"
 
 
 class SchemaError(StoreError):

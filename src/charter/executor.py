@@ -44,6 +44,7 @@ from charter.errors import (
     NotApplied,
     NotAuthorized,
     StateError,
+    StoreConflict,
 )
 from charter.incidents import open_incident
 from charter.principals import Right
@@ -62,7 +63,12 @@ _OWNER_SQL = (
     "SELECT r.status, r.epoch, r.owner_segment, r.lease_expires_us, m.contract_version, "
     "m.attempts_admitted, m.attempts_failed, "
     "(SELECT COUNT(*) FROM incidents i WHERE i.mission_id = r.mission_id "
-    "AND i.status = 'open') AS open_incidents "
+    "AND i.status = 'open') AS open_incidents, "
+    # The audit chain's head, read under the same lock (saves a query at commit).
+    "(SELECT seq FROM audit_events a WHERE a.mission_id = r.mission_id "
+    "ORDER BY seq DESC LIMIT 1) AS audit_seq, "
+    "(SELECT hash FROM audit_events a WHERE a.mission_id = r.mission_id "
+    "ORDER BY seq DESC LIMIT 1) AS audit_hash "
     "FROM runs r JOIN missions m ON m.id = r.mission_id WHERE r.id = ? {lock}"
 )
 
@@ -119,6 +125,8 @@ class Executor:
         self.principal = principal
         self._lease_expires_us = lease_expires_us
         self._db = engine._db
+        #: The units budgeted by the contract version this executor last admitted under.
+        self._budget_units: frozenset[str] | None = None
 
     def __repr__(self) -> str:
         return f"<Executor run={self.run_id} segment={self.segment_id} epoch={self.epoch}>"
@@ -138,6 +146,7 @@ class Executor:
         row = tx.one(_OWNER_SQL, self.run_id)
         if row is None:
             raise self._fenced("the run no longer exists", -1)
+        tx.seed_head(self.mission_id, row["audit_seq"], row["audit_hash"])
         if row["epoch"] != self.epoch or row["owner_segment"] != self.segment_id:
             raise self._fenced(f"the run was taken over (epoch {row['epoch']})", row["epoch"])
         if row["lease_expires_us"] <= tx.now_us:
@@ -257,7 +266,9 @@ class Executor:
         self._check_stop(tx, contract, row, call)
         self._check_allowance(tx, contract, row, call)
 
-        self._check_effect(tx, node_id, execution, effect_key, generation, retry_of)
+        if generation > 1 or retry_of is not None:
+            self._check_effect(tx, node_id, execution, effect_key, generation, retry_of)
+        self._budget_units = frozenset(contract.allowance)
         attempt_id = tx.ids.new("att")
         needs_approval = contract.approvals.requires(call.scope)
         dispatch_now = dispatch
@@ -308,32 +319,37 @@ class Executor:
             settled_at_us=None,
             generation=generation,
         )
-        tx.run(
-            _INSERT_ATTEMPT,
-            attempt.id,
-            attempt.mission_id,
-            attempt.run_id,
-            node_id,
-            execution,
-            effect_key,
-            generation,
-            attempt.adapter,
-            attempt.operation,
-            attempt.effect_class,
-            attempt.status.value,
-            attempt.principal,
-            self.epoch,
-            attempt.dispatched_epoch,
-            attempt.idempotency_key,
-            attempt.request_hash,
-            call.request_json,
-            canonical(attempt.estimate),
-            attempt.price_source,
-            retry_of,
-            deadline,
-            now,
-            attempt.dispatched_at_us,
-        )
+        try:
+            tx.run(
+                _INSERT_ATTEMPT,
+                attempt.id,
+                attempt.mission_id,
+                attempt.run_id,
+                node_id,
+                execution,
+                effect_key,
+                generation,
+                attempt.adapter,
+                attempt.operation,
+                attempt.effect_class,
+                attempt.status.value,
+                attempt.principal,
+                self.epoch,
+                attempt.dispatched_epoch,
+                attempt.idempotency_key,
+                attempt.request_hash,
+                call.request_json,
+                canonical(attempt.estimate),
+                attempt.price_source,
+                retry_of,
+                deadline,
+                now,
+                attempt.dispatched_at_us,
+            )
+        except StoreConflict:
+            # The unique index refused a repeat of this effect's generation: say which.
+            self._check_effect(tx, node_id, execution, effect_key, generation, retry_of)
+            raise
         ledger.record(
             tx, self.mission_id, attempt.id, ledger.hold(attempt.estimate), attempt.price_source
         )
@@ -615,6 +631,7 @@ class Executor:
         if status not in (RunStatus.ACTIVE, RunStatus.WAITING):
             raise StateError(f"run {self.run_id} is {status.value}; nothing is dispatched")
         contract = self.engine._contracts.get(tx, self.mission_id, row["contract_version"])
+        self._budget_units = frozenset(contract.allowance)
         if not contract.allows(self.principal, Right.RUN, attempt.scope):
             raise tx.refused(
                 NotAuthorized(
@@ -804,7 +821,7 @@ class Executor:
         not_applied: NotApplied | None,
         error: str | None,
     ) -> Attempt:
-        units = self._units(tx)
+        units = self._budget_units if self._budget_units is not None else self._units(tx)
         kw: dict[str, Any] = {
             "units": units,
             "actor": self.principal,

@@ -63,6 +63,7 @@ class Tx:
         self.now_us = now_us
         self.ids = ids
         self._events: list[dict[str, Any]] = []
+        self._heads: dict[str, tuple[int, str]] = {}
 
     # -- statements -----------------------------------------------------------
     def one(self, sql: str, *params: Any) -> Row | None:
@@ -110,6 +111,10 @@ class Tx:
             }
         )
 
+    def seed_head(self, mission_id: str, seq: int | None, hash_: str | None) -> None:
+        """The chain head read earlier in this transaction (saves a query at commit)."""
+        self._heads[mission_id] = (seq, hash_) if seq is not None and hash_ else (0, GENESIS)
+
     def refused(
         self,
         error: CharterError,
@@ -137,7 +142,7 @@ class Tx:
     def _flush_audit(self) -> None:
         if not self._events:
             return
-        heads: dict[str, tuple[int, str]] = {}
+        heads = self._heads
         rows: list[tuple[Any, ...]] = []
         for ev in self._events:
             mission_id = ev["mission_id"]

@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from charter.clock import Clock
-from charter.errors import StoreBusy, StoreError
+from charter.errors import StoreBusy, StoreConflict, StoreError
 from charter.storage import dialect
 
 
 def _translate(exc: sqlite3.Error, busy_timeout: float) -> Exception:
     text = str(exc)
+    if isinstance(exc, sqlite3.IntegrityError):
+        # SQLite undoes only the failing statement; the transaction goes on.
+        return StoreConflict(f"the store refused a write: {text}")
     if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
         return StoreBusy(
             f"the SQLite store stayed busy for {busy_timeout:g}s (another process holds the "
@@ -53,16 +56,12 @@ class SQLiteDriver:
     def execute(self, sql: str, params: Sequence[Any]) -> Any:
         try:
             return self._conn.execute(sql, params)
-        except sqlite3.IntegrityError:
-            raise
         except sqlite3.Error as exc:
             raise _translate(exc, self._busy_timeout) from None
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         try:
             self._conn.executemany(sql, rows)
-        except sqlite3.IntegrityError:
-            raise
         except sqlite3.Error as exc:
             raise _translate(exc, self._busy_timeout) from None
 
