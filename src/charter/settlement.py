@@ -22,7 +22,12 @@ from charter.storage import Tx
 
 #: Per-run counters of settled attempts (R5 reports them without scanning history).
 _COUNT = {
-    status: f"UPDATE runs SET n_{status.value} = n_{status.value} + 1 WHERE id = ?"
+    status: f"UPDATE runs SET n_{status.value} = n_{status.value} + 1 WHERE id = ? "
+    # The mission's audit chain head comes back with it (saves a query at commit).
+    "RETURNING (SELECT seq FROM audit_events a WHERE a.mission_id = runs.mission_id "
+    "ORDER BY seq DESC LIMIT 1) AS audit_seq, "
+    "(SELECT hash FROM audit_events a WHERE a.mission_id = runs.mission_id "
+    "ORDER BY seq DESC LIMIT 1) AS audit_hash"
     for status in (
         AttemptStatus.SUCCEEDED,
         AttemptStatus.FAILED,
@@ -30,6 +35,12 @@ _COUNT = {
         AttemptStatus.VOIDED,
     )
 }
+
+
+def _count(tx: Tx, status: AttemptStatus, attempt: Attempt) -> None:
+    row = tx.one(_COUNT[status], attempt.run_id)
+    if row is not None:
+        tx.seed_head(attempt.mission_id, row["audit_seq"], row["audit_hash"])
 
 
 def _dump(value: Any) -> str | None:
@@ -111,7 +122,7 @@ def settle(
             attempt_id=attempt.id,
             epoch=epoch,
         )
-    tx.run(_COUNT[status], attempt.run_id)
+    _count(tx, status, attempt)
     if status is AttemptStatus.FAILED:
         tx.run(
             "UPDATE missions SET attempts_failed = attempts_failed + 1 WHERE id = ?",
@@ -159,7 +170,7 @@ def void(
     ledger.record(
         tx, attempt.mission_id, attempt.id, ledger.release(attempt.estimate), attempt.price_source
     )
-    tx.run(_COUNT[AttemptStatus.VOIDED], attempt.run_id)
+    _count(tx, AttemptStatus.VOIDED, attempt)
     tx.audit(
         attempt.mission_id,
         "attempt.voided",

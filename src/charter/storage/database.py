@@ -211,6 +211,7 @@ class Database:
                 if not refusal.keep:
                     self.driver.rollback()
                     tx._events = [refusal.event] if refusal.event else []
+                    tx._heads = {}  # another writer may have appended meanwhile
                     if tx._events:
                         self.driver.begin(True)
                 if tx._events or refusal.keep:
