@@ -429,40 +429,17 @@ class Coordinator:
         actor: str,
         reason: str,
     ) -> None:
-        froms = (AttemptStatus.DISPATCHED, AttemptStatus.UNKNOWN)
-        kw: dict[str, Any] = {
-            "units": contract.allowance.keys(),
-            "actor": actor,
-            "segment": None,
-            "epoch": None,
-            "from_statuses": froms,
-        }
-        if evidence.verdict == "applied":
-            assert evidence.outcome is not None
-            o = evidence.outcome
-            settlement.settle(
-                tx,
-                attempt,
-                AttemptStatus(o.status),
-                actual=o.cost,
-                result=o.result,
-                receipt=o.receipt,
-                price_source=o.price_source,
-                reason=reason,
-                **kw,
-            )
-        elif evidence.verdict == "not_applied":
-            settlement.settle(
-                tx,
-                attempt,
-                AttemptStatus.FAILED,
-                actual={},
-                result=None,
-                receipt=None,
-                price_source=None,
-                reason=f"{reason}: not applied",
-                **kw,
-            )
+        settlement.settle_by_evidence(
+            tx,
+            attempt,
+            evidence,
+            reason=reason,
+            units=contract.allowance.keys(),
+            actor=actor,
+            segment=None,
+            epoch=None,
+            from_statuses=(AttemptStatus.DISPATCHED, AttemptStatus.UNKNOWN),
+        )
 
     # -- resume (R9) -----------------------------------------------------------------
     def resume(

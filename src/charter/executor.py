@@ -828,56 +828,31 @@ class Executor:
             "segment": self.segment_id,
             "epoch": self.epoch,
         }
-        if outcome is not None:
-            status = AttemptStatus(outcome.status)
-            done = settlement.settle(
-                tx,
-                attempt,
-                status,
-                actual=outcome.cost,
-                result=outcome.result,
-                receipt=outcome.receipt,
-                price_source=outcome.price_source,
-                reason=None,
-                from_statuses=(AttemptStatus.DISPATCHED,),
-                **kw,
-            )
-            if done:
-                return _with(
-                    attempt,
-                    status=status,
-                    actual=dict(outcome.cost),
-                    result=outcome.result,
-                    receipt=outcome.receipt,
-                    settled_at_us=tx.now_us,
+        if outcome is not None or not_applied is not None:
+            if outcome is not None:
+                evidence = Evidence.applied(outcome)
+                reason = None
+            else:
+                assert not_applied is not None
+                evidence = Evidence.not_applied(
+                    {"reason": not_applied.reason, **not_applied.evidence}
                 )
-            return self._late(tx, load(tx, attempt.id), Evidence.applied(outcome), kw)
-        if not_applied is not None:
-            evidence = Evidence.not_applied({"reason": not_applied.reason, **not_applied.evidence})
-            done = settlement.settle(
+                reason = f"not applied: {not_applied.reason}"
+            done = settlement.settle_by_evidence(
                 tx,
                 attempt,
-                AttemptStatus.FAILED,
-                actual={},
-                result=None,
-                receipt=None,
-                price_source=None,
-                reason=f"not applied: {not_applied.reason}",
+                evidence,
+                reason=reason,
                 from_statuses=(AttemptStatus.DISPATCHED,),
                 **kw,
             )
-            if done:
+            if not done:
+                return self._late(tx, load(tx, attempt.id), evidence, kw)
+            if not_applied is not None:  # the proof is kept as evidence (A3)
                 settlement.record_evidence(
                     tx, attempt, evidence, actor=self.principal, epoch=self.epoch, settled=True
                 )
-                return _with(
-                    attempt,
-                    status=AttemptStatus.FAILED,
-                    actual={},
-                    reason=f"not applied: {not_applied.reason}",
-                    settled_at_us=tx.now_us,
-                )
-            return self._late(tx, load(tx, attempt.id), evidence, kw)
+            return load(tx, attempt.id)
         assert error is not None
         if settlement.mark_unknown(
             tx, attempt, error, actor=self.principal, segment=self.segment_id, epoch=self.epoch
@@ -911,34 +886,14 @@ class Executor:
                 epoch=self.epoch,
             )
         elif current.status is AttemptStatus.UNKNOWN:
-            if evidence.verdict == "applied":
-                assert evidence.outcome is not None
-                o = evidence.outcome
-                settled = settlement.settle(
-                    tx,
-                    current,
-                    AttemptStatus(o.status),
-                    actual=o.cost,
-                    result=o.result,
-                    receipt=o.receipt,
-                    price_source=o.price_source,
-                    reason=f"late settlement from epoch {self.epoch}",
-                    from_statuses=(AttemptStatus.UNKNOWN,),
-                    **kw,
-                )
-            else:
-                settled = settlement.settle(
-                    tx,
-                    current,
-                    AttemptStatus.FAILED,
-                    actual={},
-                    result=None,
-                    receipt=None,
-                    price_source=None,
-                    reason=f"late proof of non-application from epoch {self.epoch}",
-                    from_statuses=(AttemptStatus.UNKNOWN,),
-                    **kw,
-                )
+            settled = settlement.settle_by_evidence(
+                tx,
+                current,
+                evidence,
+                reason=f"late {evidence.verdict} evidence from epoch {self.epoch}",
+                from_statuses=(AttemptStatus.UNKNOWN,),
+                **kw,
+            )
         elif current.status.settled and _conflicts(current, evidence):
             open_incident(
                 tx,

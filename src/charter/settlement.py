@@ -148,6 +148,55 @@ def settle(
     return True
 
 
+def settle_by_evidence(
+    tx: Tx,
+    attempt: Attempt,
+    evidence: Evidence,
+    *,
+    reason: str | None,
+    units: Collection[str],
+    actor: str,
+    segment: str | None,
+    epoch: int | None,
+    from_statuses: tuple[AttemptStatus, ...],
+) -> bool:
+    """Settle on conclusive evidence: as its outcome says, or FAILED at no cost when
+    it proves non-application. Indeterminate evidence settles nothing."""
+    kw: dict[str, Any] = {
+        "reason": reason,
+        "units": units,
+        "actor": actor,
+        "segment": segment,
+        "epoch": epoch,
+        "from_statuses": from_statuses,
+    }
+    if evidence.verdict == "applied":
+        assert evidence.outcome is not None
+        o = evidence.outcome
+        return settle(
+            tx,
+            attempt,
+            AttemptStatus(o.status),
+            actual=o.cost,
+            result=o.result,
+            receipt=o.receipt,
+            price_source=o.price_source,
+            **kw,
+        )
+    if evidence.verdict == "not_applied":
+        return settle(
+            tx,
+            attempt,
+            AttemptStatus.FAILED,
+            actual={},
+            result=None,
+            receipt=None,
+            price_source=None,
+            **kw,
+        )
+    return False
+
+
 def void(
     tx: Tx,
     attempt: Attempt,
