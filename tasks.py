@@ -3,12 +3,16 @@
     python3 tasks.py demo    # set up .venv if needed, run the example mission
     python3 tasks.py test    # set up .venv with test tools, lint, type-check, test
 
-Needs only Python 3.11+ (and, for installing, access to a package index).
+Needs only Python 3.11+ (and, for installing, access to a package index). The
+tests run on SQLite and on PostgreSQL: ``test`` starts a throwaway PostgreSQL
+cluster when ``initdb``/``pg_ctl`` are installed (or uses
+``CHARTER_TEST_POSTGRES_URL``). Under ``CI=true`` a missing server is an error.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import venv
@@ -20,9 +24,9 @@ BIN = VENV / ("Scripts" if sys.platform == "win32" else "bin")
 PY = BIN / "python"
 
 
-def run(*cmd: str | Path) -> None:
+def run(*cmd: str | Path, env: dict[str, str] | None = None) -> None:
     print("+", " ".join(str(c) for c in cmd), flush=True)
-    code = subprocess.call([str(c) for c in cmd], cwd=ROOT)
+    code = subprocess.call([str(c) for c in cmd], cwd=ROOT, env=env)
     if code:
         raise SystemExit(code)
 
@@ -51,7 +55,22 @@ def test() -> None:
     run(BIN / "ruff", "check", "src", "tests", "bench", "tasks.py")
     run(BIN / "ruff", "format", "--check", "src", "tests", "bench", "tasks.py")
     run(BIN / "mypy")
-    run(PY, "-m", "pytest", *sys.argv[2:])
+    if os.environ.get("CHARTER_TEST_POSTGRES_URL"):
+        run(PY, "-m", "pytest", *sys.argv[2:])
+        return
+    sys.path.insert(0, str(ROOT))
+    from bench.pg import server  # stdlib only: one way to start a throwaway cluster
+
+    with server(env_var=None) as srv:
+        if srv is None:
+            if os.environ.get("CI") == "true":
+                raise SystemExit("CI needs PostgreSQL 15 (initdb and pg_ctl) for its tests")
+            print("PostgreSQL not found: the tests run on SQLite only", flush=True)
+            run(PY, "-m", "pytest", *sys.argv[2:])
+            return
+        print(f"PostgreSQL: throwaway cluster at {srv.base_url}", flush=True)
+        env = {**os.environ, "CHARTER_TEST_POSTGRES_URL": srv.url("postgres")}
+        run(PY, "-m", "pytest", *sys.argv[2:], env=env)
 
 
 if __name__ == "__main__":

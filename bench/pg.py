@@ -1,6 +1,7 @@
-"""A PostgreSQL server for the peers' PostgreSQL rows.
+"""A throwaway PostgreSQL server: for the bench's PostgreSQL rows and the tests.
 
-``CHARTER_BENCH_POSTGRES=postgresql://...`` points the bench at an existing
+Standard library only at import time, so ``tasks.py`` can use it before any
+virtualenv exists. ``CHARTER_BENCH_POSTGRES=postgresql://...`` points the bench at an existing
 server (it creates and drops its own databases there). Otherwise, when
 ``initdb`` and ``pg_ctl`` are installed, a throwaway cluster is started in a
 temporary directory on 127.0.0.1 with the server's default durability
@@ -65,9 +66,12 @@ def _as_server_user() -> tuple[list[str], int | None]:
 
 
 @contextlib.contextmanager
-def server() -> Iterator[Server | None]:
-    """Yield a server to measure on, or ``None`` (the rows are then pending)."""
-    env = os.environ.get(ENV)
+def server(env_var: str | None = ENV) -> Iterator[Server | None]:
+    """Yield a server to use, or ``None`` when none can be had.
+
+    ``env_var`` names a variable that may point at an existing server instead.
+    """
+    env = os.environ.get(env_var) if env_var else None
     if env:
         parts = urlsplit(env)
         yield Server(f"{parts.scheme}://{parts.netloc}", ENV)

@@ -1,12 +1,18 @@
 """Shared fixtures: a real store per backend, a manual clock, real principals.
 
-Every test that takes ``engine`` runs once per backend in ``BACKENDS``; the
-PostgreSQL backend joins this list when it lands, and the same tests prove it.
+Every test that takes ``engine`` runs once per backend: the embedded SQLite
+store, and PostgreSQL when ``CHARTER_TEST_POSTGRES_URL`` names a server (under
+``CI=true`` it must: ``.ci/run`` starts one). Each PostgreSQL test gets a schema
+of its own. A test that asks for ``store_url`` itself reads the SQLite file
+directly (tampering, pragmas, raw rows) and runs on SQLite only.
 """
 
 from __future__ import annotations
 
+import inspect
+import os
 import random
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +23,10 @@ import pytest
 import charter
 from charter.testing import ManualClock, RecordingAdapter, credential
 
-BACKENDS = ["sqlite"]
+PG_URL = os.environ.get("CHARTER_TEST_POSTGRES_URL")
+if os.environ.get("CI") == "true" and not PG_URL:
+    raise RuntimeError("CI=true but CHARTER_TEST_POSTGRES_URL is not set: start PostgreSQL")
+BACKENDS = ["sqlite", *(["postgresql"] if PG_URL else [])]
 
 NAMES = ("agent", "alice", "bob", "mallory")
 
@@ -51,7 +60,19 @@ def default_contract(**overrides: Any) -> dict[str, Any]:
     return contract
 
 
-@pytest.fixture(params=BACKENDS)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" not in metafunc.fixturenames:
+        return
+    reads_the_file = "store_url" in inspect.signature(metafunc.function).parameters or any(
+        # ... or through a fixture of its own module that does.
+        "store_url" in fd.argnames and fd.func.__module__ == metafunc.module.__name__
+        for fds in metafunc._arg2fixturedefs.values()
+        for fd in fds
+    )
+    metafunc.parametrize("backend", ["sqlite"] if reads_the_file else BACKENDS, indirect=True)
+
+
+@pytest.fixture
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -68,9 +89,26 @@ def creds() -> tuple[dict[str, str], dict[str, str]]:
 
 
 @pytest.fixture
-def store_url(tmp_path: Path, backend: str) -> str:
-    assert backend == "sqlite"
-    return str(tmp_path / "charter.db")
+def store_url(tmp_path: Path, backend: str) -> Iterator[str]:
+    if backend == "sqlite":
+        yield str(tmp_path / "charter.db")
+        return
+    import psycopg
+
+    assert PG_URL is not None
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in PG_URL else "?"
+    yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+    with psycopg.connect(PG_URL, autocommit=True) as admin:
+        admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+def store_address(store_url: str) -> str:
+    """The store's URL for tests that only hand it to another process (any backend)."""
+    return store_url
 
 
 @pytest.fixture

@@ -253,13 +253,13 @@ class Crashable:
 
 @pytest.fixture
 def crashable(
-    store_url: str, clock: ManualClock, creds: tuple[dict[str, str], dict[str, str]]
+    store_address: str, clock: ManualClock, creds: tuple[dict[str, str], dict[str, str]]
 ) -> Iterator[Crashable]:
     """An engine whose process can be made to die at a named durable boundary."""
     switch = CrashSwitch()
     config = charter.EngineConfig(credentials=creds[1])
     eng = charter.Engine.open(
-        store_url, config=config, clock=clock, rng=random.Random(7), crash_hook=switch
+        store_address, config=config, clock=clock, rng=random.Random(7), crash_hook=switch
     )
     yield Crashable(eng, switch, Principals(creds[0], creds[1], eng))
     eng.close()
@@ -485,7 +485,7 @@ CRASH_POINTS = [
 def test_L2_cached_balances_equal_the_entries_after_a_crash_at_every_boundary(
     engine: charter.Engine,
     mission: str,
-    store_url: str,
+    store_address: str,
     creds: tuple[dict[str, str], dict[str, str]],
     case: tuple[str, AttemptStatus | None],
 ) -> None:
@@ -495,7 +495,7 @@ def test_L2_cached_balances_equal_the_entries_after_a_crash_at_every_boundary(
     point, status = case
     job = {
         "mode": "crash",
-        "store": store_url,
+        "store": store_address,
         "mission": mission,
         "segment": f"crash-{point}",
         "credential": creds[0]["agent"],
@@ -580,7 +580,7 @@ LIMIT_USD = 40_000  # 40 reads of 1_000
 def test_L3_concurrent_processes_never_overspend(
     engine: charter.Engine,
     who: Principals,
-    store_url: str,
+    store_address: str,
     creds: tuple[dict[str, str], dict[str, str]],
     tmp_path: Path,
 ) -> None:
@@ -599,7 +599,7 @@ def test_L3_concurrent_processes_never_overspend(
                 json.dumps(
                     {
                         "mode": "race",
-                        "store": store_url,
+                        "store": store_address,
                         "mission": mission,
                         "segment": f"race-{i}",
                         "credential": creds[0]["agent"],

@@ -334,8 +334,6 @@ def test_an_unknown_id_is_not_found_and_changes_nothing(
 @pytest.mark.parametrize(
     "url",
     [
-        "postgresql://charter@localhost/charter",
-        "postgres://charter@localhost/charter",
         "mysql://charter@localhost/charter",
         "sqlite://relative.db",
         "file:///tmp/charter.db",
@@ -349,6 +347,19 @@ def test_an_unsupported_store_url_is_a_config_error(
     with pytest.raises(charter.ConfigError) as info:
         charter.Engine.open(url)
     assert info.value.code == "config_error"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql://charter@127.0.0.1:1/charter", "postgres://charter@127.0.0.1:1/x"]
+)
+def test_an_unreachable_postgresql_store_is_a_store_error_and_writes_nothing(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(charter.StoreError) as info:
+        charter.Engine.open(url)
+    assert info.value.code == "store_error"
     assert list(tmp_path.iterdir()) == []
 
 

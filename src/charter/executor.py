@@ -266,7 +266,7 @@ class Executor:
         self._check_stop(tx, contract, row, call)
         self._check_allowance(tx, contract, row, call)
 
-        if generation > 1 or retry_of is not None:
+        if generation > 1 or retry_of is not None or not tx.single_writer:
             self._check_effect(tx, node_id, execution, effect_key, generation, retry_of)
         self._budget_units = frozenset(contract.allowance)
         attempt_id = tx.ids.new("att")

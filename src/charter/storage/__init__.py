@@ -1,7 +1,7 @@
 """Storage: one protocol, shared SQL, a backend chosen by URL scheme.
 
 ``None`` or a bare path or ``sqlite:///path`` opens the embedded SQLite store;
-``postgresql://`` URLs are reserved for the PostgreSQL backend. Drivers are
+``postgresql://`` URLs open the PostgreSQL store (the ``postgres`` extra). Drivers are
 imported lazily so ``import charter`` stays cheap.
 """
 
@@ -26,14 +26,15 @@ def _driver(url: str | None, busy_timeout: float) -> Driver:
 
         return SQLiteDriver(DEFAULT_PATH, busy_timeout=busy_timeout)
     if url.startswith(("postgresql://", "postgres://")):
-        raise ConfigError(
-            "the PostgreSQL store is not available in this version; use the embedded "
-            "SQLite store (a path or sqlite:///path)"
-        )
+        from charter.storage.postgres import PostgresDriver
+
+        return PostgresDriver(url, busy_timeout=busy_timeout)
     if url.startswith("sqlite:///"):
         path = Path(url.removeprefix("sqlite:///"))
     elif "://" in url:
-        raise ConfigError(f"unsupported store URL {url!r}; use a path or sqlite:///path")
+        raise ConfigError(
+            f"unsupported store URL {url!r}; use a path, sqlite:///path or postgresql://..."
+        )
     else:
         path = Path(url)
     from charter.storage.sqlite import SQLiteDriver

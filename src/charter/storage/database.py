@@ -41,6 +41,8 @@ class Driver(Protocol):
 
     def now_us(self, clock: Clock) -> int: ...
 
+    def lock_chain(self, mission_id: str) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -60,6 +62,8 @@ class Tx:
     def __init__(self, driver: Driver, now_us: int, ids: IdFactory) -> None:
         self._driver = driver
         self._sql = driver.dialect.sql
+        #: Whether this backend has one writer at a time (see Dialect.single_writer).
+        self.single_writer = driver.dialect.single_writer
         self.now_us = now_us
         self.ids = ids
         self._events: list[dict[str, Any]] = []
@@ -143,6 +147,11 @@ class Tx:
         if not self._events:
             return
         heads = self._heads
+        if not self._driver.dialect.single_writer:
+            # Other writers may append to the chain: lock it, then read its head.
+            heads.clear()
+            for mission_id in sorted({ev["mission_id"] for ev in self._events}):
+                self._driver.lock_chain(mission_id)
         rows: list[tuple[Any, ...]] = []
         for ev in self._events:
             mission_id = ev["mission_id"]

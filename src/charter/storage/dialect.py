@@ -27,6 +27,9 @@ class Dialect:
     lock: str
     serial_pk: str
     without_rowid: str
+    #: SQLite: one writer at a time, and a failed statement leaves the transaction
+    #: usable. PostgreSQL: row locks, and any error aborts the transaction.
+    single_writer: bool
     _cache: dict[str, str] = field(default_factory=dict, repr=False)
 
     def sql(self, text: str) -> str:
@@ -45,8 +48,8 @@ class Dialect:
 
 
 def sqlite() -> Dialect:
-    return Dialect("sqlite", "?", "", "INTEGER PRIMARY KEY", " WITHOUT ROWID")
+    return Dialect("sqlite", "?", "", "INTEGER PRIMARY KEY", " WITHOUT ROWID", True)
 
 
 def postgresql() -> Dialect:
-    return Dialect("postgresql", "%s", " FOR UPDATE", "BIGSERIAL PRIMARY KEY", "")
+    return Dialect("postgresql", "%s", " FOR UPDATE", "BIGSERIAL PRIMARY KEY", "", False)

@@ -79,5 +79,8 @@ class SQLiteDriver:
         # On one machine the store's clock is the engine's (injectable) clock.
         return clock.now_us()
 
+    def lock_chain(self, mission_id: str) -> None:
+        """Nothing to do: ``BEGIN IMMEDIATE`` already made this the only writer."""
+
     def close(self) -> None:
         self._conn.close()
