@@ -642,6 +642,9 @@ def test_L3_concurrent_processes_never_overspend(
     assert usd.held + usd.spent == LIMIT_USD
     assert usd.overrun == 0
     assert {r.status for r in engine.runs(mission)} == {RunStatus.PAUSED}
+    # S1 under concurrency: every worker appended to one chain, and it holds.
+    (chain,) = engine.verify_audit(mission)
+    assert chain.ok and chain.events > len(admitted)
 
 
 # -- L4 -------------------------------------------------------------------------------
