@@ -9,6 +9,7 @@ directly (tampering, pragmas, raw rows) and runs on SQLite only.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import random
@@ -43,6 +44,23 @@ class Principals:
         if name in self.credentials:
             return self.engine.authenticate(self.credentials[name])
         raise AttributeError(name)
+
+
+def stored(engine: charter.Engine, mission: str, *, runs: bool = True) -> dict[str, Any]:
+    """Everything the store holds about a mission except its audit chain: what a
+    refused request must leave exactly as it was. ``runs=False`` leaves out the
+    runs, for refusals whose rule changes the run's status (L7 pause, stopping)."""
+    attempts = engine.attempts(mission_id=mission)
+    return {
+        "mission": engine.mission(mission).to_dict(),
+        "runs": [r.to_dict() for r in engine.runs(mission)] if runs else None,
+        "attempts": [a.to_dict() for a in attempts],
+        "evidence": {a.id: engine.evidence(a.id) for a in attempts},
+        "ledger": engine.ledger_entries(mission),
+        "balances": {u: dataclasses.asdict(b) for u, b in engine.balances(mission).items()},
+        "approvals": [a.to_dict() for a in engine.approvals() if a.mission_id == mission],
+        "incidents": engine.incidents(mission),
+    }
 
 
 def default_contract(**overrides: Any) -> dict[str, Any]:

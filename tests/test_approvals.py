@@ -18,11 +18,16 @@ from charter.adapters import Dispatch, Outcome
 from charter.approvals import Approval, ApprovalStatus, effect_id
 from charter.testing import ManualClock, RecordingAdapter
 from conftest import Principals, default_contract
+from conftest import stored as stored_with_runs
 
 Status = charter.AttemptStatus
 
 TTL = 10
 WRITE_COST = {"usd": 5_000, "calls": 1}
+
+
+def stored(engine: charter.Engine, mission: str) -> dict[str, Any]:
+    return stored_with_runs(engine, mission, runs=False)
 
 
 def gated_contract(**overrides: Any) -> dict[str, Any]:
@@ -59,15 +64,6 @@ def pending_of(engine: charter.Engine, attempt: charter.Attempt) -> Approval:
     pending = [a for a in approvals_of(engine, attempt) if a.status is ApprovalStatus.PENDING]
     assert len(pending) == 1, pending
     return pending[0]
-
-
-def stored(engine: charter.Engine, mission: str) -> dict[str, Any]:
-    return {
-        "attempts": [a.to_dict() for a in engine.attempts(mission_id=mission)],
-        "ledger": engine.ledger_entries(mission),
-        "balances": {u: dataclasses.asdict(b) for u, b in engine.balances(mission).items()},
-        "approvals": [a.to_dict() for a in engine.approvals()],
-    }
 
 
 def ledger_of(engine: charter.Engine, mission: str, attempt_id: str) -> dict[str, dict[str, int]]:

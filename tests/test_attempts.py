@@ -22,6 +22,7 @@ from charter.clock import seconds_us
 from charter.executor import READ_ONLY_RETRIES, request_hash
 from charter.testing import ManualClock, RecordingAdapter
 from conftest import Principals, default_contract
+from conftest import stored as stored_with_runs
 
 Status = charter.AttemptStatus
 Script = Callable[[Dispatch], Outcome]
@@ -34,13 +35,7 @@ READ_COST = {"usd": 1_000, "calls": 1}
 
 
 def stored(engine: charter.Engine, mission: str) -> dict[str, Any]:
-    """Everything an attempt can change: attempts, ledger, balances, mission counters."""
-    return {
-        "attempts": [a.to_dict() for a in engine.attempts(mission_id=mission)],
-        "ledger": engine.ledger_entries(mission),
-        "balances": {u: dataclasses.asdict(b) for u, b in engine.balances(mission).items()},
-        "mission": engine.mission(mission).to_dict(),
-    }
+    return stored_with_runs(engine, mission, runs=False)
 
 
 def audit_kinds(engine: charter.Engine, mission: str, *, after: int = 0) -> list[str]:

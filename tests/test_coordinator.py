@@ -27,7 +27,7 @@ from charter.approvals import ApprovalStatus
 from charter.coordinator import Resolution
 from charter.recovery import NEXT_ACTIONS, RecoveryState
 from charter.testing import ManualClock, RecordingAdapter
-from conftest import Principals, default_contract
+from conftest import Principals, default_contract, stored
 
 Creds = tuple[dict[str, str], dict[str, str]]
 MakeEngine = Callable[..., charter.Engine]
@@ -93,20 +93,6 @@ def left_unknown(
     del adapter.script[operation]
     assert attempt.status is AttemptStatus.UNKNOWN
     return attempt.id
-
-
-def stored(engine: charter.Engine, mission: str) -> dict[str, Any]:
-    """Everything the store holds about a mission, except its audit chain."""
-    attempts = engine.attempts(mission_id=mission)
-    return {
-        "runs": engine.runs(mission),
-        "attempts": attempts,
-        "evidence": {a.id: engine.evidence(a.id) for a in attempts},
-        "ledger": engine.ledger_entries(mission),
-        "balances": engine.balances(mission),
-        "approvals": engine.approvals(),
-        "incidents": engine.incidents(mission),
-    }
 
 
 def events(engine: charter.Engine, mission: str, kind: str) -> list[dict[str, Any]]:
