@@ -44,7 +44,6 @@ from charter.errors import (
     NotApplied,
     NotAuthorized,
     StateError,
-    StoreConflict,
 )
 from charter.incidents import open_incident
 from charter.principals import Right
@@ -77,7 +76,10 @@ _INSERT_ATTEMPT = (
     "adapter, operation, effect_class, status, principal, admitted_epoch, dispatched_epoch, "
     "idempotency_key, request_hash, request, estimate, price_source, retry_of, "
     "send_deadline_us, prepared_at_us, dispatched_at_us) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    # A repeat of an effect's generation is refused by the unique index without
+    # aborting the transaction (on either backend), so it can be reported precisely.
+    "ON CONFLICT DO NOTHING"
 )
 
 
@@ -266,7 +268,7 @@ class Executor:
         self._check_stop(tx, contract, row, call)
         self._check_allowance(tx, contract, row, call)
 
-        if generation > 1 or retry_of is not None or not tx.single_writer:
+        if generation > 1 or retry_of is not None:
             self._check_effect(tx, node_id, execution, effect_key, generation, retry_of)
         self._budget_units = frozenset(contract.allowance)
         attempt_id = tx.ids.new("att")
@@ -319,37 +321,35 @@ class Executor:
             settled_at_us=None,
             generation=generation,
         )
-        try:
-            tx.run(
-                _INSERT_ATTEMPT,
-                attempt.id,
-                attempt.mission_id,
-                attempt.run_id,
-                node_id,
-                execution,
-                effect_key,
-                generation,
-                attempt.adapter,
-                attempt.operation,
-                attempt.effect_class,
-                attempt.status.value,
-                attempt.principal,
-                self.epoch,
-                attempt.dispatched_epoch,
-                attempt.idempotency_key,
-                attempt.request_hash,
-                call.request_json,
-                canonical(attempt.estimate),
-                attempt.price_source,
-                retry_of,
-                deadline,
-                now,
-                attempt.dispatched_at_us,
-            )
-        except StoreConflict:
-            # The unique index refused a repeat of this effect's generation: say which.
+        inserted = tx.run(
+            _INSERT_ATTEMPT,
+            attempt.id,
+            attempt.mission_id,
+            attempt.run_id,
+            node_id,
+            execution,
+            effect_key,
+            generation,
+            attempt.adapter,
+            attempt.operation,
+            attempt.effect_class,
+            attempt.status.value,
+            attempt.principal,
+            self.epoch,
+            attempt.dispatched_epoch,
+            attempt.idempotency_key,
+            attempt.request_hash,
+            call.request_json,
+            canonical(attempt.estimate),
+            attempt.price_source,
+            retry_of,
+            deadline,
+            now,
+            attempt.dispatched_at_us,
+        )
+        if not inserted:  # the unique index refused a repeat: say which attempt it is
             self._check_effect(tx, node_id, execution, effect_key, generation, retry_of)
-            raise
+            raise StateError(f"attempt {attempt.id} could not be recorded (it conflicts)")
         ledger.record(
             tx, self.mission_id, attempt.id, ledger.hold(attempt.estimate), attempt.price_source
         )
@@ -852,7 +852,17 @@ class Executor:
                 settlement.record_evidence(
                     tx, attempt, evidence, actor=self.principal, epoch=self.epoch, settled=True
                 )
-            return load(tx, attempt.id)
+            o = evidence.outcome
+            return _with(
+                attempt,
+                status=AttemptStatus.FAILED if o is None else AttemptStatus(o.status),
+                actual={} if o is None else dict(o.cost),
+                result=None if o is None else o.result,
+                receipt=None if o is None else o.receipt,
+                price_source=(o.price_source if o is not None else None) or attempt.price_source,
+                reason=reason if reason is not None else attempt.reason,
+                settled_at_us=tx.now_us,
+            )
         assert error is not None
         if settlement.mark_unknown(
             tx, attempt, error, actor=self.principal, segment=self.segment_id, epoch=self.epoch

@@ -33,15 +33,18 @@ class Driver(Protocol):
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None: ...
 
-    def begin(self, write: bool) -> None: ...
+    def begin(self, write: bool, clock: Clock) -> int:
+        """Start a transaction; return the store's time for it (µs)."""
+        ...
 
     def commit(self) -> None: ...
 
     def rollback(self) -> None: ...
 
-    def now_us(self, clock: Clock) -> int: ...
-
-    def lock_chain(self, mission_id: str) -> None: ...
+    def chain_head(self, mission_id: str) -> tuple[int, str] | None:
+        """The last (seq, hash) of a mission's audit chain, with this transaction
+        made its only appender until it ends."""
+        ...
 
     def close(self) -> None: ...
 
@@ -62,8 +65,6 @@ class Tx:
     def __init__(self, driver: Driver, now_us: int, ids: IdFactory) -> None:
         self._driver = driver
         self._sql = driver.dialect.sql
-        #: Whether this backend has one writer at a time (see Dialect.single_writer).
-        self.single_writer = driver.dialect.single_writer
         self.now_us = now_us
         self.ids = ids
         self._events: list[dict[str, Any]] = []
@@ -148,20 +149,15 @@ class Tx:
             return
         heads = self._heads
         if not self._driver.dialect.single_writer:
-            # Other writers may append to the chain: lock it, then read its head.
-            heads.clear()
-            for mission_id in sorted({ev["mission_id"] for ev in self._events}):
-                self._driver.lock_chain(mission_id)
+            heads.clear()  # other writers may append meanwhile: seeds are not enough
+        # In a fixed order, so two transactions never wait on each other's chains.
+        for mission_id in sorted({ev["mission_id"] for ev in self._events}):
+            if mission_id not in heads:
+                last = self._driver.chain_head(mission_id)
+                heads[mission_id] = last if last is not None else (0, GENESIS)
         rows: list[tuple[Any, ...]] = []
         for ev in self._events:
             mission_id = ev["mission_id"]
-            if mission_id not in heads:
-                last = self.one(
-                    "SELECT seq, hash FROM audit_events WHERE mission_id = ? "
-                    "ORDER BY seq DESC LIMIT 1",
-                    mission_id,
-                )
-                heads[mission_id] = (last["seq"], last["hash"]) if last else (0, GENESIS)
             seq, prev = heads[mission_id]
             ev["seq"] = seq + 1
             ev["payload_hash"] = digest(ev["payload"])
@@ -212,8 +208,7 @@ class Database:
     def transaction(self, *, write: bool = True) -> Iterator[Tx]:
         """A transaction; ``write`` takes the writer lock up front (BEGIN IMMEDIATE)."""
         with self._lock:
-            self.driver.begin(write)
-            tx = Tx(self.driver, self.driver.now_us(self.clock), self.ids)
+            tx = Tx(self.driver, self.driver.begin(write, self.clock), self.ids)
             try:
                 yield tx
             except Refused as refusal:
@@ -222,7 +217,7 @@ class Database:
                     tx._events = [refusal.event] if refusal.event else []
                     tx._heads = {}  # another writer may have appended meanwhile
                     if tx._events:
-                        self.driver.begin(True)
+                        self.driver.begin(True, self.clock)
                 if tx._events or refusal.keep:
                     self._commit(tx)
                 raise refusal.error from None

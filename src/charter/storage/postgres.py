@@ -25,9 +25,13 @@ from charter.storage import dialect
 try:
     import psycopg
     from psycopg import errors as pg_errors
+    from psycopg import sql
     from psycopg.rows import dict_row
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
+
+
+_NOW = "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT AS now"
 
 
 def _translate(exc: Exception, busy_timeout: float) -> Exception:
@@ -67,14 +71,37 @@ class PostgresDriver:
             raise _translate(exc, self._busy_timeout) from None
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        rows = list(rows)
+        if not rows:
+            return
+        head, sep, group = sql.rpartition(" VALUES ")
+        if len(rows) == 1 or (sep and head.startswith("INSERT") and group.startswith("(")):
+            # One statement, one round trip: a multi-row VALUES list for inserts.
+            many = f"{head}{sep}{', '.join([group] * len(rows))}" if sep else sql
+            self.execute(many, [v for row in rows for v in row])
+            return
         try:
             with self._conn.cursor() as cur:
-                cur.executemany(sql, list(rows))
+                cur.executemany(sql, rows)
         except psycopg.Error as exc:
             raise _translate(exc, self._busy_timeout) from None
 
-    def begin(self, write: bool) -> None:
-        self.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", ())
+    def begin(self, write: bool, clock: Clock) -> int:
+        begin = "BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+        if not isinstance(clock, SystemClock):
+            self.execute(begin, ())
+            return clock.now_us()  # an injected clock (tests, simulations)
+        # The server's clock, read in the same round trip as BEGIN.
+        try:
+            # Two statements in one message: simple protocol, never prepared.
+            cur = self._conn.execute(f"{begin}; {_NOW}", prepare=False)
+        except psycopg.Error as exc:
+            raise _translate(exc, self._busy_timeout) from None
+        while cur.nextset():
+            row = cur.fetchone()
+            if row is not None:
+                return int(row["now"])
+        raise StoreError("PostgreSQL did not report its clock")
 
     def commit(self) -> None:
         self.execute("COMMIT", ())
@@ -83,18 +110,23 @@ class PostgresDriver:
         if self._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             self._conn.execute("ROLLBACK")
 
-    def now_us(self, clock: Clock) -> int:
-        if not isinstance(clock, SystemClock):
-            return clock.now_us()  # an injected clock (tests, simulations)
-        row = self._conn.execute(
-            "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT AS now"
-        ).fetchone()
-        assert row is not None
-        return int(row["now"])
-
-    def lock_chain(self, mission_id: str) -> None:
-        """Serialise appends to one mission's audit chain until the transaction ends."""
-        self.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (mission_id,))
+    def chain_head(self, mission_id: str) -> tuple[int, str] | None:
+        """Lock the mission's chain (advisory, until the transaction ends), then read
+        its head: two statements in one round trip, run in order, the read with a
+        fresh snapshot taken after the lock is held."""
+        m = sql.Literal(mission_id)
+        query = sql.SQL(
+            "SELECT pg_advisory_xact_lock(hashtextextended({m}, 0)); "
+            "SELECT seq, hash FROM audit_events WHERE mission_id = {m} "
+            "ORDER BY seq DESC LIMIT 1"
+        ).format(m=m)
+        try:
+            cur = self._conn.execute(query, prepare=False)
+            cur.nextset()
+            row = cur.fetchone()
+        except psycopg.Error as exc:
+            raise _translate(exc, self._busy_timeout) from None
+        return None if row is None else (row["seq"], row["hash"])
 
     def close(self) -> None:
         self._conn.close()

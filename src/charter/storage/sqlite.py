@@ -17,6 +17,8 @@ from charter.clock import Clock
 from charter.errors import StoreBusy, StoreConflict, StoreError
 from charter.storage import dialect
 
+_HEAD = "SELECT seq, hash FROM audit_events WHERE mission_id = ? ORDER BY seq DESC LIMIT 1"
+
 
 def _translate(exc: sqlite3.Error, busy_timeout: float) -> Exception:
     text = str(exc)
@@ -65,8 +67,10 @@ class SQLiteDriver:
         except sqlite3.Error as exc:
             raise _translate(exc, self._busy_timeout) from None
 
-    def begin(self, write: bool) -> None:
+    def begin(self, write: bool, clock: Clock) -> int:
         self.execute("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED", ())
+        # On one machine the store's clock is the engine's (injectable) clock.
+        return clock.now_us()
 
     def commit(self) -> None:
         self.execute("COMMIT", ())
@@ -75,12 +79,10 @@ class SQLiteDriver:
         if self._conn.in_transaction:
             self._conn.execute("ROLLBACK")
 
-    def now_us(self, clock: Clock) -> int:
-        # On one machine the store's clock is the engine's (injectable) clock.
-        return clock.now_us()
-
-    def lock_chain(self, mission_id: str) -> None:
-        """Nothing to do: ``BEGIN IMMEDIATE`` already made this the only writer."""
+    def chain_head(self, mission_id: str) -> tuple[int, str] | None:
+        # BEGIN IMMEDIATE already made this transaction the only writer.
+        row = self.execute(_HEAD, (mission_id,)).fetchone()
+        return None if row is None else (row["seq"], row["hash"])
 
     def close(self) -> None:
         self._conn.close()
