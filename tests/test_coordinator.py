@@ -1631,3 +1631,106 @@ def test_f2_a_late_result_that_contradicts_recorded_evidence_opens_an_incident(
     kept = sorted((e["verdict"], e["epoch"], e["settled"]) for e in eng.evidence(attempt.id))
     assert kept == [("applied", 1, 0), ("not_applied", None, 0)]
     assert len(adapter.sent) == 1
+
+
+# -- races between engines on one store (both backends) ----------------------------------
+
+
+def _race(*calls: Callable[[], Any]) -> list[Any]:
+    """Run the calls at the same moment from threads; return results or exceptions."""
+    import threading
+
+    barrier = threading.Barrier(len(calls))
+    out: list[Any] = [None] * len(calls)
+
+    def go(i: int, call: Callable[[], Any]) -> None:
+        barrier.wait()
+        try:
+            out[i] = call()
+        except Exception as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=go, args=(i, c)) for i, c in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return out
+
+
+def test_f1_r1_two_engines_recovering_at_once_make_exactly_one_owner(
+    make_engine: MakeEngine, creds: Creds, adapter: RecordingAdapter, clock: ManualClock
+) -> None:
+    eng, who, mission = open_engine(make_engine, creds)
+    ex = eng.start_run(mission, by=who.agent, segment_id="seg-1")
+    lost = left_unknown(ex, adapter, "write")
+    clock.advance(LEASE)
+    a, b = make_engine(), make_engine()
+
+    results = _race(
+        lambda: a.coordinator.recover(ex.run_id, "seg-a"),
+        lambda: b.coordinator.recover(ex.run_id, "seg-b"),
+    )
+
+    won = [r for r in results if isinstance(r, RecoveryState)]
+    refused = [r for r in results if isinstance(r, charter.LeaseHeld)]
+    assert (len(won), len(refused)) == (1, 1), results
+    run = eng.run(ex.run_id)
+    assert run.epoch == 2 and run.owner_segment == won[0].run.owner_segment
+    assert eng.attempt(lost).status is AttemptStatus.UNKNOWN
+    assert held(eng, mission) == {"usd": 5_000, "calls": 1}
+    assert len(events(eng, mission, "run.recovered")) == 1
+
+
+def test_r8_l6_two_people_resolving_at_once_settle_the_hold_once(
+    make_engine: MakeEngine, creds: Creds, adapter: RecordingAdapter, clock: ManualClock
+) -> None:
+    eng, who, mission = open_engine(make_engine, creds)
+    ex = eng.start_run(mission, by=who.agent, segment_id="seg-1")
+    lost = left_unknown(ex, adapter, "write")
+    a, b = make_engine(), make_engine()
+    alice_a = Principals(creds[0], creds[1], a).alice
+    alice_b = Principals(creds[0], creds[1], b).alice
+
+    results = _race(
+        lambda: a.coordinator.resolve(lost, by=alice_a, outcome="written_off", evidence="x"),
+        lambda: b.coordinator.resolve(
+            lost, by=alice_b, outcome="succeeded", evidence="y", cost={"usd": 4_000, "calls": 1}
+        ),
+    )
+
+    settled = [r for r in results if isinstance(r, charter.Attempt)]
+    refused = [r for r in results if isinstance(r, charter.AttemptAlreadySettled)]
+    assert (len(settled), len(refused)) == (1, 1), results
+    assert eng.attempt(lost).status is settled[0].status
+    assert held(eng, mission) == {"usd": 0, "calls": 0}
+    resolved = [
+        amount
+        for kind, unit, amount in entries_for(eng, mission, lost)
+        if kind in ("spend", "release") and unit == "usd"
+    ]
+    assert sum(resolved) == 5_000  # the hold was resolved once, not twice
+    assert eng.check_ledger(mission) == []
+
+
+def test_w2_two_approvers_deciding_at_once_decide_once(
+    make_engine: MakeEngine, creds: Creds, adapter: RecordingAdapter
+) -> None:
+    eng, who, mission = open_engine(make_engine, creds, approval_contract(ttl=60))
+    ex = eng.start_run(mission, by=who.agent, segment_id="seg-1")
+    _, approval_id = wait_for_approval(eng, ex, adapter, "write", {"to": "x"}, key="send")
+    a, b = make_engine(), make_engine()
+    bob_a = Principals(creds[0], creds[1], a).bob
+    alice_b = Principals(creds[0], creds[1], b).alice
+
+    results = _race(
+        lambda: a.approve(approval_id, by=bob_a),
+        lambda: b.approve(approval_id, by=alice_b, deny=True),
+    )
+
+    decided = [r for r in results if isinstance(r, ApprovalStatus)]
+    refused = [r for r in results if isinstance(r, charter.StateError)]
+    assert (len(decided), len(refused)) == (1, 1), results
+    [approval] = [x for x in eng.approvals() if x.id == approval_id]
+    assert approval.status is decided[0]
+    assert len(events(eng, mission, "approval.decided")) == 1

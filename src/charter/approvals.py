@@ -241,7 +241,7 @@ def decide(
         )
     status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
     expires = tx.now_us + ttl_seconds * 1_000_000 if approve else None
-    tx.run(
+    decided = tx.run(
         "UPDATE approvals SET status = ?, decided_by = ?, decided_at_us = ?, expires_at_us = ? "
         "WHERE id = ? AND status = 'pending'",
         status.value,
@@ -250,6 +250,11 @@ def decide(
         expires,
         approval.id,
     )
+    if not decided:  # another approver decided it meanwhile
+        raise StateError(
+            f"approval {approval.id} was decided by someone else meanwhile",
+            approval_id=approval.id,
+        )
     tx.audit(
         approval.mission_id,
         "approval.decided",

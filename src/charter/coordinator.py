@@ -228,15 +228,15 @@ class Coordinator:
             self._check_reconcilable(tx, current)
             contract = self._contract(tx, current.mission_id)
             settle = self._engine.config.evidence_settles == "auto" and _settles(evidence)
-            if settle:
-                self._apply(
-                    tx,
-                    current,
-                    evidence,
-                    contract,
-                    actor=actor,
-                    reason="evidence settled automatically (evidence_settles=auto)",
-                )
+            if settle and not self._apply(
+                tx,
+                current,
+                evidence,
+                contract,
+                actor=actor,
+                reason="evidence settled automatically (evidence_settles=auto)",
+            ):
+                raise _settled_meanwhile(current)
             settlement.record_evidence(
                 tx, current, evidence, actor=actor, epoch=None, settled=settle
             )
@@ -348,14 +348,15 @@ class Coordinator:
                 )
             row = rows[0]
             evidence = _evidence_from_row(row)
-            self._apply(
+            if not self._apply(
                 tx,
                 attempt,
                 evidence,
                 contract,
                 actor=by.name,
                 reason=f"confirmed evidence {row['id']}",
-            )
+            ):
+                raise _settled_meanwhile(attempt)
             tx.run("UPDATE evidence SET settled = 1 WHERE id = ?", row["id"])
             return load(tx, attempt_id)
 
@@ -401,7 +402,7 @@ class Coordinator:
             record = Evidence(
                 verdict, applied if verdict == "applied" else None, detail, source="person"
             )
-            settlement.settle(
+            if not settlement.settle(
                 tx,
                 attempt,
                 status,
@@ -415,7 +416,8 @@ class Coordinator:
                 segment=None,
                 epoch=None,
                 from_statuses=(AttemptStatus.DISPATCHED, AttemptStatus.UNKNOWN),
-            )
+            ):
+                raise _settled_meanwhile(attempt)
             settlement.record_evidence(tx, attempt, record, actor=by.name, epoch=None, settled=True)
             return load(tx, attempt_id)
 
@@ -428,8 +430,8 @@ class Coordinator:
         *,
         actor: str,
         reason: str,
-    ) -> None:
-        settlement.settle_by_evidence(
+    ) -> bool:
+        return settlement.settle_by_evidence(
             tx,
             attempt,
             evidence,
@@ -596,6 +598,15 @@ class Coordinator:
 
 def _unresolved(tx: Tx, run_id: str) -> list[Attempt]:
     return list_attempts(tx, run_id=run_id, unresolved=True)
+
+
+def _settled_meanwhile(attempt: Attempt) -> AttemptAlreadySettled:
+    """Another worker settled the attempt between our read and our write."""
+    return AttemptAlreadySettled(
+        f"attempt {attempt.id} was settled by someone else meanwhile; it is never settled "
+        "twice (see `charter attempts`)",
+        attempt_id=attempt.id,
+    )
 
 
 def _settles(evidence: Evidence) -> bool:

@@ -64,14 +64,16 @@ def close_incident(tx: Tx, incident_id: str, *, by: str, note: str) -> dict[str,
         raise StateError(f"incident {incident_id} is already closed", incident_id=incident_id)
     if not note.strip():
         raise StateError("closing an incident needs a note saying why it is safe to go on")
-    tx.run(
+    closed = tx.run(
         "UPDATE incidents SET status = 'closed', closed_at_us = ?, closed_by = ?, close_note = ? "
-        "WHERE id = ?",
+        "WHERE id = ? AND status = 'open'",
         tx.now_us,
         by,
         note,
         incident_id,
     )
+    if not closed:  # closed by someone else meanwhile
+        raise StateError(f"incident {incident_id} is already closed", incident_id=incident_id)
     tx.audit(
         incident["mission_id"],
         "incident.closed",
