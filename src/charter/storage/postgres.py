@@ -35,6 +35,12 @@ _NOW = "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT AS now"
 
 
 def _translate(exc: Exception, busy_timeout: float) -> Exception:
+    if isinstance(exc, pg_errors.DeadlockDetected):
+        return StoreBusy(
+            "two workers waited on each other's rows and the server chose this one to give "
+            "way; nothing was changed — try again",
+            retryable=True,
+        )
     if isinstance(exc, pg_errors.LockNotAvailable | pg_errors.QueryCanceled):
         return StoreBusy(
             f"the PostgreSQL store stayed busy for {busy_timeout:g}s (rows locked by another "
