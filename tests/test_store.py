@@ -527,3 +527,42 @@ def test_engine_config_is_discovered_from_the_environment_then_the_directory(
     monkeypatch.setenv("CHARTER_CONFIG", str(tmp_path / "absent.toml"))
     with pytest.raises(charter.ConfigError):
         charter.EngineConfig.discover()
+
+
+def test_a_write_blocked_by_another_worker_is_store_busy_after_a_bounded_wait(
+    backend: str,
+    store_address: str,
+    make_engine: Callable[..., charter.Engine],
+    creds: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    """Both stores: a writer held up by another worker gets a retryable StoreBusy
+    after ``busy_timeout_seconds``, never an unbounded wait, and changes nothing."""
+    import time
+    from contextlib import closing
+
+    engine = make_engine(busy_timeout_seconds=0.3)
+    alice = engine.authenticate(creds[0]["alice"])
+    agent = engine.authenticate(creds[0]["agent"])
+    mission = engine.create_mission(default_contract(), by=alice)
+    ex = engine.start_run(mission, by=agent, segment_id="seg-1")
+    adapter = RecordingAdapter()
+    before = engine.attempts(mission_id=mission), engine.balances(mission)
+    if backend == "sqlite":
+        holder: Any = closing(sqlite3.connect(store_address, isolation_level=None))
+        take = "BEGIN IMMEDIATE"
+    else:
+        import psycopg
+
+        holder = psycopg.connect(store_address, autocommit=True)
+        take = f"BEGIN; SELECT 1 FROM runs WHERE id = '{ex.run_id}' FOR UPDATE"
+    with holder as con:
+        con.execute(take)
+        started = time.monotonic()
+        with pytest.raises(charter.StoreBusy) as info:
+            ex.attempt(adapter, "write", {"to": "x"}, effect_key="blocked")
+        waited = time.monotonic() - started
+        con.execute("ROLLBACK")
+    assert info.value.details["retryable"] is True
+    assert 0.2 <= waited < 5
+    assert adapter.sent == []
+    assert (engine.attempts(mission_id=mission), engine.balances(mission)) == before
