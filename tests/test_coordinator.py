@@ -1734,3 +1734,64 @@ def test_w2_two_approvers_deciding_at_once_decide_once(
     [approval] = [x for x in eng.approvals() if x.id == approval_id]
     assert approval.status is decided[0]
     assert len(events(eng, mission, "approval.decided")) == 1
+
+
+def test_s1_l0_mixed_workers_on_one_mission_queue_without_deadlock(
+    make_engine: MakeEngine, creds: Creds
+) -> None:
+    # Attempts from three runs, limit raises and forced takeovers of a fourth run,
+    # all at once on one mission: each worker waits its turn (the mission's write
+    # gate), nothing deadlocks or fails, and the ledger and the chain hold after.
+    eng, _, mission = open_engine(
+        make_engine, creds, default_contract(allowance={"usd": 10**9, "calls": 10**6})
+    )
+    errors: list[BaseException] = []
+    # One engine per worker, opened here: each has its own seeded ID source.
+    engines = [make_engine(busy_timeout_seconds=20) for _ in range(5)]
+
+    def attempts(i: int) -> None:
+        e = engines[i]
+        ex = e.start_run(mission, by=Principals(creds[0], creds[1], e).agent, segment_id=f"w{i}")
+        adapter = RecordingAdapter()
+        for k in range(30):
+            ex.attempt(adapter, "write", {"k": k}, effect_key=f"k{k}")
+
+    def raises() -> None:
+        e = engines[3]
+        alice = Principals(creds[0], creds[1], e).alice
+        for k in range(15):
+            e.raise_limit(mission, "calls", 10**6 + k + 1, by=alice)
+
+    def takeovers() -> None:
+        e = engines[4]
+        people = Principals(creds[0], creds[1], e)
+        ex = e.start_run(mission, by=people.agent, segment_id="victim")
+        for k in range(10):
+            e.coordinator.recover(ex.run_id, f"take-{k}", force=True, by=people.alice)
+
+    def guarded(work: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                work()
+            except BaseException as exc:  # reported below, with the others
+                errors.append(exc)
+
+        return run
+
+    import threading
+
+    threads = [
+        *(threading.Thread(target=guarded(lambda i=i: attempts(i))) for i in range(3)),
+        threading.Thread(target=guarded(raises)),
+        threading.Thread(target=guarded(takeovers)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+
+    assert errors == []
+    assert len([a for a in eng.attempts(mission_id=mission) if a.status.settled]) == 90
+    assert eng.contract(mission).allowance["calls"] == 10**6 + 15
+    assert eng.check_ledger(mission) == []
+    assert all(v.ok for v in eng.verify_audit(mission))

@@ -67,6 +67,7 @@ class Coordinator:
         nothing is sent and nothing resumes (R6).
         """
         with self._db.transaction() as tx:
+            tx.lock_mission(runs.load(tx, run_id).mission_id)
             run = runs.load(tx, run_id, lock=True)
             contract = self._contract(tx, run.mission_id)
             if run.status.terminal:
@@ -476,6 +477,7 @@ class Coordinator:
         if run.owner_segment != segment_id:
             self.recover(run_id, segment_id, force=force, by=by)
         with self._db.transaction() as tx:
+            tx.lock_mission(runs.load(tx, run_id).mission_id)
             run = runs.load(tx, run_id, lock=True)
             contract = self._contract(tx, run.mission_id)
             approvals.renew_expired(tx, run_id, actor=f"segment:{segment_id}", epoch=run.epoch)

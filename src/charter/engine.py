@@ -164,6 +164,7 @@ class Engine:
                 actor=str(getattr(principal, "name", "?")),
                 payload={"right": right.value, "reason": "forged or foreign principal"},
             ) from None
+        tx.lock_mission(mission_id)  # every decision changes the mission: take its gate
         mission = missions.load(tx, mission_id)
         contract = self._contracts.get(tx, mission_id, mission.contract_version)
         if not contract.allows(principal.name, right, scope):

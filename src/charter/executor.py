@@ -65,7 +65,8 @@ _OWNER_SQL = (
     "ORDER BY seq DESC LIMIT 1) AS audit_seq, "
     "(SELECT hash FROM audit_events a WHERE a.mission_id = r.mission_id "
     "ORDER BY seq DESC LIMIT 1) AS audit_hash "
-    "FROM runs r JOIN missions m ON m.id = r.mission_id WHERE r.id = ? {lock}"
+    # missions before runs: the mission row is the write gate, always taken first.
+    "FROM missions m JOIN runs r ON m.id = r.mission_id WHERE r.id = ? {lock}"
 )
 
 _INSERT_ATTEMPT = (

@@ -72,6 +72,7 @@ def settle(
     nothing) if the attempt was no longer in ``from_statuses``.
     """
     assert status.settled
+    tx.lock_mission(attempt.mission_id)
     price_source = price_source or attempt.price_source  # L8: entries always name a source
     marks = ", ".join("?" for _ in from_statuses)
     changed = tx.run(
@@ -207,6 +208,7 @@ def void(
     epoch: int | None,
 ) -> bool:
     """VOIDED releases exactly its hold, and only if never DISPATCHED (L6)."""
+    tx.lock_mission(attempt.mission_id)
     changed = tx.run(
         "UPDATE attempts SET status = 'voided', reason = ?, settled_at_us = ? "
         "WHERE id = ? AND status = 'prepared'",
@@ -244,6 +246,7 @@ def mark_unknown(
     epoch: int | None,
 ) -> bool:
     """DISPATCHED -> UNKNOWN, keeping 100% of the hold (A3, L4)."""
+    tx.lock_mission(attempt.mission_id)
     changed = tx.run(
         "UPDATE attempts SET status = 'unknown', reason = ? WHERE id = ? AND status = 'dispatched'",
         reason,

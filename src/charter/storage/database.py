@@ -116,6 +116,16 @@ class Tx:
             }
         )
 
+    def lock_mission(self, mission_id: str) -> None:
+        """Take the mission's write gate (PostgreSQL; SQLite has one writer anyway).
+
+        Every transaction that changes a mission's runs, attempts or allowances
+        takes its mission row first, so there is one lock order and concurrent
+        workers queue instead of deadlocking.
+        """
+        if not self._driver.dialect.single_writer:
+            self.one("SELECT 1 AS x FROM missions WHERE id = ? {lock}", mission_id)
+
     def seed_head(self, mission_id: str, seq: int | None, hash_: str | None) -> None:
         """The chain head read earlier in this transaction (saves a query at commit)."""
         self._heads[mission_id] = (seq, hash_) if seq is not None and hash_ else (0, GENESIS)
