@@ -1119,3 +1119,30 @@ def test_A7_read_only_retries_are_bounded_and_the_caller_sees_what_is_stored(
             assert by_id[a.retry_of].status is Status.WRITTEN_OFF
     assert result.status is engine.attempt(result.id).status
     assert engine.check_ledger(mission) == []
+
+
+def test_S1_F1_a_lease_renewal_is_an_audited_transition(
+    engine: charter.Engine,
+    who: Principals,
+    mission: str,
+    adapter: RecordingAdapter,
+    clock: ManualClock,
+) -> None:
+    """Broken S1: the run's lease moves (a change of its stored row) with no audit
+    event, or a renewal extends a lease the run's owner no longer holds."""
+    ex = start(engine, who, mission)
+    first = engine.run(ex.run_id).lease_expires_us
+
+    clock.advance(16)  # past half of the 30 s lease: the next commit renews it
+    ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    renewed = engine.run(ex.run_id).lease_expires_us
+    clock.advance(1)
+    explicit = ex.renew_lease()
+
+    events = [e for e in engine.audit_events(mission) if e["kind"] == "run.lease_renewed"]
+    assert [(int(e["before"]), int(e["after"])) for e in events] == [
+        (first, renewed),
+        (renewed, explicit),
+    ]
+    assert renewed == first + 16_000_000 and engine.run(ex.run_id).lease_expires_us == explicit
+    assert all(v.ok for v in engine.verify_audit(mission))

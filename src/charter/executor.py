@@ -160,6 +160,7 @@ class Executor:
                 self.run_id,
                 self.epoch,
             )
+            self._audit_lease(tx, row["lease_expires_us"], self._lease_expires_us)
         else:
             self._lease_expires_us = row["lease_expires_us"]
         return row
@@ -183,8 +184,22 @@ class Executor:
                 raise self._fenced(
                     "its lease expired or the run was taken over", row["epoch"] if row else -1
                 )
+            self._audit_lease(tx, self._lease_expires_us, expires)
         self._lease_expires_us = expires
         return expires
+
+    def _audit_lease(self, tx: Tx, before: int, after: int) -> None:
+        """A renewal changes the run's row, so it is a transition like any other (S1)."""
+        tx.audit(
+            self.mission_id,
+            "run.lease_renewed",
+            self.run_id,
+            actor=self.principal,
+            segment=self.segment_id,
+            epoch=self.epoch,
+            before=str(before),
+            after=str(after),
+        )
 
     # -- the attempt path ---------------------------------------------------
     def prepare_call(self, adapter: Adapter, operation: str, request: Any) -> Call:
