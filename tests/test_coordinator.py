@@ -1795,3 +1795,22 @@ def test_s1_l0_mixed_workers_on_one_mission_queue_without_deadlock(
     assert eng.contract(mission).allowance["calls"] == 10**6 + 15
     assert eng.check_ledger(mission) == []
     assert all(v.ok for v in eng.verify_audit(mission))
+
+
+def test_n4_a_finished_run_is_never_changed_again_even_by_its_owner(
+    make_engine: MakeEngine, creds: Creds, adapter: RecordingAdapter
+) -> None:
+    eng, who, mission = open_engine(make_engine, creds)
+    ex = eng.start_run(mission, by=who.agent, segment_id="seg-1")
+    ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    ex.finish(RunStatus.COMPLETED)
+    before = stored(eng, mission)
+
+    with pytest.raises(charter.RunTerminal):
+        ex.finish(RunStatus.FAILED, "second thoughts")
+    with pytest.raises(charter.RunTerminal):
+        eng.stop_run(ex.run_id, by=who.alice)
+
+    assert eng.run(ex.run_id).status is RunStatus.COMPLETED
+    assert stored(eng, mission) == before
+    assert [e["after"] for e in events(eng, mission, "run.status")] == ["completed"]

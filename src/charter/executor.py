@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from charter import admission, approvals, ledger, settlement
+from charter import admission, approvals, ledger, runs, settlement
 from charter.adapters import Adapter, Dispatch, EffectClass, Estimate, Evidence, Outcome
 from charter.approvals import ApprovalStatus
 from charter.attempts import Attempt, AttemptStatus, idempotency_key_for, load
@@ -405,23 +405,16 @@ class Executor:
         return attempt
 
     def _set_status(self, tx: Tx, row: Row, status: RunStatus, reason: str) -> None:
-        tx.run(
-            "UPDATE runs SET status = ?, status_reason = ?, updated_at_us = ? WHERE id = ?",
-            status.value,
-            reason,
-            tx.now_us,
-            self.run_id,
-        )
-        tx.audit(
-            self.mission_id,
-            "run.status",
-            self.run_id,
+        runs.change_status(
+            tx,
+            run_id=self.run_id,
+            mission_id=self.mission_id,
+            epoch=self.epoch,
+            before=RunStatus(row["status"]),
+            after=status,
+            reason=reason,
             actor=self.principal,
             segment=self.segment_id,
-            epoch=self.epoch,
-            before=row["status"],
-            after=status.value,
-            payload={"reason": reason},
         )
 
     def _send_deadline(self, now_us: int) -> int:
@@ -699,7 +692,9 @@ class Executor:
         not_applied: NotApplied | None,
         error: str | None,
     ) -> Attempt:
-        units = self._budget_units if self._budget_units is not None else self._units(tx)
+        # Set by the admission or dispatch commit that preceded this settlement.
+        assert self._budget_units is not None
+        units = self._budget_units
         kw: dict[str, Any] = {
             "units": units,
             "actor": self.principal,
@@ -826,12 +821,6 @@ class Executor:
             if r["verdict"] != evidence.verdict or theirs != mine:
                 return True
         return False
-
-    def _units(self, tx: Tx) -> set[str]:
-        return {
-            r["unit"]
-            for r in tx.all("SELECT unit FROM allowances WHERE mission_id = ?", self.mission_id)
-        }
 
     def _crash(self, point: str) -> None:
         hook = self.engine._crash_hook

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from charter.errors import NotFound
+from charter.errors import NotFound, RunTerminal, StateError
 from charter.storage import Row, Tx
 
 
@@ -119,24 +119,62 @@ def set_status(
     actor: str,
     segment: str | None = None,
 ) -> None:
-    """Change a run's status, audited; a terminal run never changes again (N4)."""
+    """Change a run's status, audited (no-op if nothing changes)."""
     if run.status == status and run.status_reason == reason:
         return
-    tx.run(
-        "UPDATE runs SET status = ?, status_reason = ?, updated_at_us = ? WHERE id = ?",
-        status.value,
-        reason,
-        tx.now_us,
-        run.id,
-    )
-    tx.audit(
-        run.mission_id,
-        "run.status",
-        run.id,
+    change_status(
+        tx,
+        run_id=run.id,
+        mission_id=run.mission_id,
+        epoch=run.epoch,
+        before=run.status,
+        after=status,
+        reason=reason,
         actor=actor,
         segment=segment,
-        epoch=run.epoch,
-        before=run.status.value,
-        after=status.value,
+    )
+
+
+def change_status(
+    tx: Tx,
+    *,
+    run_id: str,
+    mission_id: str,
+    epoch: int,
+    before: RunStatus,
+    after: RunStatus,
+    reason: str | None,
+    actor: str,
+    segment: str | None,
+) -> None:
+    """The one place a run's status changes: audited, and a terminal run never
+    changes again (N4). Conditional on the status read, so a concurrent change
+    is refused rather than overwritten."""
+    if before.terminal:
+        raise RunTerminal(
+            f"run {run_id} is {before.value}; a terminal run is never reopened — start a "
+            "reviewed new linked run",
+            run_id=run_id,
+        )
+    changed = tx.run(
+        "UPDATE runs SET status = ?, status_reason = ?, updated_at_us = ? "
+        "WHERE id = ? AND status = ?",
+        after.value,
+        reason,
+        tx.now_us,
+        run_id,
+        before.value,
+    )
+    if not changed:
+        raise StateError(f"run {run_id} changed status meanwhile; read it again", run_id=run_id)
+    tx.audit(
+        mission_id,
+        "run.status",
+        run_id,
+        actor=actor,
+        segment=segment,
+        epoch=epoch,
+        before=before.value,
+        after=after.value,
         payload={"reason": reason},
     )
