@@ -153,17 +153,7 @@ class Engine:
         entity: str,
     ) -> Contract:
         """Vouch for ``principal`` and check ``right`` under the current contract."""
-        try:
-            self._auth.vouch(principal)
-        except AuthenticationError as exc:
-            raise tx.refused(
-                exc,
-                mission_id=mission_id,
-                kind="auth.refused",
-                entity=entity,
-                actor=str(getattr(principal, "name", "?")),
-                payload={"right": right.value, "reason": "forged or foreign principal"},
-            ) from None
+        self._vouch(tx, principal, mission_id=mission_id, entity=entity)
         tx.lock_mission(mission_id)  # every decision changes the mission: take its gate
         mission = missions.load(tx, mission_id)
         contract = self._contracts.get(tx, mission_id, mission.contract_version)
