@@ -116,12 +116,13 @@ def check_allowance(ex: Executor, tx: Tx, contract: Contract, row: Row, call: Ca
             actor=ex.principal,
             payload={"scope": call.scope, "units": unbudgeted},
         )
-    # Locked in a fixed order (by unit) so concurrent admissions cannot deadlock.
-    rows = tx.all(
-        "SELECT unit, available FROM allowances WHERE mission_id = ? ORDER BY unit {lock}",
-        ex.mission_id,
-    )
-    available = {r["unit"]: r["available"] for r in rows}
+    # Read with ownership, under the mission's gate: no other admission can
+    # hold from the same allowance until this transaction ends.
+    available = {
+        unit: int(amount)
+        for unit, _, amount in (pair.partition(":") for pair in (row["available"] or "").split(","))
+        if unit
+    }
     short = {
         u: {"estimate": a, "available": available.get(u, 0)}
         for u, a in estimate.items()

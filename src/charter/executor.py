@@ -41,6 +41,7 @@ from charter.errors import (
     NotApplied,
     NotAuthorized,
     StateError,
+    StoreConflict,
 )
 from charter.incidents import open_incident
 from charter.principals import Right
@@ -60,13 +61,11 @@ _OWNER_SQL = (
     "m.attempts_admitted, m.attempts_failed, "
     "(SELECT COUNT(*) FROM incidents i WHERE i.mission_id = r.mission_id "
     "AND i.status = 'open') AS open_incidents, "
-    # The audit chain's head, read under the same lock (saves a query at commit).
-    "(SELECT seq FROM audit_events a WHERE a.mission_id = r.mission_id "
-    "ORDER BY seq DESC LIMIT 1) AS audit_seq, "
-    "(SELECT hash FROM audit_events a WHERE a.mission_id = r.mission_id "
-    "ORDER BY seq DESC LIMIT 1) AS audit_hash "
-    # missions before runs: the mission row is the write gate, always taken first.
-    "FROM missions m JOIN runs r ON m.id = r.mission_id WHERE r.id = ? {lock}"
+    # "unit:amount,..." (units are plain names): one statement, one round trip.
+    "(SELECT {group_concat}(a.unit || ':' || a.available, ',') FROM allowances a "
+    "WHERE a.mission_id = r.mission_id) AS available "
+    # No row locks: the caller holds the mission's gate.
+    "FROM missions m JOIN runs r ON m.id = r.mission_id WHERE r.id = ?"
 )
 
 _INSERT_ATTEMPT = (
@@ -74,10 +73,7 @@ _INSERT_ATTEMPT = (
     "adapter, operation, effect_class, status, principal, admitted_epoch, dispatched_epoch, "
     "idempotency_key, request_hash, request, estimate, price_source, retry_of, "
     "send_deadline_us, prepared_at_us, dispatched_at_us) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-    # A repeat of an effect's generation is refused by the unique index without
-    # aborting the transaction (on either backend), so it can be reported precisely.
-    "ON CONFLICT DO NOTHING"
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
@@ -142,11 +138,12 @@ class Executor:
         )
 
     def _own(self, tx: Tx) -> Row:
-        """Check ownership in ``tx``; renew the lease if half of it is used."""
+        """Check ownership in ``tx`` (under the mission's gate); renew the lease if
+        half of it is used."""
+        tx.lock_mission(self.mission_id)
         row = tx.one(_OWNER_SQL, self.run_id)
         if row is None:
             raise self._fenced("the run no longer exists", -1)
-        tx.seed_head(self.mission_id, row["audit_seq"], row["audit_hash"])
         if row["epoch"] != self.epoch or row["owner_segment"] != self.segment_id:
             raise self._fenced(f"the run was taken over (epoch {row['epoch']})", row["epoch"])
         if row["lease_expires_us"] <= tx.now_us:
@@ -154,7 +151,7 @@ class Executor:
         lease_us = seconds_us(self.engine.config.lease_seconds)
         if row["lease_expires_us"] - tx.now_us < lease_us // 2:
             self._lease_expires_us = tx.now_us + lease_us
-            tx.run(
+            tx.write(
                 "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ?",
                 self._lease_expires_us,
                 self.run_id,
@@ -168,7 +165,7 @@ class Executor:
     def renew_lease(self) -> int:
         """Extend the lease (fenced by epoch); returns the new expiry in µs."""
         lease_us = seconds_us(self.engine.config.lease_seconds)
-        with self._db.transaction() as tx:
+        with self._db.transaction(gate=self.mission_id) as tx:
             expires = tx.now_us + lease_us
             changed = tx.run(
                 "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ? "
@@ -233,6 +230,39 @@ class Executor:
             spec.effect,
             estimate,
         )
+
+    def _admission(
+        self,
+        call: Call,
+        *,
+        node_id: str,
+        execution: int,
+        effect_key: str,
+        generation: int,
+        retry_of: str | None,
+        dispatch: bool = True,
+    ) -> Attempt:
+        """The admission transaction; a repeat of an effect's generation is reported
+        as such, and records nothing."""
+        effect = (node_id, execution, effect_key, generation, retry_of)
+        try:
+            with self._db.transaction(gate=self.mission_id) as tx:
+                return self._admit(
+                    tx,
+                    call,
+                    node_id=node_id,
+                    execution=execution,
+                    effect_key=effect_key,
+                    generation=generation,
+                    retry_of=retry_of,
+                    dispatch=dispatch,
+                )
+        except StoreConflict:
+            # The unique index refused the row (it may travel with COMMIT): say
+            # which attempt the effect already has.
+            with self._db.read() as tx:
+                admission.check_effect(self, tx, *effect)
+            raise
 
     def _admit(
         self,
@@ -334,7 +364,7 @@ class Executor:
             settled_at_us=None,
             generation=generation,
         )
-        inserted = tx.run(
+        tx.write(
             _INSERT_ATTEMPT,
             attempt.id,
             attempt.mission_id,
@@ -360,13 +390,10 @@ class Executor:
             now,
             attempt.dispatched_at_us,
         )
-        if not inserted:  # the unique index refused a repeat: say which attempt it is
-            admission.check_effect(self, tx, node_id, execution, effect_key, generation, retry_of)
-            raise StateError(f"attempt {attempt.id} could not be recorded (it conflicts)")
         ledger.record(
             tx, self.mission_id, attempt.id, ledger.hold(attempt.estimate), attempt.price_source
         )
-        tx.run(
+        tx.write(
             "UPDATE missions SET attempts_admitted = attempts_admitted + 1 WHERE id = ?",
             self.mission_id,
         )
@@ -457,24 +484,22 @@ class Executor:
         """
         call = self.prepare_call(adapter, operation, request)
         self._crash("admission.before")
-        with self._db.transaction() as tx:
-            attempt = self._admit(
-                tx,
-                call,
-                node_id=node_id,
-                execution=execution,
-                effect_key=effect_key,
-                generation=generation,
-                retry_of=retry_of,
-                dispatch=False,
-            )
+        attempt = self._admission(
+            call,
+            node_id=node_id,
+            execution=execution,
+            effect_key=effect_key,
+            generation=generation,
+            retry_of=retry_of,
+            dispatch=False,
+        )
         self._crash("admission.after")
         return attempt
 
     def dispatch(self, attempt_id: str, adapter: Adapter) -> Attempt:
         """Commit DISPATCHED for a PREPARED attempt of this epoch, send it, settle it."""
         self._crash("dispatch.before")
-        with self._db.transaction() as tx:
+        with self._db.transaction(gate=self.mission_id) as tx:
             attempt = self._commit_dispatch(tx, attempt_id, adapter)
         if attempt.status is AttemptStatus.VOIDED:
             return attempt
@@ -598,16 +623,14 @@ class Executor:
         retries = 0
         while True:
             self._crash("admission.before")
-            with self._db.transaction() as tx:
-                attempt = self._admit(
-                    tx,
-                    call,
-                    node_id=node_id,
-                    execution=execution,
-                    effect_key=effect_key,
-                    generation=generation,
-                    retry_of=retry_of,
-                )
+            attempt = self._admission(
+                call,
+                node_id=node_id,
+                execution=execution,
+                effect_key=effect_key,
+                generation=generation,
+                retry_of=retry_of,
+            )
             if attempt.status is AttemptStatus.VOIDED:
                 return attempt
             if attempt.status is AttemptStatus.PREPARED:
@@ -630,7 +653,7 @@ class Executor:
             EffectClass.READ_ONLY
         ):
             return False
-        with self._db.transaction() as tx:
+        with self._db.transaction(gate=self.mission_id) as tx:
             row = tx.one("SELECT contract_version FROM missions WHERE id = ?", self.mission_id)
             assert row is not None
             contract = self.engine._contracts.get(tx, self.mission_id, row["contract_version"])
@@ -679,7 +702,7 @@ class Executor:
         except Exception as exc:  # A3: an exception is not a failure
             error = f"{type(exc).__name__}: {exc}"
         self._crash("settlement.before")
-        with self._db.transaction() as tx:
+        with self._db.transaction(gate=self.mission_id) as tx:
             settled = self._settle(tx, attempt, outcome, not_applied, error)
         self._crash("settlement.after")
         return settled
@@ -830,7 +853,7 @@ class Executor:
     # -- run status and plans ---------------------------------------------------
     def _mark(self, status: str, reason: str) -> None:
         """Record why the run cannot go on (waiting, needs_intervention); fenced."""
-        with self._db.transaction() as tx:
+        with self._db.transaction(gate=self.mission_id) as tx:
             self._set_status_tx(tx, status, reason)
 
     def _set_status_tx(self, tx: Tx, status: str, reason: str) -> None:
@@ -865,7 +888,7 @@ class Executor:
         """End the run (fenced); refused while any attempt of the run is unresolved."""
         if not status.terminal:
             raise StateError(f"{status.value} is not a terminal status")
-        with self._db.transaction() as tx:
+        with self._db.transaction(gate=self.mission_id) as tx:
             row = self._own(tx)
             open_ = tx.one(
                 "SELECT COUNT(*) AS n FROM attempts WHERE run_id = ? "

@@ -112,7 +112,8 @@ def add_version(
     previous: Contract | None,
 ) -> int:
     """Record a new contract version, fund allowance changes, audit the change."""
-    row = tx.one("SELECT contract_version FROM missions WHERE id = ? {lock}", mission_id)
+    tx.lock_mission(mission_id)
+    row = tx.one("SELECT contract_version FROM missions WHERE id = ?", mission_id)
     if row is None:
         raise NotFound(f"no mission {mission_id!r} in this store", mission_id=mission_id)
     version: int = row["contract_version"] + 1

@@ -22,12 +22,7 @@ from charter.storage import Tx
 
 #: Per-run counters of settled attempts (R5 reports them without scanning history).
 _COUNT = {
-    status: f"UPDATE runs SET n_{status.value} = n_{status.value} + 1 WHERE id = ? "
-    # The mission's audit chain head comes back with it (saves a query at commit).
-    "RETURNING (SELECT seq FROM audit_events a WHERE a.mission_id = runs.mission_id "
-    "ORDER BY seq DESC LIMIT 1) AS audit_seq, "
-    "(SELECT hash FROM audit_events a WHERE a.mission_id = runs.mission_id "
-    "ORDER BY seq DESC LIMIT 1) AS audit_hash"
+    status: f"UPDATE runs SET n_{status.value} = n_{status.value} + 1 WHERE id = ?"
     for status in (
         AttemptStatus.SUCCEEDED,
         AttemptStatus.FAILED,
@@ -38,9 +33,7 @@ _COUNT = {
 
 
 def _count(tx: Tx, status: AttemptStatus, attempt: Attempt) -> None:
-    row = tx.one(_COUNT[status], attempt.run_id)
-    if row is not None:
-        tx.seed_head(attempt.mission_id, row["audit_seq"], row["audit_hash"])
+    tx.write(_COUNT[status], attempt.run_id)
 
 
 def _dump(value: Any) -> str | None:
@@ -125,7 +118,7 @@ def settle(
         )
     _count(tx, status, attempt)
     if status is AttemptStatus.FAILED:
-        tx.run(
+        tx.write(
             "UPDATE missions SET attempts_failed = attempts_failed + 1 WHERE id = ?",
             attempt.mission_id,
         )

@@ -6,6 +6,18 @@ audit events that are chained and written *inside the same transaction* just
 before commit (S1). A refusal that must be recorded (an unauthenticated caller,
 a denied resolution) is staged with :meth:`Tx.refuse`: the audit event commits,
 then the error is raised, and nothing else changes.
+
+Two things keep a transaction short on a networked store:
+
+- **the mission's gate.** Every transaction that changes a mission takes its
+  gate first (:meth:`Tx.lock_mission`, or ``transaction(gate=...)`` to take it
+  with ``BEGIN``). The gate is also the only way onto the mission's audit
+  chain, so the chain's head read under it stays valid until commit.
+- **deferred writes.** A statement whose result nobody reads (a ledger entry,
+  a counter, an audit event) is given to :meth:`Tx.write`; a backend may send
+  it together with the next statement that returns something, or with
+  ``COMMIT``. It is still inside the transaction: it commits with everything
+  else or not at all, and a failure aborts the whole transaction.
 """
 
 from __future__ import annotations
@@ -22,6 +34,8 @@ from charter.ids import IdFactory
 from charter.storage.dialect import Dialect
 
 Row = Mapping[str, Any]
+#: An audit chain's head: the last event's sequence number and hash.
+Head = tuple[int, str]
 
 
 class Driver(Protocol):
@@ -31,19 +45,31 @@ class Driver(Protocol):
 
     def execute(self, sql: str, params: Sequence[Any]) -> Any: ...
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None: ...
+    def defer(self, sql: str, params: Sequence[Any]) -> None:
+        """Run a statement whose result is not needed, now or with the next one."""
+        ...
 
-    def begin(self, write: bool, clock: Clock) -> int:
-        """Start a transaction; return the store's time for it (µs)."""
+    def begin(self, write: bool, clock: Clock, gate: str | None) -> None:
+        """Start a transaction (``gate``: taking that mission's gate first); a
+        backend may send this with the transaction's first statement."""
+        ...
+
+    def now_us(self) -> int:
+        """The store's time for the current transaction (µs)."""
         ...
 
     def commit(self) -> None: ...
 
     def rollback(self) -> None: ...
 
-    def chain_head(self, mission_id: str) -> tuple[int, str] | None:
-        """The last (seq, hash) of a mission's audit chain, with this transaction
-        made its only appender until it ends."""
+    def gate(self, mission_id: str) -> None:
+        """Take the mission's gate until the transaction ends, before any later
+        statement: this transaction becomes the only one changing the mission
+        or appending to its audit chain."""
+        ...
+
+    def head(self, mission_id: str) -> Head | None:
+        """The last (seq, hash) of the chain of a mission whose gate is held."""
         ...
 
     def close(self) -> None: ...
@@ -62,13 +88,21 @@ class Refused(BaseException):
 class Tx:
     """One transaction: statements, the store's time, and pending audit events."""
 
-    def __init__(self, driver: Driver, now_us: int, ids: IdFactory) -> None:
+    def __init__(self, driver: Driver, ids: IdFactory, gate: str | None) -> None:
         self._driver = driver
         self._sql = driver.dialect.sql
-        self.now_us = now_us
         self.ids = ids
+        self._now_us: int | None = None
         self._events: list[dict[str, Any]] = []
-        self._heads: dict[str, tuple[int, str]] = {}
+        #: The missions whose gate this transaction holds.
+        self._gates: set[str] = set() if gate is None else {gate}
+
+    @property
+    def now_us(self) -> int:
+        """The store's time, fixed for the whole transaction."""
+        if self._now_us is None:
+            self._now_us = self._driver.now_us()
+        return self._now_us
 
     # -- statements -----------------------------------------------------------
     def one(self, sql: str, *params: Any) -> Row | None:
@@ -83,8 +117,22 @@ class Tx:
         count: int = self._driver.execute(self._sql(sql), params).rowcount
         return count
 
+    def write(self, sql: str, *params: Any) -> None:
+        """A statement whose result is not needed; it may be sent later, in this
+        transaction (see the module's docstring)."""
+        self._driver.defer(self._sql(sql), params)
+
     def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        self._driver.executemany(self._sql(sql), rows)
+        """Deferred writes of one statement; an INSERT becomes one multi-row statement."""
+        rows = list(rows)
+        if not rows:
+            return
+        head, sep, group = sql.rpartition(" VALUES ")
+        if len(rows) > 1 and sep and head.startswith("INSERT") and group.startswith("("):
+            sql = f"{head}{sep}{', '.join([group] * len(rows))}"
+            rows = [[v for row in rows for v in row]]
+        for row in rows:
+            self._driver.defer(self._sql(sql), row)
 
     # -- audit (S1) ---------------------------------------------------------------
     def audit(
@@ -117,18 +165,15 @@ class Tx:
         )
 
     def lock_mission(self, mission_id: str) -> None:
-        """Take the mission's write gate (PostgreSQL; SQLite has one writer anyway).
+        """Take the mission's gate before changing anything of it.
 
         Every transaction that changes a mission's runs, attempts or allowances
-        takes its mission row first, so there is one lock order and concurrent
-        workers queue instead of deadlocking.
+        takes its gate first, so there is one lock order and concurrent workers
+        queue instead of deadlocking (SQLite's single writer is a gate already).
         """
-        if not self._driver.dialect.single_writer:
-            self.one("SELECT 1 AS x FROM missions WHERE id = ? {lock}", mission_id)
-
-    def seed_head(self, mission_id: str, seq: int | None, hash_: str | None) -> None:
-        """The chain head read earlier in this transaction (saves a query at commit)."""
-        self._heads[mission_id] = (seq, hash_) if seq is not None and hash_ else (0, GENESIS)
+        if mission_id not in self._gates:
+            self._driver.gate(mission_id)
+            self._gates.add(mission_id)
 
     def refused(
         self,
@@ -157,14 +202,12 @@ class Tx:
     def _flush_audit(self) -> None:
         if not self._events:
             return
-        heads = self._heads
-        if not self._driver.dialect.single_writer:
-            heads.clear()  # other writers may append meanwhile: seeds are not enough
-        # In a fixed order, so two transactions never wait on each other's chains.
-        for mission_id in sorted({ev["mission_id"] for ev in self._events}):
-            if mission_id not in heads:
-                last = self._driver.chain_head(mission_id)
-                heads[mission_id] = last if last is not None else (0, GENESIS)
+        # Gates not held yet are taken in a fixed order, so two transactions
+        # never wait on each other's chains.
+        chains = sorted({ev["mission_id"] for ev in self._events})
+        for mission_id in chains:
+            self.lock_mission(mission_id)
+        heads = {m: self._driver.head(m) or (0, GENESIS) for m in chains}
         rows: list[tuple[Any, ...]] = []
         for ev in self._events:
             mission_id = ev["mission_id"]
@@ -215,19 +258,21 @@ class Database:
         self._lock = threading.RLock()
 
     @contextmanager
-    def transaction(self, *, write: bool = True) -> Iterator[Tx]:
-        """A transaction; ``write`` takes the writer lock up front (BEGIN IMMEDIATE)."""
+    def transaction(self, *, write: bool = True, gate: str | None = None) -> Iterator[Tx]:
+        """A transaction; ``write`` takes the writer lock up front (BEGIN IMMEDIATE),
+        ``gate`` takes that mission's gate with ``BEGIN`` (one round trip)."""
         with self._lock:
-            tx = Tx(self.driver, self.driver.begin(write, self.clock), self.ids)
+            self.driver.begin(write, self.clock, gate)
+            tx = Tx(self.driver, self.ids, gate)
             try:
                 yield tx
             except Refused as refusal:
                 if not refusal.keep:
                     self.driver.rollback()
                     tx._events = [refusal.event] if refusal.event else []
-                    tx._heads = {}  # another writer may have appended meanwhile
+                    tx._gates = set()  # the gates went with the rollback
                     if tx._events:
-                        self.driver.begin(True, self.clock)
+                        self.driver.begin(True, self.clock, None)
                 if tx._events or refusal.keep:
                     self._commit(tx)
                 raise refusal.error from None

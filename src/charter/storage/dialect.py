@@ -9,7 +9,8 @@ backends cannot drift:
   ``BEGIN IMMEDIATE`` already holds the single writer lock);
 - ``{serial_pk}`` in DDL is an auto-incrementing 64-bit key;
 - ``{without_rowid}`` after a table's DDL clusters it by its primary key on
-  SQLite (PostgreSQL tables need nothing).
+  SQLite (PostgreSQL tables need nothing);
+- ``{group_concat}(text, separator)`` is the string aggregate.
 
 Upserts use ``ON CONFLICT ... DO UPDATE`` and results use ``RETURNING``: both
 backends accept the same text.
@@ -27,9 +28,7 @@ class Dialect:
     lock: str
     serial_pk: str
     without_rowid: str
-    #: SQLite: one writer at a time, and a failed statement leaves the transaction
-    #: usable. PostgreSQL: row locks, and any error aborts the transaction.
-    single_writer: bool
+    group_concat: str
     _cache: dict[str, str] = field(default_factory=dict, repr=False)
 
     def sql(self, text: str) -> str:
@@ -40,6 +39,7 @@ class Dialect:
                 text.replace("{lock}", self.lock)
                 .replace("{serial_pk}", self.serial_pk)
                 .replace("{without_rowid}", self.without_rowid)
+                .replace("{group_concat}", self.group_concat)
             )
             if self.placeholder != "?":
                 out = out.replace("?", self.placeholder)
@@ -48,8 +48,8 @@ class Dialect:
 
 
 def sqlite() -> Dialect:
-    return Dialect("sqlite", "?", "", "INTEGER PRIMARY KEY", " WITHOUT ROWID", True)
+    return Dialect("sqlite", "?", "", "INTEGER PRIMARY KEY", " WITHOUT ROWID", "group_concat")
 
 
 def postgresql() -> Dialect:
-    return Dialect("postgresql", "%s", " FOR UPDATE", "BIGSERIAL PRIMARY KEY", "", False)
+    return Dialect("postgresql", "%s", " FOR UPDATE", "BIGSERIAL PRIMARY KEY", "", "string_agg")

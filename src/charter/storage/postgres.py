@@ -15,17 +15,17 @@ same on every machine; tests may inject a clock instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from charter.clock import Clock, SystemClock
 from charter.errors import ConfigError, StoreBusy, StoreConflict, StoreError
 from charter.storage import dialect
+from charter.storage.database import Head
 
 try:
     import psycopg
     from psycopg import errors as pg_errors
-    from psycopg import sql
     from psycopg.rows import dict_row
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
@@ -52,14 +52,39 @@ def _translate(exc: Exception, busy_timeout: float) -> Exception:
     return StoreError(f"PostgreSQL error: {exc}")
 
 
+#: A statement waiting to be sent, and what to do with its result.
+_Pending = tuple[str, Sequence[Any], "Callable[[Any], None] | None"]
+
+_GATE = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+#: A statement of its own after the lock, so its snapshot sees every append before
+#: it; the clock is read there too, so a wait for the gate does not age it.
+_HEAD = (
+    "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT AS now, "
+    "(SELECT seq FROM audit_events WHERE mission_id = %s ORDER BY seq DESC LIMIT 1) AS seq, "
+    "(SELECT hash FROM audit_events WHERE mission_id = %s ORDER BY seq DESC LIMIT 1) AS hash"
+)
+
+
 class PostgresDriver:
-    """One connection to one PostgreSQL database (and schema, via ``search_path``)."""
+    """One connection to one PostgreSQL database (and schema, via ``search_path``).
+
+    Round trips are what an attempt costs here, so a transaction makes few.
+    Nothing is sent until a statement needs its result: ``BEGIN``, the
+    server's clock, the mission's gate and the deferred writes wait, and
+    travel with that statement or with ``COMMIT``. Such a batch is one
+    simple-protocol message with its values bound by the client (psycopg's
+    ``ClientCursor``): the server runs its statements in order and stops at the
+    first error, which aborts the transaction.
+    """
 
     def __init__(self, url: str, *, busy_timeout: float = 5.0) -> None:
         if psycopg is None:
             raise ConfigError("the PostgreSQL store needs psycopg: pip install 'charter[postgres]'")
         self.dialect = dialect.postgresql()
         self._busy_timeout = busy_timeout
+        self._pending: list[_Pending] = []
+        self._now: int | None = None
+        self._heads: dict[str, Head | None] = {}
         try:
             self._conn = psycopg.connect(
                 url, autocommit=True, row_factory=dict_row, prepare_threshold=0
@@ -71,68 +96,82 @@ class PostgresDriver:
             raise StoreError(f"cannot open the PostgreSQL store: {exc}") from None
 
     def execute(self, sql: str, params: Sequence[Any]) -> Any:
+        if self._pending:
+            return self._send((sql, params, None))
         try:
             return self._conn.execute(sql, params or None)
         except psycopg.Error as exc:
             raise _translate(exc, self._busy_timeout) from None
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        rows = list(rows)
-        if not rows:
-            return
-        head, sep, group = sql.rpartition(" VALUES ")
-        if len(rows) == 1 or (sep and head.startswith("INSERT") and group.startswith("(")):
-            # One statement, one round trip: a multi-row VALUES list for inserts.
-            many = f"{head}{sep}{', '.join([group] * len(rows))}" if sep else sql
-            self.execute(many, [v for row in rows for v in row])
-            return
-        try:
-            with self._conn.cursor() as cur:
-                cur.executemany(sql, rows)
-        except psycopg.Error as exc:
-            raise _translate(exc, self._busy_timeout) from None
+    def defer(self, sql: str, params: Sequence[Any]) -> None:
+        self._pending.append((sql, params, None))
 
-    def begin(self, write: bool, clock: Clock) -> int:
-        begin = "BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-        if not isinstance(clock, SystemClock):
-            self.execute(begin, ())
-            return clock.now_us()  # an injected clock (tests, simulations)
-        # The server's clock, read in the same round trip as BEGIN.
+    def _send(self, last: _Pending | None = None) -> Any:
+        """Everything pending (and ``last``) in one pipeline; returns the last
+        statement's cursor."""
+        batch = self._pending if last is None else [*self._pending, last]
+        self._pending = []
+        conn = self._conn
         try:
-            # Two statements in one message: simple protocol, never prepared.
-            cur = self._conn.execute(f"{begin}; {_NOW}", prepare=False)
+            with conn.pipeline():
+                cursors = [conn.execute(q, p or None) for q, p, _ in batch]
+            for cur, (_, _, take) in zip(cursors, batch, strict=True):
+                if take is not None:
+                    take(cur)
         except psycopg.Error as exc:
             raise _translate(exc, self._busy_timeout) from None
-        while cur.nextset():
+        return cursors[-1]
+
+    def begin(self, write: bool, clock: Clock, gate: str | None) -> None:
+        begin = "BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+        self._pending = [(begin, (), None)]
+        self._heads = {}
+        # The server's clock is read once, with the gate if there is one;
+        # tests and simulations may inject a clock instead.
+        self._now = None if isinstance(clock, SystemClock) else clock.now_us()
+        if gate is not None:
+            self.gate(gate)
+        elif self._now is None:
+            self._pending.append((_NOW, (), self._take_now))
+
+    def _take_now(self, cur: Any) -> None:
+        self._now = int(cur.fetchone()["now"])
+
+    def now_us(self) -> int:
+        if self._now is None:
+            self._send()
+        if self._now is None:
+            raise StoreError("PostgreSQL did not report its clock")
+        return self._now
+
+    def gate(self, mission_id: str) -> None:
+        """An advisory lock on the mission until the transaction ends, then its
+        chain head (sent with the next statement)."""
+
+        def take(cur: Any) -> None:
             row = cur.fetchone()
-            if row is not None:
-                return int(row["now"])
-        raise StoreError("PostgreSQL did not report its clock")
+            if self._now is None:
+                self._now = int(row["now"])
+            seq, hash_ = row["seq"], row["hash"]
+            self._heads[mission_id] = None if seq is None else (seq, hash_)
+
+        self._pending += [(_GATE, (mission_id,), None), (_HEAD, (mission_id, mission_id), take)]
+
+    def head(self, mission_id: str) -> Head | None:
+        if mission_id not in self._heads:
+            self._send()
+        return self._heads[mission_id]
 
     def commit(self) -> None:
-        self.execute("COMMIT", ())
+        if self._pending:
+            self._send(("COMMIT", (), None))
+        else:
+            self.execute("COMMIT", ())
 
     def rollback(self) -> None:
+        self._pending = []
         if self._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             self._conn.execute("ROLLBACK")
-
-    def chain_head(self, mission_id: str) -> tuple[int, str] | None:
-        """Lock the mission's chain (advisory, until the transaction ends), then read
-        its head: two statements in one round trip, run in order, the read with a
-        fresh snapshot taken after the lock is held."""
-        m = sql.Literal(mission_id)
-        query = sql.SQL(
-            "SELECT pg_advisory_xact_lock(hashtextextended({m}, 0)); "
-            "SELECT seq, hash FROM audit_events WHERE mission_id = {m} "
-            "ORDER BY seq DESC LIMIT 1"
-        ).format(m=m)
-        try:
-            cur = self._conn.execute(query, prepare=False)
-            cur.nextset()
-            row = cur.fetchone()
-        except psycopg.Error as exc:
-            raise _translate(exc, self._busy_timeout) from None
-        return None if row is None else (row["seq"], row["hash"])
 
     def close(self) -> None:
         self._conn.close()

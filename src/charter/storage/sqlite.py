@@ -9,13 +9,14 @@ deadlocking on upgrade, and a bounded busy wait that ends in
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from charter.clock import Clock
 from charter.errors import StoreBusy, StoreConflict, StoreError
 from charter.storage import dialect
+from charter.storage.database import Head
 
 _HEAD = "SELECT seq, hash FROM audit_events WHERE mission_id = ? ORDER BY seq DESC LIMIT 1"
 
@@ -41,6 +42,7 @@ class SQLiteDriver:
         self.dialect = dialect.sqlite()
         self.path = path
         self._busy_timeout = busy_timeout
+        self._now_us = 0
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._conn = sqlite3.connect(
@@ -61,16 +63,19 @@ class SQLiteDriver:
         except sqlite3.Error as exc:
             raise _translate(exc, self._busy_timeout) from None
 
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        try:
-            self._conn.executemany(sql, rows)
-        except sqlite3.Error as exc:
-            raise _translate(exc, self._busy_timeout) from None
+    def defer(self, sql: str, params: Sequence[Any]) -> None:
+        # In-process: nothing is gained by waiting.
+        self.execute(sql, params)
 
-    def begin(self, write: bool, clock: Clock) -> int:
+    def begin(self, write: bool, clock: Clock, gate: str | None) -> None:
+        # BEGIN IMMEDIATE makes this transaction the only writer: the gate of
+        # every mission at once.
         self.execute("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED", ())
         # On one machine the store's clock is the engine's (injectable) clock.
-        return clock.now_us()
+        self._now_us = clock.now_us()
+
+    def now_us(self) -> int:
+        return self._now_us
 
     def commit(self) -> None:
         self.execute("COMMIT", ())
@@ -79,8 +84,10 @@ class SQLiteDriver:
         if self._conn.in_transaction:
             self._conn.execute("ROLLBACK")
 
-    def chain_head(self, mission_id: str) -> tuple[int, str] | None:
-        # BEGIN IMMEDIATE already made this transaction the only writer.
+    def gate(self, mission_id: str) -> None:
+        """Held since BEGIN IMMEDIATE."""
+
+    def head(self, mission_id: str) -> Head | None:
         row = self.execute(_HEAD, (mission_id,)).fetchone()
         return None if row is None else (row["seq"], row["hash"])
 
