@@ -1,20 +1,30 @@
 """The PostgreSQL backend (psycopg 3), for several workers on several machines.
 
 The same SQL as SQLite runs here through the dialect layer. What differs is
-how writers are kept apart: SQLite has one writer at a time, PostgreSQL has
-row locks. Every statement that decides (ownership, allowances) locks its rows
-with ``FOR UPDATE`` (allowances in a fixed order, L3), conditional updates
-re-check their ``WHERE`` after a wait (so a hold is still resolved once), and
-appends to a mission's audit chain are serialised by a transaction-scoped
-advisory lock on the mission. ``lock_timeout`` bounds every wait: a busy store
-gives :class:`~charter.errors.StoreBusy`, never an unbounded wait.
+how writers are kept apart: SQLite has one writer at a time; here each
+mission has a **gate**, a transaction-scoped advisory lock that every
+transaction changing the mission takes before anything else (one lock order,
+so workers queue instead of deadlocking). The gate also serialises appends to
+the mission's audit chain, so the chain head read just after taking it stays
+valid until commit. Conditional updates still re-check their ``WHERE`` (a hold
+is resolved once even by a writer that forgot the gate), and ``lock_timeout``
+bounds every wait: a busy store gives :class:`~charter.errors.StoreBusy`, never
+an unbounded wait.
 
-The store's clock is the server's (``clock_timestamp()``), so leases mean the
-same on every machine; tests may inject a clock instead.
+The store's clock is the server's (``clock_timestamp()``, read after the gate),
+so leases mean the same on every machine; tests may inject a clock instead.
+
+Round trips are what an attempt costs here. Nothing is sent until a statement
+needs its result: ``BEGIN``, the gate, the clock and the deferred writes wait
+and travel with that statement, or with ``COMMIT``, as one libpq pipeline of
+prepared statements. An attempt makes four round trips.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
+import select
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +36,8 @@ from charter.storage.database import Head
 try:
     import psycopg
     from psycopg import errors as pg_errors
+    from psycopg.adapt import Transformer
+    from psycopg.pq import ExecStatus
     from psycopg.rows import dict_row
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
@@ -53,7 +65,7 @@ def _translate(exc: Exception, busy_timeout: float) -> Exception:
 
 
 #: A statement waiting to be sent, and what to do with its result.
-_Pending = tuple[str, Sequence[Any], "Callable[[Any], None] | None"]
+_Pending = tuple[str, Sequence[Any], "Callable[[Result], None] | None"]
 
 _GATE = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 #: A statement of its own after the lock, so its snapshot sees every append before
@@ -65,17 +77,50 @@ _HEAD = (
 )
 
 
-class PostgresDriver:
-    """One connection to one PostgreSQL database (and schema, via ``search_path``).
+class Result:
+    """One statement's rows and row count, as a pipeline returns them."""
 
-    Round trips are what an attempt costs here, so a transaction makes few.
-    Nothing is sent until a statement needs its result: ``BEGIN``, the
-    server's clock, the mission's gate and the deferred writes wait, and
-    travel with that statement or with ``COMMIT``. Such a batch is one
-    simple-protocol message with its values bound by the client (psycopg's
-    ``ClientCursor``): the server runs its statements in order and stops at the
-    first error, which aborts the transaction.
-    """
+    def __init__(self, rows: list[dict[str, Any]], rowcount: int) -> None:
+        self._rows = rows
+        self.rowcount = rowcount
+
+    def fetchone(self) -> dict[str, Any] | None:
+        return self._rows[0] if self._rows else None
+
+    def fetchall(self) -> list[dict[str, Any]]:
+        return self._rows
+
+
+def _numbered(sql: str) -> str:
+    """``%s`` placeholders as libpq numbers them: ``$1``, ``$2``, ..."""
+    n = itertools.count(1)
+    return re.sub("%s", lambda _: f"${next(n)}", sql)
+
+
+def _result(pg: Any) -> Any:
+    """The next result, waiting for it in ``select`` (which lets other threads
+    run: one may be about to release the lock this one waits for)."""
+    while pg.is_busy():
+        select.select([pg.socket], [], [])
+        pg.consume_input()
+    return pg.get_result()
+
+
+def _text(value: Any) -> bytes | None:
+    """A parameter in PostgreSQL's text format; the server infers its type."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bool):
+        return b"t" if value else b"f"
+    if isinstance(value, int):
+        return str(value).encode()
+    raise TypeError(f"cannot send a {type(value).__name__} to PostgreSQL")
+
+
+class PostgresDriver:
+    """One connection to one PostgreSQL database (and schema, via ``search_path``)."""
 
     def __init__(self, url: str, *, busy_timeout: float = 5.0) -> None:
         if psycopg is None:
@@ -85,42 +130,89 @@ class PostgresDriver:
         self._pending: list[_Pending] = []
         self._now: int | None = None
         self._heads: dict[str, Head | None] = {}
+        #: Statement text -> the name it is prepared under on this connection.
+        self._prepared: dict[str, bytes] = {}
+        self._names = itertools.count()
         try:
-            self._conn = psycopg.connect(
-                url, autocommit=True, row_factory=dict_row, prepare_threshold=0
-            )
+            self._conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
             ms = max(1, round(busy_timeout * 1000))
             self._conn.execute(f"SET lock_timeout = {ms}")
             self._conn.execute("SET synchronous_commit = on")
         except psycopg.Error as exc:
             raise StoreError(f"cannot open the PostgreSQL store: {exc}") from None
+        self._loaders = Transformer(self._conn)
 
-    def execute(self, sql: str, params: Sequence[Any]) -> Any:
-        if self._pending:
-            return self._send((sql, params, None))
-        try:
-            return self._conn.execute(sql, params or None)
-        except psycopg.Error as exc:
-            raise _translate(exc, self._busy_timeout) from None
+    def execute(self, sql: str, params: Sequence[Any]) -> Result:
+        return self._send((sql, params, None))
 
     def defer(self, sql: str, params: Sequence[Any]) -> None:
         self._pending.append((sql, params, None))
 
-    def _send(self, last: _Pending | None = None) -> Any:
-        """Everything pending (and ``last``) in one pipeline; returns the last
-        statement's cursor."""
+    def _send(self, last: _Pending | None = None) -> Result:
+        """Everything pending (and ``last``) in one pipeline: one round trip.
+
+        A statement is prepared the first time it is seen (in the same
+        pipeline) and later only bound and executed. The server runs the
+        statements in order; after an error it skips the rest, and the
+        transaction is aborted.
+        """
         batch = self._pending if last is None else [*self._pending, last]
         self._pending = []
-        conn = self._conn
+        pg = self._conn.pgconn
+        new: list[str] = []
+        prepares: list[bool] = []  # per command sent: is it a prepare?
         try:
-            with conn.pipeline():
-                cursors = [conn.execute(q, p or None) for q, p, _ in batch]
-            for cur, (_, _, take) in zip(cursors, batch, strict=True):
-                if take is not None:
-                    take(cur)
+            pg.nonblocking = 0  # so the sync below flushes everything queued
+            pg.enter_pipeline_mode()
+            try:
+                for sql, params, _ in batch:
+                    name = self._prepared.get(sql)
+                    if name is None:
+                        name = self._prepared[sql] = b"charter_%d" % next(self._names)
+                        new.append(sql)
+                        pg.send_prepare(name, _numbered(sql).encode())
+                        prepares.append(True)
+                    prepares.append(False)
+                    pg.send_query_prepared(name, [_text(v) for v in params] if params else None)
+                pg.pipeline_sync()
+                results = [self._next(pg) for _ in prepares]
+                sync = _result(pg)
+                if sync is None or sync.status != ExecStatus.PIPELINE_SYNC:
+                    raise StoreError("PostgreSQL answered a pipeline out of order")
+            finally:
+                pg.exit_pipeline_mode()
+                pg.nonblocking = 1
         except psycopg.Error as exc:
             raise _translate(exc, self._busy_timeout) from None
-        return cursors[-1]
+        failed = next((r for r in results if r.status == ExecStatus.FATAL_ERROR), None)
+        if failed is not None:
+            for sql in new:  # it may not have been prepared: prepare it afresh next time
+                del self._prepared[sql]
+            error = pg_errors.error_from_result(failed, self._conn.info.encoding)
+            raise _translate(error, self._busy_timeout)
+        executed = [self._load(r) for r, prep in zip(results, prepares, strict=True) if not prep]
+        for result, (_, _, take) in zip(executed, batch, strict=True):
+            if take is not None:
+                take(result)
+        return executed[-1]
+
+    @staticmethod
+    def _next(pg: Any) -> Any:
+        """One command's result (in a pipeline, each is followed by an end marker)."""
+        res = _result(pg)
+        while _result(pg) is not None:
+            pass
+        return res
+
+    def _load(self, res: Any) -> Result:
+        rows: list[dict[str, Any]] = []
+        if res.status == ExecStatus.TUPLES_OK and res.ntuples:
+            names = [res.fname(i).decode() for i in range(res.nfields)]
+            self._loaders.set_pgresult(res)
+            rows = self._loaders.load_rows(
+                0, res.ntuples, lambda values: dict(zip(names, values, strict=True))
+            )
+        return Result(rows, res.command_tuples or 0)
 
     def begin(self, write: bool, clock: Clock, gate: str | None) -> None:
         begin = "BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
@@ -134,8 +226,10 @@ class PostgresDriver:
         elif self._now is None:
             self._pending.append((_NOW, (), self._take_now))
 
-    def _take_now(self, cur: Any) -> None:
-        self._now = int(cur.fetchone()["now"])
+    def _take_now(self, result: Result) -> None:
+        row = result.fetchone()
+        assert row is not None
+        self._now = int(row["now"])
 
     def now_us(self) -> int:
         if self._now is None:
@@ -148,8 +242,9 @@ class PostgresDriver:
         """An advisory lock on the mission until the transaction ends, then its
         chain head (sent with the next statement)."""
 
-        def take(cur: Any) -> None:
-            row = cur.fetchone()
+        def take(result: Result) -> None:
+            row = result.fetchone()
+            assert row is not None
             if self._now is None:
                 self._now = int(row["now"])
             seq, hash_ = row["seq"], row["hash"]
@@ -163,10 +258,7 @@ class PostgresDriver:
         return self._heads[mission_id]
 
     def commit(self) -> None:
-        if self._pending:
-            self._send(("COMMIT", (), None))
-        else:
-            self.execute("COMMIT", ())
+        self.execute("COMMIT", ())
 
     def rollback(self) -> None:
         self._pending = []
