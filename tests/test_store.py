@@ -18,7 +18,7 @@ import charter
 from charter.storage.dialect import sqlite as sqlite_dialect
 from charter.storage.schema import LATEST, MIGRATIONS
 from charter.testing import ManualClock, RecordingAdapter
-from conftest import Principals, default_contract
+from conftest import Principals, default_contract, stored
 
 HOLDER = Path(__file__).with_name("_hold_write_lock.py")
 
@@ -554,7 +554,8 @@ def test_a_write_blocked_by_another_worker_is_store_busy_after_a_bounded_wait(
         import psycopg
 
         holder = psycopg.connect(store_address, autocommit=True)
-        take = f"BEGIN; SELECT 1 FROM runs WHERE id = '{ex.run_id}' FOR UPDATE"
+        # The mission's gate, which every transaction changing the mission takes first.
+        take = f"BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('{mission}', 0))"
     with holder as con:
         con.execute(take)
         started = time.monotonic()
@@ -566,3 +567,61 @@ def test_a_write_blocked_by_another_worker_is_store_busy_after_a_bounded_wait(
     assert 0.2 <= waited < 5
     assert adapter.sent == []
     assert (engine.attempts(mission_id=mission), engine.balances(mission)) == before
+
+
+def test_a_failing_deferred_write_aborts_its_whole_transaction(
+    engine: charter.Engine, mission: str
+) -> None:
+    """A write whose result nobody reads may travel with COMMIT; when it fails,
+    nothing of its transaction is stored: not the statements before it, not
+    its audit event."""
+    from charter.errors import StoreConflict
+
+    before = stored(engine, mission), engine.verify_audit(mission)[0].events
+    with pytest.raises(StoreConflict), engine._db.transaction(gate=mission) as tx:
+        tx.run("UPDATE missions SET name = ? WHERE id = ?", "renamed", mission)
+        tx.audit(mission, "mission.renamed", mission, actor="alice")
+        tx.write(  # the mission's own id again: refused by the primary key
+            "INSERT INTO missions (id, name, created_by, created_at_us, contract_version) "
+            "VALUES (?, 'twin', 'alice', 0, 0)",
+            mission,
+        )
+    assert (stored(engine, mission), engine.verify_audit(mission)[0].events) == before
+    assert engine.mission(mission).name != "renamed"
+
+
+def test_an_attempt_is_two_durable_commits_and_four_round_trips(
+    backend: str, engine: charter.Engine, who: Principals, mission: str
+) -> None:
+    """The write-ahead dispatch and the settlement each commit once; on
+    PostgreSQL everything else travels with them, so the whole attempt makes
+    four round trips (the admission's reads, its commit, the settlement's
+    conditional update, its commit)."""
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    adapter = RecordingAdapter()
+    ex.attempt(adapter, "write", {"n": 0}, effect_key="warm")  # statements get prepared
+    driver: Any = engine._db.driver
+    sent: list[list[str]] = []
+    if backend == "postgresql":
+        send = driver._send
+
+        def counting(last: Any = None) -> Any:
+            sent.append([q for q, _, _ in driver._pending] + ([last[0]] if last else []))
+            return send(last)
+
+        driver._send = counting
+    else:
+        execute = driver.execute
+
+        def counting(sql: str, params: Any) -> Any:
+            sent.append([sql])
+            return execute(sql, params)
+
+        driver.execute = counting
+    ex.attempt(adapter, "write", {"n": 1}, effect_key="counted")
+    statements = [q for batch in sent for q in batch]
+    assert statements.count("COMMIT") == 2
+    assert len(adapter.sent) == 2
+    if backend == "postgresql":
+        assert len(sent) == 4
+        assert [batch[-1] for batch in sent][1::2] == ["COMMIT", "COMMIT"]
