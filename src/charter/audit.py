@@ -20,9 +20,13 @@ GENESIS = "0" * 64
 ENGINE_CHAIN = "engine"
 
 
+#: One encoder for every call (``json.dumps`` with options builds a new one each time).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+
+
 def canonical(value: Any) -> str:
     """Deterministic JSON: sorted keys, no whitespace."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return _CANONICAL.encode(value)
 
 
 def digest(text: str) -> str:

@@ -125,12 +125,11 @@ class Tx:
     def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """Deferred writes of one statement; an INSERT becomes one multi-row statement."""
         rows = list(rows)
-        if not rows:
-            return
-        head, sep, group = sql.rpartition(" VALUES ")
-        if len(rows) > 1 and sep and head.startswith("INSERT") and group.startswith("("):
-            sql = f"{head}{sep}{', '.join([group] * len(rows))}"
-            rows = [[v for row in rows for v in row]]
+        if len(rows) > 1:
+            head, sep, group = sql.rpartition(" VALUES ")
+            if sep and head.startswith("INSERT") and group.startswith("("):
+                sql = f"{head}{sep}{', '.join([group] * len(rows))}"
+                rows = [[v for row in rows for v in row]]
         for row in rows:
             self._driver.defer(self._sql(sql), row)
 
