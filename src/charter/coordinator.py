@@ -68,7 +68,7 @@ class Coordinator:
         """
         with self._db.transaction() as tx:
             tx.lock_mission(runs.load(tx, run_id).mission_id)
-            run = runs.load(tx, run_id, lock=True)
+            run = runs.load(tx, run_id)
             contract = self._contract(tx, run.mission_id)
             if run.status.terminal:
                 return recovery.build(tx, run, contract, [])
@@ -478,7 +478,7 @@ class Coordinator:
             self.recover(run_id, segment_id, force=force, by=by)
         with self._db.transaction() as tx:
             tx.lock_mission(runs.load(tx, run_id).mission_id)
-            run = runs.load(tx, run_id, lock=True)
+            run = runs.load(tx, run_id)
             contract = self._contract(tx, run.mission_id)
             approvals.renew_expired(tx, run_id, actor=f"segment:{segment_id}", epoch=run.epoch)
             state = recovery.build(tx, run, contract, [])

@@ -90,8 +90,8 @@ def from_row(r: Row) -> Run:
     )
 
 
-def load(tx: Tx, run_id: str, *, lock: bool = False) -> Run:
-    row = tx.one(f"SELECT {_COLUMNS} FROM runs WHERE id = ?" + (" {lock}" if lock else ""), run_id)
+def load(tx: Tx, run_id: str) -> Run:
+    row = tx.one(f"SELECT {_COLUMNS} FROM runs WHERE id = ?", run_id)
     if row is None:
         raise NotFound(
             f"no run {run_id!r} in this store; list runs with `charter runs`", run_id=run_id

@@ -5,8 +5,6 @@ slots; the dialect rewrites it (once per statement text, cached) so the two
 backends cannot drift:
 
 - ``?`` becomes ``%s`` on PostgreSQL;
-- ``{lock}`` after a ``SELECT`` becomes ``FOR UPDATE`` on PostgreSQL (SQLite's
-  ``BEGIN IMMEDIATE`` already holds the single writer lock);
 - ``{serial_pk}`` in DDL is an auto-incrementing 64-bit key;
 - ``{without_rowid}`` after a table's DDL clusters it by its primary key on
   SQLite (PostgreSQL tables need nothing);
@@ -25,7 +23,6 @@ from dataclasses import dataclass, field
 class Dialect:
     name: str
     placeholder: str
-    lock: str
     serial_pk: str
     without_rowid: str
     group_concat: str
@@ -36,8 +33,7 @@ class Dialect:
         out = self._cache.get(text)
         if out is None:
             out = (
-                text.replace("{lock}", self.lock)
-                .replace("{serial_pk}", self.serial_pk)
+                text.replace("{serial_pk}", self.serial_pk)
                 .replace("{without_rowid}", self.without_rowid)
                 .replace("{group_concat}", self.group_concat)
             )
@@ -48,8 +44,8 @@ class Dialect:
 
 
 def sqlite() -> Dialect:
-    return Dialect("sqlite", "?", "", "INTEGER PRIMARY KEY", " WITHOUT ROWID", "group_concat")
+    return Dialect("sqlite", "?", "INTEGER PRIMARY KEY", " WITHOUT ROWID", "group_concat")
 
 
 def postgresql() -> Dialect:
-    return Dialect("postgresql", "%s", " FOR UPDATE", "BIGSERIAL PRIMARY KEY", "", "string_agg")
+    return Dialect("postgresql", "%s", "BIGSERIAL PRIMARY KEY", "", "string_agg")
