@@ -52,6 +52,9 @@ if TYPE_CHECKING:
     from charter.engine import Engine
     from charter.nodes import Plan
 
+#: Requests are recorded as canonical JSON; NaN and infinities are refused.
+_REQUEST_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+
 #: A read-only UNKNOWN written off under the A7 opt-in is retried at most this
 #: many times in one call, so a target that never answers cannot drain the budget.
 READ_ONLY_RETRIES = 2
@@ -210,9 +213,7 @@ class Executor:
                 operation=operation,
             )
         try:
-            request_json = json.dumps(
-                request, sort_keys=True, separators=(",", ":"), allow_nan=False
-            )
+            request_json = _REQUEST_JSON.encode(request)
         except (TypeError, ValueError) as exc:
             raise AdmissionRefused(
                 f"the request for {adapter.name}.{operation} must be JSON-serialisable ({exc}); "
