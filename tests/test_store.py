@@ -625,3 +625,45 @@ def test_an_attempt_is_two_durable_commits_and_four_round_trips(
     if backend == "postgresql":
         assert len(sent) == 4
         assert [batch[-1] for batch in sent][1::2] == ["COMMIT", "COMMIT"]
+
+
+def test_a_transaction_reads_the_stores_clock_after_waiting_for_the_gate(
+    backend: str, store_address: str, creds: tuple[dict[str, str], dict[str, str]]
+) -> None:
+    """F1 by the store's clock: time spent queueing for the mission's gate must
+    not make a lease look younger than it is, so the clock of a transaction is
+    read once the gate is held (here: the real clock, not an injected one)."""
+    import threading
+    from contextlib import closing
+
+    config = charter.EngineConfig(credentials=creds[1], busy_timeout_seconds=5)
+    with charter.Engine.open(store_address, config=config) as engine:
+        alice = engine.authenticate(creds[0]["alice"])
+        agent = engine.authenticate(creds[0]["agent"])
+        mission = engine.create_mission(default_contract(), by=alice)
+        ex = engine.start_run(mission, by=agent, segment_id="seg-1")
+        if backend == "sqlite":
+            holder: Any = closing(
+                sqlite3.connect(store_address, isolation_level=None, check_same_thread=False)
+            )
+            take = "BEGIN IMMEDIATE"
+        else:
+            import psycopg
+
+            holder = psycopg.connect(store_address, autocommit=True)
+            take = f"BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('{mission}', 0))"
+        released: list[int] = []
+        with holder as con:
+            con.execute(take)
+
+            def release() -> None:
+                time.sleep(0.5)
+                released.append(time.time_ns() // 1000)
+                con.execute("ROLLBACK")
+
+            waiter = threading.Thread(target=release)
+            waiter.start()
+            attempt = ex.attempt(RecordingAdapter(), "write", {}, effect_key="queued")
+            waiter.join()
+    # Read before the wait, the clock would be about 0.5 s earlier than this.
+    assert attempt.prepared_at_us >= released[0] - 50_000

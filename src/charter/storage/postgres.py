@@ -250,6 +250,8 @@ class PostgresDriver:
             seq, hash_ = row["seq"], row["hash"]
             self._heads[mission_id] = None if seq is None else (seq, hash_)
 
+        # A clock reading not sent yet is dropped: the one after the gate replaces it.
+        self._pending = [p for p in self._pending if p[0] != _NOW]
         self._pending += [(_GATE, (mission_id,), None), (_HEAD, (mission_id, mission_id), take)]
 
     def head(self, mission_id: str) -> Head | None:
