@@ -24,7 +24,7 @@ A process killed between any two of these steps leaves a state that
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from charter import admission, approvals, ledger, runs, settlement
@@ -906,7 +906,14 @@ class Executor:
 
 
 def _with(attempt: Attempt, **changes: Any) -> Attempt:
-    return replace(attempt, **changes)
+    """``dataclasses.replace`` without re-running ``__init__`` (on the attempt path,
+    a tenth of its cost): an Attempt has no ``__post_init__`` to re-run."""
+    unknown = changes.keys() - attempt.__dict__.keys()
+    if unknown:
+        raise TypeError(f"Attempt has no field(s) {sorted(unknown)}")
+    new = object.__new__(Attempt)
+    new.__dict__.update(attempt.__dict__, **changes)
+    return new
 
 
 def _conflicts(recorded: Attempt, evidence: Evidence) -> bool:
