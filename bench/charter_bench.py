@@ -115,6 +115,7 @@ def attempt_overhead(
         return (t3 - t0) / steps
 
     sample = repeat(once, warmup=warmup, reps=reps, unit="s")
+    shape = attempt_shape(engine, agent, mission)
     checks = _checks(engine, mission)
     engine.close()
     settings: dict[str, Any] = {}
@@ -128,9 +129,46 @@ def attempt_overhead(
         "sample": sample.to_dict(),
         "loop_only": loop_only.to_dict(),
         "statuses": sorted(statuses),
+        "shape": shape,
         "checks": checks,
         "settings": settings,
     }
+
+
+def attempt_shape(
+    engine: charter.Engine, agent: charter.Principal, mission: str, n: int = 20
+) -> dict[str, float]:
+    """What one attempt sends to the store, averaged over ``n`` attempts: its
+    statements, its commits and (PostgreSQL) its round trips. Read off the
+    store driver, which is not public API: this explains the figures, it is
+    not one of them."""
+    driver: Any = engine._db.driver
+    counts = {"statements": 0, "commits": 0, "round_trips": 0}
+    pipelined = hasattr(driver, "_send")  # PostgreSQL: statements wait and travel together
+    name = "_send" if pipelined else "execute"
+    original = getattr(driver, name)
+
+    def counting(*args: Any) -> Any:
+        sent = [q for q, _, _ in driver._pending] if pipelined else []
+        sent += [args[0][0] if pipelined else args[0]] if args and args[0] else []
+        counts["statements"] += len(sent)
+        counts["commits"] += sent.count("COMMIT")
+        counts["round_trips"] += 1
+        return original(*args)
+
+    ex = engine.start_run(mission, by=agent, segment_id="seg-shape")
+    adapter = RecordingAdapter()
+    setattr(driver, name, counting)
+    try:
+        for k in range(n):
+            ex.attempt(adapter, "write", {"k": k}, effect_key=f"shape{k}")
+    finally:
+        delattr(driver, name)
+    ex.finish()
+    out = {k: v / n for k, v in counts.items()}
+    if not pipelined:
+        out.pop("round_trips")  # in-process: every statement is a call, not a trip
+    return out
 
 
 def profile_attempts(workdir: str, steps: int, top: int = 25) -> str:

@@ -415,6 +415,23 @@ def _attempt_section(results: dict[str, Any], plan: dict[str, Any]) -> list[str]
     ledger = "found no problem" if problems == [] else f"reported {problems}"
     audit = "verified" if checks.get("audit_ok") else "did NOT verify"
     pending = a["postgresql"].get("charter", {}).get("pending")
+    shapes = []
+    for store, label in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL")):
+        shape = a[store].get("charter", {}).get("shape")
+        if shape:
+            trips = f" in {shape['round_trips']:g} round trips" if "round_trips" in shape else ""
+            shapes.append(
+                f"{label}: {shape['statements']:g} statements{trips}, "
+                f"{shape['commits']:g} of them `COMMIT`"
+            )
+    shape_line = (
+        [
+            "- What one attempt sends to its store (counted over 20 attempts after the "
+            "timed runs): " + "; ".join(shapes) + "."
+        ]
+        if shapes
+        else []
+    )
     return [
         "## Attempt overhead",
         "",
@@ -432,6 +449,7 @@ def _attempt_section(results: dict[str, Any], plan: dict[str, Any]) -> list[str]
         "ledger entries, cached balances and hash-chained audit events. "
         f"The attempt loop alone, without `start_run` and `finish`: {loop}. Afterwards "
         f"the ledger check {ledger} and the audit chain {audit}.",
+        *shape_line,
         "- DBOS runs on its own SQLite system database (`sqlite:///…`) with the "
         "defaults DBOS sets; LangGraph checkpoints through `SqliteSaver` on a plain "
         "`sqlite3` connection (it turns WAL on). The settings column shows what a "

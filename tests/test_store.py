@@ -591,13 +591,18 @@ def test_a_failing_deferred_write_aborts_its_whole_transaction(
 
 
 def test_an_attempt_is_two_durable_commits_and_four_round_trips(
-    backend: str, engine: charter.Engine, who: Principals, mission: str
+    backend: str, store_address: str, creds: tuple[dict[str, str], dict[str, str]]
 ) -> None:
     """The write-ahead dispatch and the settlement each commit once; on
     PostgreSQL everything else travels with them, so the whole attempt makes
     four round trips (the admission's reads, its commit, the settlement's
-    conditional update, its commit)."""
-    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    conditional update, its commit) — with the server's own clock, which is
+    read in the same round trips."""
+    config = charter.EngineConfig(credentials=creds[1])
+    engine = charter.Engine.open(store_address, config=config)
+    alice = engine.authenticate(creds[0]["alice"])
+    mission = engine.create_mission(default_contract(), by=alice)
+    ex = engine.start_run(mission, by=engine.authenticate(creds[0]["agent"]), segment_id="s")
     adapter = RecordingAdapter()
     ex.attempt(adapter, "write", {"n": 0}, effect_key="warm")  # statements get prepared
     driver: Any = engine._db.driver
@@ -619,6 +624,7 @@ def test_an_attempt_is_two_durable_commits_and_four_round_trips(
 
         driver.execute = counting
     ex.attempt(adapter, "write", {"n": 1}, effect_key="counted")
+    engine.close()
     statements = [q for batch in sent for q in batch]
     assert statements.count("COMMIT") == 2
     assert len(adapter.sent) == 2

@@ -70,20 +70,22 @@ def settle(
     marks = ", ".join("?" for _ in from_statuses)
     changed = tx.run(
         "UPDATE attempts SET status = ?, actual = ?, result = ?, receipt = ?, "
-        "price_source = COALESCE(?, price_source), reason = COALESCE(?, reason), "
-        f"settled_at_us = ? WHERE id = ? AND status IN ({marks})",
+        "price_source = COALESCE(?, price_source), reason = COALESCE(?, reason) "
+        f"WHERE id = ? AND status IN ({marks})",
         status.value,
         canonical(dict(actual)),
         _dump(result),
         _dump(receipt),
         price_source,
         reason,
-        tx.now_us,
         attempt.id,
         *(s.value for s in from_statuses),
     )
     if not changed:
         return False
+    # Stamped after the decisive update, so the store's clock (read with the
+    # gate, in the same round trip on PostgreSQL) is not waited for first.
+    tx.write("UPDATE attempts SET settled_at_us = ? WHERE id = ?", tx.now_us, attempt.id)
     budgeted = {u: a for u, a in actual.items() if u in units}
     ledger.record(
         tx, attempt.mission_id, attempt.id, ledger.settle(attempt.estimate, budgeted), price_source
