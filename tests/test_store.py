@@ -590,6 +590,24 @@ def test_a_failing_deferred_write_aborts_its_whole_transaction(
     assert engine.mission(mission).name != "renamed"
 
 
+def test_a_statement_the_store_refuses_leaves_the_connection_usable(
+    engine: charter.Engine, who: Principals, mission: str
+) -> None:
+    """A statement the server cannot even prepare is a StoreError, its
+    transaction changes nothing, and the next transaction on the same
+    connection works (nothing half-prepared or half-sent is left behind)."""
+    before = stored(engine, mission)
+    for _ in range(2):  # the second time, it is not mistaken for a prepared statement
+        with pytest.raises(charter.StoreError), engine._db.transaction(gate=mission) as tx:
+            tx.write("UPDATE missions SET name = 'x' WHERE id = ?", mission)
+            tx.one("SELECT no_such_column FROM missions WHERE id = ?", mission)
+    assert stored(engine, mission) == before
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-after")
+    adapter = RecordingAdapter()
+    assert ex.attempt(adapter, "write", {}, effect_key="after").status.value == "succeeded"
+    assert len(adapter.sent) == 1
+
+
 def test_an_attempt_is_two_durable_commits_and_four_round_trips(
     backend: str, store_address: str, creds: tuple[dict[str, str], dict[str, str]]
 ) -> None:

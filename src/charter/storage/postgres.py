@@ -22,6 +22,7 @@ prepared statements. An attempt makes four round trips.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import select
@@ -38,6 +39,8 @@ try:
     from psycopg import errors as pg_errors
     from psycopg.adapt import Transformer
     from psycopg.pq import ExecStatus
+
+    COMMAND_OK = ExecStatus.COMMAND_OK
     from psycopg.rows import dict_row
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
@@ -55,8 +58,8 @@ def _translate(exc: Exception, busy_timeout: float) -> Exception:
         )
     if isinstance(exc, pg_errors.LockNotAvailable | pg_errors.QueryCanceled):
         return StoreBusy(
-            f"the PostgreSQL store stayed busy for {busy_timeout:g}s (rows locked by another "
-            "worker); try again, or raise busy_timeout_seconds",
+            f"the PostgreSQL store stayed busy for {busy_timeout:g}s (another worker holds "
+            "the mission's gate or its rows); try again, or raise busy_timeout_seconds",
             retryable=True,
         )
     if isinstance(exc, psycopg.IntegrityError):
@@ -158,43 +161,52 @@ class PostgresDriver:
         """
         batch = self._pending if last is None else [*self._pending, last]
         self._pending = []
+        # (name, text to prepare or None, parameters): built before anything is sent.
+        commands = []
+        new: dict[str, bytes] = {}
+        for sql, params, _ in batch:
+            name = self._prepared.get(sql) or new.get(sql)
+            text = None
+            if name is None:
+                name = new[sql] = b"charter_%d" % next(self._names)
+                text = _numbered(sql).encode()
+            commands.append((name, text, [_text(v) for v in params] if params else None))
         pg = self._conn.pgconn
-        new: list[str] = []
-        prepares: list[bool] = []  # per command sent: is it a prepare?
         try:
             pg.nonblocking = 0  # so the sync below flushes everything queued
             pg.enter_pipeline_mode()
             try:
-                for sql, params, _ in batch:
-                    name = self._prepared.get(sql)
-                    if name is None:
-                        name = self._prepared[sql] = b"charter_%d" % next(self._names)
-                        new.append(sql)
-                        pg.send_prepare(name, _numbered(sql).encode())
-                        prepares.append(True)
-                    prepares.append(False)
-                    pg.send_query_prepared(name, [_text(v) for v in params] if params else None)
+                for name, text, values in commands:
+                    if text is not None:
+                        pg.send_prepare(name, text)
+                    pg.send_query_prepared(name, values)
                 pg.pipeline_sync()
-                results = [self._next(pg) for _ in prepares]
+                results: list[Any] = []
+                for _, text, _ in commands:
+                    prepared = self._next(pg) if text is not None else None
+                    result = self._next(pg)
+                    failed_prepare = prepared is not None and prepared.status != COMMAND_OK
+                    results.append(prepared if failed_prepare else result)
                 sync = _result(pg)
                 if sync is None or sync.status != ExecStatus.PIPELINE_SYNC:
                     raise StoreError("PostgreSQL answered a pipeline out of order")
             finally:
-                pg.exit_pipeline_mode()
+                with contextlib.suppress(psycopg.Error):  # broken: the first error tells
+                    pg.exit_pipeline_mode()
                 pg.nonblocking = 1
         except psycopg.Error as exc:
             raise _translate(exc, self._busy_timeout) from None
         failed = next((r for r in results if r.status == ExecStatus.FATAL_ERROR), None)
         if failed is not None:
-            for sql in new:  # it may not have been prepared: prepare it afresh next time
-                del self._prepared[sql]
+            # Statements first seen here are prepared afresh next time.
             error = pg_errors.error_from_result(failed, self._conn.info.encoding)
             raise _translate(error, self._busy_timeout)
-        executed = [self._load(r) for r, prep in zip(results, prepares, strict=True) if not prep]
-        for result, (_, _, take) in zip(executed, batch, strict=True):
+        self._prepared.update(new)
+        loaded = [self._load(r) for r in results]
+        for result, (_, _, take) in zip(loaded, batch, strict=True):
             if take is not None:
                 take(result)
-        return executed[-1]
+        return loaded[-1]
 
     @staticmethod
     def _next(pg: Any) -> Any:
