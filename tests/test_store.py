@@ -691,3 +691,49 @@ def test_a_transaction_reads_the_stores_clock_after_waiting_for_the_gate(
             waiter.join()
     # Read before the wait, the clock would be about 0.5 s earlier than this.
     assert attempt.prepared_at_us >= released[0] - 50_000
+
+
+class Interrupted(Exception):
+    """Raised from a signal handler, as a KeyboardInterrupt would be."""
+
+
+def test_an_interrupted_transaction_changes_nothing_and_never_hangs(
+    backend: str, store_address: str, creds: tuple[dict[str, str], dict[str, str]]
+) -> None:
+    """A transaction interrupted while it waits for the store changes nothing.
+    On PostgreSQL the interrupted connection (results still in flight) is
+    closed, so the server rolls back and the engine reports StoreError after;
+    the SQLite connection stays usable. Either way another engine works."""
+    import signal
+
+    config = charter.EngineConfig(credentials=creds[1])
+    slow = (
+        "SELECT pg_sleep(2) AS x"
+        if backend == "postgresql"
+        else "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 3000000) "
+        "SELECT COUNT(*) AS x FROM c"
+    )
+    engine = charter.Engine.open(store_address, config=config)
+    mission = engine.create_mission(default_contract(), by=engine.authenticate(creds[0]["alice"]))
+    before = stored(engine, mission)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(Interrupted), engine._db.transaction(gate=mission) as tx:
+            tx.write("UPDATE missions SET name = 'interrupted' WHERE id = ?", mission)
+            tx.one(slow)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    if backend == "postgresql":
+        with pytest.raises(charter.StoreError):
+            engine.mission(mission)
+    else:
+        assert engine.mission(mission).name != "interrupted"
+    engine.close()
+    with charter.Engine.open(store_address, config=config) as other:
+        assert stored(other, mission) == before

@@ -22,7 +22,6 @@ prepared statements. An attempt makes four round trips.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import re
 import select
@@ -191,9 +190,13 @@ class PostgresDriver:
                 if sync is None or sync.status != ExecStatus.PIPELINE_SYNC:
                     raise StoreError("PostgreSQL answered a pipeline out of order")
             finally:
-                with contextlib.suppress(psycopg.Error):  # broken: the first error tells
+                try:
                     pg.exit_pipeline_mode()
-                pg.nonblocking = 1
+                    pg.nonblocking = 1
+                except psycopg.Error:
+                    # Interrupted with results in flight (or already broken): the
+                    # connection cannot be reused; closing it rolls its transaction back.
+                    self._conn.close()
         except psycopg.Error as exc:
             raise _translate(exc, self._busy_timeout) from None
         failed = next((r for r in results if r.status == ExecStatus.FATAL_ERROR), None)
@@ -276,6 +279,8 @@ class PostgresDriver:
 
     def rollback(self) -> None:
         self._pending = []
+        if self._conn.closed:
+            return
         if self._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             self._conn.execute("ROLLBACK")
 
