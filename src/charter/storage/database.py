@@ -22,6 +22,7 @@ Two things keep a transaction short on a networked store:
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -29,7 +30,7 @@ from typing import Any, Protocol
 
 from charter.audit import GENESIS, HASHED_FIELDS, canonical, digest, event_hash
 from charter.clock import Clock
-from charter.errors import CharterError
+from charter.errors import CharterError, StoreError
 from charter.ids import IdFactory
 from charter.storage.dialect import Dialect
 
@@ -61,6 +62,18 @@ class Driver(Protocol):
     def commit(self) -> None: ...
 
     def rollback(self) -> None: ...
+
+    #: How many transactions may share one commit (1: each commits alone).
+    group_limit: int
+
+    def join(self, clock: Clock, member: str) -> None:
+        """Start another transaction inside the open one, as savepoint ``member``
+        (only for backends whose ``group_limit`` is above 1)."""
+        ...
+
+    def leave(self, member: str, *, keep: bool) -> None:
+        """End savepoint ``member``, keeping its changes or undoing them."""
+        ...
 
     def gate(self, mission_id: str) -> None:
         """Take the mission's gate until the transaction ends, before any later
@@ -241,8 +254,29 @@ class Tx:
         )
 
 
+class _Group:
+    """Transactions that share one physical transaction and its one commit."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.done = False
+        self.spoiled = False  # a member's changes could not be undone
+        self.error: BaseException | None = None
+
+
 class Database:
-    """A backend connection with serialised, bounded transactions."""
+    """A backend connection with serialised, bounded transactions.
+
+    **Group commit.** When several threads write through one connection (a
+    store whose driver allows it: SQLite), a transaction that finishes while
+    other writers are waiting does not commit alone: it leaves its changes in
+    the open physical transaction and waits; the next writer runs inside it
+    (as a savepoint, so its failure undoes only its own changes), and the last
+    one commits for all of them. Every member returns, or raises, only after
+    that commit is durable; if it fails, every member gets the failure and
+    nothing of the group is stored. A single writer commits at once, as
+    before. Readers never see a group's uncommitted changes: they wait for it.
+    """
 
     def __init__(
         self,
@@ -254,45 +288,166 @@ class Database:
         self.dialect = driver.dialect
         self.clock = clock
         self.ids = ids
-        self._lock = threading.RLock()
+        self._cond = threading.Condition()
+        self._busy = False  # a transaction body is using the connection
+        self._waiting = {True: 0, False: 0}  # threads waiting to write / to read
+        self._group: _Group | None = None
+        #: Physical commits made (a group counts once): for the curious and for tests.
+        self.commits = 0
+
+    def _acquire(self, write: bool) -> None:
+        with self._cond:
+            self._waiting[write] += 1
+            try:
+                while self._busy or (not write and self._group is not None):
+                    self._cond.wait()
+            finally:
+                self._waiting[write] -= 1
+            self._busy = True
+
+    def _release(self) -> None:
+        with self._cond:
+            self._busy = False
+            self._cond.notify_all()
 
     @contextmanager
     def transaction(self, *, write: bool = True, gate: str | None = None) -> Iterator[Tx]:
         """A transaction; ``write`` takes the writer lock up front (BEGIN IMMEDIATE),
         ``gate`` takes that mission's gate with ``BEGIN`` (one round trip)."""
-        with self._lock:
-            self.driver.begin(write, self.clock, gate)
-            tx = Tx(self.driver, self.ids, gate)
-            try:
-                yield tx
-            except Refused as refusal:
-                if not refusal.keep:
-                    self.driver.rollback()
-                    tx._events = [refusal.event] if refusal.event else []
-                    tx._gates = set()  # the gates went with the rollback
-                    if tx._events:
-                        self.driver.begin(True, self.clock, None)
-                if tx._events or refusal.keep:
-                    self._commit(tx)
-                raise refusal.error from None
-            except BaseException:
-                self.driver.rollback()
-                raise
-            else:
-                self._commit(tx)
-
-    def _commit(self, tx: Tx) -> None:
+        self._acquire(write)
+        group = self._group if write else None
+        member = None if group is None else f"member_{group.size}"
         try:
-            tx._flush_audit()
-            self.driver.commit()
+            self._start(write, gate, member)
+        except BaseException as exc:  # nothing of this transaction exists
+            self._end(write, group, kept=False, outcome=exc)
+        tx = Tx(self.driver, self.ids, gate)
+        outcome: BaseException | None = None
+        kept = True
+        try:
+            yield tx
+        except Refused as refusal:
+            outcome = refusal.error
+            if not refusal.keep:
+                # Only the refusal's audit event is kept (see Tx.refused).
+                kept = self._undo(group, member) and refusal.event is not None
+                tx._events = [refusal.event] if kept and refusal.event else []
+                tx._gates = set()  # the gates went with the undo
+                if kept:
+                    try:
+                        self._start(True, None, member)
+                    except BaseException as exc:
+                        outcome, kept = exc, False
+        except BaseException as exc:
+            outcome, kept = exc, False
+            self._undo(group, member)
+        if kept:
+            try:
+                tx._flush_audit()
+                if member is not None:
+                    self.driver.leave(member, keep=True)
+            except BaseException as exc:
+                outcome, kept = exc, False
+                self._undo(group, member)
+        self._end(write, group, kept, outcome)
+
+    def _start(self, write: bool, gate: str | None, member: str | None) -> None:
+        if member is None:
+            self.driver.begin(write, self.clock, gate)
+        else:
+            self.driver.join(self.clock, member)
+            if gate is not None:
+                self.driver.gate(gate)
+
+    def _undo(self, group: _Group | None, member: str | None) -> bool:
+        """Undo a transaction's changes: all of them, or its savepoint's. A
+        savepoint that cannot be undone spoils its group: nothing of it commits."""
+        try:
+            if member is None:
+                self.driver.rollback()
+            else:
+                self.driver.leave(member, keep=False)
+            return True
+        except BaseException:
+            if group is not None:
+                group.spoiled = True
+            return False
+
+    def _end(
+        self, write: bool, group: _Group | None, kept: bool, outcome: BaseException | None
+    ) -> None:
+        if write:
+            self._end_write(group, kept, outcome)
+        else:
+            self._end_read(outcome)
+
+    def _end_read(self, outcome: BaseException | None) -> None:
+        try:
+            if outcome is None:
+                self.driver.commit()
         except BaseException:
             self.driver.rollback()
             raise
+        finally:
+            self._release()
+        if outcome is not None:
+            raise outcome
+
+    def _end_write(self, group: _Group | None, kept: bool, outcome: BaseException | None) -> None:
+        """Commit (alone, or for the group), or wait for the group's commit."""
+        if group is None and not kept:
+            # The first writer failed before anyone joined: nothing is open.
+            self._release()
+            assert outcome is not None
+            raise outcome
+        if group is None:
+            group = self._group = _Group()
+        group.size += 1
+        with self._cond:
+            others = self._waiting[True] and not self._waiting[False]
+            if others and group.size < self.driver.group_limit:
+                self._busy = False  # the next writer joins this transaction
+                self._cond.notify_all()
+                while not group.done:
+                    self._cond.wait()
+                committer = False
+            else:
+                self._commit_group(group)
+                committer = True
+        if group.error is not None:
+            if committer:
+                raise group.error
+            raise StoreError(
+                f"the commit shared by {group.size} transactions failed "
+                f"({group.error}); nothing of this one was stored"
+            ) from group.error
+        if outcome is not None:
+            raise outcome
+
+    def _commit_group(self, group: _Group) -> None:
+        """Commit the open physical transaction (holding the condition, and the
+        connection: nobody else can start meanwhile)."""
+        try:
+            if group.spoiled:
+                raise StoreError("a transaction's changes could not be undone")
+            self.driver.commit()
+            self.commits += 1
+        except BaseException as exc:
+            with contextlib.suppress(Exception):  # a broken connection says so next time
+                self.driver.rollback()
+            group.error = exc
+        group.done = True
+        self._group = None
+        self._busy = False
+        self._cond.notify_all()
 
     def read(self) -> Any:
         """A read-only transaction with a consistent snapshot."""
         return self.transaction(write=False)
 
     def close(self) -> None:
-        with self._lock:
+        self._acquire(False)  # as a reader: after any open group has committed
+        try:
             self.driver.close()
+        finally:
+            self._release()

@@ -122,7 +122,14 @@ def _text(value: Any) -> bytes | None:
 
 
 class PostgresDriver:
-    """One connection to one PostgreSQL database (and schema, via ``search_path``)."""
+    """One connection to one PostgreSQL database (and schema, via ``search_path``).
+
+    Transactions commit one by one here: a shared commit would hold the gates
+    of several missions in whatever order its members took them, and two such
+    groups on two machines could wait on each other.
+    """
+
+    group_limit = 1
 
     def __init__(self, url: str, *, busy_timeout: float = 5.0) -> None:
         if psycopg is None:
@@ -252,6 +259,12 @@ class PostgresDriver:
         if self._now is None:
             raise StoreError("PostgreSQL did not report its clock")
         return self._now
+
+    def join(self, clock: Clock, member: str) -> None:
+        raise StoreError("the PostgreSQL store does not group transactions")
+
+    def leave(self, member: str, *, keep: bool) -> None:
+        raise StoreError("the PostgreSQL store does not group transactions")
 
     def gate(self, mission_id: str) -> None:
         """An advisory lock on the mission until the transaction ends, then its

@@ -38,6 +38,10 @@ def _translate(exc: sqlite3.Error, busy_timeout: float) -> Exception:
 class SQLiteDriver:
     """One connection to one SQLite file."""
 
+    #: Writers on one connection share commits, up to this many per commit (the
+    #: file's write lock is held meanwhile, so other processes wait no longer).
+    group_limit = 32
+
     def __init__(self, path: Path, *, busy_timeout: float = 5.0) -> None:
         self.dialect = dialect.sqlite()
         self.path = path
@@ -83,6 +87,15 @@ class SQLiteDriver:
     def rollback(self) -> None:
         if self._conn.in_transaction:
             self._conn.execute("ROLLBACK")
+
+    def join(self, clock: Clock, member: str) -> None:
+        self.execute(f"SAVEPOINT {member}", ())
+        self._now_us = clock.now_us()
+
+    def leave(self, member: str, *, keep: bool) -> None:
+        if not keep:
+            self.execute(f"ROLLBACK TO {member}", ())
+        self.execute(f"RELEASE {member}", ())
 
     def gate(self, mission_id: str) -> None:
         """Held since BEGIN IMMEDIATE."""
