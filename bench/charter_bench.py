@@ -14,6 +14,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from contextlib import closing
 from pathlib import Path
@@ -132,6 +133,57 @@ def attempt_overhead(
         "shape": shape,
         "checks": checks,
         "settings": settings,
+    }
+
+
+def concurrent_attempts(
+    workdir: str, *, threads: int, attempts: int, shared: bool, warmup: int, reps: int
+) -> dict[str, Any]:
+    """``attempts`` attempts made by ``threads`` threads through one engine, each
+    thread owning a run; wall time per attempt, and physical commits per
+    attempt. ``shared=False`` turns group commit off (a driver attribute, not
+    public API) to show what it changes."""
+    commits: list[float] = []
+
+    def once(i: int) -> float:
+        store = Path(workdir) / f"concurrent-{i}.db"
+        engine, agent, mission, _ = setup(store)
+        if not shared:
+            engine._db.driver.group_limit = 1
+        executors = [
+            engine.start_run(mission, by=agent, segment_id=f"seg-{n}") for n in range(threads)
+        ]
+        adapter = RecordingAdapter()
+        each = attempts // threads
+        before = engine._db.commits
+
+        def work(ex: charter.Executor) -> None:
+            for k in range(each):
+                ex.attempt(adapter, "write", {"k": k}, effect_key=f"e{k}")
+
+        workers = [threading.Thread(target=work, args=(ex,)) for ex in executors]
+        t0 = clock()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        elapsed = clock() - t0
+        done = each * threads
+        assert len(adapter.sent) == done
+        if i >= warmup:
+            commits.append((engine._db.commits - before) / done)
+        assert engine.check_ledger(mission) == []
+        engine.close()
+        remove_store(store)
+        return elapsed / done
+
+    sample = repeat(once, warmup=warmup, reps=reps, unit="s")
+    return {
+        "sample": sample.to_dict(),
+        "commits_per_attempt": sum(commits) / len(commits),
+        "threads": threads,
+        "attempts": attempts,
+        "shared": shared,
     }
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import killresume
 import pg
 import report
+import slowsync
 from timing import Sample
 
 HERE = Path(__file__).resolve().parent
@@ -44,6 +45,7 @@ class Plan:
     startup_reps: int
     memory_runs: int
     memory_reps: int
+    concurrent_attempts: int
 
 
 FULL = Plan(
@@ -58,6 +60,7 @@ FULL = Plan(
     startup_reps=10,
     memory_runs=10_000,
     memory_reps=5,
+    concurrent_attempts=400,
 )
 QUICK = Plan(
     steps=50,
@@ -71,6 +74,7 @@ QUICK = Plan(
     startup_reps=3,
     memory_runs=1_000,
     memory_reps=2,
+    concurrent_attempts=80,
 )
 
 
@@ -92,7 +96,7 @@ class Runner:
         d.mkdir(parents=True)
         return d
 
-    def task(self, name: str, **kwargs: Any) -> dict[str, Any]:
+    def task(self, name: str, env: dict[str, str] | None = None, **kwargs: Any) -> dict[str, Any]:
         d = self.dir(name.replace(".", "-") + "-io")
         (d / "args.json").write_text(json.dumps(kwargs))
         with (d / "log").open("w") as log:
@@ -108,6 +112,7 @@ class Runner:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=HERE,
+                env=None if env is None else {**os.environ, **env},
             )
         if proc.returncode != 0:
             tail = (d / "log").read_text()[-4000:]
@@ -193,6 +198,42 @@ def attempt_rounds(run: Runner, plan: Plan, server: pg.Server | None) -> dict[st
     }
 
 
+#: The slower disk of the concurrency diagnostic (see slowsync.py).
+SLOW_FSYNC_US = 2_000
+
+
+def concurrent_rounds(runner: Runner, plan: Plan) -> dict[str, Any]:
+    """Eight threads on one engine, with and without shared commits, on this
+    disk and on a disk whose every sync takes 2 ms longer."""
+    shim, how = slowsync.build(runner.dir("slowsync"))
+    disks: dict[str, dict[str, str] | None] = {"this disk": {}}
+    if shim is not None:
+        disks[f"sync + {SLOW_FSYNC_US / 1000:g} ms"] = {
+            "LD_PRELOAD": str(shim),
+            "CHARTER_BENCH_FSYNC_DELAY_US": str(SLOW_FSYNC_US),
+        }
+    out: dict[str, Any] = {"shim": how, "disks": {}}
+    for disk, env in disks.items():
+        rows = {}
+        for label, threads, shared in (
+            ("1 thread", 1, True),
+            ("8 threads, shared commits", 8, True),
+            ("8 threads, one commit per transaction", 8, False),
+        ):
+            rows[label] = runner.task(
+                "charter.concurrent",
+                env=env,
+                workdir=str(runner.dir("concurrent")),
+                threads=threads,
+                attempts=plan.concurrent_attempts,
+                shared=shared,
+                warmup=plan.warmup,
+                reps=plan.reps_per_round,
+            )
+        out["disks"][disk] = rows
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
     # Child processes may write bytecode caches, as an installed package has them:
@@ -220,6 +261,8 @@ def run(args: argparse.Namespace) -> int:
                 else {"pending": "no PostgreSQL server (set CHARTER_BENCH_POSTGRES)"}
             )
             results["attempts"] = attempt_rounds(runner, plan, server)
+        say("concurrent attempts on one engine: shared commits or one per transaction")
+        results["concurrent"] = concurrent_rounds(runner, plan)
         say("recover() on big runs (the stores are built first)")
         results["recovery"] = runner.task(
             "charter.recovery",

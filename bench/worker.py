@@ -20,6 +20,7 @@ def _tasks() -> dict[str, Callable[..., Any]]:
 
     return {
         "charter.attempts": charter_bench.attempt_overhead,
+        "charter.concurrent": charter_bench.concurrent_attempts,
         "charter.profile": charter_bench.profile_attempts,
         "charter.recovery": charter_bench.recovery,
         "charter.memory": charter_bench.memory,
