@@ -13,9 +13,14 @@ the same tests run there.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -185,3 +190,62 @@ def test_concurrent_attempts_settle_every_effect_once_sharing_commits(
         assert commits < 2 * 90  # some attempts shared their commits
     else:
         assert commits == 2 * 90
+
+
+CHILD = Path(__file__).with_name("_group_child.py")
+
+
+@pytest.mark.parametrize("after", [0.05, 0.3])
+def test_a_kill_amid_shared_commits_leaves_no_send_unrecorded(
+    after: float,
+    *,
+    store_address: str,
+    engine: charter.Engine,
+    who: Principals,
+    mission: str,
+    creds: tuple[dict[str, str], dict[str, str]],
+    tmp_path: Path,
+) -> None:
+    """SIGKILL a process whose threads are sharing commits: every effect a
+    target received has its dispatch on record (A2: nothing is sent before its
+    write-ahead commit is durable, shared or not), the ledger and the audit
+    chain hold, and recovery finds the rest."""
+    sends = tmp_path / "sends.log"
+    env = dict(os.environ)
+    src = str(Path(charter.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(CHILD),
+            store_address,
+            creds[1]["agent"],
+            creds[0]["agent"],
+            mission,
+            str(sends),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(after)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(10) == -signal.SIGKILL
+    proc.stdout.close()
+
+    sent = sends.read_text().splitlines()
+    by_key = {a.idempotency_key: a for a in engine.attempts(mission_id=mission)}
+    assert len(sent) >= 4 and len(set(sent)) == len(sent)
+    for key in sent:
+        assert key in by_key, f"{key} was sent but its attempt is not on record"
+        assert by_key[key].status is not charter.AttemptStatus.PREPARED
+    assert engine.check_ledger(mission) == []
+    assert all(v.ok for v in engine.verify_audit(mission))
+    runs = [r for r in engine.runs(mission) if r.owner_segment.startswith("seg-")]
+    assert len(runs) == 4
+    for run in runs:
+        state = engine.coordinator.recover(run.id, f"recover-{run.id}", force=True, by=who.alice)
+        assert all(a.status.unresolved for a in state.attempts)
+    assert engine.check_ledger(mission) == []
