@@ -176,7 +176,11 @@ class PostgresDriver:
             if name is None:
                 name = new[sql] = b"charter_%d" % next(self._names)
                 text = _numbered(sql).encode()
-            commands.append((name, text, [_text(v) for v in params] if params else None))
+            values = (
+                # Most parameters are strings: encode those inline.
+                [v.encode() if type(v) is str else _text(v) for v in params] if params else None
+            )
+            commands.append((name, text, values))
         pg = self._conn.pgconn
         try:
             pg.nonblocking = 0  # so the sync below flushes everything queued
