@@ -216,11 +216,11 @@ class PostgresDriver:
             error = pg_errors.error_from_result(failed, self._conn.info.encoding)
             raise _translate(error, self._busy_timeout)
         self._prepared.update(new)
-        loaded = [self._load(r) for r in results]
-        for result, (_, _, take) in zip(loaded, batch, strict=True):
+        # Only what somebody reads is loaded: deferred writes' results are not.
+        for res, (_, _, take) in zip(results, batch, strict=True):
             if take is not None:
-                take(result)
-        return loaded[-1]
+                take(self._load(res))
+        return self._load(results[-1])
 
     @staticmethod
     def _next(pg: Any) -> Any:
