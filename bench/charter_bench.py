@@ -10,6 +10,7 @@ direct SQL (see :mod:`storebuild`).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -325,6 +326,9 @@ def recovery(workdir: str, sizes: list[int], unresolved: int, warmup: int, reps:
         ) -> float:
             trial = base.with_name(f"trial-{base.name}")
             shutil.copyfile(base, trial)
+            # The copy's own write-back must not land inside the timed commit.
+            with trial.open("rb+") as f:
+                os.fsync(f.fileno())
             with charter.Engine.open(str(trial), config=config) as engine:
                 t0 = clock()
                 state = engine.coordinator.recover(built["run_id"], f"seg-recover-{i}")

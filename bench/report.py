@@ -554,8 +554,9 @@ def _recovery_section(results: dict[str, Any]) -> list[str]:
         "",
         "`Coordinator.recover(run_id, segment_id)` on one run holding N settled "
         "attempts and 10 unresolved ones (5 PREPARED, 5 DISPATCHED whose owner "
-        "died). Each repetition recovers a fresh copy of the store in a freshly "
-        "opened engine; only the `recover()` call is timed.",
+        "died). Each repetition recovers a fresh copy of the store (synced to disk "
+        "before the clock starts, so the copy's own write-back is not timed) in a "
+        "freshly opened engine; only the `recover()` call is timed.",
         "",
         _md_table(["settled attempts", "recover()", "store size", "state after"], body),
         "",
