@@ -363,6 +363,21 @@ def test_an_unreachable_postgresql_store_is_a_store_error_and_writes_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_libpq_without_pipelines_is_a_config_error_before_connecting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PostgreSQL store sends its statements in pipelines (libpq 14+); an older
+    libpq is named in a ConfigError before anything is opened."""
+    import psycopg
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(psycopg.Pipeline, "is_supported", classmethod(lambda cls: False))
+    with pytest.raises(charter.ConfigError) as info:
+        charter.Engine.open("postgresql://charter@127.0.0.1:1/charter")
+    assert info.value.code == "config_error"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_sqlite_url_and_a_bare_path_open_the_same_kind_of_store(tmp_path: Path) -> None:
     by_url = tmp_path / "a" / "via-url.db"
     with charter.Engine.open(f"sqlite:///{by_url}") as engine:

@@ -134,6 +134,11 @@ class PostgresDriver:
     def __init__(self, url: str, *, busy_timeout: float = 5.0) -> None:
         if psycopg is None:
             raise ConfigError("the PostgreSQL store needs psycopg: pip install 'charter[postgres]'")
+        if not psycopg.Pipeline.is_supported():
+            raise ConfigError(
+                f"the PostgreSQL store needs libpq 14 or newer (psycopg uses libpq "
+                f"{psycopg.pq.version()}); pip install 'charter[postgres]' brings one"
+            )
         self.dialect = dialect.postgresql()
         self._busy_timeout = busy_timeout
         self._pending: list[_Pending] = []
