@@ -40,7 +40,6 @@ try:
     from psycopg.pq import ExecStatus
 
     COMMAND_OK = ExecStatus.COMMAND_OK
-    from psycopg.rows import dict_row
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
 
@@ -148,7 +147,7 @@ class PostgresDriver:
         self._prepared: dict[str, bytes] = {}
         self._names = itertools.count()
         try:
-            self._conn = psycopg.connect(url, autocommit=True, row_factory=dict_row)
+            self._conn = psycopg.connect(url, autocommit=True)
             ms = max(1, round(busy_timeout * 1000))
             self._conn.execute(f"SET lock_timeout = {ms}")
             self._conn.execute("SET synchronous_commit = on")
