@@ -72,9 +72,9 @@ _GATE = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 #: A statement of its own after the lock, so its snapshot sees every append before
 #: it; the clock is read there too, so a wait for the gate does not age it.
 _HEAD = (
-    "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT AS now, "
-    "(SELECT seq FROM audit_events WHERE mission_id = %s ORDER BY seq DESC LIMIT 1) AS seq, "
-    "(SELECT hash FROM audit_events WHERE mission_id = %s ORDER BY seq DESC LIMIT 1) AS hash"
+    "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT AS now, h.seq, h.hash "
+    "FROM (SELECT 1) AS one LEFT JOIN (SELECT seq, hash FROM audit_events "
+    "WHERE mission_id = %s ORDER BY seq DESC LIMIT 1) AS h ON true"
 )
 
 
@@ -288,7 +288,7 @@ class PostgresDriver:
 
         # A clock reading not sent yet is dropped: the one after the gate replaces it.
         self._pending = [p for p in self._pending if p[0] != _NOW]
-        self._pending += [(_GATE, (mission_id,), None), (_HEAD, (mission_id, mission_id), take)]
+        self._pending += [(_GATE, (mission_id,), None), (_HEAD, (mission_id,), take)]
 
     def head(self, mission_id: str) -> Head | None:
         if mission_id not in self._heads:
