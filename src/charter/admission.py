@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from charter import runs
 from charter.contracts import Contract
 from charter.errors import AdmissionRefused, AllowanceExceeded, AttemptAlreadySettled, StateError
 from charter.runs import RunStatus
@@ -88,6 +89,7 @@ def check_stop(ex: Executor, tx: Tx, contract: Contract, row: Row, call: Call) -
     if why is None:
         return
     ex._set_status(tx, row, RunStatus.STOPPING, f"stop condition: {why}")
+    runs.conclude_stop(tx, ex.run_id, actor=ex.principal, segment=ex.segment_id)
     raise tx.refused(
         AdmissionRefused(f"stop condition holds: {why}; the run is stopping", stop_condition=why),
         mission_id=ex.mission_id,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from charter import approvals as approvals_mod
 from charter import attempts as attempts_mod
 from charter import incidents as incidents_mod
-from charter import ledger, missions, runs
+from charter import ledger, missions, runs, settlement
 from charter.approvals import Approval, ApprovalStatus
 from charter.attempts import Attempt
 from charter.audit import ENGINE_CHAIN, Verification, canonical, verify_events
@@ -391,8 +391,6 @@ class Engine:
             )
             for a in attempts_mod.list_attempts(tx, run_id=run_id, unresolved=True):
                 if a.status.value == "prepared":
-                    from charter import settlement
-
                     settlement.void(
                         tx, a, "run stopped", actor=by.name, segment=None, epoch=run.epoch
                     )

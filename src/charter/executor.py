@@ -285,8 +285,13 @@ class Executor:
         if status is not RunStatus.ACTIVE:
             raise tx.refused(
                 AdmissionRefused(
-                    f"run {self.run_id} is {status.value}; nothing new is admitted until it is "
-                    "active again (see `charter show RUN`)",
+                    f"run {self.run_id} is {status.value}; "
+                    + (
+                        "a terminal run admits nothing more (start a reviewed new linked run)"
+                        if status.terminal
+                        else "nothing new is admitted until it is active again "
+                        "(see `charter show RUN`)"
+                    ),
                     run_status=status.value,
                 ),
                 mission_id=self.mission_id,

@@ -30,6 +30,7 @@ from charter.adapters import Adapter
 from charter.attempts import Attempt, AttemptStatus, from_row
 from charter.clock import MICROS
 from charter.errors import (
+    AdmissionRefused,
     ApprovalRequired,
     AttemptFailed,
     Blocked,
@@ -398,6 +399,12 @@ def _run_node(ex: Executor, n: Node, value: Any) -> Any:
             ex._mark("needs_intervention", f"non-determinism in node {n.name}: {exc.message}")
             raise
         except Exception as exc:
+            if isinstance(exc, AdmissionRefused) and _suspended(ex):
+                # Not the node's failure: the run is paused, stopping or stopped and
+                # waits for a decision (L7, N5). A retry would be refused again, and
+                # failing the run would take that decision away from its people.
+                _set_node(ex, n.name, execution, "blocked", None)
+                raise
             failed = _set_node(ex, n.name, execution, "failed", f"{type(exc).__name__}: {exc}")
             if failed <= n.retries:
                 execution = _start(ex, n.name)
@@ -412,6 +419,13 @@ def _run_node(ex: Executor, n: Node, value: Any) -> Any:
 
 class _CheckFailed(Exception):
     pass
+
+
+def _suspended(ex: Executor) -> bool:
+    """Whether the run has left ``active`` (an admission refusal may have paused it)."""
+    with ex._db.read() as tx:
+        row = tx.one("SELECT status FROM runs WHERE id = ?", ex.run_id)
+    return row is None or row["status"] != "active"
 
 
 def _give_up(ex: Executor, node_id: str, failed: int, exc: Exception) -> None:

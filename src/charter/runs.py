@@ -178,3 +178,25 @@ def change_status(
         after=after.value,
         payload={"reason": reason},
     )
+
+
+def conclude_stop(tx: Tx, run_id: str, *, actor: str, segment: str | None = None) -> bool:
+    """A STOPPING run with nothing left in flight becomes STOPPED (N5).
+
+    Stopping means no new admissions while what was sent settles; once the
+    last attempt of the run is settled, resolved or voided there is nothing
+    left to wait for, so whoever settled it ends the run, with the reason it
+    was stopped for. Returns whether the run was ended.
+    """
+    run = load(tx, run_id)
+    if run.status is not RunStatus.STOPPING:
+        return False
+    open_ = tx.one(
+        "SELECT COUNT(*) AS n FROM attempts WHERE run_id = ? "
+        "AND status IN ('prepared', 'dispatched', 'unknown')",
+        run_id,
+    )
+    if open_ is not None and open_["n"]:
+        return False
+    set_status(tx, run, RunStatus.STOPPED, run.status_reason, actor=actor, segment=segment)
+    return True

@@ -13,11 +13,12 @@ import json
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from charter import ledger
+from charter import ledger, runs
 from charter.adapters import Evidence
 from charter.attempts import Attempt, AttemptStatus
 from charter.audit import canonical
 from charter.incidents import open_incident
+from charter.runs import RunStatus
 from charter.storage import Tx
 
 #: Per-run counters of settled attempts (R5 reports them without scanning history).
@@ -34,6 +35,19 @@ _COUNT = {
 
 def _count(tx: Tx, status: AttemptStatus, attempt: Attempt) -> None:
     tx.write(_COUNT[status], attempt.run_id)
+
+
+#: Returned by the decisive update, so that settling the last attempt of a
+#: stopping run can end it without another statement on every settlement.
+_RUN_STATUS = "(SELECT status FROM runs WHERE runs.id = attempts.run_id) AS run_status"
+
+
+def _conclude(
+    tx: Tx, attempt: Attempt, changed: Mapping[str, Any], *, actor: str, segment: str | None
+) -> None:
+    """The attempt left the run's in-flight set: a stopping run may now be stopped (N5)."""
+    if changed["run_status"] == RunStatus.STOPPING.value:
+        runs.conclude_stop(tx, attempt.run_id, actor=actor, segment=segment)
 
 
 def _dump(value: Any) -> str | None:
@@ -68,10 +82,10 @@ def settle(
     tx.lock_mission(attempt.mission_id)
     price_source = price_source or attempt.price_source  # L8: entries always name a source
     marks = ", ".join("?" for _ in from_statuses)
-    changed = tx.run(
+    changed = tx.one(
         "UPDATE attempts SET status = ?, actual = ?, result = ?, receipt = ?, "
         "price_source = COALESCE(?, price_source), reason = COALESCE(?, reason) "
-        f"WHERE id = ? AND status IN ({marks})",
+        f"WHERE id = ? AND status IN ({marks}) RETURNING {_RUN_STATUS}",
         status.value,
         canonical(dict(actual)),
         _dump(result),
@@ -81,7 +95,7 @@ def settle(
         attempt.id,
         *(s.value for s in from_statuses),
     )
-    if not changed:
+    if changed is None:
         return False
     # Stamped after the decisive update, so the store's clock (read with the
     # gate, in the same round trip on PostgreSQL) is not waited for first.
@@ -141,6 +155,7 @@ def settle(
             "reason": reason,
         },
     )
+    _conclude(tx, attempt, changed, actor=actor, segment=segment)
     return True
 
 
@@ -204,14 +219,14 @@ def void(
 ) -> bool:
     """VOIDED releases exactly its hold, and only if never DISPATCHED (L6)."""
     tx.lock_mission(attempt.mission_id)
-    changed = tx.run(
+    changed = tx.one(
         "UPDATE attempts SET status = 'voided', reason = ?, settled_at_us = ? "
-        "WHERE id = ? AND status = 'prepared'",
+        f"WHERE id = ? AND status = 'prepared' RETURNING {_RUN_STATUS}",
         reason,
         tx.now_us,
         attempt.id,
     )
-    if not changed:
+    if changed is None:
         return False
     ledger.record(
         tx, attempt.mission_id, attempt.id, ledger.release(attempt.estimate), attempt.price_source
@@ -228,6 +243,7 @@ def void(
         after="voided",
         payload={"reason": reason},
     )
+    _conclude(tx, attempt, changed, actor=actor, segment=segment)
     return True
 
 

@@ -1,0 +1,232 @@
+"""Run states (N4, N5), on a real store of each backend.
+
+A stop is a request to end the run once what was sent has settled: new
+admissions are refused at once, in-flight attempts settle (by their owner,
+by evidence or by a person) and the run then ends STOPPED, whoever settled
+the last one. An admission refused because the run left ``active`` (paused
+by an exhausted allowance, stopping, stopped) is not a failure of the node
+that asked: the node waits, and the run keeps the status its people decide on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import charter
+from charter import AttemptStatus, RunStatus
+from charter.adapters import Dispatch, Outcome
+from charter.testing import RecordingAdapter
+from conftest import Principals, default_contract, stored
+
+
+def run_events(engine: charter.Engine, mission: str, run_id: str) -> list[tuple[str, str, str]]:
+    """The run's status changes, as the audit chain recorded them."""
+    return [
+        (e["before"], e["after"], e["actor"])
+        for e in engine.audit_events(mission)
+        if e["kind"] == "run.status" and e["entity"] == run_id
+    ]
+
+
+def node_statuses(engine: charter.Engine, run_id: str) -> list[tuple[str, int, str]]:
+    state = engine.coordinator.state(run_id)
+    return [(n["node_id"], n["execution"], n["status"]) for n in state.nodes]
+
+
+def held(engine: charter.Engine, mission: str) -> dict[str, int]:
+    return {u: b.held for u, b in engine.balances(mission).items()}
+
+
+def three_writes(adapter: RecordingAdapter, *, retries: int = 2) -> charter.Plan:
+    """One node making three journaled writes, retried on failure, then a second node."""
+
+    @charter.node(retries=retries)
+    def write(ctx: charter.Context, value: Any) -> int:
+        for n in range(3):
+            ctx.attempt(adapter, "write", {"n": n})
+        return 3
+
+    @charter.node
+    def after(ctx: charter.Context, value: Any) -> int:
+        return int(value) + 1
+
+    return charter.Plan("three-writes", (write, after))
+
+
+# -- N5: stopping ends stopped -------------------------------------------------------------
+
+
+def test_N5_a_run_stopped_mid_node_ends_stopped_once_its_in_flight_attempt_settles(
+    engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter
+) -> None:
+    """Breaking N5 looks like a stopped run staying ``stopping`` after its last
+    attempt settled, its node being retried against refusals, or the run ending
+    ``failed`` instead of ``stopped``."""
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+
+    def stop_while_sending(send: Dispatch) -> Outcome:
+        # The operator stops the run while this attempt is in flight.
+        assert engine.stop_run(ex.run_id, by=who.alice).status is RunStatus.STOPPING
+        return Outcome.succeeded({"ok": True}, cost={"usd": 4_000, "calls": 1})
+
+    adapter.script["write"] = stop_while_sending
+    with pytest.raises(charter.AdmissionRefused) as refused:
+        ex.execute(three_writes(adapter))
+
+    assert refused.value.details["run_status"] == "stopped"
+    run = engine.run(ex.run_id)
+    assert (run.status, run.status_reason) == (RunStatus.STOPPED, "stopped")
+    assert run_events(engine, mission, ex.run_id) == [
+        ("active", "stopping", "alice"),
+        ("stopping", "stopped", "agent"),  # the owner settled the last attempt
+    ]
+    [attempt] = engine.attempts(run_id=ex.run_id)
+    assert (attempt.status, attempt.actual) == (AttemptStatus.SUCCEEDED, {"usd": 4_000, "calls": 1})
+    assert [s.request for s in adapter.sent] == [{"n": 0}]
+    assert node_statuses(engine, ex.run_id) == [("write", 1, "blocked")]
+    assert held(engine, mission) == {"usd": 0, "calls": 0}
+    assert engine.check_ledger(mission) == []
+    with pytest.raises(charter.RunTerminal):
+        engine.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
+
+
+def test_N5_a_stopping_run_ends_stopped_when_a_person_resolves_its_last_unknown_attempt(
+    engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter
+) -> None:
+    """Breaking N5 looks like a run left ``stopping`` forever once nothing is in
+    flight, or ended while an attempt is still unresolved."""
+
+    def lost(send: Dispatch) -> Outcome:
+        raise TimeoutError(f"no answer for {send.attempt_id}")
+
+    adapter.script["write"] = lost
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    first = ex.attempt(adapter, "write", {"n": 1}, effect_key="first")
+    second = ex.attempt(adapter, "write", {"n": 2}, effect_key="second")
+    assert {first.status, second.status} == {AttemptStatus.UNKNOWN}
+    assert engine.stop_run(ex.run_id, by=who.alice, reason="operator").status is (
+        RunStatus.STOPPING
+    )
+
+    engine.coordinator.resolve(
+        first.id, by=who.alice, outcome="succeeded", evidence="dashboard", cost={"usd": 5_000}
+    )
+    assert engine.run(ex.run_id).status is RunStatus.STOPPING  # the second is in flight
+    assert held(engine, mission) == {"usd": 5_000, "calls": 1}
+
+    engine.coordinator.resolve(second.id, by=who.alice, outcome="written_off", evidence="unknown")
+    run = engine.run(ex.run_id)
+    assert (run.status, run.status_reason) == (RunStatus.STOPPED, "operator")
+    assert run_events(engine, mission, ex.run_id) == [
+        ("active", "stopping", "alice"),
+        ("stopping", "stopped", "alice"),
+    ]
+    assert held(engine, mission) == {"usd": 0, "calls": 0}
+    assert engine.check_ledger(mission) == []
+    assert len(adapter.sent) == 2
+
+
+def test_N5_a_stop_condition_with_nothing_in_flight_stops_the_run_at_once(
+    engine: charter.Engine, who: Principals, adapter: RecordingAdapter
+) -> None:
+    """Breaking N5 looks like a stop condition leaving the run ``stopping`` with
+    nothing left to settle, or admitting the call that met it."""
+    mission = engine.create_mission(
+        default_contract(stop_conditions={"max_attempts": 1}), by=who.alice
+    )
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    ex.attempt(adapter, "write", {"n": 1}, effect_key="one")
+    before = stored(engine, mission, runs=False)
+
+    with pytest.raises(charter.AdmissionRefused) as refused:
+        ex.attempt(adapter, "write", {"n": 2}, effect_key="two")
+
+    assert refused.value.details["stop_condition"]
+    run = engine.run(ex.run_id)
+    assert run.status is RunStatus.STOPPED
+    assert run_events(engine, mission, ex.run_id) == [
+        ("active", "stopping", "agent"),
+        ("stopping", "stopped", "agent"),
+    ]
+    assert stored(engine, mission, runs=False) == before
+    assert len(adapter.sent) == 1
+
+
+# -- N5 and L7: a paused run waits for its people ------------------------------------------
+
+
+def test_N5_exhausted_allowance_mid_node_pauses_the_run_and_a_raised_limit_lets_it_finish(
+    engine: charter.Engine, who: Principals, adapter: RecordingAdapter
+) -> None:
+    """Breaking N5 (and L7) looks like the node being retried against the refusal
+    and the run ending ``failed``, which takes the raise-or-stop decision away."""
+    mission = engine.create_mission(
+        default_contract(allowance={"usd": 1_000_000, "calls": 2}), by=who.alice
+    )
+    plan = three_writes(adapter)
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+
+    with pytest.raises(charter.AllowanceExceeded):
+        ex.execute(plan)
+
+    assert engine.run(ex.run_id).status is RunStatus.PAUSED
+    assert node_statuses(engine, ex.run_id) == [("write", 1, "blocked")]
+    assert [s.request for s in adapter.sent] == [{"n": 0}, {"n": 1}]
+
+    engine.raise_limit(mission, "calls", 3, by=who.alice)
+    assert engine.run(ex.run_id).status is RunStatus.ACTIVE
+    assert ex.execute(plan) == 4
+
+    assert engine.run(ex.run_id).status is RunStatus.COMPLETED
+    # The node ran again as the same execution: its settled writes replayed.
+    assert [s.request for s in adapter.sent] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert sorted(node_statuses(engine, ex.run_id)) == [
+        ("after", 1, "completed"),
+        ("write", 1, "completed"),
+    ]
+    assert engine.check_ledger(mission) == []
+
+
+# -- N4: a terminal run is never reopened ----------------------------------------------------
+
+
+def end(engine: charter.Engine, who: Principals, ex: charter.Executor, status: RunStatus) -> None:
+    if status is RunStatus.STOPPED:
+        engine.stop_run(ex.run_id, by=who.alice)
+    else:
+        ex.finish(status)
+
+
+@pytest.mark.parametrize(
+    "status", [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.STOPPED]
+)
+def test_N4_a_terminal_run_is_never_reopened(
+    engine: charter.Engine,
+    who: Principals,
+    mission: str,
+    adapter: RecordingAdapter,
+    status: RunStatus,
+) -> None:
+    """Breaking N4 looks like any way back into a terminal run: ending it again
+    with another status, stopping it, resuming it, or admitting a new attempt."""
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    ex.attempt(adapter, "write", {"n": 1}, effect_key="one")
+    end(engine, who, ex, status)
+    before = stored(engine, mission)
+
+    for other in (RunStatus.COMPLETED, RunStatus.FAILED):
+        with pytest.raises(charter.RunTerminal):
+            ex.finish(other)
+    with pytest.raises(charter.RunTerminal):
+        engine.stop_run(ex.run_id, by=who.alice)
+    with pytest.raises(charter.RunTerminal):
+        engine.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
+    with pytest.raises(charter.AdmissionRefused) as refused:
+        ex.attempt(adapter, "write", {"n": 2}, effect_key="two")
+
+    assert refused.value.details["run_status"] == status.value
+    assert stored(engine, mission) == before
+    assert engine.run(ex.run_id).status is status
+    assert len(adapter.sent) == 1
