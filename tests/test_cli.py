@@ -184,7 +184,7 @@ def populated(setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[st
                 "objective": "announce",
                 "principals": {
                     "agent": {"run": ["mail.*"]},
-                    "ops": ["resolve", "run", "stop"],
+                    "ops": ["resolve", "run", "stop", "raise_limit"],
                     "mallory": {"run": ["mail.*"]},
                 },
                 "allowance": {"calls": 10},
@@ -252,6 +252,27 @@ BAD: dict[str, tuple[list[str], str | None, str]] = {
         "ops",
         "needs_intervention",
     ),
+    "stop unknown run": (["stop", "run_x"], "ops", "not_found"),
+    "stop by mallory": (["stop", "{run}"], "mallory", "not_authorized"),
+    "stop unauthenticated": (["stop", "{run}"], None, "unauthenticated"),
+    "raise limit of unknown mission": (["raise-limit", "msn_x", "calls=20"], "ops", "not_found"),
+    "raise limit of unknown unit": (
+        ["raise-limit", "{mission}", "usd=20"],
+        "ops",
+        "contract_error",
+    ),
+    "raise limit downwards": (["raise-limit", "{mission}", "calls=5"], "ops", "contract_error"),
+    "raise limit not a number": (
+        ["raise-limit", "{mission}", "calls=2e3"],
+        "ops",
+        "invalid_state",
+    ),
+    "raise limit without unit": (["raise-limit", "{mission}", "=20"], "ops", "invalid_state"),
+    "raise limit by mallory": (
+        ["raise-limit", "{mission}", "calls=20"],
+        "mallory",
+        "not_authorized",
+    ),
     "approve unknown": (["approve", "apr_x"], "ops", "not_found"),
     "incidents unknown mission": (["incidents", "msn_x"], None, "not_found"),
     "close unknown incident": (["close-incident", "inc_x", "--note", "n"], "ops", "not_found"),
@@ -295,3 +316,38 @@ def test_cli_bad_input_is_a_typed_one_line_error_and_changes_nothing(
     assert len(plain.stderr.strip().splitlines()) == 1 and plain.stderr.startswith("error: ")
     assert "Traceback" not in plain.stderr + as_json.stderr
     assert json.loads(as_json.stdout)["error"]["code"] == code
+
+
+def test_N5_cli_stop_then_resolve_ends_the_run_stopped_and_raise_limit_versions_the_contract(
+    populated: dict[str, Any],
+) -> None:
+    run, mission, unknown = populated["run"], populated["mission"], populated["unknown"]
+    code, stopped = charter_cli(populated, "stop", run, "--reason", "operator", ops=True)
+    assert code == 0, stopped
+    assert (stopped["status"], stopped["status_reason"], stopped["unresolved"]) == (
+        "stopping",
+        "operator",
+        1,
+    )
+    code, again = charter_cli(populated, "stop", run, ops=True)
+    assert code == 0 and again["status"] == "stopping"  # still waiting for the same attempt
+
+    code, resolved = charter_cli(
+        populated, "resolve", unknown, "--written-off", "--evidence", "no answer", ops=True
+    )
+    assert code == 0 and resolved["status"] == "written_off"
+    code, shown = charter_cli(populated, "show", run)
+    assert (shown["status"], shown["status_reason"], shown["attempts"]) == (
+        "stopped",
+        "operator",
+        [],
+    )
+    code, terminal = charter_cli(populated, "stop", run, ops=True)
+    assert code == 1 and terminal["error"]["code"] == "run_terminal"
+
+    code, raised = charter_cli(populated, "raise-limit", mission, "calls=25", ops=True)
+    assert code == 0, raised
+    assert (raised["contract_version"], raised["balance"]["limit"]) == (2, 25)
+    assert raised["balance"]["available"] == 25 - raised["balance"]["spent"]
+    code, ledger = charter_cli(populated, "ledger", mission)
+    assert code == 0 and ledger["problems"] == []

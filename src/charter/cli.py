@@ -40,6 +40,8 @@ COMMANDS: dict[str, str] = {
     "confirm": "settle an uncertain attempt on its recorded evidence",
     "resolve": "settle an uncertain attempt as a person, with evidence",
     "resume": "continue a run under the resume policy",
+    "stop": "stop a run: nothing new is admitted; it ends once what was sent has settled",
+    "raise-limit": "raise a mission's allowance limit in one unit (a new contract version)",
     "approvals": "list approvals",
     "approve": "approve (or --deny) a pending approval",
     "incidents": "list a mission's incidents",
@@ -125,6 +127,14 @@ def _parser() -> argparse.ArgumentParser:
     ru = add("resume")
     ru.add_argument("run", help="run ID")
     ru.add_argument("--segment", required=True, help="the segment to continue as")
+    st = add("stop")
+    st.add_argument("run", help="run ID")
+    st.add_argument("--reason", default="stopped", help="why, recorded on the run and audited")
+    rl = add("raise-limit")
+    rl.add_argument("mission", help="mission ID")
+    rl.add_argument(
+        "limit", metavar="UNIT=LIMIT", help="the unit's new limit, in its smallest step"
+    )
     ap = add("approvals")
     ap.add_argument("--run", help="only approvals of this run")
     ap.add_argument("--pending", action="store_true", help="only pending ones")
@@ -256,15 +266,18 @@ def _confirm(engine: Engine, args: argparse.Namespace) -> Any:
     return attempt.to_dict(), f"attempt {attempt.id} settled {attempt.status.value}"
 
 
-def _resolve(engine: Engine, args: argparse.Namespace) -> Any:
+def _amount(option: str, item: str) -> tuple[str, int]:
+    """``UNIT=AMOUNT`` with a whole amount in the unit's smallest step."""
     from charter.errors import StateError
 
-    cost: dict[str, int] = {}
-    for item in args.cost:
-        unit, sep, amount = item.partition("=")
-        if not sep or not amount.isdigit():
-            raise StateError(f"--cost takes UNIT=AMOUNT with an integer amount, got {item!r}")
-        cost[unit] = int(amount)
+    unit, sep, amount = item.partition("=")
+    if not unit or not sep or not amount.isdigit():
+        raise StateError(f"{option} takes UNIT=AMOUNT with an integer amount, got {item!r}")
+    return unit, int(amount)
+
+
+def _resolve(engine: Engine, args: argparse.Namespace) -> Any:
+    cost = dict(_amount("--cost", item) for item in args.cost)
     attempt = engine.coordinator.resolve(
         args.attempt, by=_principal(engine), outcome=args.outcome, evidence=args.evidence, cost=cost
     )
@@ -284,6 +297,36 @@ def _resume(engine: Engine, args: argparse.Namespace) -> Any:
         {"run_id": run.id, "status": run.status.value, "epoch": run.epoch, "result": result},
         f"run {run.id} {run.status.value} (epoch {run.epoch})",
     )
+
+
+def _stop(engine: Engine, args: argparse.Namespace) -> Any:
+    run = engine.stop_run(args.run, by=_principal(engine), reason=args.reason)
+    unresolved = len(engine.attempts(run_id=run.id, unresolved=True))
+    text = f"run {run.id} {run.status.value}"
+    if unresolved:
+        text += (
+            f"; it ends stopped once its {unresolved} attempt(s) in flight settle "
+            "(`charter attempts --run RUN --unresolved`)"
+        )
+    return {**run.to_dict(), "unresolved": unresolved}, text
+
+
+def _raise_limit(engine: Engine, args: argparse.Namespace) -> Any:
+    unit, limit = _amount("the limit", args.limit)
+    version = engine.raise_limit(args.mission, unit, limit, by=_principal(engine))
+    balance = engine.balances(args.mission)[unit]
+    paused = [r.id for r in engine.runs(args.mission) if r.status.value == "paused"]
+    data = {
+        "mission_id": args.mission,
+        "contract_version": version,
+        "unit": unit,
+        "balance": balance.__dict__,
+        "paused_runs": paused,
+    }
+    text = f"{unit} limit {limit} (contract v{version}); {balance.available} available"
+    if paused:
+        text += f"; still paused (open incident or overrun): {', '.join(paused)}"
+    return data, text
 
 
 def _approvals(engine: Engine, args: argparse.Namespace) -> Any:
@@ -341,6 +384,8 @@ HANDLERS: dict[str, Handler] = {
     "confirm": _confirm,
     "resolve": _resolve,
     "resume": _resume,
+    "stop": _stop,
+    "raise-limit": _raise_limit,
     "approvals": _approvals,
     "approve": _approve,
     "incidents": _incidents,

@@ -384,6 +384,8 @@ class Engine:
             self._authorize(tx, by, run.mission_id, Right.STOP, entity=run_id)
             if run.status.terminal:
                 raise RunTerminal(f"run {run_id} is already {run.status.value}")
+            if run.status is RunStatus.STOPPING:
+                return run  # already stopping, for the reason it was first stopped for
             unresolved = tx.one(
                 "SELECT COUNT(*) AS n FROM attempts WHERE run_id = ? "
                 "AND status IN ('dispatched', 'unknown')",
