@@ -17,51 +17,45 @@ from charter.runs import RunStatus
 from charter.storage import Row, Tx
 
 if TYPE_CHECKING:
+    from charter.attempts import Effect
     from charter.executor import Call, Executor
 
 
-def check_effect(  # noqa: PLR0917 - the effect's identity has five parts
-    ex: Executor,
-    tx: Tx,
-    node_id: str,
-    execution: int,
-    effect_key: str,
-    generation: int,
-    retry_of: str | None,
-) -> None:
+def check_effect(ex: Executor, tx: Tx, effect: Effect) -> None:
     """A4: an effect's generation is performed once; a retry follows a proven end."""
     rows = tx.all(
         "SELECT id, status, generation FROM attempts WHERE run_id = ? AND node_id = ? "
         "AND execution = ? AND effect_key = ?",
         ex.run_id,
-        node_id,
-        execution,
-        effect_key,
+        effect.node_id,
+        effect.execution,
+        effect.key,
     )
     for r in rows:
-        if r["generation"] == generation:
+        if r["generation"] == effect.generation:
             raise AttemptAlreadySettled(
-                f"effect {effect_key!r} already has attempt {r['id']} "
-                f"({r['status']}) at generation {generation}; a retry is a new generation",
+                f"effect {effect.key!r} already has attempt {r['id']} "
+                f"({r['status']}) at generation {effect.generation}; a retry is a new generation",
                 attempt_id=r["id"],
                 status=r["status"],
             )
         if r["status"] in ("prepared", "dispatched", "unknown"):
             raise StateError(
-                f"effect {effect_key!r} has attempt {r['id']} still {r['status']}; it is "
+                f"effect {effect.key!r} has attempt {r['id']} still {r['status']}; it is "
                 "never retried on a guess — reconcile or resolve it first",
                 attempt_id=r["id"],
                 status=r["status"],
             )
+    retry_of = effect.retry_of
     if retry_of is not None:
         prior = next((r for r in rows if r["id"] == retry_of), None) or tx.one(
             "SELECT id, status FROM attempts WHERE id = ? AND run_id = ? AND node_id = ? "
             "AND execution < ? AND effect_key = ?",
             retry_of,
             ex.run_id,
-            node_id,
-            execution,
-            effect_key,
+            effect.node_id,
+            effect.execution,
+            effect.key,
         )
         ended = {"failed", "written_off", "voided"}
         if prior is not None and prior["id"] not in {r["id"] for r in rows}:
@@ -69,7 +63,7 @@ def check_effect(  # noqa: PLR0917 - the effect's identity has five parts
         if prior is None or prior["status"] not in ended:
             raise StateError(
                 f"retry_of {retry_of!r} must name a FAILED, WRITTEN_OFF or VOIDED attempt "
-                f"of the same effect {effect_key!r} (or its attempt in an earlier node "
+                f"of the same effect {effect.key!r} (or its attempt in an earlier node "
                 "execution)",
                 retry_of=retry_of,
             )

@@ -56,6 +56,25 @@ def idempotency_key_for(attempt_id: str) -> str:
 
 
 @dataclass(frozen=True)
+class Effect:
+    """Which effect an attempt performs, and which try of it (A4, A6).
+
+    Within one node execution an effect key names one effect; each try of it
+    is a generation, and a retry names the attempt it follows.
+    """
+
+    node_id: str
+    execution: int
+    key: str
+    generation: int = 1
+    retry_of: str | None = None
+
+    def retried_after(self, attempt_id: str) -> Effect:
+        """The next try, after ``attempt_id`` ended without applying the effect."""
+        return Effect(self.node_id, self.execution, self.key, self.generation + 1, attempt_id)
+
+
+@dataclass(frozen=True)
 class Attempt:
     """An attempt as recorded in the store."""
 

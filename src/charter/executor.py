@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from charter import admission, approvals, ledger, runs, settlement
 from charter.adapters import Adapter, Dispatch, EffectClass, Estimate, Evidence, Outcome
 from charter.approvals import ApprovalStatus
-from charter.attempts import Attempt, AttemptStatus, idempotency_key_for, load
+from charter.attempts import Attempt, AttemptStatus, Effect, idempotency_key_for, load
 from charter.audit import canonical, digest
 from charter.clock import seconds_us
 from charter.errors import (
@@ -232,51 +232,20 @@ class Executor:
             estimate,
         )
 
-    def _admission(
-        self,
-        call: Call,
-        *,
-        node_id: str,
-        execution: int,
-        effect_key: str,
-        generation: int,
-        retry_of: str | None,
-        dispatch: bool = True,
-    ) -> Attempt:
+    def _admission(self, call: Call, effect: Effect, *, dispatch: bool = True) -> Attempt:
         """The admission transaction; a repeat of an effect's generation is reported
         as such, and records nothing."""
-        effect = (node_id, execution, effect_key, generation, retry_of)
         try:
             with self._db.transaction(gate=self.mission_id) as tx:
-                return self._admit(
-                    tx,
-                    call,
-                    node_id=node_id,
-                    execution=execution,
-                    effect_key=effect_key,
-                    generation=generation,
-                    retry_of=retry_of,
-                    dispatch=dispatch,
-                )
+                return self._admit(tx, call, effect, dispatch=dispatch)
         except StoreConflict:
             # The unique index refused the row (it may travel with COMMIT): say
             # which attempt the effect already has.
             with self._db.read() as tx:
-                admission.check_effect(self, tx, *effect)
+                admission.check_effect(self, tx, effect)
             raise
 
-    def _admit(
-        self,
-        tx: Tx,
-        call: Call,
-        *,
-        node_id: str,
-        execution: int,
-        effect_key: str,
-        generation: int,
-        retry_of: str | None,
-        dispatch: bool = True,
-    ) -> Attempt:
+    def _admit(self, tx: Tx, call: Call, effect: Effect, *, dispatch: bool = True) -> Attempt:
         """A1 + (when no approval wait intervenes) A2, in the caller's transaction."""
         row = self._own(tx)
         contract = self.engine._contracts.get(tx, self.mission_id, row["contract_version"])
@@ -317,21 +286,22 @@ class Executor:
         admission.check_stop(self, tx, contract, row, call)
         admission.check_allowance(self, tx, contract, row, call)
 
-        if generation > 1 or retry_of is not None:
-            admission.check_effect(self, tx, node_id, execution, effect_key, generation, retry_of)
+        if effect.generation > 1 or effect.retry_of is not None:
+            admission.check_effect(self, tx, effect)
         self._budget_units = frozenset(contract.allowance)
         attempt_id = tx.ids.new("att")
         needs_approval = contract.approvals.requires(call.scope)
         dispatch_now = dispatch
         standing = ApprovalStatus.APPROVED
         if needs_approval:
-            effect = approvals.effect_id(self.run_id, node_id, execution, effect_key)
             standing, _ = approvals.standing(
                 tx,
                 contract,
                 mission_id=self.mission_id,
                 run_id=self.run_id,
-                effect=effect,
+                effect=approvals.effect_id(
+                    self.run_id, effect.node_id, effect.execution, effect.key
+                ),
                 scope=call.scope,
                 request_hash=call.request_hash,
                 actor=actor,
@@ -344,9 +314,9 @@ class Executor:
             id=attempt_id,
             mission_id=self.mission_id,
             run_id=self.run_id,
-            node_id=node_id,
-            execution=execution,
-            effect_key=effect_key,
+            node_id=effect.node_id,
+            execution=effect.execution,
+            effect_key=effect.key,
             adapter=call.adapter.name,
             operation=call.operation,
             effect_class=call.effect_class.value,
@@ -362,23 +332,23 @@ class Executor:
             result=None,
             receipt=None,
             price_source=call.estimate.price_source,
-            retry_of=retry_of,
+            retry_of=effect.retry_of,
             reason=None,
             send_deadline_us=deadline,
             prepared_at_us=now,
             dispatched_at_us=now if dispatch_now else None,
             settled_at_us=None,
-            generation=generation,
+            generation=effect.generation,
         )
         tx.write(
             _INSERT_ATTEMPT,
             attempt.id,
             attempt.mission_id,
             attempt.run_id,
-            node_id,
-            execution,
-            effect_key,
-            generation,
+            effect.node_id,
+            effect.execution,
+            effect.key,
+            effect.generation,
             attempt.adapter,
             attempt.operation,
             attempt.effect_class,
@@ -391,7 +361,7 @@ class Executor:
             call.request_json,
             canonical(attempt.estimate),
             attempt.price_source,
-            retry_of,
+            effect.retry_of,
             deadline,
             now,
             attempt.dispatched_at_us,
@@ -413,14 +383,14 @@ class Executor:
             after="prepared",
             payload={
                 "scope": call.scope,
-                "node_id": node_id,
-                "execution": execution,
-                "effect_key": effect_key,
-                "generation": generation,
+                "node_id": effect.node_id,
+                "execution": effect.execution,
+                "effect_key": effect.key,
+                "generation": effect.generation,
                 "request_hash": call.request_hash,
                 "estimate": attempt.estimate,
                 "price_source": attempt.price_source,
-                "retry_of": retry_of,
+                "retry_of": effect.retry_of,
             },
         )
         if dispatch_now:
@@ -491,13 +461,7 @@ class Executor:
         call = self.prepare_call(adapter, operation, request)
         self._crash("admission.before")
         attempt = self._admission(
-            call,
-            node_id=node_id,
-            execution=execution,
-            effect_key=effect_key,
-            generation=generation,
-            retry_of=retry_of,
-            dispatch=False,
+            call, Effect(node_id, execution, effect_key, generation, retry_of), dispatch=False
         )
         self._crash("admission.after")
         return attempt
@@ -626,17 +590,11 @@ class Executor:
         """
         if call is None:
             call = self.prepare_call(adapter, operation, request)
+        effect = Effect(node_id, execution, effect_key, generation, retry_of)
         retries = 0
         while True:
             self._crash("admission.before")
-            attempt = self._admission(
-                call,
-                node_id=node_id,
-                execution=execution,
-                effect_key=effect_key,
-                generation=generation,
-                retry_of=retry_of,
-            )
+            attempt = self._admission(call, effect)
             if attempt.status is AttemptStatus.VOIDED:
                 return attempt
             if attempt.status is AttemptStatus.PREPARED:
@@ -650,8 +608,7 @@ class Executor:
             if retries >= READ_ONLY_RETRIES or not self._write_off_read_only(attempt, call):
                 return attempt
             retries += 1
-            generation += 1
-            retry_of = attempt.id
+            effect = effect.retried_after(attempt.id)
 
     def _write_off_read_only(self, attempt: Attempt, call: Call) -> bool:
         """A7 opt-in: write off a read-only UNKNOWN at its full hold so it can be retried."""
