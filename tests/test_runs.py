@@ -1,4 +1,5 @@
-"""Run states (N4, N5), on a real store of each backend.
+"""Run states (N4, N5) and the owner's hold on node state (F2), on a real store
+of each backend.
 
 A stop is a request to end the run once what was sent has settled: new
 admissions are refused at once, in-flight attempts settle (by their owner,
@@ -230,3 +231,71 @@ def test_N4_a_terminal_run_is_never_reopened(
     assert stored(engine, mission) == before
     assert engine.run(ex.run_id).status is status
     assert len(adapter.sent) == 1
+
+
+# -- F2: a fenced owner changes no node execution ---------------------------------------------
+
+
+@pytest.mark.parametrize("ending", ["completes", "raises"])
+def test_F2_a_node_that_ends_after_a_takeover_changes_nothing(
+    make_engine: Any, creds: Any, clock: Any, ending: str
+) -> None:
+    """Breaking F2 looks like the old owner, fenced by a recovery while its node
+    ran, still recording the node completed or failed (and auditing it with its
+    stale epoch) under the new owner's feet."""
+    engine = make_engine()
+    other = make_engine()
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(default_contract(), by=who.alice)
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+
+    @charter.node(retries=2)
+    def slow(ctx: charter.Context, value: Any) -> int:
+        clock.advance(31)  # the owner stalls past its lease; somebody recovers the run
+        other.coordinator.recover(ex.run_id, "seg-2")
+        if ending == "raises":
+            raise RuntimeError("the node's own bug")
+        return 1
+
+    with pytest.raises(charter.Fenced):
+        ex.execute(charter.Plan("slow", (slow,)))
+
+    run = engine.run(ex.run_id)
+    assert (run.status, run.epoch, run.owner_segment) == (RunStatus.ACTIVE, 2, "seg-2")
+    assert node_statuses(engine, ex.run_id) == [("slow", 1, "running")]
+    stale = [
+        e["kind"]
+        for e in engine.audit_events(mission)
+        if e["kind"].startswith("node.") and e["epoch"] == 1
+    ]
+    assert stale == ["node.started"]
+
+
+def test_F2_a_fenced_owner_journals_no_value(make_engine: Any, creds: Any, clock: Any) -> None:
+    """Breaking F2 looks like an old owner, fenced while its node ran, recording a
+    journaled value that the new owner's replay of the same execution then reads."""
+    engine = make_engine()
+    other = make_engine()
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(default_contract(), by=who.alice)
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    values: list[str] = []
+
+    @charter.node
+    def stalls(ctx: charter.Context, value: Any) -> str:
+        if not values and ctx.epoch == 1:
+            clock.advance(31)  # the owner stalls past its lease and is recovered
+            other.coordinator.recover(ex.run_id, "seg-2")
+        values.append(ctx.uuid())
+        return values[-1]
+
+    with pytest.raises(charter.Fenced):
+        ex.execute(charter.Plan("stalls", (stalls,)))
+    assert values == []  # the fenced owner got no value to act on
+    new_owner = other.coordinator.resume(
+        ex.run_id, "seg-2", by=Principals(creds[0], creds[1], other).agent
+    )
+
+    assert new_owner.execute(charter.Plan("stalls", (stalls,))) == values[0]
+    assert len(values) == 1
+    assert engine.run(ex.run_id).status is RunStatus.COMPLETED

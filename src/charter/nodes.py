@@ -289,6 +289,7 @@ class Context:
                         position=seq,
                     )
                 return json.loads(row["value"])
+            self._ex._own(tx)  # a fenced owner records nothing (F2)
             value = make()
             tx.run(
                 "INSERT INTO journal (run_id, node_id, execution, seq, kind, value) "
@@ -482,8 +483,12 @@ def _start(ex: Executor, node_id: str) -> int:
 
 
 def _set_node(ex: Executor, node_id: str, execution: int, status: str, error: str | None) -> int:
-    """Record a node execution's status; return how many executions have failed."""
+    """Record a node execution's status; return how many executions have failed.
+
+    Fenced like a completion (F2): an owner that lost the run changes nothing.
+    """
     with ex._db.transaction() as tx:
+        ex._own(tx)
         tx.run(
             "UPDATE node_executions SET status = ?, error = ? WHERE run_id = ? "
             "AND node_id = ? AND execution = ?",
