@@ -594,3 +594,30 @@ def test_W2_spent_approval_does_not_block_resume_after_it_expires(
     assert read.status is Status.SUCCEEDED
     assert [s.attempt_id for s in adapter.sent] == [attempt.id, read.id]
     assert engine.attempt(attempt.id).status is Status.SUCCEEDED
+
+
+def test_N5_W2_stopping_a_waiting_run_withdraws_its_pending_approval(
+    engine: charter.Engine, who: Principals, gated: str, adapter: RecordingAdapter
+) -> None:
+    """Breaking it looks like an approval request of a stopped run left pending in
+    the approvers' queue, and a later approval being taken for a decision that
+    can never lead to a send."""
+    ex = start(engine, who, gated)
+    with pytest.raises(charter.ApprovalRequired):
+        ex.attempt(adapter, "write", {"to": "x"}, effect_key="gated")
+    [attempt] = engine.attempts(run_id=ex.run_id)
+    request = pending_of(engine, attempt)
+
+    assert engine.stop_run(ex.run_id, by=who.alice).status is charter.RunStatus.STOPPED
+
+    assert engine.approvals(pending=True) == []
+    [withdrawn] = approvals_of(engine, attempt)
+    assert (withdrawn.id, withdrawn.status) == (request.id, ApprovalStatus.WITHDRAWN)
+    assert engine.attempt(attempt.id).status is charter.AttemptStatus.VOIDED
+    before = stored(engine, gated)
+    with pytest.raises(charter.StateError):
+        engine.approve(request.id, by=who.bob)
+    assert stored(engine, gated) == before
+    trail = [(e["kind"], e["entity"]) for e in engine.audit_events(gated)]
+    assert ("approval.withdrawn", request.id) in trail
+    assert adapter.sent == []

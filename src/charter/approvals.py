@@ -26,6 +26,7 @@ class ApprovalStatus(StrEnum):
     DENIED = "denied"
     EXPIRED = "expired"
     SUPERSEDED = "superseded"  # the approver lost the right before dispatch
+    WITHDRAWN = "withdrawn"  # the run stopped: nothing will be sent under it
 
 
 def effect_id(run_id: str, node_id: str, execution: int, effect_key: str) -> str:
@@ -265,3 +266,12 @@ def decide(
         payload={"effect_id": approval.effect_id, "expires_at_us": expires},
     )
     return status
+
+
+def withdraw(tx: Tx, run_id: str, *, actor: str) -> list[str]:
+    """Withdraw the run's pending requests: a run that will never admit again
+    leaves nothing in the approvers' queue (N5). Returns their IDs."""
+    pending = list_approvals(tx, run_id=run_id, pending=True)
+    for a in pending:
+        _retire(tx, a, ApprovalStatus.WITHDRAWN, actor)
+    return [a.id for a in pending]

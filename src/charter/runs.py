@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from charter import approvals
 from charter.errors import NotFound, RunTerminal, StateError
 from charter.storage import Row, Tx
 
@@ -178,6 +179,8 @@ def change_status(
         after=after.value,
         payload={"reason": reason},
     )
+    if after is RunStatus.STOPPING or after.terminal:
+        approvals.withdraw(tx, run_id, actor=actor)
 
 
 def conclude_stop(tx: Tx, run_id: str, *, actor: str, segment: str | None = None) -> bool:
