@@ -73,10 +73,10 @@ def test_N5_a_run_stopped_mid_node_ends_stopped_once_its_in_flight_attempt_settl
         return Outcome.succeeded({"ok": True}, cost={"usd": 4_000, "calls": 1})
 
     adapter.script["write"] = stop_while_sending
-    with pytest.raises(charter.AdmissionRefused) as refused:
+    with pytest.raises(charter.Blocked) as blocked:
         ex.execute(three_writes(adapter))
 
-    assert refused.value.details["run_status"] == "stopped"
+    assert "stopped" in blocked.value.reason
     run = engine.run(ex.run_id)
     assert (run.status, run.status_reason) == (RunStatus.STOPPED, "stopped")
     assert run_events(engine, mission, ex.run_id) == [
@@ -169,7 +169,7 @@ def test_N5_exhausted_allowance_mid_node_pauses_the_run_and_a_raised_limit_lets_
     plan = three_writes(adapter)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
 
-    with pytest.raises(charter.AllowanceExceeded):
+    with pytest.raises(charter.Blocked):
         ex.execute(plan)
 
     assert engine.run(ex.run_id).status is RunStatus.PAUSED
@@ -299,3 +299,30 @@ def test_F2_a_fenced_owner_journals_no_value(make_engine: Any, creds: Any, clock
     assert new_owner.execute(charter.Plan("stalls", (stalls,))) == values[0]
     assert len(values) == 1
     assert engine.run(ex.run_id).status is RunStatus.COMPLETED
+
+
+def test_N5_a_node_cannot_swallow_the_pause_and_complete_the_run(
+    engine: charter.Engine, who: Principals, adapter: RecordingAdapter
+) -> None:
+    """Breaking N5 looks like a node that catches every exception around its call
+    carrying on, and the run its people must decide on ending ``completed``."""
+    mission = engine.create_mission(
+        default_contract(allowance={"usd": 1_000_000, "calls": 1}), by=who.alice
+    )
+
+    @charter.node
+    def careless(ctx: charter.Context, value: Any) -> str:
+        for n in range(2):
+            try:
+                ctx.attempt(adapter, "write", {"n": n})
+            except Exception:  # the careless node under test
+                return "fallback"
+        return "sent"
+
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(charter.Blocked):
+        ex.execute(charter.Plan("careless", (careless,)))
+
+    assert engine.run(ex.run_id).status is RunStatus.PAUSED
+    assert node_statuses(engine, ex.run_id) == [("careless", 1, "blocked")]
+    assert [s.request for s in adapter.sent] == [{"n": 0}]

@@ -203,6 +203,14 @@ class Context:
             raise Blocked(
                 exc.message, run_id=self.run_id, attempt_id=exc.details.get("attempt_id")
             ) from None
+        except AdmissionRefused as exc:
+            if _suspended(ex):
+                # Not the node's failure: the run is paused, stopping or stopped and
+                # waits for its people (L7, N5). Like an approval wait, the node
+                # stops here: a retry would be refused again, and a node that caught
+                # the refusal and went on would end a run somebody must decide on.
+                raise Blocked(exc.message, run_id=self.run_id) from None
+            raise
         return self._outcome(attempt)
 
     def _dispatch_prepared(self, prior: Attempt, adapter: Adapter) -> Attempt:
@@ -400,12 +408,6 @@ def _run_node(ex: Executor, n: Node, value: Any) -> Any:
             ex._mark("needs_intervention", f"non-determinism in node {n.name}: {exc.message}")
             raise
         except Exception as exc:
-            if isinstance(exc, AdmissionRefused) and _suspended(ex):
-                # Not the node's failure: the run is paused, stopping or stopped and
-                # waits for a decision (L7, N5). A retry would be refused again, and
-                # failing the run would take that decision away from its people.
-                _set_node(ex, n.name, execution, "blocked", None)
-                raise
             failed = _set_node(ex, n.name, execution, "failed", f"{type(exc).__name__}: {exc}")
             if failed <= n.retries:
                 execution = _start(ex, n.name)
@@ -423,7 +425,7 @@ class _CheckFailed(Exception):
 
 
 def _suspended(ex: Executor) -> bool:
-    """Whether the run has left ``active`` (an admission refusal may have paused it)."""
+    """Whether the run has left ``active`` (the refusal itself may have paused it)."""
     with ex._db.read() as tx:
         row = tx.one("SELECT status FROM runs WHERE id = ?", ex.run_id)
     return row is None or row["status"] != "active"
