@@ -29,7 +29,7 @@ agent = engine.authenticate(sys.argv[2])
 ops = engine.authenticate(sys.argv[3])
 mission = engine.create_mission({
     "objective": "announce",
-    "principals": {"agent": {"run": ["mail.*"]}, "ops": ["resolve", "run", "stop"]},
+    "principals": {"agent": {"run": ["mail.*"]}, "ops": ["resolve", "run", "stop", "link"]},
     "allowance": {"calls": 10},
 }, by=ops)
 ex = engine.start_run(mission, by=agent, segment_id="seg-1", plan=m.plan, input={"x": 1})
@@ -125,6 +125,12 @@ def test_R5_crash_recover_reconcile_confirm_resume_sends_each_effect_once(
     assert code == 0 and ledger["problems"] == []
     code, chains = charter_cli(setup, "audit", "verify")
     assert code == 0 and all(c["ok"] for c in chains)
+
+    # N4: a reviewed linked run after the completed one performs nothing settled again.
+    code, linked = charter_cli(setup, "link", run_id, "--segment", "seg-3", ops=True)
+    assert code == 0, linked
+    assert (linked["linked_from"], linked["status"]) == (run_id, "completed")
+    assert [json.loads(line)["key"] for line in outbox.read_text().splitlines()] == keys
 
 
 def test_cli_errors_are_one_line_and_change_nothing(setup: dict[str, Any]) -> None:
@@ -253,6 +259,8 @@ BAD: dict[str, tuple[list[str], str | None, str]] = {
         "needs_intervention",
     ),
     "stop unknown run": (["stop", "run_x"], "ops", "not_found"),
+    "link unknown run": (["link", "run_x", "--segment", "s9"], "ops", "not_found"),
+    "link a live run": (["link", "{run}", "--segment", "s9"], "ops", "invalid_state"),
     "stop by mallory": (["stop", "{run}"], "mallory", "not_authorized"),
     "stop unauthenticated": (["stop", "{run}"], None, "unauthenticated"),
     "raise limit of unknown mission": (["raise-limit", "msn_x", "calls=20"], "ops", "not_found"),

@@ -11,6 +11,7 @@ that asked: the node waits, and the run keeps the status its people decide on.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -326,3 +327,103 @@ def test_N5_a_node_cannot_swallow_the_pause_and_complete_the_run(
     assert engine.run(ex.run_id).status is RunStatus.PAUSED
     assert node_statuses(engine, ex.run_id) == [("careless", 1, "blocked")]
     assert [s.request for s in adapter.sent] == [{"n": 0}]
+
+
+# -- N4: a reviewed new linked run ------------------------------------------------------------
+
+
+def two_nodes(adapter: RecordingAdapter, broken: dict[str, bool]) -> charter.Plan:
+    """``first`` sends; ``second`` sends (with a journaled stamp), then has a bug
+    while ``broken`` says so, then reads."""
+
+    @charter.node
+    def first(ctx: charter.Context, value: Any) -> int:
+        ctx.attempt(adapter, "write", {"step": "first"})
+        return 1
+
+    @charter.node
+    def second(ctx: charter.Context, value: Any) -> int:
+        stamp = ctx.uuid()
+        ctx.attempt(adapter, "write", {"step": "second", "stamp": stamp, "to": broken["to"]})
+        if broken["bug"]:
+            raise RuntimeError("a bug after the send")
+        ctx.attempt(adapter, "read", {"step": "after"})
+        return int(value) + 1
+
+    return charter.Plan("two", (first, second))
+
+
+def test_N4_a_linked_run_carries_on_and_performs_nothing_settled_again(
+    engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter
+) -> None:
+    """Breaking N4 looks like the follow-up of a failed run sending again what the
+    failed run had sent and settled, or the failed run being reopened."""
+    broken = {"bug": True, "to": "x"}
+    plan = two_nodes(adapter, broken)
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(RuntimeError):
+        ex.execute(plan)
+    assert engine.run(ex.run_id).status is RunStatus.FAILED
+    old = stored(engine, mission)["runs"]
+
+    broken["bug"] = False  # the reviewed fix
+    linked = engine.new_linked_run(ex.run_id, reviewed_by=who.alice, segment_id="seg-1")
+    assert linked.execute(plan) == 2
+
+    assert [s.request["step"] for s in adapter.sent] == ["first", "second", "after"]
+    run = engine.run(linked.run_id)
+    assert (run.status, run.linked_from, run.principal) == (
+        RunStatus.COMPLETED,
+        ex.run_id,
+        "agent",
+    )
+    assert [r for r in stored(engine, mission)["runs"] if r["id"] == ex.run_id] == old
+    per_run = Counter(a.run_id for a in engine.attempts(mission_id=mission))
+    assert per_run == {ex.run_id: 2, linked.run_id: 1}
+    [linking] = [e for e in engine.audit_events(mission) if e["kind"] == "run.linked"]
+    assert (linking["entity"], linking["actor"]) == (linked.run_id, "alice")
+    assert engine.check_ledger(mission) == []
+
+
+def test_N4_a_linked_run_that_changes_a_settled_request_needs_intervention(
+    engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter
+) -> None:
+    """Breaking N4 looks like a follow-up run sending a settled effect again because
+    its request changed (to another recipient, say), instead of stopping for a person."""
+    broken = {"bug": True, "to": "x"}
+    plan = two_nodes(adapter, broken)
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(RuntimeError):
+        ex.execute(plan)
+    broken.update(bug=False, to="y")
+
+    linked = engine.new_linked_run(ex.run_id, reviewed_by=who.alice, segment_id="seg-1")
+    with pytest.raises(charter.NonDeterminismError):
+        linked.execute(plan)
+
+    assert [s.request["step"] for s in adapter.sent] == ["first", "second"]
+    assert engine.run(linked.run_id).status is RunStatus.NEEDS_INTERVENTION
+
+
+def test_N4_a_linked_run_is_refused_for_a_live_run_an_unknown_run_or_without_link(
+    engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter
+) -> None:
+    """Breaking N4 looks like a second run started beside a live one, or one started
+    by a principal nobody gave ``link``; either way nothing may change."""
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    ex.attempt(adapter, "write", {"n": 1}, effect_key="one")
+    before = stored(engine, mission)
+
+    with pytest.raises(charter.StateError):
+        engine.new_linked_run(ex.run_id, reviewed_by=who.alice, segment_id="seg-2")
+    with pytest.raises(charter.NotFound):
+        engine.new_linked_run("run_x", reviewed_by=who.alice, segment_id="seg-2")
+    assert stored(engine, mission) == before
+    ex.finish(RunStatus.FAILED)
+    before = stored(engine, mission)
+    with pytest.raises(charter.NotAuthorized):
+        engine.new_linked_run(ex.run_id, reviewed_by=who.agent, segment_id="seg-2")
+
+    assert stored(engine, mission) == before
+    refusals = [e for e in engine.audit_events(mission) if e["kind"] == "authorization.refused"]
+    assert [(e["actor"], e["entity"]) for e in refusals] == [("agent", ex.run_id)]

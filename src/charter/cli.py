@@ -41,6 +41,7 @@ COMMANDS: dict[str, str] = {
     "resolve": "settle an uncertain attempt as a person, with evidence",
     "resume": "continue a run under the resume policy",
     "stop": "stop a run: nothing new is admitted; it ends once what was sent has settled",
+    "link": "follow an ended run with a reviewed new linked run and run its plan",
     "raise-limit": "raise a mission's allowance limit in one unit (a new contract version)",
     "approvals": "list approvals",
     "approve": "approve (or --deny) a pending approval",
@@ -130,6 +131,9 @@ def _parser() -> argparse.ArgumentParser:
     st = add("stop")
     st.add_argument("run", help="run ID")
     st.add_argument("--reason", default="stopped", help="why, recorded on the run and audited")
+    lk = add("link")
+    lk.add_argument("run", help="the ended run to follow")
+    lk.add_argument("--segment", required=True, help="a segment ID for the new run's owner")
     rl = add("raise-limit")
     rl.add_argument("mission", help="mission ID")
     rl.add_argument(
@@ -311,6 +315,26 @@ def _stop(engine: Engine, args: argparse.Namespace) -> Any:
     return {**run.to_dict(), "unresolved": unresolved}, text
 
 
+def _link(engine: Engine, args: argparse.Namespace) -> Any:
+    from charter.errors import StateError
+
+    if engine.coordinator.state(args.run).plan is None:
+        raise StateError(
+            f"run {args.run} records no plan to run again; start the linked run from Python "
+            "with Engine.new_linked_run(..., plan=...)",
+            run_id=args.run,
+        )
+    executor = engine.new_linked_run(
+        args.run, reviewed_by=_principal(engine), segment_id=args.segment
+    )
+    result = executor.execute()
+    run = engine.run(executor.run_id)
+    return (
+        {"run_id": run.id, "linked_from": args.run, "status": run.status.value, "result": result},
+        f"run {run.id} (linked from {args.run}) {run.status.value}",
+    )
+
+
 def _raise_limit(engine: Engine, args: argparse.Namespace) -> Any:
     unit, limit = _amount("the limit", args.limit)
     version = engine.raise_limit(args.mission, unit, limit, by=_principal(engine))
@@ -385,6 +409,7 @@ HANDLERS: dict[str, Handler] = {
     "resolve": _resolve,
     "resume": _resume,
     "stop": _stop,
+    "link": _link,
     "raise-limit": _raise_limit,
     "approvals": _approvals,
     "approve": _approve,

@@ -17,6 +17,7 @@ from charter import approvals as approvals_mod
 from charter import attempts as attempts_mod
 from charter import incidents as incidents_mod
 from charter import ledger, missions, runs, settlement
+from charter import nodes as nodes_mod
 from charter.approvals import Approval, ApprovalStatus
 from charter.attempts import Attempt
 from charter.audit import ENGINE_CHAIN, Verification, canonical, verify_events
@@ -29,6 +30,7 @@ from charter.errors import (
     ContractError,
     NotAuthorized,
     RunTerminal,
+    StateError,
 )
 from charter.executor import Executor
 from charter.ids import IdFactory
@@ -374,6 +376,91 @@ class Engine:
             segment_id=segment_id,
             epoch=1,
             principal=by.name,
+            lease_expires_us=expires,
+        )
+
+    def new_linked_run(
+        self,
+        from_run: str,
+        *,
+        reviewed_by: Principal,
+        segment_id: str,
+        plan: Plan | None = None,
+        input: Any = None,
+    ) -> Executor:
+        """Follow a terminal run with a new one, reviewed by a principal with ``link`` (N4).
+
+        The ended run is never reopened. The new run belongs to the same mission,
+        so it draws on the same allowance, and runs as the same principal under
+        the current contract. It carries on from where the old run ended, so
+        nothing settled is performed again: nodes the old run completed are not
+        run (their checked results are reused), and each node it left unfinished
+        continues its last execution (settled attempts replay from their records,
+        journaled values are the same). ``plan`` and ``input`` default to the
+        old run's; a reviewed fix goes in ``plan``.
+        """
+        input_json = None if input is None else canonical(input)
+        lease_us = seconds_us(self.config.lease_seconds)
+        with self._db.transaction() as tx:
+            old = runs.load(tx, from_run)
+            self._authorize(tx, reviewed_by, old.mission_id, Right.LINK, entity=from_run)
+            if not old.status.terminal:
+                raise StateError(
+                    f"run {from_run} is {old.status.value}; only an ended run is followed by a "
+                    "linked one (stop it first, or recover and resume it)",
+                    run_id=from_run,
+                    status=old.status.value,
+                )
+            recorded = tx.one("SELECT plan, input FROM runs WHERE id = ?", from_run)
+            assert recorded is not None
+            run_id = tx.ids.new("run")
+            expires = tx.now_us + lease_us
+            tx.run(
+                "INSERT INTO runs (id, mission_id, principal, status, epoch, owner_segment, "
+                "lease_expires_us, created_at_us, updated_at_us, plan, input, linked_from) "
+                "VALUES (?, ?, ?, 'active', 1, ?, ?, ?, ?, ?, ?, ?)",
+                run_id,
+                old.mission_id,
+                old.principal,
+                segment_id,
+                expires,
+                tx.now_us,
+                tx.now_us,
+                recorded["plan"] if plan is None else (plan.ref or plan.name),
+                recorded["input"] if input_json is None else input_json,
+                from_run,
+            )
+            tx.run(
+                "INSERT INTO segments (run_id, segment_id, epoch, started_at_us) "
+                "VALUES (?, ?, 1, ?)",
+                run_id,
+                segment_id,
+                tx.now_us,
+            )
+            inherited = nodes_mod.inherit(tx, from_run, run_id)
+            tx.audit(
+                old.mission_id,
+                "run.linked",
+                run_id,
+                actor=reviewed_by.name,
+                segment=segment_id,
+                epoch=1,
+                after="active",
+                payload={
+                    "from_run": from_run,
+                    "from_status": old.status.value,
+                    "principal": old.principal,
+                    "lease_expires_us": expires,
+                    "nodes": inherited,
+                },
+            )
+        return Executor(
+            self,
+            run_id=run_id,
+            mission_id=old.mission_id,
+            segment_id=segment_id,
+            epoch=1,
+            principal=old.principal,
             lease_expires_us=expires,
         )
 

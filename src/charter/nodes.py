@@ -40,6 +40,7 @@ from charter.errors import (
 
 if TYPE_CHECKING:
     from charter.executor import Executor
+    from charter.storage import Row, Tx
 
 T = TypeVar("T")
 NodeFn = Callable[["Context", Any], Any]
@@ -124,6 +125,9 @@ class Context:
         self._jseq = 0  # journaled values, in order
         self._lock = threading.Lock()
         self._in_flight = 0
+        #: The ended run's execution this one continues (a linked run), once read.
+        self._inherits: tuple[str, int] | None = None
+        self._inherits_read = False
 
     @property
     def epoch(self) -> int:
@@ -180,7 +184,9 @@ class Context:
                     recorded_hash=prior.request_hash,
                     replayed_hash=call.request_hash,
                 )
-            if prior.status is AttemptStatus.VOIDED:
+            if prior.status is AttemptStatus.VOIDED and prior.run_id != self.run_id:
+                pass  # never sent by the ended run: this run admits it afresh (N4)
+            elif prior.status is AttemptStatus.VOIDED:
                 generation, retry_of = prior.generation + 1, prior.id  # re-admit (R3)
             elif prior.status is AttemptStatus.PREPARED:
                 return self._outcome(self._dispatch_prepared(prior, adapter))
@@ -221,16 +227,34 @@ class Context:
             raise Blocked(exc.message, run_id=self.run_id, attempt_id=prior.id) from None
 
     def _latest(self, effect_key: str) -> Attempt | None:
+        """The effect's last attempt in this execution or, in a linked run, in the
+        ended run's execution that this one continues (N4)."""
+        run_id, execution = self.run_id, self.execution
         with self._ex._db.read() as tx:
-            row = tx.one(
-                "SELECT * FROM attempts WHERE run_id = ? AND node_id = ? AND execution = ? "
-                "AND effect_key = ? ORDER BY generation DESC LIMIT 1",
-                self.run_id,
-                self.node_id,
-                self.execution,
-                effect_key,
-            )
-        return None if row is None else from_row(row)
+            while True:
+                row = tx.one(
+                    "SELECT * FROM attempts WHERE run_id = ? AND node_id = ? AND execution = ? "
+                    "AND effect_key = ? ORDER BY generation DESC LIMIT 1",
+                    run_id,
+                    self.node_id,
+                    execution,
+                    effect_key,
+                )
+                if row is not None:
+                    return from_row(row)
+                source = self._continues(tx, run_id, execution)
+                if source is None:
+                    return None
+                run_id, execution = source
+
+    def _continues(self, tx: Tx, run_id: str, execution: int) -> tuple[str, int] | None:
+        """The ended run's execution that ``(run_id, execution)`` continues, if any."""
+        if run_id != self.run_id or execution != self.execution:
+            return _inherited(tx, run_id, self.node_id, execution)
+        if not self._inherits_read:
+            self._inherits = _inherited(tx, run_id, self.node_id, execution)
+            self._inherits_read = True
+        return self._inherits
 
     def _earlier(self, effect_key: str) -> str | None:
         """The same effect's attempt in the latest earlier execution, if it ended."""
@@ -422,6 +446,68 @@ def _run_node(ex: Executor, n: Node, value: Any) -> Any:
 
 class _CheckFailed(Exception):
     pass
+
+
+def _inherited(tx: Tx, run_id: str, node_id: str, execution: int) -> tuple[str, int] | None:
+    row = tx.one(
+        "SELECT inherited_run, inherited_execution FROM node_executions WHERE run_id = ? "
+        "AND node_id = ? AND execution = ?",
+        run_id,
+        node_id,
+        execution,
+    )
+    if row is None or row["inherited_run"] is None:
+        return None
+    return str(row["inherited_run"]), int(row["inherited_execution"])
+
+
+def inherit(tx: Tx, from_run: str, run_id: str) -> list[dict[str, Any]]:
+    """Carry an ended run's node state into the linked run that follows it (N4).
+
+    Each node's last execution in the old run becomes execution 1 of the new
+    one: a completed execution with its checked result and hash, so the node
+    is not run again; an unfinished one as ``blocked``, with its journal copied
+    and a pointer to it, so that the new execution replays its settled
+    attempts from their records instead of sending them again.
+    """
+    last: dict[str, Row] = {}
+    for r in tx.all(
+        "SELECT node_id, execution, status, result, result_hash FROM node_executions "
+        "WHERE run_id = ? ORDER BY node_id, execution",
+        from_run,
+    ):
+        last[r["node_id"]] = r
+    carried = []
+    for node_id, r in last.items():
+        done = r["status"] == "completed"
+        tx.run(
+            "INSERT INTO node_executions (run_id, node_id, execution, status, result, "
+            "result_hash, started_epoch, started_at_us, completed_at_us, inherited_run, "
+            "inherited_execution) VALUES (?, ?, 1, ?, ?, ?, 1, ?, ?, ?, ?)",
+            run_id,
+            node_id,
+            "completed" if done else "blocked",
+            r["result"] if done else None,
+            r["result_hash"] if done else None,
+            tx.now_us,
+            tx.now_us if done else None,
+            from_run,
+            r["execution"],
+        )
+        if not done:
+            tx.run(
+                "INSERT INTO journal (run_id, node_id, execution, seq, kind, value) "
+                "SELECT ?, node_id, 1, seq, kind, value FROM journal "
+                "WHERE run_id = ? AND node_id = ? AND execution = ?",
+                run_id,
+                from_run,
+                node_id,
+                r["execution"],
+            )
+        carried.append(
+            {"node_id": node_id, "from_execution": r["execution"], "status": r["status"]}
+        )
+    return carried
 
 
 def _suspended(ex: Executor) -> bool:

@@ -257,4 +257,15 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        4,
+        "linked runs: a node execution may continue one of the run it follows (N4)",
+        [
+            "ALTER TABLE node_executions ADD COLUMN inherited_run TEXT",
+            "ALTER TABLE node_executions ADD COLUMN inherited_execution INTEGER",
+        ],
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
