@@ -319,7 +319,6 @@ class Engine:
         process can resume the run; run it with ``executor.execute(plan)``.
         """
         input_json = None if input is None else canonical(input)
-        lease_us = seconds_us(self.config.lease_seconds)
         with self._db.transaction() as tx:
             self._vouch(tx, by)
             mission = missions.load(tx, mission_id)
@@ -336,28 +335,14 @@ class Engine:
                     actor=by.name,
                     payload={"right": "run"},
                 )
-            run_id = tx.ids.new("run")
-            expires = tx.now_us + lease_us
-            tx.run(
-                "INSERT INTO runs (id, mission_id, principal, status, epoch, owner_segment, "
-                "lease_expires_us, created_at_us, updated_at_us, plan, input) "
-                "VALUES (?, ?, ?, 'active', 1, ?, ?, ?, ?, ?, ?)",
-                run_id,
-                mission_id,
-                by.name,
-                segment_id,
-                expires,
-                tx.now_us,
-                tx.now_us,
-                None if plan is None else (plan.ref or plan.name),
-                input_json,
-            )
-            tx.run(
-                "INSERT INTO segments (run_id, segment_id, epoch, started_at_us) "
-                "VALUES (?, ?, 1, ?)",
-                run_id,
-                segment_id,
-                tx.now_us,
+            run_id, expires = self._insert_run(
+                tx,
+                mission_id=mission_id,
+                principal=by.name,
+                segment_id=segment_id,
+                plan=None if plan is None else (plan.ref or plan.name),
+                input_json=input_json,
+                linked_from=None,
             )
             tx.audit(
                 mission_id,
@@ -378,6 +363,43 @@ class Engine:
             principal=by.name,
             lease_expires_us=expires,
         )
+
+    def _insert_run(
+        self,
+        tx: Tx,
+        *,
+        mission_id: str,
+        principal: str,
+        segment_id: str,
+        plan: str | None,
+        input_json: str | None,
+        linked_from: str | None,
+    ) -> tuple[str, int]:
+        """A new active run owned by its first segment (epoch 1); its ID and lease end."""
+        run_id = tx.ids.new("run")
+        expires = tx.now_us + seconds_us(self.config.lease_seconds)
+        tx.run(
+            "INSERT INTO runs (id, mission_id, principal, status, epoch, owner_segment, "
+            "lease_expires_us, created_at_us, updated_at_us, plan, input, linked_from) "
+            "VALUES (?, ?, ?, 'active', 1, ?, ?, ?, ?, ?, ?, ?)",
+            run_id,
+            mission_id,
+            principal,
+            segment_id,
+            expires,
+            tx.now_us,
+            tx.now_us,
+            plan,
+            input_json,
+            linked_from,
+        )
+        tx.run(
+            "INSERT INTO segments (run_id, segment_id, epoch, started_at_us) VALUES (?, ?, 1, ?)",
+            run_id,
+            segment_id,
+            tx.now_us,
+        )
+        return run_id, expires
 
     def new_linked_run(
         self,
@@ -400,7 +422,6 @@ class Engine:
         old run's; a reviewed fix goes in ``plan``.
         """
         input_json = None if input is None else canonical(input)
-        lease_us = seconds_us(self.config.lease_seconds)
         with self._db.transaction() as tx:
             old = runs.load(tx, from_run)
             self._authorize(tx, reviewed_by, old.mission_id, Right.LINK, entity=from_run)
@@ -413,29 +434,14 @@ class Engine:
                 )
             recorded = tx.one("SELECT plan, input FROM runs WHERE id = ?", from_run)
             assert recorded is not None
-            run_id = tx.ids.new("run")
-            expires = tx.now_us + lease_us
-            tx.run(
-                "INSERT INTO runs (id, mission_id, principal, status, epoch, owner_segment, "
-                "lease_expires_us, created_at_us, updated_at_us, plan, input, linked_from) "
-                "VALUES (?, ?, ?, 'active', 1, ?, ?, ?, ?, ?, ?, ?)",
-                run_id,
-                old.mission_id,
-                old.principal,
-                segment_id,
-                expires,
-                tx.now_us,
-                tx.now_us,
-                recorded["plan"] if plan is None else (plan.ref or plan.name),
-                recorded["input"] if input_json is None else input_json,
-                from_run,
-            )
-            tx.run(
-                "INSERT INTO segments (run_id, segment_id, epoch, started_at_us) "
-                "VALUES (?, ?, 1, ?)",
-                run_id,
-                segment_id,
-                tx.now_us,
+            run_id, expires = self._insert_run(
+                tx,
+                mission_id=old.mission_id,
+                principal=old.principal,
+                segment_id=segment_id,
+                plan=recorded["plan"] if plan is None else (plan.ref or plan.name),
+                input_json=recorded["input"] if input_json is None else input_json,
+                linked_from=from_run,
             )
             inherited = nodes_mod.inherit(tx, from_run, run_id)
             tx.audit(
