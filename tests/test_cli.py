@@ -130,6 +130,8 @@ def test_R5_crash_recover_reconcile_confirm_resume_sends_each_effect_once(
     code, linked = charter_cli(setup, "link", run_id, "--segment", "seg-3", ops=True)
     assert code == 0, linked
     assert (linked["linked_from"], linked["status"]) == (run_id, "completed")
+    code, shown = charter_cli(setup, "show", linked["run_id"])
+    assert code == 0 and shown["linked_from"] == run_id
     assert [json.loads(line)["key"] for line in outbox.read_text().splitlines()] == keys
 
 

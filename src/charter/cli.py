@@ -202,10 +202,11 @@ def _runs(engine: Engine, args: argparse.Namespace) -> Any:
 
 def _show(engine: Engine, args: argparse.Namespace) -> Any:
     state = engine.coordinator.state(args.run).to_dict()
+    linked = f"linked from: {state['linked_from']}\n" if state["linked_from"] else ""
     text = (
         f"run {state['run_id']}  status {state['status']}  epoch {state['epoch']}  "
         f"owner {state['owner_segment']}  contract v{state['contract_version']}\n"
-        f"reason: {state['status_reason'] or '-'}\n"
+        f"reason: {state['status_reason'] or '-'}\n{linked}"
         f"nodes:\n{_table(state['nodes'], ['node_id', 'execution', 'status', 'crashes'])}\n"
         f"unresolved attempts:\n"
         f"{_table(state['attempts'], ['id', 'adapter', 'operation', 'status', 'reason'])}\n"

@@ -85,6 +85,7 @@ class RecoveryState:
             "status": self.run.status.value,
             "status_reason": self.run.status_reason,
             "owner_segment": self.run.owner_segment,
+            "linked_from": self.run.linked_from,
             "contract_version": self.contract_version,
             "plan": self.plan,
             "nodes": self.nodes,
