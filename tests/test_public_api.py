@@ -48,6 +48,8 @@ PUBLIC = [
     "RunStatus",
     "RunTerminal",
     "SchemaError",
+    "Secret",
+    "SecretUnavailable",
     "SegmentReused",
     "StateError",
     "StoreBusy",

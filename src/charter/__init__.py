@@ -45,6 +45,7 @@ from charter.errors import (
     NotFound,
     RunTerminal,
     SchemaError,
+    SecretUnavailable,
     SegmentReused,
     StateError,
     StoreBusy,
@@ -54,6 +55,7 @@ from charter.executor import Executor
 from charter.nodes import Context, Node, Plan, node
 from charter.principals import Principal, Right, hash_secret, new_credential
 from charter.runs import Run, RunStatus
+from charter.secret import Secret
 
 __version__ = "0.1.0"
 
@@ -101,6 +103,8 @@ __all__ = [
     "RunStatus",
     "RunTerminal",
     "SchemaError",
+    "Secret",
+    "SecretUnavailable",
     "SegmentReused",
     "StateError",
     "StoreBusy",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from charter import secret
 from charter.errors import NotFound
 from charter.storage import Row, Tx
 
@@ -146,6 +147,12 @@ def _json(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
+def _request(text: str) -> Any:
+    """A recorded request; its secrets come back knowing only their names (S3)."""
+    request = json.loads(text)
+    return secret.rebuild(request) if f'"{secret.MARK}"' in text else request
+
+
 def from_row(r: Row) -> Attempt:
     return Attempt(
         id=r["id"],
@@ -163,7 +170,7 @@ def from_row(r: Row) -> Attempt:
         dispatched_epoch=r["dispatched_epoch"],
         idempotency_key=r["idempotency_key"],
         request_hash=r["request_hash"],
-        request=_json(r["request"]),
+        request=_request(r["request"]),
         estimate=_json(r["estimate"]),
         actual=_json(r["actual"]),
         result=_json(r["result"]),

@@ -10,11 +10,12 @@ stopped or exhausted stands in the way, under the engine's resume policy.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from charter import approvals, missions, recovery, runs, settlement
+from charter import approvals, missions, recovery, runs, secret, settlement
 from charter.adapters import Adapter, Dispatch, EffectClass, Evidence, Outcome
 from charter.attempts import Attempt, AttemptStatus, list_attempts, load
 from charter.clock import seconds_us
@@ -224,6 +225,12 @@ class Coordinator:
             evidence = Evidence.indeterminate({"lookup_error": f"{type(exc).__name__}: {exc}"})
         if not evidence.conclusive and executor is not None:
             evidence = self._replay(attempt, adapter, executor) or evidence
+        hidden = list(secret.found(attempt.request))
+        if hidden:  # what a lookup or replay echoes of a secret is not recorded (S3)
+            evidence = secret.scrub_fields(evidence, hidden, "detail")
+            if evidence.outcome is not None:
+                outcome = secret.scrub_fields(evidence.outcome, hidden, "result", "receipt")
+                evidence = dataclasses.replace(evidence, outcome=outcome)
         with self._db.transaction() as tx:
             current = load(tx, attempt_id)
             self._check_reconcilable(tx, current)
@@ -248,6 +255,8 @@ class Coordinator:
         if op is None or op.effect is not EffectClass.IDEMPOTENT_KEYED:
             return None
         assert op.dedupe_window_seconds is not None
+        if secret.missing(attempt.request):
+            return None  # a secret this process cannot have (S3): no replay; a person decides
         try:
             with self._db.transaction() as tx:
                 executor._own(tx)  # the A2 condition: epoch and lease

@@ -21,6 +21,7 @@ message says what was wrong and what to do about it::
     │   └── AllowanceExceeded       L3/L7: the allowance cannot cover it
     ├── AttemptFailed               an effect settled FAILED or WRITTEN_OFF (A4)
     ├── AdapterError                an adapter broke its protocol
+    ├── SecretUnavailable           a secret's value is not to be had here (S3)
     ├── NonDeterminismError         a replayed call differs from its record (A6)
     ├── AuditError                  the hash chain does not verify (S1)
     └── StoreError                  the store cannot serve the request
@@ -122,6 +123,12 @@ class AttemptFailed(CharterError):
 
 class AdapterError(CharterError):
     code = "adapter_error"
+
+
+class SecretUnavailable(CharterError):
+    """A secret's value is not to be had here: it was never recorded (S3)."""
+
+    code = "secret_unavailable"
 
 
 class NonDeterminismError(CharterError):

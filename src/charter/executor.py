@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from charter import admission, approvals, ledger, runs, settlement
+from charter import admission, approvals, ledger, runs, secret, settlement
 from charter.adapters import Adapter, Dispatch, EffectClass, Estimate, Evidence, Outcome
 from charter.approvals import ApprovalStatus
 from charter.attempts import Attempt, AttemptStatus, Effect, idempotency_key_for, load
@@ -53,7 +53,10 @@ if TYPE_CHECKING:
     from charter.nodes import Plan
 
 #: Requests are recorded as canonical JSON; NaN and infinities are refused.
-_REQUEST_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+#: Requests are recorded (and hashed) with each secret as its name only (S3).
+_REQUEST_JSON = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), allow_nan=False, default=secret.placeholder
+)
 
 #: A read-only UNKNOWN written off under the A7 opt-in is retried at most this
 #: many times in one call, so a target that never answers cannot drain the budget.
@@ -219,6 +222,11 @@ class Executor:
                 f"the request for {adapter.name}.{operation} must be JSON-serialisable ({exc}); "
                 "it is recorded before it is sent"
             ) from None
+        if f'"{secret.MARK}"' in request_json and secret.has_reserved_key(request):
+            raise AdmissionRefused(
+                f"the request for {adapter.name}.{operation} uses the key {secret.MARK!r}, "
+                "which marks a recorded secret; wrap secret values in charter.Secret instead"
+            )
         estimate = adapter.estimate(operation, request)
         if not isinstance(estimate, Estimate):
             raise AdapterError(f"adapter {adapter.name!r} estimate() must return an Estimate")
@@ -466,22 +474,38 @@ class Executor:
         self._crash("admission.after")
         return attempt
 
-    def dispatch(self, attempt_id: str, adapter: Adapter) -> Attempt:
-        """Commit DISPATCHED for a PREPARED attempt of this epoch, send it, settle it."""
+    def dispatch(self, attempt_id: str, adapter: Adapter, *, request: Any = None) -> Attempt:
+        """Commit DISPATCHED for a PREPARED attempt of this epoch, send it, settle it.
+
+        ``request`` is the live request, with its secrets' values (S3), when the
+        caller has it (a replayed node does); it must be the recorded one. Without
+        it the request is rebuilt from the record.
+        """
         self._crash("dispatch.before")
         with self._db.transaction(gate=self.mission_id) as tx:
-            attempt = self._commit_dispatch(tx, attempt_id, adapter)
+            attempt = self._commit_dispatch(tx, attempt_id, adapter, request)
         if attempt.status is AttemptStatus.VOIDED:
             return attempt
         return self._send_and_settle(attempt, adapter)
 
-    def _commit_dispatch(self, tx: Tx, attempt_id: str, adapter: Adapter) -> Attempt:
+    def _commit_dispatch(self, tx: Tx, attempt_id: str, adapter: Adapter, request: Any) -> Attempt:
         row = self._own(tx)
         attempt = load(tx, attempt_id)
         if attempt.run_id != self.run_id:
             raise StateError(
                 f"attempt {attempt_id} belongs to run {attempt.run_id}, not {self.run_id}"
             )
+        if request is not None:
+            live = request_hash(attempt.adapter, attempt.operation, _REQUEST_JSON.encode(request))
+            if live != attempt.request_hash:
+                raise StateError(
+                    f"the request given for attempt {attempt_id} is not the one recorded; "
+                    "nothing is sent",
+                    attempt_id=attempt_id,
+                )
+            attempt = _with(attempt, request=request)
+        for hidden in secret.found(attempt.request):
+            hidden.reveal()  # one that cannot be had here stops the send before it commits
         if attempt.adapter != adapter.name:
             raise StateError(
                 f"attempt {attempt_id} is for adapter {attempt.adapter!r}, not {adapter.name!r}"
@@ -664,6 +688,14 @@ class Executor:
             not_applied = exc
         except Exception as exc:  # A3: an exception is not a failure
             error = f"{type(exc).__name__}: {exc}"
+        hidden = list(secret.found(attempt.request))
+        if hidden:  # what the target echoes back of a secret is not recorded either (S3)
+            error = secret.scrub(error, hidden)
+            if outcome is not None:
+                outcome = secret.scrub_fields(outcome, hidden, "result", "receipt")
+            if not_applied is not None:
+                not_applied.reason = secret.scrub(not_applied.reason, hidden)
+                not_applied.evidence = secret.scrub(not_applied.evidence, hidden)
         self._crash("settlement.before")
         with self._db.transaction(gate=self.mission_id) as tx:
             settled = self._settle(tx, attempt, outcome, not_applied, error)

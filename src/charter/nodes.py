@@ -189,7 +189,7 @@ class Context:
             elif prior.status is AttemptStatus.VOIDED:
                 generation, retry_of = prior.generation + 1, prior.id  # re-admit (R3)
             elif prior.status is AttemptStatus.PREPARED:
-                return self._outcome(self._dispatch_prepared(prior, adapter))
+                return self._outcome(self._dispatch_prepared(prior, adapter, request))
             else:
                 return self._outcome(prior)
         try:
@@ -219,9 +219,9 @@ class Context:
             raise
         return self._outcome(attempt)
 
-    def _dispatch_prepared(self, prior: Attempt, adapter: Adapter) -> Attempt:
+    def _dispatch_prepared(self, prior: Attempt, adapter: Adapter, request: Any) -> Attempt:
         try:
-            return self._ex.dispatch(prior.id, adapter)
+            return self._ex.dispatch(prior.id, adapter, request=request)
         except ApprovalRequired as exc:
             self._ex._mark("waiting", f"approval for {prior.scope} in node {self.node_id}")
             raise Blocked(exc.message, run_id=self.run_id, attempt_id=prior.id) from None
