@@ -1,8 +1,9 @@
 """The built-in example mission: ``charter demo``.
 
 An agent books a team offsite on the embedded SQLite store. It calls a model
-(read-only), pays a venue (keyed by our idempotency key, and needing a
-person's approval), and e-mails the team — and the e-mail's answer is lost.
+(read-only), pays a venue (keyed by our idempotency key, needing a person's
+approval, and authorised by an API key the store never sees), and e-mails the
+team — and the e-mail's answer is lost.
 The demo shows what Charter does about each: the payment waits for approval,
 the lost e-mail stays UNKNOWN with its hold until evidence is found and a
 person confirms it, and the run then finishes without sending anything twice.
@@ -14,6 +15,7 @@ own record of what they received, which the demo prints at the end.
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -21,9 +23,10 @@ from charter.adapters import Dispatch, EffectClass, Estimate, Evidence, Operatio
 from charter.attempts import Attempt
 from charter.config import EngineConfig
 from charter.engine import Engine
-from charter.errors import Blocked
+from charter.errors import Blocked, NotApplied
 from charter.nodes import Context, Plan, node
 from charter.principals import new_credential
+from charter.secret import Secret
 
 USD = 1_000_000  # the ledger counts micro-dollars
 
@@ -67,21 +70,25 @@ class ModelAdapter:
 
 
 class PaymentsAdapter:
-    """A payment: the target deduplicates by our idempotency key for 24 hours."""
+    """A payment: the target deduplicates by our idempotency key for 24 hours and
+    accepts only requests that carry its API key."""
 
     name = "payments"
     operations: ClassVar[dict[str, Operation]] = {
         "charge": Operation(EffectClass.IDEMPOTENT_KEYED, dedupe_window_seconds=86_400)
     }
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, api_key: str) -> None:
         self.target = target
+        self._api_key = api_key
 
     def estimate(self, operation: str, request: Any) -> Estimate:
         return Estimate({"usd": request["amount"], "calls": 1}, "payments/quoted")
 
     def dispatch(self, send: Dispatch) -> Outcome:
         send.check_deadline()
+        if send.request["api_key"].reveal() != self._api_key:
+            raise NotApplied("the payments API refused the key before charging")
         first = send.idempotency_key not in self.target.received
         self.target.received.setdefault(send.idempotency_key, send.request)
         return Outcome.succeeded(
@@ -136,7 +143,9 @@ class MailAdapter:
         return Evidence.not_applied({"log": "no such message"})
 
 
-def build_plan(llm: ModelAdapter, payments: PaymentsAdapter, mail: MailAdapter) -> Plan:
+def build_plan(
+    llm: ModelAdapter, payments: PaymentsAdapter, mail: MailAdapter, api_key: Secret
+) -> Plan:
     @node
     def research(ctx: Context, team: dict[str, Any]) -> dict[str, Any]:
         answer = ctx.attempt(
@@ -147,7 +156,9 @@ def build_plan(llm: ModelAdapter, payments: PaymentsAdapter, mail: MailAdapter) 
     @node(check=lambda r: bool(r.get("charge_id")))
     def pay(ctx: Context, plan: dict[str, Any]) -> dict[str, Any]:
         charge = ctx.attempt(
-            payments, "charge", {"venue": plan["venue"], "amount": 450 * USD // 1000}
+            payments,
+            "charge",
+            {"venue": plan["venue"], "amount": 450 * USD // 1000, "api_key": api_key},
         )
         return {**plan, "charge_id": charge["charge_id"]}
 
@@ -168,12 +179,13 @@ def run_demo(store: str | None = None, *, as_json: bool = False) -> int:
     ops_cred, ops_digest = new_credential("ops")
     config = EngineConfig(credentials={"agent": agent_digest, "ops": ops_digest})
     llm_target, pay_target, mail_target = Target(), Target(), Target()
+    api_key = f"sk_demo_{secrets.token_hex(8)}"
     llm, payments, mail = (
         ModelAdapter(llm_target),
-        PaymentsAdapter(pay_target),
+        PaymentsAdapter(pay_target, api_key),
         MailAdapter(mail_target),
     )
-    plan = build_plan(llm, payments, mail)
+    plan = build_plan(llm, payments, mail, Secret(api_key, name="payments-key"))
     say: list[str] = []
 
     def log(line: str) -> None:
@@ -244,6 +256,8 @@ def run_demo(store: str | None = None, *, as_json: bool = False) -> int:
         for unit, b in balances.items():
             log(f"{unit:6} {b.limit:>10} {b.available:>10} {b.held:>8} {b.spent:>8} {b.overrun:>8}")
         log(f"\nsends received by each target: {sends}")
+        [charge] = [a for a in attempts if a.scope == "payments.charge"]
+        log(f"the payments API key, as the store holds it: {charge.request['api_key']}")
         log(
             f"ledger check: {problems or 'ok'}; audit chain: "
             f"{'verified' if all(c.ok for c in chains) else 'BROKEN'} "
