@@ -427,3 +427,25 @@ def test_N4_a_linked_run_is_refused_for_a_live_run_an_unknown_run_or_without_lin
     assert stored(engine, mission) == before
     refusals = [e for e in engine.audit_events(mission) if e["kind"] == "authorization.refused"]
     assert [(e["actor"], e["entity"]) for e in refusals] == [("agent", ex.run_id)]
+
+
+def test_N4_a_link_of_a_link_still_replays_what_the_first_run_settled(
+    engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter
+) -> None:
+    """Breaking it looks like the third run in a chain of follow-ups sending again
+    what the first one settled, because it looked only one link back."""
+    broken = {"bug": True, "to": "x"}
+    plan = two_nodes(adapter, broken)
+    first = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(RuntimeError):
+        first.execute(plan)
+    second = engine.new_linked_run(first.run_id, reviewed_by=who.alice, segment_id="seg-1")
+    with pytest.raises(RuntimeError):  # the review missed the bug
+        second.execute(plan)
+    broken["bug"] = False
+    third = engine.new_linked_run(second.run_id, reviewed_by=who.alice, segment_id="seg-1")
+
+    assert third.execute(plan) == 2
+    assert [s.request["step"] for s in adapter.sent] == ["first", "second", "after"]
+    assert engine.run(third.run_id).linked_from == second.run_id
+    assert engine.check_ledger(mission) == []
