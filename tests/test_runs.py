@@ -449,3 +449,9 @@ def test_N4_a_link_of_a_link_still_replays_what_the_first_run_settled(
     assert [s.request["step"] for s in adapter.sent] == ["first", "second", "after"]
     assert engine.run(third.run_id).linked_from == second.run_id
     assert engine.check_ledger(mission) == []
+
+    # A second follower of the same run would send again what its sibling sent.
+    before = stored(engine, mission)
+    with pytest.raises(charter.StateError):
+        engine.new_linked_run(second.run_id, reviewed_by=who.alice, segment_id="seg-9")
+    assert stored(engine, mission) == before

@@ -432,6 +432,15 @@ class Engine:
                     run_id=from_run,
                     status=old.status.value,
                 )
+            follower = tx.one("SELECT id FROM runs WHERE linked_from = ?", from_run)
+            if follower is not None:
+                # Two followers would each send what the old run left unsent.
+                raise StateError(
+                    f"run {from_run} is already followed by run {follower['id']}; link from "
+                    "the last run of the chain",
+                    run_id=from_run,
+                    followed_by=follower["id"],
+                )
             recorded = tx.one("SELECT plan, input FROM runs WHERE id = ?", from_run)
             assert recorded is not None
             run_id, expires = self._insert_run(

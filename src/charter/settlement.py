@@ -19,7 +19,7 @@ from charter.attempts import Attempt, AttemptStatus
 from charter.audit import canonical
 from charter.incidents import open_incident
 from charter.runs import RunStatus
-from charter.storage import Tx
+from charter.storage import Prefetched, Tx
 
 #: Per-run counters of settled attempts (R5 reports them without scanning history).
 _COUNT = {
@@ -37,16 +37,18 @@ def _count(tx: Tx, status: AttemptStatus, attempt: Attempt) -> None:
     tx.write(_COUNT[status], attempt.run_id)
 
 
-#: Returned by the decisive update, so that settling the last attempt of a
-#: stopping run can end it without another statement on every settlement.
-_RUN_STATUS = "(SELECT status FROM runs WHERE runs.id = attempts.run_id) AS run_status"
+def _run_status(tx: Tx, attempt: Attempt) -> Prefetched:
+    """The run's status, read under the gate and sent with the decisive update
+    (no round trip of its own): settling the last attempt of a stopping run ends it."""
+    return tx.prefetch("SELECT status FROM runs WHERE id = ?", attempt.run_id)
 
 
 def _conclude(
-    tx: Tx, attempt: Attempt, changed: Mapping[str, Any], *, actor: str, segment: str | None
+    tx: Tx, attempt: Attempt, run: Prefetched, *, actor: str, segment: str | None
 ) -> None:
     """The attempt left the run's in-flight set: a stopping run may now be stopped (N5)."""
-    if changed["run_status"] == RunStatus.STOPPING.value:
+    row = run.row
+    if row is not None and row["status"] == RunStatus.STOPPING.value:
         runs.conclude_stop(tx, attempt.run_id, actor=actor, segment=segment)
 
 
@@ -82,10 +84,11 @@ def settle(
     tx.lock_mission(attempt.mission_id)
     price_source = price_source or attempt.price_source  # L8: entries always name a source
     marks = ", ".join("?" for _ in from_statuses)
-    changed = tx.one(
+    run = _run_status(tx, attempt)
+    changed = tx.run(
         "UPDATE attempts SET status = ?, actual = ?, result = ?, receipt = ?, "
         "price_source = COALESCE(?, price_source), reason = COALESCE(?, reason) "
-        f"WHERE id = ? AND status IN ({marks}) RETURNING {_RUN_STATUS}",
+        f"WHERE id = ? AND status IN ({marks})",
         status.value,
         canonical(dict(actual)),
         _dump(result),
@@ -95,7 +98,7 @@ def settle(
         attempt.id,
         *(s.value for s in from_statuses),
     )
-    if changed is None:
+    if not changed:
         return False
     # Stamped after the decisive update, so the store's clock (read with the
     # gate, in the same round trip on PostgreSQL) is not waited for first.
@@ -155,7 +158,7 @@ def settle(
             "reason": reason,
         },
     )
-    _conclude(tx, attempt, changed, actor=actor, segment=segment)
+    _conclude(tx, attempt, run, actor=actor, segment=segment)
     return True
 
 
@@ -219,14 +222,15 @@ def void(
 ) -> bool:
     """VOIDED releases exactly its hold, and only if never DISPATCHED (L6)."""
     tx.lock_mission(attempt.mission_id)
-    changed = tx.one(
+    run = _run_status(tx, attempt)
+    changed = tx.run(
         "UPDATE attempts SET status = 'voided', reason = ?, settled_at_us = ? "
-        f"WHERE id = ? AND status = 'prepared' RETURNING {_RUN_STATUS}",
+        "WHERE id = ? AND status = 'prepared'",
         reason,
         tx.now_us,
         attempt.id,
     )
-    if changed is None:
+    if not changed:
         return False
     ledger.record(
         tx, attempt.mission_id, attempt.id, ledger.release(attempt.estimate), attempt.price_source
@@ -243,7 +247,7 @@ def void(
         after="voided",
         payload={"reason": reason},
     )
-    _conclude(tx, attempt, changed, actor=actor, segment=segment)
+    _conclude(tx, attempt, run, actor=actor, segment=segment)
     return True
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 from charter.clock import Clock
 from charter.errors import ConfigError, SchemaError
 from charter.ids import IdFactory
-from charter.storage.database import Database, Driver, Row, Tx
+from charter.storage.database import Database, Driver, Prefetched, Row, Tx
 from charter.storage.schema import LATEST, MIGRATIONS
 
 DEFAULT_PATH = Path(".charter") / "charter.db"
 
-__all__ = ["DEFAULT_PATH", "Database", "Row", "Tx", "open_database"]
+__all__ = ["DEFAULT_PATH", "Database", "Prefetched", "Row", "Tx", "open_database"]
 
 
 def _driver(url: str | None, busy_timeout: float) -> Driver:

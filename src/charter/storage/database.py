@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -46,8 +46,15 @@ class Driver(Protocol):
 
     def execute(self, sql: str, params: Sequence[Any]) -> Any: ...
 
-    def defer(self, sql: str, params: Sequence[Any]) -> None:
-        """Run a statement whose result is not needed, now or with the next one."""
+    def defer(
+        self, sql: str, params: Sequence[Any], take: Callable[[Any], None] | None = None
+    ) -> None:
+        """Run a statement now or with the next one; ``take`` gets its result
+        (something with ``fetchone``) once it has run."""
+        ...
+
+    def flush(self) -> None:
+        """Send the deferred statements now."""
         ...
 
     def begin(self, write: bool, clock: Clock, gate: str | None) -> None:
@@ -86,6 +93,27 @@ class Driver(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Prefetched:
+    """The row of a read sent ahead (:meth:`Tx.prefetch`)."""
+
+    def __init__(self, driver: Driver) -> None:
+        self._driver = driver
+        self._row: Row | None = None
+        self._filled = False
+
+    def fill(self, result: Any) -> None:
+        self._row = result.fetchone()
+        self._filled = True
+
+    @property
+    def row(self) -> Row | None:
+        if not self._filled:
+            self._driver.flush()
+        if not self._filled:
+            raise StoreError("a prefetched read was not answered")
+        return self._row
 
 
 class Refused(BaseException):
@@ -129,6 +157,13 @@ class Tx:
         """Execute a statement; return the number of rows it changed."""
         count: int = self._driver.execute(self._sql(sql), params).rowcount
         return count
+
+    def prefetch(self, sql: str, *params: Any) -> Prefetched:
+        """A read whose row is needed later in this transaction: it may travel
+        with the next statement that is sent (one round trip for both)."""
+        box = Prefetched(self._driver)
+        self._driver.defer(self._sql(sql), params, box.fill)
+        return box
 
     def write(self, sql: str, *params: Any) -> None:
         """A statement whose result is not needed; it may be sent later, in this

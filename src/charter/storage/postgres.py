@@ -158,8 +158,14 @@ class PostgresDriver:
     def execute(self, sql: str, params: Sequence[Any]) -> Result:
         return self._send((sql, params, None))
 
-    def defer(self, sql: str, params: Sequence[Any]) -> None:
-        self._pending.append((sql, params, None))
+    def defer(
+        self, sql: str, params: Sequence[Any], take: Callable[[Any], None] | None = None
+    ) -> None:
+        self._pending.append((sql, params, take))
+
+    def flush(self) -> None:
+        if self._pending:
+            self._send()
 
     def _send(self, last: _Pending | None = None) -> Result:
         """Everything pending (and ``last``) in one pipeline: one round trip.

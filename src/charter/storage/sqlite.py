@@ -9,7 +9,7 @@ deadlocking on upgrade, and a bounded busy wait that ends in
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +67,16 @@ class SQLiteDriver:
         except sqlite3.Error as exc:
             raise _translate(exc, self._busy_timeout) from None
 
-    def defer(self, sql: str, params: Sequence[Any]) -> None:
+    def defer(
+        self, sql: str, params: Sequence[Any], take: Callable[[Any], None] | None = None
+    ) -> None:
         # In-process: nothing is gained by waiting.
-        self.execute(sql, params)
+        result = self.execute(sql, params)
+        if take is not None:
+            take(result)
+
+    def flush(self) -> None:
+        """Nothing waits."""
 
     def begin(self, write: bool, clock: Clock, gate: str | None) -> None:
         # BEGIN IMMEDIATE makes this transaction the only writer: the gate of
