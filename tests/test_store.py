@@ -623,6 +623,21 @@ def test_a_statement_the_store_refuses_leaves_the_connection_usable(
     assert len(adapter.sent) == 1
 
 
+def test_a_prefetched_read_is_answered_with_the_next_statement_or_on_demand(
+    engine: charter.Engine, who: Principals, mission: str
+) -> None:
+    """A read sent ahead arrives with the statement after it (on PostgreSQL in
+    the same round trip), and asking for it first sends it on its own."""
+    with engine._db.transaction(gate=mission) as tx:
+        early = tx.prefetch("SELECT name FROM missions WHERE id = ?", mission)
+        assert tx.run("UPDATE missions SET name = 'renamed' WHERE id = ?", mission) == 1
+        ahead = early.row
+        alone = tx.prefetch("SELECT name FROM missions WHERE id = ?", mission).row
+    assert ahead is not None and alone is not None
+    assert (ahead["name"] != "renamed", alone["name"]) == (True, "renamed")  # read in order
+    assert engine.mission(mission).name == "renamed"
+
+
 def test_an_attempt_is_two_durable_commits_and_four_round_trips(
     backend: str, store_address: str, creds: tuple[dict[str, str], dict[str, str]]
 ) -> None:
