@@ -268,4 +268,12 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        5,
+        "linked runs: find a run's follower without scanning every run",
+        ["CREATE INDEX runs_linked_from ON runs (linked_from) WHERE linked_from IS NOT NULL"],
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
