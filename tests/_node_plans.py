@@ -185,6 +185,28 @@ def consume(ctx: charter.Context, value: dict[str, Any]) -> dict[str, Any]:
 handoff_plan = charter.Plan("handoff", (produce, consume), ref="_node_plans:handoff_plan")
 
 
+# -- linked: a bug after a send, fixed for the follow-up run ----------------------------------
+
+
+@charter.node
+def one(ctx: charter.Context, value: Any) -> dict[str, Any]:
+    ctx.attempt(Outbox(), "write", {"effect": "one"})
+    return {"one": True}
+
+
+@charter.node
+def two(ctx: charter.Context, value: Any) -> dict[str, Any]:
+    ctx.attempt(Outbox(), "write", {"effect": "two-a"})
+    if lines("bug.txt"):
+        raise RuntimeError("the bug under review")
+    die_here("two")
+    ctx.attempt(Outbox(), "write", {"effect": "two-b"})
+    return {"two": "done"}
+
+
+linked_plan = charter.Plan("linked", (one, two), ref="_node_plans:linked_plan")
+
+
 # -- the child process -------------------------------------------------------------------
 
 
@@ -210,7 +232,12 @@ def main(argv: list[str]) -> int:
     config = charter.EngineConfig(credentials=cfg["digests"])
     with charter.Engine.open(cfg["store"], config=config, crash_hook=hook) as engine:
         agent = engine.authenticate(cfg["credential"])
-        if cfg.get("run_id") is None:
+        if cfg.get("link_from") is not None:
+            reviewer = engine.authenticate(cfg["reviewer"])
+            ex = engine.new_linked_run(
+                cfg["link_from"], reviewed_by=reviewer, segment_id=cfg["segment_id"]
+            )
+        elif cfg.get("run_id") is None:
             plan = import_path(cfg["plan"])
             ex = engine.start_run(
                 cfg["mission_id"],

@@ -97,8 +97,12 @@ class Children:
         kill_point: str | None = None,
         kill_skip: int = 0,
         die_in: tuple[str, ...] = (),
+        link_from: str | None = None,
+        reviewer: str | None = None,
     ) -> str:
-        """Run a child to its death; return the run it owned."""
+        """Run a child to its death; return the run it owned. With ``link_from``
+        the child starts a linked run after that one, reviewed by ``reviewer``
+        (a credential)."""
         self.started += 1
         config = self.workdir.parent / f"child-{self.started}.json"
         config.write_text(
@@ -115,6 +119,8 @@ class Children:
                     "kill_point": kill_point,
                     "kill_skip": kill_skip,
                     "die_in": list(die_in),
+                    "link_from": link_from,
+                    "reviewer": reviewer,
                 }
             )
         )
@@ -809,3 +815,44 @@ def test_A4_retry_policy_attempt_is_linked_to_the_failed_one_before(
     assert one.status is AttemptStatus.FAILED
     assert one.retry_of is None
     assert two.retry_of == one.id
+
+
+# -- N4: a linked run killed mid-node ---------------------------------------------------------
+
+
+def test_N4_a_linked_run_killed_mid_node_recovers_and_sends_each_effect_once(
+    engine: charter.Engine,
+    who: Principals,
+    new_mission: Callable[..., str],
+    children: Children,
+    workdir: Path,
+) -> None:
+    """A run fails on a bug after a send; the fixed follow-up, started in another
+    process, is killed mid-node; a third process recovers it. Breaking N4 (or A6
+    across the link) looks like the first run's send going out again."""
+    (workdir / "bug.txt").write_text("present\n")
+    first = engine.start_run(
+        new_mission(), by=who.agent, segment_id="seg-1", plan=plans.linked_plan
+    )
+    with pytest.raises(RuntimeError):
+        first.execute()
+    assert engine.run(first.run_id).status is RunStatus.FAILED
+    assert [m["request"]["effect"] for m in outbox()] == ["one", "two-a"]
+
+    (workdir / "bug.txt").unlink()  # the reviewed fix
+    linked = children.run(
+        segment_id="seg-1",
+        link_from=first.run_id,
+        reviewer=who.credentials["alice"],
+        die_in=("two",),
+    )
+    assert engine.run(linked).linked_from == first.run_id
+    assert [m["request"]["effect"] for m in outbox()] == ["one", "two-a"]  # nothing again
+
+    engine.coordinator.recover(linked, "seg-2")
+    result = engine.coordinator.resume(linked, "seg-2", by=who.agent).execute()
+
+    assert result == {"two": "done"}
+    assert [m["request"]["effect"] for m in outbox()] == ["one", "two-a", "two-b"]
+    assert engine.run(linked).status is RunStatus.COMPLETED
+    assert engine.run(first.run_id).status is RunStatus.FAILED
