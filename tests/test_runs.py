@@ -11,6 +11,10 @@ that asked: the node waits, and the run keeps the status its people decide on.
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 from collections import Counter
 from typing import Any
 
@@ -19,6 +23,7 @@ import pytest
 import charter
 from charter import AttemptStatus, RunStatus
 from charter.adapters import Dispatch, Outcome
+from charter.clock import MICROS, SystemClock
 from charter.testing import RecordingAdapter
 from conftest import Principals, default_contract, stored
 
@@ -455,3 +460,64 @@ def test_N4_a_link_of_a_link_still_replays_what_the_first_run_settled(
     with pytest.raises(charter.StateError):
         engine.new_linked_run(second.run_id, reviewed_by=who.alice, segment_id="seg-9")
     assert stored(engine, mission) == before
+
+
+# -- N5 and R2: recovering a stopping run keeps the stop -------------------------------------
+
+KILLED_MID_ATTEMPT = """
+import json, sys, charter
+from charter.testing import RecordingAdapter, kill_at
+cfg = json.loads(sys.argv[1])
+config = charter.EngineConfig(credentials=cfg["digests"])
+engine = charter.Engine.open(cfg["store"], config=config, crash_hook=kill_at("settlement.before"))
+ex = engine.start_run(cfg["mission"], by=engine.authenticate(cfg["agent"]), segment_id="seg-1")
+print(ex.run_id, flush=True)
+ex.attempt(RecordingAdapter(), "write", {"n": 1}, effect_key="k")
+"""
+
+
+def test_N5_recovering_a_stopping_run_keeps_it_stopping_until_it_ends_stopped(
+    engine: charter.Engine, who: Principals, mission: str, store_address: str, clock: Any
+) -> None:
+    """The owner is killed with an attempt in flight; an operator stops the run; a
+    recovery fences the dead owner. Breaking N5 looks like the recovery turning the
+    stop into ``needs_intervention``, so that once the attempt is resolved the run
+    can be resumed and go on, against the operator's stop."""
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            KILLED_MID_ATTEMPT,
+            json.dumps(
+                {
+                    "store": store_address,
+                    "digests": who.digests,
+                    "agent": who.credentials["agent"],
+                    "mission": mission,
+                }
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    run_id = child.stdout.split()[0]
+    [attempt] = engine.attempts(run_id=run_id)
+    assert attempt.status is AttemptStatus.DISPATCHED
+    assert engine.stop_run(run_id, by=who.alice, reason="operator").status is RunStatus.STOPPING
+
+    clock.advance((SystemClock().now_us() - clock.now_us()) / MICROS + 86_400)
+    state, unresolved = engine.coordinator.recover(run_id, "seg-2")
+
+    assert (state.run.status, state.run.status_reason) == (RunStatus.STOPPING, "operator")
+    assert unresolved == [attempt.id]
+    assert engine.attempt(attempt.id).status is AttemptStatus.UNKNOWN
+    with pytest.raises(charter.NeedsIntervention):
+        engine.coordinator.resume(run_id, "seg-2", by=who.agent)
+    engine.coordinator.resolve(attempt.id, by=who.alice, outcome="written_off", evidence="?")
+    run = engine.run(run_id)
+    assert (run.status, run.status_reason) == (RunStatus.STOPPED, "operator")
+    with pytest.raises(charter.RunTerminal):
+        engine.coordinator.resume(run_id, "seg-2", by=who.agent)
+    assert engine.check_ledger(mission) == []

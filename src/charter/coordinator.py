@@ -176,7 +176,9 @@ class Coordinator:
                 reason = f"a node crashed its process {contract.max_node_crashes} times in a row"
             elif uncertain:
                 reason = f"{uncertain} attempt(s) with uncertain outcome"
-            if reason is not None:
+            # A stopping run stays stopping: its people asked for it to end, and the
+            # recovery state already names what they must settle first (N5).
+            if reason is not None and not (run.status.terminal or run.status is RunStatus.STOPPING):
                 runs.set_status(
                     tx, run, RunStatus.NEEDS_INTERVENTION, reason, actor=actor, segment=segment_id
                 )
