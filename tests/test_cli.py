@@ -341,6 +341,8 @@ def test_N5_cli_stop_then_resolve_ends_the_run_stopped_and_raise_limit_versions_
     )
     code, again = charter_cli(populated, "stop", run, ops=True)
     assert code == 0 and again["status"] == "stopping"  # still waiting for the same attempt
+    code, shown = charter_cli(populated, "show", run)  # what was sent, for whoever resolves it
+    assert code == 0 and [a["request"] for a in shown["attempts"]] == [{"n": 2}]
 
     code, resolved = charter_cli(
         populated, "resolve", unknown, "--written-off", "--evidence", "no answer", ops=True

@@ -69,6 +69,8 @@ def test_S3_a_secret_reaches_the_adapter_and_is_recorded_by_its_name_only(
     assert (recorded.result, recorded.receipt) == ({"echo": "Bearer ***"}, {"raw": "***"})
     assert TOKEN not in everything(engine, mission)
     assert TOKEN not in repr(recorded)
+    shown = {"amount": 1_200, "headers": {"authorization": {"$secret": "stripe"}}}
+    assert recorded.to_dict()["request"] == done.to_dict()["request"] == shown
 
 
 def test_S3_a_target_error_that_echoes_the_secret_is_recorded_without_it(

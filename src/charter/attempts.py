@@ -129,6 +129,7 @@ class Attempt:
             "dispatched_epoch": self.dispatched_epoch,
             "idempotency_key": self.idempotency_key,
             "request_hash": self.request_hash,
+            "request": secret.recorded(self.request),
             "estimate": self.estimate,
             "actual": self.actual,
             "result": self.result,

@@ -129,6 +129,11 @@ def scrub(value: Any, secrets: list[Secret]) -> Any:
     return _scrub(value, [t for t in (_known(s) for s in secrets) if t])
 
 
+def recorded(value: Any) -> Any:
+    """``value`` as it is recorded: each secret in it as its placeholder."""
+    return _scrub(value, [])
+
+
 def scrub_fields(record: R, secrets: list[Secret], *names: str) -> R:
     """A dataclass ``record`` (an outcome, evidence) with ``names`` scrubbed."""
     changes = {n: scrub(getattr(record, n), secrets) for n in names}
