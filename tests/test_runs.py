@@ -23,6 +23,7 @@ import pytest
 import charter
 from charter import AttemptStatus, RunStatus
 from charter.adapters import Dispatch, Outcome
+from charter.approvals import ApprovalStatus
 from charter.clock import MICROS, SystemClock
 from charter.testing import RecordingAdapter
 from conftest import Principals, default_contract, stored
@@ -521,3 +522,67 @@ def test_N5_recovering_a_stopping_run_keeps_it_stopping_until_it_ends_stopped(
     with pytest.raises(charter.RunTerminal):
         engine.coordinator.resume(run_id, "seg-2", by=who.agent)
     assert engine.check_ledger(mission) == []
+
+
+def test_N5_a_stop_condition_voids_what_was_never_sent_and_the_run_ends_stopped(
+    engine: charter.Engine, who: Principals, adapter: RecordingAdapter
+) -> None:
+    """Breaking N5 looks like an attempt waiting for approval keeping its hold (and
+    the run ``stopping``) forever after a stop condition, with nothing in flight."""
+    mission = engine.create_mission(
+        default_contract(
+            approvals={"required": ["recorder.write"]}, stop_conditions={"max_attempts": 2}
+        ),
+        by=who.alice,
+    )
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(charter.ApprovalRequired) as waiting:
+        ex.attempt(adapter, "write", {"n": 1}, effect_key="gated")
+    ex.attempt(adapter, "read", {"n": 2}, effect_key="read")
+
+    with pytest.raises(charter.AdmissionRefused):
+        ex.attempt(adapter, "read", {"n": 3}, effect_key="over")
+
+    assert engine.run(ex.run_id).status is RunStatus.STOPPED
+    gated = engine.attempt(waiting.value.details["attempt_id"])
+    assert gated.status is AttemptStatus.VOIDED
+    assert held(engine, mission) == {"usd": 0, "calls": 0}
+    assert engine.approvals(pending=True) == []
+    assert [s.request for s in adapter.sent] == [{"n": 2}]
+    assert engine.check_ledger(mission) == []
+
+
+class OwnerDies(BaseException):
+    """The owner's process ends right after the send (nothing settles it)."""
+
+
+def test_N5_an_approval_that_expires_on_a_stopping_run_is_not_asked_again(
+    engine: charter.Engine, who: Principals, adapter: RecordingAdapter, clock: Any
+) -> None:
+    """Breaking N5 (with W2) looks like a recovery opening a new approval request
+    for an effect of a run that is stopping and will never send it."""
+    mission = engine.create_mission(
+        default_contract(approvals={"required": ["recorder.write"], "ttl_seconds": 60}),
+        by=who.alice,
+    )
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+
+    def dies(send: Dispatch) -> Outcome:
+        raise OwnerDies
+
+    adapter.script["charge"] = dies
+    with pytest.raises(OwnerDies):
+        ex.attempt(adapter, "charge", {"n": 1}, effect_key="in-flight")
+    with pytest.raises(charter.ApprovalRequired):
+        ex.attempt(adapter, "write", {"n": 2}, effect_key="gated")
+    [request] = engine.approvals(pending=True)
+    engine.approve(request.id, by=who.bob)
+    assert engine.stop_run(ex.run_id, by=who.alice).status is RunStatus.STOPPING
+
+    clock.advance(3_600)  # the approval expires, and so does the dead owner's lease
+    state, unresolved = engine.coordinator.recover(ex.run_id, "seg-2")
+
+    assert state.run.status is RunStatus.STOPPING
+    assert len(unresolved) == 1
+    assert engine.approvals(pending=True) == []
+    assert {a.status for a in engine.approvals(run_id=ex.run_id)} == {ApprovalStatus.EXPIRED}

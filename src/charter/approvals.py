@@ -190,7 +190,9 @@ def standing(
     return ApprovalStatus.PENDING, new_id
 
 
-def renew_expired(tx: Tx, run_id: str, *, actor: str, epoch: int | None) -> list[str]:
+def renew_expired(
+    tx: Tx, run_id: str, *, actor: str, epoch: int | None, ask_again: bool = True
+) -> list[str]:
     """Retire the run's expired approvals; ask again for effects still to be sent (W2).
 
     Returns the IDs of the expired approvals whose effect still waits to be sent.
@@ -198,6 +200,8 @@ def renew_expired(tx: Tx, run_id: str, *, actor: str, epoch: int | None) -> list
     An approval whose effect was already dispatched has done its work and is
     simply retired. For an effect not yet sent, a new request is opened: the
     expired decision never authorises a dispatch, and the run is not stuck.
+    A run that is stopping or ended (``ask_again=False``) sends nothing more,
+    so nobody is asked again.
     """
     retired: list[str] = []
     for a in list_approvals(tx, run_id=run_id):
@@ -216,7 +220,7 @@ def renew_expired(tx: Tx, run_id: str, *, actor: str, epoch: int | None) -> list
             effect_key,
             a.request_hash,
         )
-        if sent is None:
+        if sent is None and ask_again:
             retired.append(a.id)
             request(
                 tx,

@@ -154,7 +154,10 @@ class Coordinator:
                     uncertain += 1
                 elif a.status is AttemptStatus.UNKNOWN:
                     uncertain += 1
-            expired = approvals.renew_expired(tx, run_id, actor=actor, epoch=epoch)
+            ending = runs.load(tx, run_id).status.ending  # a void may have ended a stop
+            expired = approvals.renew_expired(
+                tx, run_id, actor=actor, epoch=epoch, ask_again=not ending
+            )
             crashed = tx.all(
                 "SELECT node_id, execution, crashes FROM node_executions WHERE run_id = ? "
                 "AND status = 'running'",
@@ -491,7 +494,13 @@ class Coordinator:
             tx.lock_mission(runs.load(tx, run_id).mission_id)
             run = runs.load(tx, run_id)
             contract = self._contract(tx, run.mission_id)
-            approvals.renew_expired(tx, run_id, actor=f"segment:{segment_id}", epoch=run.epoch)
+            approvals.renew_expired(
+                tx,
+                run_id,
+                actor=f"segment:{segment_id}",
+                epoch=run.epoch,
+                ask_again=not run.status.ending,
+            )
             state = recovery.build(tx, run, contract, [])
             blockers = self._blockers(tx, state, contract)
             mode = self._mode(contract)

@@ -30,6 +30,11 @@ class RunStatus(StrEnum):
     def terminal(self) -> bool:
         return self in _TERMINAL
 
+    @property
+    def ending(self) -> bool:
+        """Stopping or ended: the run will never admit another attempt."""
+        return self is RunStatus.STOPPING or self in _TERMINAL
+
 
 _TERMINAL = frozenset(
     {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.STOPPED}
@@ -179,7 +184,7 @@ def change_status(
         after=after.value,
         payload={"reason": reason},
     )
-    if after is RunStatus.STOPPING or after.terminal:
+    if after.ending:
         approvals.withdraw(tx, run_id, actor=actor)
 
 
