@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from charter import attempts, runs, settlement
-from charter.attempts import AttemptStatus
+from charter import runs, settlement
 from charter.contracts import Contract
 from charter.errors import AdmissionRefused, AllowanceExceeded, AttemptAlreadySettled, StateError
 from charter.runs import RunStatus
@@ -84,16 +83,9 @@ def check_stop(ex: Executor, tx: Tx, contract: Contract, row: Row, call: Call) -
     if why is None:
         return
     ex._set_status(tx, row, RunStatus.STOPPING, f"stop condition: {why}")
-    for prepared in attempts.list_attempts(tx, run_id=ex.run_id, unresolved=True):
-        if prepared.status is AttemptStatus.PREPARED:  # never sent: nothing to wait for
-            settlement.void(
-                tx,
-                prepared,
-                "run stopping",
-                actor=ex.principal,
-                segment=ex.segment_id,
-                epoch=ex.epoch,
-            )
+    settlement.void_prepared(
+        tx, ex.run_id, "run stopping", actor=ex.principal, segment=ex.segment_id, epoch=ex.epoch
+    )
     runs.conclude_stop(tx, ex.run_id, actor=ex.principal, segment=ex.segment_id)
     raise tx.refused(
         AdmissionRefused(f"stop condition holds: {why}; the run is stopping", stop_condition=why),

@@ -493,11 +493,9 @@ class Engine:
                 "AND status IN ('dispatched', 'unknown')",
                 run_id,
             )
-            for a in attempts_mod.list_attempts(tx, run_id=run_id, unresolved=True):
-                if a.status.value == "prepared":
-                    settlement.void(
-                        tx, a, "run stopped", actor=by.name, segment=None, epoch=run.epoch
-                    )
+            settlement.void_prepared(
+                tx, run_id, "run stopped", actor=by.name, segment=None, epoch=run.epoch
+            )
             status = RunStatus.STOPPING if unresolved and unresolved["n"] else RunStatus.STOPPED
             runs.set_status(tx, run, status, reason, actor=by.name)
             return runs.load(tx, run_id)

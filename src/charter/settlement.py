@@ -13,7 +13,7 @@ import json
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from charter import ledger, runs
+from charter import attempts, ledger, runs
 from charter.adapters import Evidence
 from charter.attempts import Attempt, AttemptStatus
 from charter.audit import canonical
@@ -249,6 +249,20 @@ def void(
     )
     _conclude(tx, attempt, run, actor=actor, segment=segment)
     return True
+
+
+def void_prepared(
+    tx: Tx, run_id: str, reason: str, *, actor: str, segment: str | None, epoch: int | None
+) -> list[str]:
+    """Void every PREPARED attempt of a run that is stopping: never sent, so
+    nothing to wait for; each releases exactly its hold (L6). Returns their IDs."""
+    voided = []
+    for a in attempts.list_attempts(tx, run_id=run_id, unresolved=True):
+        if a.status is AttemptStatus.PREPARED and void(
+            tx, a, reason, actor=actor, segment=segment, epoch=epoch
+        ):
+            voided.append(a.id)
+    return voided
 
 
 def mark_unknown(
