@@ -231,6 +231,11 @@ BAD: dict[str, tuple[list[str], str | None, str]] = {
     ),
     "reconcile unknown attempt": (["reconcile", "att_x"], None, "not_found"),
     "reconcile settled attempt": (["reconcile", "{settled}"], None, "attempt_settled"),
+    "reconcile as a segment that does not own the run": (
+        ["reconcile", "{unknown}", "--segment", "seg-9"],
+        None,
+        "invalid_state",
+    ),
     "confirm unknown attempt": (["confirm", "att_x"], "ops", "not_found"),
     "confirm without evidence": (["confirm", "{unknown}"], "ops", "invalid_state"),
     "confirm by mallory": (["confirm", "{unknown}"], "mallory", "not_authorized"),

@@ -828,6 +828,36 @@ def test_a8_no_replay_without_an_owning_executor(
     assert events(engine, mission, "attempt.replayed") == []
 
 
+def test_a8_after_a_recovery_the_recovered_segment_replays_with_the_same_key(
+    engine: charter.Engine,
+    who: Principals,
+    mission: str,
+    adapter: RecordingAdapter,
+    clock: ManualClock,
+) -> None:
+    """The owner is gone; recover installs seg-2, whose name is all a later process
+    (``charter reconcile --segment``) has. The replay goes out as seg-2 with the
+    attempt's own key and the new epoch as fencing token; any other segment sends
+    nothing and changes nothing."""
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    attempt_id = left_unknown(ex, adapter, "charge")
+    key = engine.attempt(attempt_id).idempotency_key
+    clock.advance(LEASE)
+    engine.coordinator.recover(ex.run_id, "seg-2")
+    before = stored(engine, mission)
+
+    with pytest.raises(charter.StateError):
+        engine.coordinator.reconcile(attempt_id, adapter, segment_id="seg-1")
+    assert stored(engine, mission) == before
+    evidence = engine.coordinator.reconcile(attempt_id, adapter, segment_id="seg-2")
+
+    assert evidence.verdict == "applied"
+    assert [(s.idempotency_key, s.fencing_token) for s in adapter.sent] == [(key, 1), (key, 2)]
+    [replayed] = events(engine, mission, "attempt.replayed")
+    assert (replayed["entity"], replayed["segment"], replayed["epoch"]) == (attempt_id, "seg-2", 2)
+    assert engine.attempt(attempt_id).status is AttemptStatus.UNKNOWN  # confirm decides
+
+
 @pytest.mark.parametrize("takeover", [True, False])
 def test_a8_an_executor_that_no_longer_owns_the_run_sends_no_replay(
     engine: charter.Engine,

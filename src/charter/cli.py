@@ -90,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     rn = add("reconcile")
     rn.add_argument("attempt", help="attempt ID")
+    rn.add_argument(
+        "--segment",
+        help="the segment `charter recover` installed: lets a keyed operation be replayed as it",
+    )
     cf = add("confirm")
     cf.add_argument("attempt", help="attempt ID")
     cf.add_argument("--evidence-id", help="which recorded evidence (default: the latest)")
@@ -243,7 +247,7 @@ def _recover(engine: Engine, args: argparse.Namespace) -> Any:
 def _reconcile(engine: Engine, args: argparse.Namespace) -> Any:
     attempt = engine.attempt(args.attempt)
     adapter = engine.config.load_adapter(attempt.adapter)
-    evidence = engine.coordinator.reconcile(args.attempt, adapter)
+    evidence = engine.coordinator.reconcile(args.attempt, adapter, segment_id=args.segment)
     after = engine.attempt(args.attempt)
     data = {
         "attempt_id": args.attempt,

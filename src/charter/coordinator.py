@@ -31,6 +31,7 @@ from charter.errors import (
     SegmentReused,
     StateError,
 )
+from charter.executor import Executor
 from charter.principals import Principal, Right
 from charter.recovery import RecoveryState
 from charter.runs import RunStatus
@@ -38,7 +39,6 @@ from charter.storage import Tx
 
 if TYPE_CHECKING:
     from charter.engine import Engine
-    from charter.executor import Executor
 
 Resolution = Literal["succeeded", "failed", "written_off"]
 
@@ -202,6 +202,7 @@ class Coordinator:
         *,
         by: Principal | None = None,
         executor: Executor | None = None,
+        segment_id: str | None = None,
     ) -> Evidence:
         """Ask for evidence on an uncertain attempt; store it; settle only if allowed.
 
@@ -209,11 +210,14 @@ class Coordinator:
         then, for an ``idempotent_keyed`` operation inside its dedupe window and
         only when ``executor`` owns the run (a replay is a send and needs the
         A2 condition), a same-key replay. Otherwise the evidence is
-        indeterminate and a person decides.
+        indeterminate and a person decides. After a crash, ``segment_id`` names
+        the segment that :meth:`recover` installed; the replay is sent as it.
         """
         with self._db.read() as tx:
             attempt = load(tx, attempt_id)
             self._check_reconcilable(tx, attempt)
+            if segment_id is not None and executor is None:
+                executor = self._owner(tx, attempt.run_id, segment_id)
         if adapter.name != attempt.adapter:
             raise StateError(
                 f"attempt {attempt_id} belongs to adapter {attempt.adapter!r}, not {adapter.name!r}"
@@ -254,6 +258,27 @@ class Coordinator:
                 tx, current, evidence, actor=actor, epoch=None, settled=settle
             )
         return evidence
+
+    def _owner(self, tx: Tx, run_id: str, segment_id: str) -> Executor:
+        """The executor of the segment that owns ``run_id`` (its lease is checked
+        again, under the gate, before anything is sent)."""
+        run = runs.load(tx, run_id)
+        if run.owner_segment != segment_id:
+            raise StateError(
+                f"segment {segment_id!r} does not own run {run_id} (its owner is "
+                f"{run.owner_segment!r}, epoch {run.epoch}); recover it as a new segment first",
+                run_id=run_id,
+                segment_id=segment_id,
+            )
+        return Executor(
+            self._engine,
+            run_id=run_id,
+            mission_id=run.mission_id,
+            segment_id=segment_id,
+            epoch=run.epoch,
+            principal=run.principal,
+            lease_expires_us=run.lease_expires_us,
+        )
 
     def _replay(self, attempt: Attempt, adapter: Adapter, executor: Executor) -> Evidence | None:
         op = adapter.operations.get(attempt.operation)
@@ -475,8 +500,6 @@ class Coordinator:
         condition or an exhausted limit. ``human`` mode needs ``by``: a
         principal with ``run`` rights in the mission.
         """
-        from charter.executor import Executor
-
         with self._db.read() as tx:
             run = runs.load(tx, run_id)
         if run.status.terminal:
