@@ -857,6 +857,13 @@ def test_a8_after_a_recovery_the_recovered_segment_replays_with_the_same_key(
     assert (replayed["entity"], replayed["segment"], replayed["epoch"]) == (attempt_id, "seg-2", 2)
     assert engine.attempt(attempt_id).status is AttemptStatus.UNKNOWN  # confirm decides
 
+    clock.advance(LEASE)  # nobody renewed seg-2's lease: it holds the run no more
+    before = stored(engine, mission)
+    with pytest.raises(charter.StateError):
+        engine.coordinator.reconcile(attempt_id, adapter, segment_id="seg-2")
+    assert stored(engine, mission) == before
+    assert len(adapter.sent) == 2
+
 
 @pytest.mark.parametrize("takeover", [True, False])
 def test_a8_an_executor_that_no_longer_owns_the_run_sends_no_replay(

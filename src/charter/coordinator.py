@@ -270,6 +270,13 @@ class Coordinator:
                 run_id=run_id,
                 segment_id=segment_id,
             )
+        if run.lease_expires_us <= tx.now_us:
+            raise StateError(
+                f"segment {segment_id!r} no longer holds run {run_id}: its lease expired by the "
+                "store's clock; recover the run as a new segment and reconcile right after",
+                run_id=run_id,
+                segment_id=segment_id,
+            )
         return Executor(
             self._engine,
             run_id=run_id,
