@@ -34,7 +34,7 @@ from charter.errors import (
 from charter.executor import Executor
 from charter.principals import Principal, Right
 from charter.recovery import RecoveryState
-from charter.runs import RunStatus
+from charter.runs import Run, RunStatus
 from charter.storage import Tx
 
 if TYPE_CHECKING:
@@ -277,14 +277,18 @@ class Coordinator:
                 run_id=run_id,
                 segment_id=segment_id,
             )
+        return self._as_owner(run, segment_id, run.lease_expires_us)
+
+    def _as_owner(self, run: Run, segment_id: str, lease_expires_us: int) -> Executor:
+        """An executor acting as the run's owning segment (checked again by every write)."""
         return Executor(
             self._engine,
-            run_id=run_id,
+            run_id=run.id,
             mission_id=run.mission_id,
             segment_id=segment_id,
             epoch=run.epoch,
             principal=run.principal,
-            lease_expires_us=run.lease_expires_us,
+            lease_expires_us=lease_expires_us,
         )
 
     def _replay(self, attempt: Attempt, adapter: Adapter, executor: Executor) -> Evidence | None:
@@ -589,15 +593,7 @@ class Coordinator:
                 epoch=run.epoch,
                 payload={"mode": mode},
             )
-        return Executor(
-            self._engine,
-            run_id=run_id,
-            mission_id=run.mission_id,
-            segment_id=segment_id,
-            epoch=run.epoch,
-            principal=run.principal,
-            lease_expires_us=expires,
-        )
+        return self._as_owner(run, segment_id, expires)
 
     def _mode(self, contract: Contract) -> ResumeMode:
         """The engine's mode, made stricter (never looser) by the contract."""
