@@ -46,6 +46,7 @@ from charter.errors import (
 from charter.incidents import open_incident
 from charter.principals import Right
 from charter.runs import RunStatus
+from charter.secret import Secret
 from charter.storage import Row, Tx
 
 if TYPE_CHECKING:
@@ -98,6 +99,13 @@ class Call:
     @property
     def scope(self) -> str:
         return f"{self.adapter.name}.{self.operation}"
+
+    @property
+    def secrets(self) -> list[Secret]:
+        """The request's secrets (S3); found without a search when it has none."""
+        if f'"{secret.MARK}"' not in self.request_json:
+            return []
+        return list(secret.found(self.request))
 
 
 def request_hash(adapter: str, operation: str, request_json: str) -> str:
@@ -628,7 +636,7 @@ class Executor:
                     "is PREPARED with its hold kept (see `charter approvals`)",
                     attempt_id=attempt.id,
                 )
-            attempt = self._send_and_settle(attempt, adapter)
+            attempt = self._send_and_settle(attempt, adapter, call.secrets)
             if retries >= READ_ONLY_RETRIES or not self._write_off_read_only(attempt, call):
                 return attempt
             retries += 1
@@ -663,7 +671,11 @@ class Executor:
             )
 
     # -- send and settle ----------------------------------------------------
-    def _send_and_settle(self, attempt: Attempt, adapter: Adapter) -> Attempt:
+    def _send_and_settle(
+        self, attempt: Attempt, adapter: Adapter, hidden: list[Secret] | None = None
+    ) -> Attempt:
+        """Send, then settle. ``hidden``: the request's secrets, when the caller
+        already knows them (otherwise the request is searched)."""
         assert attempt.send_deadline_us is not None
         self._crash("dispatch.after")
         send = Dispatch(
@@ -688,7 +700,8 @@ class Executor:
             not_applied = exc
         except Exception as exc:  # A3: an exception is not a failure
             error = f"{type(exc).__name__}: {exc}"
-        hidden = list(secret.found(attempt.request))
+        if hidden is None:
+            hidden = list(secret.found(attempt.request))
         if hidden:  # what the target echoes back of a secret is not recorded either (S3)
             error = secret.scrub(error, hidden)
             if outcome is not None:
