@@ -197,6 +197,17 @@ def load(tx: Tx, attempt_id: str) -> Attempt:
     return from_row(row)
 
 
+def count_unresolved(tx: Tx, run_id: str) -> int:
+    """How many attempts of the run are PREPARED, DISPATCHED or UNKNOWN (through
+    the partial index: the cost follows what is unresolved, not history)."""
+    row = tx.one(
+        "SELECT COUNT(*) AS n FROM attempts WHERE run_id = ? "
+        "AND status IN ('prepared', 'dispatched', 'unknown')",
+        run_id,
+    )
+    return 0 if row is None else int(row["n"])
+
+
 def list_attempts(
     tx: Tx,
     *,

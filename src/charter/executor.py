@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING, Any
 from charter import admission, approvals, ledger, runs, secret, settlement
 from charter.adapters import Adapter, Dispatch, EffectClass, Estimate, Evidence, Outcome
 from charter.approvals import ApprovalStatus
-from charter.attempts import Attempt, AttemptStatus, Effect, idempotency_key_for, load
+from charter.attempts import (
+    Attempt,
+    AttemptStatus,
+    Effect,
+    count_unresolved,
+    idempotency_key_for,
+    load,
+)
 from charter.audit import canonical, digest
 from charter.clock import seconds_us
 from charter.errors import (
@@ -898,16 +905,12 @@ class Executor:
             raise StateError(f"{status.value} is not a terminal status")
         with self._db.transaction(gate=self.mission_id) as tx:
             row = self._own(tx)
-            open_ = tx.one(
-                "SELECT COUNT(*) AS n FROM attempts WHERE run_id = ? "
-                "AND status IN ('prepared', 'dispatched', 'unknown')",
-                self.run_id,
-            )
-            if open_ and open_["n"]:
+            unresolved = count_unresolved(tx, self.run_id)
+            if unresolved:
                 raise StateError(
-                    f"run {self.run_id} has {open_['n']} unresolved attempt(s); settle or "
+                    f"run {self.run_id} has {unresolved} unresolved attempt(s); settle or "
                     "resolve them before ending the run",
-                    unresolved=open_["n"],
+                    unresolved=unresolved,
                 )
             self._set_status(tx, row, status, reason or status.value)
 

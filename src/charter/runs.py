@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from charter import approvals
+from charter.attempts import count_unresolved
 from charter.errors import NotFound, RunTerminal, StateError
 from charter.storage import Row, Tx
 
@@ -199,12 +200,7 @@ def conclude_stop(tx: Tx, run_id: str, *, actor: str, segment: str | None = None
     run = load(tx, run_id)
     if run.status is not RunStatus.STOPPING:
         return False
-    open_ = tx.one(
-        "SELECT COUNT(*) AS n FROM attempts WHERE run_id = ? "
-        "AND status IN ('prepared', 'dispatched', 'unknown')",
-        run_id,
-    )
-    if open_ is not None and open_["n"]:
+    if count_unresolved(tx, run_id):
         return False
     set_status(tx, run, RunStatus.STOPPED, run.status_reason, actor=actor, segment=segment)
     return True
