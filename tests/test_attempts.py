@@ -958,7 +958,7 @@ def test_A5_fencing_token_sent_is_the_runs_epoch(
 
     epoch = engine.run(ex.run_id).epoch
     assert epoch == ex.epoch == 1
-    assert [s.fencing_token for s in adapter.sent] == [epoch, epoch]
+    assert [s.fencing_token for s in adapter.sent] == [f"{ex.run_id}:{epoch}"] * 2
     assert engine.attempt(attempt.id).dispatched_epoch == epoch
     assert engine.attempt(two_phase.id).dispatched_epoch == epoch
 

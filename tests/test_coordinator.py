@@ -211,7 +211,7 @@ def test_r1_live_lease_refused_and_the_owner_keeps_working(
     assert new_events(engine, mission, seen) == []
     attempt = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
     assert attempt.status is AttemptStatus.SUCCEEDED
-    assert [s.fencing_token for s in adapter.sent] == [1]
+    assert [s.epoch for s in adapter.sent] == [1]
     # The refused segment was not recorded as used: it can take over later.
     clock.advance(LEASE)
     assert engine.coordinator.recover(ex.run_id, "seg-2").epoch == 2
@@ -371,7 +371,7 @@ def test_r3_w2_an_approved_effect_readmitted_after_recovery_reuses_its_approval(
     assert attempt.retry_of == old
     assert [a.id for a in eng.approvals(run_id=ex.run_id)] == [approval_id]
     assert events(eng, mission, "approval.requested")[-1]["entity"] == approval_id
-    assert [(s.attempt_id, s.fencing_token) for s in adapter.sent] == [(attempt.id, 2)]
+    assert [(s.attempt_id, s.epoch) for s in adapter.sent] == [(attempt.id, 2)]
 
 
 def test_r3_w2_a_pending_approval_stays_bound_and_a_changed_request_needs_a_new_one(
@@ -787,7 +787,7 @@ def test_a8_replay_sends_the_same_key_again_with_an_owning_executor_inside_the_w
     evidence = engine.coordinator.reconcile(attempt_id, adapter, executor=ex)
 
     assert adapter.reconciled == [attempt_id]  # the lookup comes first
-    assert [(s.attempt_id, s.idempotency_key, s.fencing_token) for s in adapter.sent] == [
+    assert [(s.attempt_id, s.idempotency_key, s.epoch) for s in adapter.sent] == [
         (attempt_id, key, 1),
         (attempt_id, key, 1),
     ]
@@ -852,7 +852,7 @@ def test_a8_after_a_recovery_the_recovered_segment_replays_with_the_same_key(
     evidence = engine.coordinator.reconcile(attempt_id, adapter, segment_id="seg-2")
 
     assert evidence.verdict == "applied"
-    assert [(s.idempotency_key, s.fencing_token) for s in adapter.sent] == [(key, 1), (key, 2)]
+    assert [(s.idempotency_key, s.epoch) for s in adapter.sent] == [(key, 1), (key, 2)]
     [replayed] = events(engine, mission, "attempt.replayed")
     assert (replayed["entity"], replayed["segment"], replayed["epoch"]) == (attempt_id, "seg-2", 2)
     assert engine.attempt(attempt_id).status is AttemptStatus.UNKNOWN  # confirm decides
@@ -1154,7 +1154,7 @@ def test_r9_automatic_continues_when_clean_with_an_executor_of_the_current_epoch
     second = ex2.attempt(adapter, "write", {"to": "y"}, effect_key="two")
     assert second.status is AttemptStatus.SUCCEEDED
     assert second.admitted_epoch == run.epoch == 2
-    assert [(s.attempt_id, s.fencing_token) for s in adapter.sent] == [
+    assert [(s.attempt_id, s.epoch) for s in adapter.sent] == [
         (first.id, 1),
         (second.id, 2),
     ]
@@ -1188,7 +1188,7 @@ def test_r9_the_executor_returned_to_the_recovered_segment_can_attempt_after_a_l
     assert ex2.epoch == engine.run(ex.run_id).epoch == 2
     attempt = ex2.attempt(adapter, "write", {"to": "y"}, effect_key="next")
     assert attempt.status is AttemptStatus.SUCCEEDED
-    assert adapter.sent[-1].fencing_token == 2
+    assert adapter.sent[-1].epoch == 2
 
 
 def test_r9_human_needs_a_principal_with_a_run_grant(

@@ -59,9 +59,14 @@ class Received:
 
     key: str
     attempt_id: str
-    fencing_token: int
+    fencing_token: str
     send_deadline_us: int
     received_us: int
+
+    @property
+    def epoch(self) -> int:
+        """The epoch in the fencing token ``"<run_id>:<epoch>"``."""
+        return int(self.fencing_token.rpartition(":")[2])
 
 
 class Target:
@@ -79,7 +84,7 @@ class Target:
                     Received(
                         key=self.headers["Idempotency-Key"],
                         attempt_id=body["attempt_id"],
-                        fencing_token=int(self.headers["X-Fencing-Token"]),
+                        fencing_token=self.headers["X-Fencing-Token"],
                         send_deadline_us=int(self.headers["X-Send-Deadline-Us"]),
                         received_us=SystemClock().now_us(),
                     )
@@ -377,7 +382,8 @@ def test_F1_R2_R3_R4_a_process_killed_at_a_durable_boundary_is_recovered_to_a_sa
     for r in world.target.received():
         a = stored[r.attempt_id]
         assert r.key == a.idempotency_key
-        assert r.fencing_token == a.dispatched_epoch == child_epoch
+        assert r.fencing_token == f"{a.run_id}:{a.dispatched_epoch}"
+        assert r.epoch == child_epoch
         assert r.send_deadline_us == a.send_deadline_us
         assert r.received_us <= r.send_deadline_us <= lease
 
@@ -571,7 +577,8 @@ def test_F2_a_paused_owner_is_fenced_and_its_late_settlement_is_kept_as_evidence
     [received] = world.target.received()
     # F3: the adapter got the epoch as fencing token and a deadline within the lease.
     assert received.key == attempt.idempotency_key
-    assert received.fencing_token == attempt.dispatched_epoch == 1
+    assert received.fencing_token == f"{attempt.run_id}:1"
+    assert attempt.dispatched_epoch == 1
     assert received.send_deadline_us == attempt.send_deadline_us
     assert received.received_us <= received.send_deadline_us < takeover_us
 
@@ -601,7 +608,7 @@ def test_F2_a_paused_owner_is_fenced_and_its_late_settlement_is_kept_as_evidence
     after = ex.attempt(HttpTarget(world.target.url), "write", {"n": 4}, effect_key="next")
     assert after.status is AttemptStatus.SUCCEEDED
     latest = world.target.received()[-1]
-    assert (latest.key, latest.fencing_token) == (after.idempotency_key, 2)
+    assert (latest.key, latest.fencing_token) == (after.idempotency_key, f"{after.run_id}:2")
     assert latest.send_deadline_us <= engine.run(ready["run_id"]).lease_expires_us
     assert set(world.target.counts().values()) == {1}
     assert_store_holds(world)

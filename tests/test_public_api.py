@@ -51,6 +51,7 @@ PUBLIC = [
     "Secret",
     "SecretUnavailable",
     "SegmentReused",
+    "SettlementUnrecorded",
     "StateError",
     "StoreBusy",
     "StoreError",

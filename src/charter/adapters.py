@@ -4,7 +4,7 @@ An adapter estimates an operation's cost (an upper bound, in integer smallest
 steps), dispatches one attempt, and reconciles an uncertain one. It must:
 
 - send the attempt's own ``idempotency_key`` and, where the target supports it,
-  the ``fencing_token`` (the run's epoch) so stale sends are rejected (A5, F3);
+  the ``fencing_token`` (the run's id and epoch) so stale sends are rejected (A5, F3);
 - refuse to send after ``send_deadline_us`` by raising
   :class:`~charter.errors.NotApplied` (F3): call :meth:`Dispatch.check_deadline`
   immediately before the send;
@@ -135,23 +135,48 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Dispatch:
-    """Everything an adapter is told when asked to send one attempt."""
+    """Everything an adapter is told when asked to send one attempt.
+
+    ``run_id`` and ``epoch`` fence stale sends: a target that checks them keeps
+    the highest epoch it has seen per run and rejects a send with a lower one
+    (:attr:`fencing_token` is the two as one string, ``"<run_id>:<epoch>"``).
+    ``send_deadline_us`` is the deadline by the store's clock, for the record
+    and for targets; the adapter decides with :meth:`check_deadline`, which
+    measures on this process's monotonic clock, so a skewed or stepped wall
+    clock cannot make a late send look early (F3).
+    """
 
     attempt_id: str
     operation: str
     request: Any
     idempotency_key: str
-    fencing_token: int
+    run_id: str
+    epoch: int
     send_deadline_us: int
+    deadline_monotonic_us: int
     clock: Clock = field(repr=False, compare=False)
 
+    @property
+    def fencing_token(self) -> str:
+        """The run and its epoch, ``"<run_id>:<epoch>"``: send it to targets that fence."""
+        return f"{self.run_id}:{self.epoch}"
+
+    @property
+    def expired(self) -> bool:
+        """Whether the send deadline has passed, by this process's monotonic clock."""
+        return self.clock.monotonic_us() >= self.deadline_monotonic_us
+
     def check_deadline(self) -> None:
-        """Raise :class:`NotApplied` if the send deadline has passed (F3)."""
-        now = self.clock.now_us()
-        if now >= self.send_deadline_us:  # the lease ends at this instant too (F3)
+        """Raise :class:`NotApplied` if the send deadline has passed (F3); call it
+        immediately before the bytes go out."""
+        now = self.clock.monotonic_us()
+        if now >= self.deadline_monotonic_us:  # the lease may end at this instant (F3)
             raise NotApplied(
                 "send deadline passed before sending",
-                evidence={"deadline_us": self.send_deadline_us, "now_us": now},
+                evidence={
+                    "deadline_us": self.send_deadline_us,
+                    "late_by_us": now - self.deadline_monotonic_us,
+                },
             )
 
 
@@ -172,10 +197,14 @@ class Adapter(Protocol):
     def reconcile(self, attempt: Attempt) -> Evidence: ...
 
 
+#: Amounts are integers in [0, 2^63 - 1] (A9): what both stores hold exactly.
+MAX_AMOUNT = 2**63 - 1
+
+
 def _check_amounts(amounts: Mapping[str, int], what: str) -> None:
     for unit, amount in amounts.items():
-        if isinstance(amount, bool) or not isinstance(amount, int) or amount < 0:
+        if isinstance(amount, bool) or not isinstance(amount, int) or not 0 <= amount <= MAX_AMOUNT:
             raise AdapterError(
-                f"{what} for unit {unit!r} must be a non-negative integer in the unit's "
+                f"{what} for unit {unit!r} must be an integer in [0, 2^63 - 1] in the unit's "
                 f"smallest step (floats never touch the ledger), got {amount!r}"
             )

@@ -10,19 +10,17 @@ stopped or exhausted stands in the way, under the engine's resume policy.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from charter import approvals, missions, recovery, runs, secret, settlement
-from charter.adapters import Adapter, Dispatch, EffectClass, Evidence, Outcome
+from charter import approvals, missions, recovery, runs, secret, sending, settlement
+from charter.adapters import Adapter, Evidence, Outcome
 from charter.attempts import Attempt, AttemptStatus, list_attempts, load
 from charter.clock import seconds_us
 from charter.contracts import RESUME_STRICTNESS, Contract, ResumeMode
 from charter.errors import (
     AttemptAlreadySettled,
-    Fenced,
     LeaseHeld,
     NeedsIntervention,
     NotApplied,
@@ -232,31 +230,48 @@ class Coordinator:
             evidence = Evidence.not_applied({"reason": exc.reason, **exc.evidence})
         except Exception as exc:
             evidence = Evidence.indeterminate({"lookup_error": f"{type(exc).__name__}: {exc}"})
-        if not evidence.conclusive and executor is not None:
-            evidence = self._replay(attempt, adapter, executor) or evidence
+        if not isinstance(evidence, Evidence):
+            evidence = Evidence.indeterminate({"lookup_error": f"reconcile returned {evidence!r}"})
         hidden = list(secret.found(attempt.request))
-        if hidden:  # what a lookup or replay echoes of a secret is not recorded (S3)
-            evidence = secret.scrub_fields(evidence, hidden, "detail")
-            if evidence.outcome is not None:
-                outcome = secret.scrub_fields(evidence.outcome, hidden, "result", "receipt")
-                evidence = dataclasses.replace(evidence, outcome=outcome)
-        with self._db.transaction() as tx:
+        evidence = sending.recordable(sending.Report(evidence), hidden).evidence
+        if not evidence.conclusive and executor is not None:
+            evidence = executor.replay(attempt, adapter) or evidence
+        with self._db.transaction(gate=attempt.mission_id) as tx:
             current = load(tx, attempt_id)
-            self._check_reconcilable(tx, current)
             contract = self._contract(tx, current.mission_id)
-            settle = self._engine.config.evidence_settles == "auto" and _settles(evidence)
-            if settle and not self._apply(
-                tx,
-                current,
-                evidence,
-                contract,
-                actor=actor,
-                reason="evidence settled automatically (evidence_settles=auto)",
-            ):
-                raise _settled_meanwhile(current)
-            settlement.record_evidence(
-                tx, current, evidence, actor=actor, epoch=None, settled=settle
-            )
+            if current.status.settled or current.status is AttemptStatus.VOIDED:
+                # Settled while we asked (a person, another reconcile): what the
+                # lookup or the replay found is kept, and a contradiction opens
+                # an incident (A8, F2).
+                settlement.record_late(
+                    tx,
+                    current,
+                    evidence,
+                    units=contract.allowance.keys(),
+                    actor=actor,
+                    segment=None,
+                    epoch=None,
+                    source=evidence.source,
+                    may_settle=False,
+                )
+                settled_meanwhile = True
+            else:
+                settled_meanwhile = False
+                settle = self._engine.config.evidence_settles == "auto" and _settles(evidence)
+                if settle:
+                    settle = self._apply(
+                        tx,
+                        current,
+                        evidence,
+                        contract,
+                        actor=actor,
+                        reason="evidence settled automatically (evidence_settles=auto)",
+                    )
+                settlement.record_evidence(
+                    tx, current, evidence, actor=actor, epoch=None, settled=settle
+                )
+        if settled_meanwhile:
+            raise _settled_meanwhile(current)
         return evidence
 
     def _owner(self, tx: Tx, run_id: str, segment_id: str) -> Executor:
@@ -290,66 +305,6 @@ class Coordinator:
             principal=run.principal,
             lease_expires_us=lease_expires_us,
         )
-
-    def _replay(self, attempt: Attempt, adapter: Adapter, executor: Executor) -> Evidence | None:
-        op = adapter.operations.get(attempt.operation)
-        if op is None or op.effect is not EffectClass.IDEMPOTENT_KEYED:
-            return None
-        assert op.dedupe_window_seconds is not None
-        if secret.missing(attempt.request):
-            return None  # a secret this process cannot have (S3): no replay; a person decides
-        try:
-            with self._db.transaction() as tx:
-                executor._own(tx)  # the A2 condition: epoch and lease
-                sent_at = attempt.dispatched_at_us or attempt.prepared_at_us
-                if tx.now_us - sent_at > seconds_us(op.dedupe_window_seconds):
-                    return None
-                deadline = executor._send_deadline(tx.now_us)
-                tx.audit(
-                    attempt.mission_id,
-                    "attempt.replayed",
-                    attempt.id,
-                    actor=executor.principal,
-                    segment=executor.segment_id,
-                    epoch=executor.epoch,
-                    payload={
-                        "idempotency_key": attempt.idempotency_key,
-                        "send_deadline_us": deadline,
-                    },
-                )
-        except Fenced:
-            # An executor that no longer owns the run sends nothing; the lookup's
-            # evidence is still recorded by the caller (R7).
-            return None
-        send = Dispatch(
-            attempt.id,
-            attempt.operation,
-            attempt.request,
-            attempt.idempotency_key,
-            executor.epoch,
-            deadline,
-            self._engine.clock,
-        )
-        try:
-            outcome = adapter.dispatch(send)
-        except NotApplied as exc:
-            # A replay refused before sending proves nothing about the first send.
-            return Evidence(
-                "indeterminate",
-                None,
-                {"replay": True, "replay_not_applied": exc.reason},
-                source="same-key replay",
-            )
-        except Exception as exc:
-            return Evidence(
-                "indeterminate",
-                None,
-                {"replay_error": f"{type(exc).__name__}"},
-                source="same-key replay",
-            )
-        if not isinstance(outcome, Outcome):
-            return None
-        return Evidence("applied", outcome, {"replay": True}, source="same-key replay")
 
     def _check_reconcilable(self, tx: Tx, attempt: Attempt) -> None:
         if attempt.status.settled or attempt.status is AttemptStatus.VOIDED:

@@ -73,12 +73,17 @@ class Engine:
         clock: Clock | None = None,
         rng: random.Random | None = None,
         crash_hook: CrashHook | None = None,
+        store_clock: Clock | None = None,
     ) -> Engine:
         """Open the store at ``url`` (default: ``./.charter/charter.db``).
 
         ``clock``, ``rng`` and ``crash_hook`` are the test seams: a
         :class:`~charter.clock.ManualClock`, a seeded ``random.Random`` and a
         hook called at every durable boundary (see :mod:`charter.testing`).
+        ``clock`` is this process's clock. The store's clock, which leases and
+        deadlines are measured by (F1), is the server's on PostgreSQL and this
+        process's on SQLite; a test simulating several machines injects it as
+        ``store_clock`` (with a skewed ``clock`` per worker).
         """
         config = config or EngineConfig()
         clock = clock or SystemClock()
@@ -86,7 +91,7 @@ class Engine:
         Authenticator(config.credentials)  # refuse bad credentials before opening anything
         db = open_database(
             url if url is not None else config.store,
-            clock=clock,
+            clock=store_clock or clock,
             ids=ids,
             busy_timeout=config.busy_timeout_seconds,
         )

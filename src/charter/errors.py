@@ -27,7 +27,8 @@ message says what was wrong and what to do about it::
     └── StoreError                  the store cannot serve the request
         ├── StoreBusy               bounded busy wait ran out
         ├── StoreConflict           a uniqueness or integrity rule refused a write
-        └── SchemaError             the store's schema is unknown or newer
+        ├── SchemaError             the store's schema is unknown or newer
+        └── SettlementUnrecorded    sent, but its settlement could not be committed (A4)
 
 Signals that user code must not swallow derive from ``BaseException``:
 :class:`Fenced` (this executor no longer owns the run) and :class:`Blocked`
@@ -153,6 +154,17 @@ class StoreConflict(StoreError):
 
 class SchemaError(StoreError):
     code = "schema_error"
+
+
+class SettlementUnrecorded(StoreError):
+    """An attempt was sent and its settlement could not be committed (A4).
+
+    The attempt stays DISPATCHED with its hold: an uncertainty, not a failure.
+    Nothing may retry it; recover the run and reconcile the attempt. A node
+    that meets it blocks (the engine turns it into :class:`Blocked`).
+    """
+
+    code = "settlement_unrecorded"
 
 
 class NotApplied(Exception):

@@ -27,8 +27,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from charter import admission, approvals, ledger, runs, secret, settlement
-from charter.adapters import Adapter, Dispatch, EffectClass, Estimate, Evidence, Outcome
+from charter import admission, approvals, ledger, runs, secret, sending, settlement
+from charter.adapters import Adapter, Dispatch, EffectClass, Estimate, Evidence
 from charter.approvals import ApprovalStatus
 from charter.attempts import (
     Attempt,
@@ -45,12 +45,11 @@ from charter.errors import (
     AdmissionRefused,
     ApprovalRequired,
     Fenced,
-    NotApplied,
     NotAuthorized,
+    NotFound,
     StateError,
     StoreConflict,
 )
-from charter.incidents import open_incident
 from charter.principals import Right
 from charter.runs import RunStatus
 from charter.secret import Secret
@@ -65,6 +64,10 @@ if TYPE_CHECKING:
 _REQUEST_JSON = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), allow_nan=False, default=secret.placeholder
 )
+
+#: Run statuses in which a same-key replay may be sent: a replay can perform the
+#: effect for the first time, so a paused, stopping or ended run sends none.
+_REPLAYABLE = frozenset({RunStatus.ACTIVE, RunStatus.WAITING, RunStatus.NEEDS_INTERVENTION})
 
 #: A read-only UNKNOWN written off under the A7 opt-in is retried at most this
 #: many times in one call, so a target that never answers cannot drain the budget.
@@ -497,11 +500,12 @@ class Executor:
         it the request is rebuilt from the record.
         """
         self._crash("dispatch.before")
+        started = self.engine.clock.monotonic_us()  # before the dispatch commit (F3)
         with self._db.transaction(gate=self.mission_id) as tx:
             attempt = self._commit_dispatch(tx, attempt_id, adapter, request)
         if attempt.status is AttemptStatus.VOIDED:
             return attempt
-        return self._send_and_settle(attempt, adapter)
+        return self._send_and_settle(attempt, adapter, started)
 
     def _commit_dispatch(self, tx: Tx, attempt_id: str, adapter: Adapter, request: Any) -> Attempt:
         row = self._own(tx)
@@ -633,6 +637,7 @@ class Executor:
         retries = 0
         while True:
             self._crash("admission.before")
+            started = self.engine.clock.monotonic_us()  # before the dispatch commit (F3)
             attempt = self._admission(call, effect)
             if attempt.status is AttemptStatus.VOIDED:
                 return attempt
@@ -643,7 +648,7 @@ class Executor:
                     "is PREPARED with its hold kept (see `charter approvals`)",
                     attempt_id=attempt.id,
                 )
-            attempt = self._send_and_settle(attempt, adapter, call.secrets)
+            attempt = self._send_and_settle(attempt, adapter, started, call.secrets)
             if retries >= READ_ONLY_RETRIES or not self._write_off_read_only(attempt, call):
                 return attempt
             retries += 1
@@ -656,8 +661,7 @@ class Executor:
         ):
             return False
         with self._db.transaction(gate=self.mission_id) as tx:
-            row = tx.one("SELECT contract_version FROM missions WHERE id = ?", self.mission_id)
-            assert row is not None
+            row = self._own(tx)  # a fenced executor settles nothing (F2)
             contract = self.engine._contracts.get(tx, self.mission_id, row["contract_version"])
             if contract.read_only_unknown != "write_off":
                 return False
@@ -678,187 +682,177 @@ class Executor:
             )
 
     # -- send and settle ----------------------------------------------------
-    def _send_and_settle(
-        self, attempt: Attempt, adapter: Adapter, hidden: list[Secret] | None = None
-    ) -> Attempt:
-        """Send, then settle. ``hidden``: the request's secrets, when the caller
-        already knows them (otherwise the request is searched)."""
-        assert attempt.send_deadline_us is not None
-        self._crash("dispatch.after")
-        send = Dispatch(
+    def _order(
+        self, attempt: Attempt, *, deadline_us: int, now_us: int, started_us: int
+    ) -> Dispatch:
+        """What the adapter is told. The deadline on this process's monotonic clock
+        is the time the store left (``deadline_us - now_us``, both by the store's
+        clock) counted from ``started_us``, taken before the dispatch commit was
+        sent: a skewed wall clock cannot move it, and it can only err early (F3)."""
+        return Dispatch(
             attempt_id=attempt.id,
             operation=attempt.operation,
             request=attempt.request,
             idempotency_key=attempt.idempotency_key,
-            fencing_token=self.epoch,
-            send_deadline_us=attempt.send_deadline_us,
+            run_id=self.run_id,
+            epoch=self.epoch,
+            send_deadline_us=deadline_us,
+            deadline_monotonic_us=started_us + (deadline_us - now_us),
             clock=self.engine.clock,
         )
-        outcome: Outcome | None = None
-        not_applied: NotApplied | None = None
-        error: str | None = None
-        try:
-            result = adapter.dispatch(send)
-            if isinstance(result, Outcome):
-                outcome = result
-            else:
-                error = f"adapter returned {type(result).__name__}, not an Outcome"
-        except NotApplied as exc:
-            not_applied = exc
-        except Exception as exc:  # A3: an exception is not a failure
-            error = f"{type(exc).__name__}: {exc}"
+
+    def _send_and_settle(
+        self,
+        attempt: Attempt,
+        adapter: Adapter,
+        started_us: int,
+        hidden: list[Secret] | None = None,
+    ) -> Attempt:
+        """Send through the one send path, then settle. ``hidden``: the request's
+        secrets, when the caller already knows them (otherwise it is searched)."""
+        if attempt.send_deadline_us is None or attempt.dispatched_at_us is None:
+            raise StateError(f"attempt {attempt.id} has no dispatch commit; nothing is sent")
+        self._crash("dispatch.after")
+        order = self._order(
+            attempt,
+            deadline_us=attempt.send_deadline_us,
+            now_us=attempt.dispatched_at_us,
+            started_us=started_us,
+        )
         if hidden is None:
             hidden = list(secret.found(attempt.request))
-        if hidden:  # what the target echoes back of a secret is not recorded either (S3)
-            error = secret.scrub(error, hidden)
-            if outcome is not None:
-                outcome = secret.scrub_fields(outcome, hidden, "result", "receipt")
-            if not_applied is not None:
-                not_applied.reason = secret.scrub(not_applied.reason, hidden)
-                not_applied.evidence = secret.scrub(not_applied.evidence, hidden)
+        report = sending.send(adapter, order, hidden)
         self._crash("settlement.before")
-        with self._db.transaction(gate=self.mission_id) as tx:
-            settled = self._settle(tx, attempt, outcome, not_applied, error)
+        try:
+            with self._db.transaction(gate=self.mission_id) as tx:
+                settled = self._record(tx, attempt, report)
+        except Exception as exc:  # A4: an unrecordable settlement is an uncertainty
+            raise sending.unrecorded(attempt.id, report, exc) from exc
         self._crash("settlement.after")
         return settled
 
-    def _settle(
-        self,
-        tx: Tx,
-        attempt: Attempt,
-        outcome: Outcome | None,
-        not_applied: NotApplied | None,
-        error: str | None,
-    ) -> Attempt:
-        # Set by the admission or dispatch commit that preceded this settlement.
-        assert self._budget_units is not None
+    def _record(self, tx: Tx, attempt: Attempt, report: sending.Report) -> Attempt:
+        """Settle what the live send reported (it was DISPATCHED by this executor)."""
         units = self._budget_units
+        if units is None:
+            raise StateError(f"attempt {attempt.id} is settled without its dispatch commit")
+        evidence = report.evidence
         kw: dict[str, Any] = {
             "units": units,
             "actor": self.principal,
             "segment": self.segment_id,
             "epoch": self.epoch,
         }
-        if outcome is not None or not_applied is not None:
-            if outcome is not None:
-                evidence = Evidence.applied(outcome)
-                reason = None
-            else:
-                assert not_applied is not None
-                evidence = Evidence.not_applied(
-                    {"reason": not_applied.reason, **not_applied.evidence}
-                )
-                reason = f"not applied: {not_applied.reason}"
-            done = settlement.settle_by_evidence(
+        if not evidence.conclusive:
+            marked = settlement.mark_unknown(
                 tx,
                 attempt,
-                evidence,
-                reason=reason,
-                from_statuses=(AttemptStatus.DISPATCHED,),
-                **kw,
+                report.reason or "outcome unknown",
+                actor=self.principal,
+                segment=self.segment_id,
+                epoch=self.epoch,
             )
-            if not done:
-                return self._late(tx, load(tx, attempt.id), evidence, kw)
-            if not_applied is not None:  # the proof is kept as evidence (A3)
+            if report.keep:  # all there is of a report the store cannot hold (A9)
                 settlement.record_evidence(
-                    tx, attempt, evidence, actor=self.principal, epoch=self.epoch, settled=True
+                    tx, attempt, evidence, actor=self.principal, epoch=self.epoch, settled=False
                 )
-            o = evidence.outcome
-            return _with(
-                attempt,
-                status=AttemptStatus.FAILED if o is None else AttemptStatus(o.status),
-                actual={} if o is None else dict(o.cost),
-                result=None if o is None else o.result,
-                receipt=None if o is None else o.receipt,
-                price_source=(o.price_source if o is not None else None) or attempt.price_source,
-                reason=reason if reason is not None else attempt.reason,
-                settled_at_us=tx.now_us,
-            )
-        assert error is not None
-        if settlement.mark_unknown(
-            tx, attempt, error, actor=self.principal, segment=self.segment_id, epoch=self.epoch
+            if marked:
+                return _with(attempt, status=AttemptStatus.UNKNOWN, reason=report.reason)
+            return load(tx, attempt.id)
+        not_applied = evidence.verdict == "not_applied"
+        reason = report.reason if not_applied else None
+        if not settlement.settle_by_evidence(
+            tx, attempt, evidence, reason=reason, from_statuses=(AttemptStatus.DISPATCHED,), **kw
         ):
-            return _with(attempt, status=AttemptStatus.UNKNOWN, reason=error)
-        return load(tx, attempt.id)
-
-    def _late(self, tx: Tx, current: Attempt, evidence: Evidence, kw: dict[str, Any]) -> Attempt:
-        """F2: a settlement that arrives after the attempt left DISPATCHED.
-
-        Kept as evidence with its epoch; it settles an UNKNOWN attempt when it
-        agrees with nothing recorded, and opens an incident when it conflicts
-        with a recorded settlement. Nothing it reports is lost.
-        """
-        settled = False
-        disputed = current.status is AttemptStatus.UNKNOWN and self._disputed(tx, current, evidence)
-        if disputed:
-            # Evidence already recorded says otherwise: a person must decide.
-            open_incident(
+            settlement.record_late(
                 tx,
-                current.mission_id,
-                "conflicting_evidence",
-                {
-                    "recorded": "unconfirmed evidence",
-                    "late_verdict": evidence.verdict,
-                    "from_epoch": self.epoch,
-                },
-                actor=self.principal,
-                run_id=current.run_id,
-                attempt_id=current.id,
-                epoch=self.epoch,
-            )
-        elif current.status is AttemptStatus.UNKNOWN:
-            settled = settlement.settle_by_evidence(
-                tx,
-                current,
+                load(tx, attempt.id),
                 evidence,
-                reason=f"late {evidence.verdict} evidence from epoch {self.epoch}",
-                from_statuses=(AttemptStatus.UNKNOWN,),
+                source=f"late settlement (epoch {self.epoch})",
+                may_settle=True,
                 **kw,
             )
-        elif current.status.settled and _conflicts(current, evidence):
-            open_incident(
-                tx,
-                current.mission_id,
-                "conflicting_evidence",
-                {
-                    "recorded": current.status.value,
-                    "late_verdict": evidence.verdict,
-                    "late_outcome": None if evidence.outcome is None else evidence.outcome.status,
-                    "from_epoch": self.epoch,
-                },
-                actor=self.principal,
-                run_id=current.run_id,
-                attempt_id=current.id,
-                epoch=self.epoch,
+            return load(tx, attempt.id)
+        if not_applied:  # the proof is kept as evidence (A3)
+            settlement.record_evidence(
+                tx, attempt, evidence, actor=self.principal, epoch=self.epoch, settled=True
             )
-        settlement.record_evidence(
-            tx,
-            current,
-            Evidence(
-                evidence.verdict,
-                evidence.outcome,
-                evidence.detail,
-                source=f"late settlement (epoch {self.epoch})",
-            ),
-            actor=self.principal,
-            epoch=self.epoch,
-            settled=settled,
+        o = evidence.outcome
+        return _with(
+            attempt,
+            status=AttemptStatus.FAILED if o is None else AttemptStatus(o.status),
+            actual={} if o is None else dict(o.cost),
+            result=None if o is None else o.result,
+            receipt=None if o is None else o.receipt,
+            price_source=(o.price_source if o is not None else None) or attempt.price_source,
+            reason=reason if reason is not None else attempt.reason,
+            settled_at_us=tx.now_us,
         )
-        return load(tx, current.id)
 
-    @staticmethod
-    def _disputed(tx: Tx, current: Attempt, evidence: Evidence) -> bool:
-        """Whether conclusive evidence on record contradicts ``evidence``."""
-        mine = None if evidence.outcome is None else evidence.outcome.status
-        for r in tx.all(
-            "SELECT verdict, outcome FROM evidence WHERE attempt_id = ? "
-            "AND verdict != 'indeterminate'",
-            current.id,
-        ):
-            theirs = None if r["outcome"] is None else json.loads(r["outcome"])["status"]
-            if r["verdict"] != evidence.verdict or theirs != mine:
-                return True
-        return False
+    def replay(self, attempt: Attempt, adapter: Adapter) -> Evidence | None:
+        """A8: send an uncertain ``idempotent_keyed`` attempt again, with its own key.
+
+        A replay is a send: it goes through the one send path after a commit
+        that checks, under the mission's gate, this executor's epoch and lease,
+        that the attempt is *still* unresolved (UNKNOWN, or DISPATCHED by an
+        earlier epoch), that the run may send (active, waiting or needing
+        intervention; not paused, stopping or ended), the principal's authority,
+        and the target's dedupe window. Returns the replay's evidence, or
+        ``None`` when no replay was sent (a person decides then).
+        """
+        op = adapter.operations.get(attempt.operation)
+        if op is None or op.effect is not EffectClass.IDEMPOTENT_KEYED:
+            return None
+        window_us = seconds_us(op.dedupe_window_seconds or 0)
+        started = self.engine.clock.monotonic_us()
+        try:
+            with self._db.transaction(gate=self.mission_id) as tx:
+                sendable = self._commit_replay(tx, attempt.id, window_us)
+        except Fenced:
+            return None  # an executor that no longer owns the run sends nothing (R7)
+        if sendable is None:
+            return None
+        attempt, deadline, now = sendable
+        hidden = list(secret.found(attempt.request))
+        order = self._order(attempt, deadline_us=deadline, now_us=now, started_us=started)
+        report = sending.send(adapter, order, hidden)
+        evidence = report.evidence
+        if evidence.verdict == "applied":
+            return Evidence("applied", evidence.outcome, {"replay": True}, source="same-key replay")
+        # Refused before sending, lost, or unrecordable: it proves nothing about the first send.
+        detail = {"replay": True, "replay_reason": report.reason, "report": evidence.detail}
+        return Evidence("indeterminate", None, detail, source="same-key replay")
+
+    def _commit_replay(
+        self, tx: Tx, attempt_id: str, window_us: int
+    ) -> tuple[Attempt, int, int] | None:
+        """The replay's dispatch commit (A2 + "still unresolved"); ``None``: no send."""
+        row = self._own(tx)
+        attempt = load(tx, attempt_id)
+        if attempt.run_id != self.run_id or secret.missing(attempt.request):
+            return None  # a secret this process cannot have (S3): a person decides
+        unresolved = attempt.status is AttemptStatus.UNKNOWN or (
+            attempt.status is AttemptStatus.DISPATCHED and attempt.dispatched_epoch != self.epoch
+        )
+        if not unresolved or RunStatus(row["status"]) not in _REPLAYABLE:
+            return None
+        contract = self.engine._contracts.get(tx, self.mission_id, row["contract_version"])
+        if not contract.allows(self.principal, Right.RUN, attempt.scope):
+            return None
+        sent_at = attempt.dispatched_at_us or attempt.prepared_at_us
+        if tx.now_us - sent_at > window_us:
+            return None
+        deadline = self._send_deadline(tx.now_us)
+        tx.audit(
+            attempt.mission_id,
+            "attempt.replayed",
+            attempt.id,
+            actor=self.principal,
+            segment=self.segment_id,
+            epoch=self.epoch,
+            payload={"idempotency_key": attempt.idempotency_key, "send_deadline_us": deadline},
+        )
+        return attempt, deadline, tx.now_us
 
     def _crash(self, point: str) -> None:
         hook = self.engine._crash_hook
@@ -888,7 +882,8 @@ class Executor:
 
         with self._db.read() as tx:
             row = tx.one("SELECT plan, input FROM runs WHERE id = ?", self.run_id)
-        assert row is not None
+        if row is None:
+            raise NotFound(f"no run {self.run_id!r} in this store", run_id=self.run_id)
         if plan is None:
             if not row["plan"]:
                 raise StateError(f"run {self.run_id} records no plan reference; pass plan=")
@@ -924,15 +919,3 @@ def _with(attempt: Attempt, **changes: Any) -> Attempt:
     new = object.__new__(Attempt)
     new.__dict__.update(attempt.__dict__, **changes)
     return new
-
-
-def _conflicts(recorded: Attempt, evidence: Evidence) -> bool:
-    if evidence.verdict == "indeterminate":
-        return False
-    if evidence.verdict == "not_applied":
-        return recorded.status is AttemptStatus.SUCCEEDED
-    assert evidence.outcome is not None
-    o = evidence.outcome
-    if recorded.status is AttemptStatus.WRITTEN_OFF:
-        return False
-    return o.status != recorded.status.value or dict(o.cost) != (recorded.actual or {})

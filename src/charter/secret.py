@@ -15,6 +15,7 @@ again; any other cannot be revealed, and says so.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Iterator
 from typing import Any, NoReturn, TypeVar
@@ -127,6 +128,32 @@ def scrub(value: Any, secrets: list[Secret]) -> Any:
     secret in it by its placeholder (an adapter's error, result or receipt may
     echo what it was sent)."""
     return _scrub(value, [t for t in (_known(s) for s in secrets) if t])
+
+
+def scrub_text(text: str, secrets: list[Secret]) -> str:
+    """``text`` with every revealed secret replaced by ``***``, in each form the
+    secret can take once something was turned into text: as is, JSON-escaped,
+    and as Python writes it in the repr of a ``str`` or of ``bytes``.
+
+    This is the last step before anything an adapter reported is recorded: a
+    target may echo a secret inside bytes, an exception or any object whose
+    text is what gets stored, so the final text is what must be clean.
+    """
+    for value in (t for t in (_known(s) for s in secrets) if t):
+        for form in _forms(value):
+            text = text.replace(form, "***")
+    return text
+
+
+def _forms(value: str) -> list[str]:
+    forms = {
+        value,
+        json.dumps(value)[1:-1],
+        json.dumps(value, ensure_ascii=False)[1:-1],
+        repr(value)[1:-1],
+        repr(value.encode())[2:-1],
+    }
+    return sorted((f for f in forms if f), key=len, reverse=True)
 
 
 def recorded(value: Any) -> Any:

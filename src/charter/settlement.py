@@ -17,6 +17,7 @@ from charter import attempts, ledger, runs
 from charter.adapters import Evidence
 from charter.attempts import Attempt, AttemptStatus
 from charter.audit import canonical
+from charter.errors import StateError
 from charter.incidents import open_incident
 from charter.runs import RunStatus
 from charter.storage import Prefetched, Tx
@@ -80,7 +81,8 @@ def settle(
     and opens an ``unbudgeted_cost`` incident. Returns ``False`` (and changes
     nothing) if the attempt was no longer in ``from_statuses``.
     """
-    assert status.settled
+    if not status.settled:
+        raise StateError(f"{status.value} is not a settlement")
     tx.lock_mission(attempt.mission_id)
     price_source = price_source or attempt.price_source  # L8: entries always name a source
     marks = ", ".join("?" for _ in from_statuses)
@@ -184,9 +186,8 @@ def settle_by_evidence(
         "epoch": epoch,
         "from_statuses": from_statuses,
     }
-    if evidence.verdict == "applied":
-        assert evidence.outcome is not None
-        o = evidence.outcome
+    o = evidence.outcome
+    if evidence.verdict == "applied" and o is not None:
         return settle(
             tx,
             attempt,
@@ -351,3 +352,109 @@ def record_evidence(
         },
     )
     return evidence_id
+
+
+def record_late(
+    tx: Tx,
+    current: Attempt,
+    evidence: Evidence,
+    *,
+    units: Collection[str],
+    actor: str,
+    segment: str | None,
+    epoch: int | None,
+    source: str,
+    may_settle: bool,
+) -> None:
+    """What a send reported after its attempt left DISPATCHED (F2, A8, L5).
+
+    The attempt was recovered by another owner, settled by a person or written
+    off while the send was under way. The report is kept as evidence, with its
+    epoch, whatever it says. It settles an UNKNOWN attempt (when ``may_settle``)
+    if no evidence on record contradicts it; it opens an incident when it
+    contradicts a recorded settlement, or reports a cost above the hold of an
+    attempt that was written off at that hold. An open incident pauses the
+    mission's admissions until a person closes it (L7). Nothing is lost.
+    """
+    settled = False
+    if current.status is AttemptStatus.UNKNOWN:
+        if _disputed(tx, current, evidence):
+            _incident(tx, current, evidence, actor, epoch, recorded="unconfirmed evidence")
+        elif may_settle:
+            settled = settle_by_evidence(
+                tx,
+                current,
+                evidence,
+                reason=f"late {evidence.verdict} evidence ({source})",
+                units=units,
+                actor=actor,
+                segment=segment,
+                epoch=epoch,
+                from_statuses=(AttemptStatus.UNKNOWN,),
+            )
+    elif current.status.settled and (
+        _conflicts(current, evidence) or _above_hold(current, evidence)
+    ):
+        _incident(tx, current, evidence, actor, epoch, recorded=current.status.value)
+    record_evidence(
+        tx,
+        current,
+        Evidence(evidence.verdict, evidence.outcome, evidence.detail, source=source),
+        actor=actor,
+        epoch=epoch,
+        settled=settled,
+    )
+
+
+def _incident(
+    tx: Tx, current: Attempt, evidence: Evidence, actor: str, epoch: int | None, *, recorded: str
+) -> None:
+    outcome = evidence.outcome
+    open_incident(
+        tx,
+        current.mission_id,
+        "conflicting_evidence",
+        {
+            "recorded": recorded,
+            "hold": current.estimate,
+            "late_verdict": evidence.verdict,
+            "late_outcome": None if outcome is None else outcome.status,
+            "late_cost": None if outcome is None else dict(outcome.cost),
+            "from_epoch": epoch,
+        },
+        actor=actor,
+        run_id=current.run_id,
+        attempt_id=current.id,
+        epoch=epoch,
+    )
+
+
+def _disputed(tx: Tx, current: Attempt, evidence: Evidence) -> bool:
+    """Whether conclusive evidence on record contradicts ``evidence``."""
+    mine = None if evidence.outcome is None else evidence.outcome.status
+    for r in tx.all(
+        "SELECT verdict, outcome FROM evidence WHERE attempt_id = ? AND verdict != 'indeterminate'",
+        current.id,
+    ):
+        theirs = None if r["outcome"] is None else json.loads(r["outcome"])["status"]
+        if r["verdict"] != evidence.verdict or theirs != mine:
+            return True
+    return False
+
+
+def _conflicts(recorded: Attempt, evidence: Evidence) -> bool:
+    """Whether conclusive evidence contradicts a recorded settlement."""
+    o = evidence.outcome
+    if evidence.verdict == "not_applied":
+        return recorded.status is AttemptStatus.SUCCEEDED
+    if o is None or recorded.status is AttemptStatus.WRITTEN_OFF:
+        return False  # indeterminate; or a write-off, which claims no outcome
+    return o.status != recorded.status.value or dict(o.cost) != (recorded.actual or {})
+
+
+def _above_hold(recorded: Attempt, evidence: Evidence) -> bool:
+    """A cost reported above the hold of an attempt settled at its hold (L5)."""
+    o = evidence.outcome
+    if o is None or recorded.status is not AttemptStatus.WRITTEN_OFF:
+        return False
+    return any(a > recorded.estimate.get(u, 0) for u, a in o.cost.items())

@@ -18,11 +18,19 @@ from typing import Any
 
 from charter.adapters import Dispatch, EffectClass, Estimate, Evidence, Operation, Outcome
 from charter.attempts import Attempt
-from charter.clock import ManualClock
+from charter.clock import ManualClock, SkewedClock
 from charter.crashpoints import POINTS, CrashHook
 from charter.principals import new_credential as credential
 
-__all__ = ["POINTS", "ManualClock", "RecordingAdapter", "Sent", "credential", "kill_at"]
+__all__ = [
+    "POINTS",
+    "ManualClock",
+    "RecordingAdapter",
+    "Sent",
+    "SkewedClock",
+    "credential",
+    "kill_at",
+]
 
 
 def kill_at(point: str) -> CrashHook:
@@ -45,8 +53,14 @@ class Sent:
     operation: str
     request: Any
     idempotency_key: str
-    fencing_token: int
+    run_id: str
+    epoch: int
     send_deadline_us: int
+
+    @property
+    def fencing_token(self) -> str:
+        """As the target received it: ``"<run_id>:<epoch>"``."""
+        return f"{self.run_id}:{self.epoch}"
 
 
 Script = Callable[[Dispatch], Outcome]
@@ -87,7 +101,8 @@ class RecordingAdapter:
                 send.operation,
                 send.request,
                 send.idempotency_key,
-                send.fencing_token,
+                send.run_id,
+                send.epoch,
                 send.send_deadline_us,
             )
         )

@@ -1,0 +1,151 @@
+"""The one send path (A2, A3, A8, F3, S3): an attempt reaching its adapter.
+
+A live dispatch and a reconcile's same-key replay are the same act, a send, so
+both end in :func:`send` after their dispatch commit (the executor's, which
+checks epoch, lease, run status, authority and that the attempt is still
+unresolved, in the transaction that records the send). :func:`send` checks
+the deadline on this process's monotonic clock one last time, calls the
+adapter once, and turns whatever happened into a :class:`Report`:
+
+- an :class:`~charter.adapters.Outcome` is evidence the effect was applied;
+- :class:`~charter.errors.NotApplied` is the adapter's proof that it was not;
+- any other exception is an unknown outcome (A3), its text kept as the reason;
+- a report the store cannot hold (an amount outside [0, 2^63 - 1], a result
+  that cannot be serialised, something that is not an Outcome at all) settles
+  nothing: the outcome is unknown and the raw report is kept as evidence
+  text (A9).
+
+Everything in a report is what will be recorded: serialised as it will be
+stored, and with every secret of the request scrubbed from that final text
+(S3). :func:`recordable` does the same for evidence from a lookup, so there is
+one format for everything an adapter tells the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from charter import secret
+from charter.adapters import Adapter, Dispatch, Evidence, Outcome
+from charter.errors import AdapterError, NotApplied, SettlementUnrecorded
+from charter.secret import Secret
+
+
+def _text(value: Any) -> Any:
+    """How a value JSON cannot hold is recorded: a secret by its name, anything
+    else as its text (which :func:`secret.scrub_text` then cleans)."""
+    return secret.placeholder(value) if isinstance(value, Secret) else str(value)
+
+
+#: How reports are checked: the canonical form they are stored in, refusing NaN.
+_STRICT = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False, default=_text)
+
+
+class Unrecordable(Exception):
+    """A report the store cannot hold; it settles nothing."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one send (or lookup) reported, ready to record.
+
+    ``reason`` says why an outcome is unknown, or how non-application was
+    proven; ``keep`` marks indeterminate evidence that must be stored because
+    it is all there is of an unrecordable report.
+    """
+
+    evidence: Evidence
+    reason: str | None = None
+    keep: bool = False
+
+
+def send(adapter: Adapter, order: Dispatch, secrets: list[Secret]) -> Report:
+    """Call ``adapter`` once with ``order`` (unless its deadline has passed)."""
+    if order.expired:
+        why = "send deadline passed before the engine called the adapter"
+        return Report(
+            Evidence.not_applied({"reason": why, "deadline_us": order.send_deadline_us}),
+            f"not applied: {why}",
+        )
+    try:
+        answer = adapter.dispatch(order)
+    except NotApplied as exc:
+        proof = Evidence.not_applied({"reason": exc.reason, **exc.evidence})
+        return recordable(Report(proof, f"not applied: {exc.reason}"), secrets)
+    except AdapterError as exc:  # the adapter broke the protocol (e.g. an Outcome out of range)
+        return _garbage(f"{type(exc).__name__}: {exc}", exc.message, secrets)
+    except Exception as exc:  # A3: an exception is not a failure
+        reason = secret.scrub_text(f"{type(exc).__name__}: {exc}", secrets)
+        return Report(Evidence.indeterminate(), reason)
+    if not isinstance(answer, Outcome):
+        return _garbage(repr(answer), f"adapter returned {type(answer).__name__}", secrets)
+    return recordable(Report(Evidence.applied(answer)), secrets)
+
+
+def recordable(report: Report, secrets: list[Secret]) -> Report:
+    """``report`` as it will be stored, or an unknown outcome keeping its raw text."""
+    evidence = report.evidence
+    try:
+        outcome = evidence.outcome
+        if outcome is not None:
+            outcome = _outcome(outcome, secrets)
+        detail = _value(evidence.detail, secrets)
+        if not isinstance(evidence.source, str):
+            raise Unrecordable(f"evidence source must be text, not {evidence.source!r}")
+    except (Unrecordable, TypeError, ValueError, RecursionError) as exc:
+        return _garbage(repr(evidence), str(exc), secrets)
+    reason = None if report.reason is None else secret.scrub_text(report.reason, secrets)
+    return Report(
+        dataclasses.replace(evidence, outcome=outcome, detail=detail), reason, report.keep
+    )
+
+
+def unrecorded(attempt_id: str, report: Report, cause: Exception) -> SettlementUnrecorded:
+    """The error for a send whose settlement could not be committed (A4).
+
+    The attempt stays DISPATCHED: it is an uncertainty, never a failure to
+    retry. What the target said travels on the error for the caller to log;
+    recovery and reconcile obtain it again as evidence.
+    """
+    evidence = report.evidence
+    return SettlementUnrecorded(
+        f"attempt {attempt_id} was sent and its outcome ({evidence.verdict}) could not be "
+        f"recorded ({type(cause).__name__}: {cause}); it stays DISPATCHED with its hold and "
+        "is never retried on a guess: recover the run, then reconcile the attempt",
+        attempt_id=attempt_id,
+        verdict=evidence.verdict,
+        outcome=None if evidence.outcome is None else _STRICT.encode(evidence.outcome.result),
+    )
+
+
+def _outcome(outcome: Outcome, secrets: list[Secret]) -> Outcome:
+    if outcome.price_source is not None and not isinstance(outcome.price_source, str):
+        raise Unrecordable(f"price_source must be text, not {outcome.price_source!r}")
+    outcome.__post_init__()  # amounts in range (A9), even if the object was altered
+    return dataclasses.replace(
+        outcome,
+        result=_value(outcome.result, secrets),
+        receipt=_value(outcome.receipt, secrets),
+    )
+
+
+def _value(value: Any, secrets: list[Secret]) -> Any:
+    """``value`` as the store will hold it: the final text must be clean (S3)."""
+    text = _STRICT.encode(value)
+    if not secrets and f'"{secret.MARK}"' not in text:
+        return value
+    return json.loads(secret.scrub_text(text, secrets))
+
+
+def _garbage(raw: str, problem: str, secrets: list[Secret]) -> Report:
+    """An unrecordable report: unknown outcome, raw text kept as evidence (A9)."""
+    text = secret.scrub_text(raw, secrets)
+    problem = secret.scrub_text(problem, secrets)
+    return Report(
+        Evidence.indeterminate({"unrecordable_report": text, "problem": problem}),
+        f"the adapter's report cannot be recorded ({problem}); kept as evidence text",
+        keep=True,
+    )
