@@ -326,7 +326,9 @@ def test_W2_denied_effect_admitted_again_with_the_same_request_is_voided_unsent(
     assert ex.dispatch(first.id, adapter).status is Status.VOIDED
     clock.advance(1)
 
-    again = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send", generation=2)
+    again = ex.attempt(
+        adapter, "write", {"to": "x"}, effect_key="send", generation=2, retry_of=first.id
+    )
 
     assert again.status is Status.VOIDED
     assert engine.attempt(again.id).status is Status.VOIDED
@@ -560,7 +562,9 @@ def test_W2_approval_expired_during_downtime_is_renewed_not_a_dead_end(
         engine.approve(request.id, by=who.bob)
     resumed = engine.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
     try:
-        again = resumed.attempt(adapter, "write", {"to": "x"}, effect_key="send", generation=2)
+        again = resumed.attempt(
+            adapter, "write", {"to": "x"}, effect_key="send", generation=2, retry_of=first.id
+        )
     except charter.ApprovalRequired as waiting:
         readmitted = engine.attempt(waiting.details["attempt_id"])
         engine.approve(pending_of(engine, readmitted).id, by=who.bob)

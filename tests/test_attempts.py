@@ -19,7 +19,7 @@ import charter
 from charter.adapters import Dispatch, Estimate, Outcome
 from charter.attempts import idempotency_key_for
 from charter.clock import seconds_us
-from charter.executor import READ_ONLY_RETRIES, request_hash
+from charter.executor import request_hash
 from charter.testing import ManualClock, RecordingAdapter
 from conftest import Principals, default_contract
 from conftest import stored as stored_with_runs
@@ -1110,9 +1110,9 @@ def test_A7_read_only_retries_are_bounded_and_the_caller_sees_what_is_stored(
 
     result = ex.attempt(adapter, "read", {"prompt": "hi"}, effect_key="ask")
 
-    assert len(adapter.sent) == 1 + READ_ONLY_RETRIES
+    assert len(adapter.sent) == 1 + adapter.operations["read"].retries
     attempts = engine.attempts(mission_id=mission)
-    assert len(attempts) == 1 + READ_ONLY_RETRIES
+    assert len(attempts) == 1 + adapter.operations["read"].retries
     by_id = {a.id: a for a in attempts}
     for a in attempts:
         if a.retry_of is not None:

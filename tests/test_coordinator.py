@@ -391,10 +391,11 @@ def test_r3_w2_a_pending_approval_stays_bound_and_a_changed_request_needs_a_new_
     assert len(eng.approvals(run_id=ex.run_id)) == 1
     eng.approve(approval_id, by=who.bob)
     assert ex2.dispatch(again, adapter).status is AttemptStatus.SUCCEEDED
-    # A changed request for the same effect is a new request, never the old approval.
-    with pytest.raises(charter.ApprovalRequired):
-        ex2.attempt(adapter, "write", {"to": "y"}, effect_key="send", generation=3)
-    assert len(eng.approvals(run_id=ex.run_id)) == 2
+    # The effect is settled: it is never performed again, with this request or
+    # another (A4), and no approval is asked for it.
+    with pytest.raises(charter.AttemptAlreadySettled):
+        ex2.attempt(adapter, "write", {"to": "y"}, effect_key="send", generation=3, retry_of=again)
+    assert len(eng.approvals(run_id=ex.run_id)) == 1
     assert [s.attempt_id for s in adapter.sent] == [again]
 
 

@@ -572,7 +572,8 @@ def test_N1_exhausted_retries_fail_the_node_and_nothing_downstream_runs(
 
     @charter.node(check=lambda result: False, retries=2)
     def draft(ctx: charter.Context, value: Any) -> Any:
-        return ctx.attempt(adapter, "write", {"execution": ctx.execution})
+        # A draft only reads (a model call): a node retry may run it again (A4).
+        return ctx.attempt(adapter, "read", {"execution": ctx.execution})
 
     @charter.node
     def publish(ctx: charter.Context, value: Any) -> Any:

@@ -35,12 +35,23 @@ class EffectClass(StrEnum):
 
 @dataclass(frozen=True)
 class Operation:
-    """An adapter operation's declared effect class (and dedupe window if keyed)."""
+    """An adapter operation's declared effect class (and dedupe window if keyed).
+
+    ``retries`` is the operation's retry policy: how many new attempts the
+    engine makes by itself for one effect after an attempt that was settled
+    as not applied while nobody was waiting for it (a node resumed after a
+    person or evidence settled it FAILED, A4), or a ``read_only`` UNKNOWN
+    written off under the contract's opt-in (A7). A node sees the failure
+    once they are spent.
+    """
 
     effect: EffectClass
     dedupe_window_seconds: int | None = None
+    retries: int = 2
 
     def __post_init__(self) -> None:
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise AdapterError(f"retries must be a non-negative integer, got {self.retries!r}")
         if self.effect is EffectClass.IDEMPOTENT_KEYED and not self.dedupe_window_seconds:
             raise AdapterError(
                 "an idempotent_keyed operation must declare the target's dedupe window "

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from charter import runs, settlement
+from charter import attempts, runs, settlement
+from charter.adapters import EffectClass
+from charter.attempts import AttemptStatus
 from charter.contracts import Contract
 from charter.errors import AdmissionRefused, AllowanceExceeded, AttemptAlreadySettled, StateError
 from charter.runs import RunStatus
@@ -21,52 +23,66 @@ if TYPE_CHECKING:
     from charter.executor import Call, Executor
 
 
+#: Statuses whose effect is, or may be, performed: a retry never follows them
+#: unless the effect only reads (A4, A7).
+_PERFORMED = frozenset({AttemptStatus.SUCCEEDED, AttemptStatus.WRITTEN_OFF})
+
+
 def check_effect(ex: Executor, tx: Tx, effect: Effect) -> None:
-    """A4: an effect's generation is performed once; a retry follows a proven end."""
-    rows = tx.all(
-        "SELECT id, status, generation FROM attempts WHERE run_id = ? AND node_id = ? "
-        "AND execution = ? AND effect_key = ?",
-        ex.run_id,
-        effect.node_id,
-        effect.execution,
-        effect.key,
-    )
+    """A4: one effect, one performance.
+
+    A generation is admitted once; no attempt is admitted while any attempt of
+    the same effect (same node and effect key, across node executions and the
+    runs this one continues) is unresolved; an effect that was performed, or
+    may have been (SUCCEEDED, WRITTEN_OFF), is never admitted again unless it
+    only reads; and a retry names the settled attempt it follows: the newest
+    of the effect, FAILED or VOIDED.
+    """
+    lines = attempts.lineage(tx, ex.run_id, effect.node_id, effect.execution)
+    rows = attempts.effect_attempts(tx, lines, effect.node_id, effect.key)
     for r in rows:
-        if r["generation"] == effect.generation:
-            raise AttemptAlreadySettled(
-                f"effect {effect.key!r} already has attempt {r['id']} "
-                f"({r['status']}) at generation {effect.generation}; a retry is a new generation",
-                attempt_id=r["id"],
-                status=r["status"],
-            )
-        if r["status"] in ("prepared", "dispatched", "unknown"):
-            raise StateError(
-                f"effect {effect.key!r} has attempt {r['id']} still {r['status']}; it is "
-                "never retried on a guess — reconcile or resolve it first",
-                attempt_id=r["id"],
-                status=r["status"],
-            )
-    retry_of = effect.retry_of
-    if retry_of is not None:
-        prior = next((r for r in rows if r["id"] == retry_of), None) or tx.one(
-            "SELECT id, status FROM attempts WHERE id = ? AND run_id = ? AND node_id = ? "
-            "AND execution < ? AND effect_key = ?",
-            retry_of,
+        if (r.run_id, r.execution, r.generation) == (
             ex.run_id,
-            effect.node_id,
             effect.execution,
-            effect.key,
-        )
-        ended = {"failed", "written_off", "voided"}
-        if prior is not None and prior["id"] not in {r["id"] for r in rows}:
-            ended.add("succeeded")  # a new node execution re-does a settled effect
-        if prior is None or prior["status"] not in ended:
-            raise StateError(
-                f"retry_of {retry_of!r} must name a FAILED, WRITTEN_OFF or VOIDED attempt "
-                f"of the same effect {effect.key!r} (or its attempt in an earlier node "
-                "execution)",
-                retry_of=retry_of,
+            effect.generation,
+        ):
+            raise AttemptAlreadySettled(
+                f"effect {effect.key!r} already has attempt {r.id} "
+                f"({r.status.value}) at generation {effect.generation}; a retry is a new "
+                "generation",
+                attempt_id=r.id,
+                status=r.status.value,
             )
+        if r.status.holds:
+            raise StateError(
+                f"effect {effect.key!r} has attempt {r.id} still {r.status.value}; it is "
+                "never retried on a guess — reconcile or resolve it first",
+                attempt_id=r.id,
+                status=r.status.value,
+            )
+    if not rows:
+        if effect.retry_of is not None or effect.generation > 1:
+            raise StateError(
+                f"effect {effect.key!r} has no earlier attempt: a first try is generation 1 "
+                "and follows nothing",
+                retry_of=effect.retry_of,
+            )
+        return
+    newest = rows[0]
+    if effect.retry_of != newest.id:
+        raise StateError(
+            f"effect {effect.key!r} was tried before (attempt {newest.id}, "
+            f"{newest.status.value}): a retry must name it as retry_of",
+            retry_of=effect.retry_of,
+            attempt_id=newest.id,
+        )
+    if newest.status in _PERFORMED and newest.effect_class != EffectClass.READ_ONLY:
+        raise AttemptAlreadySettled(
+            f"effect {effect.key!r} was settled {newest.status.value} by attempt {newest.id}; "
+            "a settled effect is never performed again — its record is replayed",
+            attempt_id=newest.id,
+            status=newest.status.value,
+        )
 
 
 def check_stop(ex: Executor, tx: Tx, contract: Contract, row: Row, call: Call) -> None:

@@ -42,6 +42,11 @@ class AttemptStatus(StrEnum):
         return self in _SETTLED
 
     @property
+    def ended_unperformed(self) -> bool:
+        """Settled as not performed (FAILED) or never sent (VOIDED): a retry is safe."""
+        return self in (AttemptStatus.FAILED, AttemptStatus.VOIDED)
+
+    @property
     def unresolved(self) -> bool:
         """Sent or maybe sent, outcome not settled: never retried on a guess."""
         return self in (AttemptStatus.DISPATCHED, AttemptStatus.UNKNOWN)
@@ -69,6 +74,17 @@ class Effect:
     key: str
     generation: int = 1
     retry_of: str | None = None
+
+    def followed(self, linked_from: str | None) -> bool:
+        """Whether earlier attempts of this effect may exist besides its first try
+        in this execution (which the store's unique index already guards): a
+        later generation, a later node execution, or a run that continues another."""
+        return (
+            self.generation > 1
+            or self.retry_of is not None
+            or self.execution > 1
+            or linked_from is not None
+        )
 
     def retried_after(self, attempt_id: str) -> Effect:
         """The next try, after ``attempt_id`` ended without applying the effect."""
@@ -107,6 +123,9 @@ class Attempt:
     dispatched_at_us: int | None
     settled_at_us: int | None
     generation: int = 1
+    #: Whether the send's own answer settled it (the sender saw the outcome), or
+    #: evidence or a person did later (A4: a node retries what it never saw fail).
+    answered: bool = False
 
     @property
     def scope(self) -> str:
@@ -141,6 +160,7 @@ class Attempt:
             "dispatched_at_us": self.dispatched_at_us,
             "settled_at_us": self.settled_at_us,
             "generation": self.generation,
+            "answered": self.answered,
         }
 
 
@@ -184,6 +204,7 @@ def from_row(r: Row) -> Attempt:
         dispatched_at_us=r["dispatched_at_us"],
         settled_at_us=r["settled_at_us"],
         generation=r["generation"],
+        answered=bool(r["answered"]),
     )
 
 
@@ -229,3 +250,52 @@ def list_attempts(
     if where:
         sql += " WHERE " + " AND ".join(where)
     return [from_row(r) for r in tx.all(sql + " ORDER BY prepared_at_us, id", *params)]
+
+
+#: Where one node's attempts live: (run, newest execution) for this run and
+#: then each ended run it continues (N4), newest first.
+Lineage = list[tuple[str, int]]
+
+
+def lineage(tx: Tx, run_id: str, node_id: str, execution: int) -> Lineage:
+    """The node executions whose attempts are the same effects as ``execution``'s:
+    this one and the earlier ones of the node, then, for a linked run, those of
+    the ended run that its first execution continues."""
+    out: Lineage = []
+    run: str | None = run_id
+    top = execution
+    while run is not None:
+        out.append((run, top))
+        link = tx.one(
+            "SELECT inherited_run, inherited_execution FROM node_executions WHERE run_id = ? "
+            "AND node_id = ? AND execution = 1",
+            run,
+            node_id,
+        )
+        if link is None or link["inherited_run"] is None:
+            break
+        run, top = str(link["inherited_run"]), int(link["inherited_execution"])
+    return out
+
+
+def effect_attempts(
+    tx: Tx, lines: Lineage, node_id: str, key: str, *, newest: bool = False
+) -> list[Attempt]:
+    """Every attempt of one effect (A4), newest first: by node execution, each one
+    read through the store's unique index, so the cost follows the number of
+    executions, not of effects. ``newest`` stops at the first execution that has any."""
+    out: list[Attempt] = []
+    for run_id, top in lines:
+        for execution in range(top, min(top, 1) - 1, -1):
+            rows = tx.all(
+                "SELECT * FROM attempts WHERE run_id = ? AND node_id = ? AND execution = ? "
+                "AND effect_key = ? ORDER BY generation DESC",
+                run_id,
+                node_id,
+                execution,
+                key,
+            )
+            out += [from_row(r) for r in rows]
+            if newest and out:
+                return out
+    return out

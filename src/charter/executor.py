@@ -69,12 +69,9 @@ _REQUEST_JSON = json.JSONEncoder(
 #: effect for the first time, so a paused, stopping or ended run sends none.
 _REPLAYABLE = frozenset({RunStatus.ACTIVE, RunStatus.WAITING, RunStatus.NEEDS_INTERVENTION})
 
-#: A read-only UNKNOWN written off under the A7 opt-in is retried at most this
-#: many times in one call, so a target that never answers cannot drain the budget.
-READ_ONLY_RETRIES = 2
-
 _OWNER_SQL = (
-    "SELECT r.status, r.epoch, r.owner_segment, r.lease_expires_us, m.contract_version, "
+    "SELECT r.status, r.epoch, r.owner_segment, r.lease_expires_us, r.linked_from, "
+    "m.contract_version, "
     "m.attempts_admitted, m.attempts_failed, "
     "(SELECT COUNT(*) FROM incidents i WHERE i.mission_id = r.mission_id "
     "AND i.status = 'open') AS open_incidents, "
@@ -312,7 +309,7 @@ class Executor:
         admission.check_stop(self, tx, contract, row, call)
         admission.check_allowance(self, tx, contract, row, call)
 
-        if effect.generation > 1 or effect.retry_of is not None:
+        if effect.followed(row["linked_from"]):
             admission.check_effect(self, tx, effect)
         self._budget_units = frozenset(contract.allowance)
         attempt_id = tx.ids.new("att")
@@ -649,7 +646,10 @@ class Executor:
                     attempt_id=attempt.id,
                 )
             attempt = self._send_and_settle(attempt, adapter, started, call.secrets)
-            if retries >= READ_ONLY_RETRIES or not self._write_off_read_only(attempt, call):
+            # A target that never answers cannot drain the budget: the
+            # operation's retry policy bounds the A7 write-off retries.
+            limit = call.adapter.operations[call.operation].retries
+            if retries >= limit or not self._write_off_read_only(attempt, call):
                 return attempt
             retries += 1
             effect = effect.retried_after(attempt.id)
@@ -762,7 +762,13 @@ class Executor:
         not_applied = evidence.verdict == "not_applied"
         reason = report.reason if not_applied else None
         if not settlement.settle_by_evidence(
-            tx, attempt, evidence, reason=reason, from_statuses=(AttemptStatus.DISPATCHED,), **kw
+            tx,
+            attempt,
+            evidence,
+            reason=reason,
+            from_statuses=(AttemptStatus.DISPATCHED,),
+            answered=True,
+            **kw,
         ):
             settlement.record_late(
                 tx,
@@ -787,6 +793,7 @@ class Executor:
             price_source=(o.price_source if o is not None else None) or attempt.price_source,
             reason=reason if reason is not None else attempt.reason,
             settled_at_us=tx.now_us,
+            answered=True,
         )
 
     def replay(self, attempt: Attempt, adapter: Adapter) -> Evidence | None:

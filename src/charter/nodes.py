@@ -17,6 +17,7 @@ effects inside ``ctx.attempt``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import threading
@@ -26,15 +27,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from charter.adapters import Adapter
-from charter.attempts import Attempt, AttemptStatus, from_row
+from charter.adapters import Adapter, EffectClass
+from charter.attempts import Attempt, AttemptStatus, Lineage, effect_attempts, lineage
 from charter.clock import MICROS
 from charter.errors import (
     AdmissionRefused,
     ApprovalRequired,
     AttemptFailed,
     Blocked,
+    CharterError,
     NonDeterminismError,
+    SettlementUnrecorded,
     StateError,
 )
 
@@ -125,9 +128,8 @@ class Context:
         self._jseq = 0  # journaled values, in order
         self._lock = threading.Lock()
         self._in_flight = 0
-        #: The ended run's execution this one continues (a linked run), once read.
-        self._inherits: tuple[str, int] | None = None
-        self._inherits_read = False
+        #: Where this node's earlier attempts live (read once, on first use).
+        self._lineage: Lineage | None = None
 
     @property
     def epoch(self) -> int:
@@ -172,26 +174,15 @@ class Context:
         call = ex.prepare_call(adapter, operation, request)
         prior = self._latest(effect_key)
         generation, retry_of = 1, None
-        if prior is None and self.execution > 1:
-            retry_of = self._earlier(effect_key)  # A4: linked to the try before
         if prior is not None:
-            if prior.request_hash != call.request_hash or prior.scope != call.scope:
-                raise NonDeterminismError(
-                    f"node {self.node_id} execution {self.execution} replayed effect "
-                    f"{effect_key} with a different request than recorded (attempt "
-                    f"{prior.id}); the run needs intervention",
-                    attempt_id=prior.id,
-                    recorded_hash=prior.request_hash,
-                    replayed_hash=call.request_hash,
-                )
-            if prior.status is AttemptStatus.VOIDED and prior.run_id != self.run_id:
-                pass  # never sent by the ended run: this run admits it afresh (N4)
-            elif prior.status is AttemptStatus.VOIDED:
-                generation, retry_of = prior.generation + 1, prior.id  # re-admit (R3)
-            elif prior.status is AttemptStatus.PREPARED:
+            here = prior.run_id == self.run_id and prior.execution == self.execution
+            step = self._next_try(prior, call, here, effect_key)
+            if isinstance(step, Attempt):
+                return self._outcome(step)
+            if step is _DISPATCH:
                 return self._outcome(self._dispatch_prepared(prior, adapter, request))
-            else:
-                return self._outcome(prior)
+            generation = prior.generation + 1 if here else 1
+            retry_of = prior.id
         try:
             attempt = ex.attempt(
                 adapter,
@@ -209,6 +200,12 @@ class Context:
             raise Blocked(
                 exc.message, run_id=self.run_id, attempt_id=exc.details.get("attempt_id")
             ) from None
+        except SettlementUnrecorded as exc:
+            # Sent, and not recorded: an uncertainty, never a failure to retry (A4).
+            self._intervene(exc.message)
+            raise Blocked(
+                exc.message, run_id=self.run_id, attempt_id=exc.details["attempt_id"]
+            ) from exc
         except AdmissionRefused as exc:
             if _suspended(ex):
                 # Not the node's failure: the run is paused, stopping or stopped and
@@ -219,6 +216,52 @@ class Context:
             raise
         return self._outcome(attempt)
 
+    def _next_try(self, prior: Attempt, call: Any, here: bool, effect_key: str) -> object:
+        """What the effect's newest attempt means for this call (A4, A6).
+
+        The recorded attempt to replay (returned as is), :data:`_DISPATCH` for a
+        PREPARED one to send, or :data:`_RETRY` for a new attempt linked to it.
+        ``here``: the attempt belongs to this node execution.
+        """
+        performed = prior.status in (AttemptStatus.SUCCEEDED, AttemptStatus.WRITTEN_OFF)
+        reads = prior.effect_class == EffectClass.READ_ONLY.value
+        may_differ = not here and (prior.status.ended_unperformed or (performed and reads))
+        if not may_differ and (
+            prior.request_hash != call.request_hash or prior.scope != call.scope
+        ):
+            raise NonDeterminismError(
+                f"node {self.node_id} execution {self.execution} replayed effect "
+                f"{effect_key} with a different request than recorded (attempt "
+                f"{prior.id}); the run needs intervention",
+                attempt_id=prior.id,
+                recorded_hash=prior.request_hash,
+                replayed_hash=call.request_hash,
+            )
+        if prior.status is AttemptStatus.PREPARED:
+            return _DISPATCH
+        if prior.status is AttemptStatus.VOIDED:
+            return _RETRY  # never sent: admitted again (R3, N4)
+        if not here:
+            # A new node execution: what was performed is replayed from its
+            # record and never performed again, unless it only read; what was
+            # not applied is tried again as a new attempt (A4).
+            if prior.status.ended_unperformed or (performed and reads):
+                return _RETRY
+            return prior
+        # Settled as not applied while the node was not waiting for it (by
+        # evidence or a person): the node never saw it fail, so it goes on with
+        # a new attempt, under the operation's retry policy.
+        unseen = prior.status is AttemptStatus.FAILED and not prior.answered
+        if unseen and prior.generation <= call.adapter.operations[call.operation].retries:
+            return _RETRY
+        return prior
+
+    def _intervene(self, reason: str) -> None:
+        """Mark the run as needing a person, if the store lets us (it may be the
+        store that failed): recovery finds the unresolved attempt either way."""
+        with contextlib.suppress(CharterError):
+            self._ex._mark("needs_intervention", reason)
+
     def _dispatch_prepared(self, prior: Attempt, adapter: Adapter, request: Any) -> Attempt:
         try:
             return self._ex.dispatch(prior.id, adapter, request=request)
@@ -227,50 +270,13 @@ class Context:
             raise Blocked(exc.message, run_id=self.run_id, attempt_id=prior.id) from None
 
     def _latest(self, effect_key: str) -> Attempt | None:
-        """The effect's last attempt in this execution or, in a linked run, in the
-        ended run's execution that this one continues (N4)."""
-        run_id, execution = self.run_id, self.execution
+        """The effect's newest attempt: in this node execution, an earlier one of
+        the node, or one of an ended run this one continues (N4)."""
         with self._ex._db.read() as tx:
-            while True:
-                row = tx.one(
-                    "SELECT * FROM attempts WHERE run_id = ? AND node_id = ? AND execution = ? "
-                    "AND effect_key = ? ORDER BY generation DESC LIMIT 1",
-                    run_id,
-                    self.node_id,
-                    execution,
-                    effect_key,
-                )
-                if row is not None:
-                    return from_row(row)
-                source = self._continues(tx, run_id, execution)
-                if source is None:
-                    return None
-                run_id, execution = source
-
-    def _continues(self, tx: Tx, run_id: str, execution: int) -> tuple[str, int] | None:
-        """The ended run's execution that ``(run_id, execution)`` continues, if any."""
-        if run_id != self.run_id or execution != self.execution:
-            return _inherited(tx, run_id, self.node_id, execution)
-        if not self._inherits_read:
-            self._inherits = _inherited(tx, run_id, self.node_id, execution)
-            self._inherits_read = True
-        return self._inherits
-
-    def _earlier(self, effect_key: str) -> str | None:
-        """The same effect's attempt in the latest earlier execution, if it ended."""
-        with self._ex._db.read() as tx:
-            row = tx.one(
-                "SELECT id, status FROM attempts WHERE run_id = ? AND node_id = ? "
-                "AND execution < ? AND effect_key = ? ORDER BY execution DESC, generation DESC "
-                "LIMIT 1",
-                self.run_id,
-                self.node_id,
-                self.execution,
-                effect_key,
-            )
-        if row is None or row["status"] not in ("failed", "written_off", "voided", "succeeded"):
-            return None
-        return str(row["id"])
+            if self._lineage is None:
+                self._lineage = lineage(tx, self.run_id, self.node_id, self.execution)
+            found = effect_attempts(tx, self._lineage, self.node_id, effect_key, newest=True)
+        return found[0] if found else None
 
     def _outcome(self, attempt: Attempt) -> Any:
         if attempt.status is AttemptStatus.SUCCEEDED:
@@ -384,6 +390,9 @@ def execute(ex: Executor, plan: Plan, value: Any) -> Any:
 
 
 _MISSING = object()
+#: What :meth:`Context._next_try` asks for besides a replay.
+_DISPATCH = object()
+_RETRY = object()
 
 
 def _completed(ex: Executor, node_id: str) -> Any:
@@ -446,19 +455,6 @@ def _run_node(ex: Executor, n: Node, value: Any) -> Any:
 
 class _CheckFailed(Exception):
     pass
-
-
-def _inherited(tx: Tx, run_id: str, node_id: str, execution: int) -> tuple[str, int] | None:
-    row = tx.one(
-        "SELECT inherited_run, inherited_execution FROM node_executions WHERE run_id = ? "
-        "AND node_id = ? AND execution = ?",
-        run_id,
-        node_id,
-        execution,
-    )
-    if row is None or row["inherited_run"] is None:
-        return None
-    return str(row["inherited_run"]), int(row["inherited_execution"])
 
 
 def inherit(tx: Tx, from_run: str, run_id: str) -> list[dict[str, Any]]:

@@ -72,8 +72,11 @@ def settle(
     segment: str | None,
     epoch: int | None,
     from_statuses: tuple[AttemptStatus, ...],
+    answered: bool = False,
 ) -> bool:
     """Settle ``attempt`` if it is still in one of ``from_statuses``.
+
+    ``answered``: the send's own answer settles it, so its sender saw the outcome.
 
     Spends up to the hold and releases the rest; an actual above the hold is
     recorded in full and opens an ``overrun`` incident with the raw receipt
@@ -89,7 +92,7 @@ def settle(
     run = _run_status(tx, attempt)
     changed = tx.run(
         "UPDATE attempts SET status = ?, actual = ?, result = ?, receipt = ?, "
-        "price_source = COALESCE(?, price_source), reason = COALESCE(?, reason) "
+        "price_source = COALESCE(?, price_source), reason = COALESCE(?, reason), answered = ? "
         f"WHERE id = ? AND status IN ({marks})",
         status.value,
         canonical(dict(actual)),
@@ -97,6 +100,7 @@ def settle(
         _dump(receipt),
         price_source,
         reason,
+        int(answered),
         attempt.id,
         *(s.value for s in from_statuses),
     )
@@ -175,6 +179,7 @@ def settle_by_evidence(
     segment: str | None,
     epoch: int | None,
     from_statuses: tuple[AttemptStatus, ...],
+    answered: bool = False,
 ) -> bool:
     """Settle on conclusive evidence: as its outcome says, or FAILED at no cost when
     it proves non-application. Indeterminate evidence settles nothing."""
@@ -185,6 +190,7 @@ def settle_by_evidence(
         "segment": segment,
         "epoch": epoch,
         "from_statuses": from_statuses,
+        "answered": answered,
     }
     o = evidence.outcome
     if evidence.verdict == "applied" and o is not None:

@@ -276,4 +276,26 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        6,
+        "node retries replay what was settled; one executor per segment (A4, F1)",
+        [
+            # Whether the send's own answer settled the attempt, so the node that
+            # sent it saw the outcome. An attempt settled later (evidence, a
+            # person) was never seen by its node: after a proven non-application
+            # the node retries it instead of failing on news it never had (A4).
+            "ALTER TABLE attempts ADD COLUMN answered INTEGER NOT NULL DEFAULT 0",
+            # Existing settlements keep the behaviour they were made under.
+            "UPDATE attempts SET answered = 1 WHERE status IN ('succeeded', 'failed')",
+            # When an executor took the segment (start, or resume): a segment is
+            # one continuous stretch of execution by one executor, so it is taken
+            # once. A segment installed by recover is taken by the resume that
+            # follows.
+            "ALTER TABLE segments ADD COLUMN claimed_at_us BIGINT",
+            "UPDATE segments SET claimed_at_us = started_at_us",
+        ],
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
