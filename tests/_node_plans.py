@@ -207,6 +207,37 @@ def two(ctx: charter.Context, value: Any) -> dict[str, Any]:
 linked_plan = charter.Plan("linked", (one, two), ref="_node_plans:linked_plan")
 
 
+# -- invoices: one node pays ten invoices in a loop ------------------------------------
+
+
+def _invoices(retries: int, keyed: bool) -> charter.Node:
+    """The most common agent shape: one node, a loop of payments. ``bug.txt``
+    makes the node raise once after paying seven (a node retry follows)."""
+
+    @charter.node(name="invoices", retries=retries)
+    def invoices(ctx: charter.Context, value: Any) -> dict[str, Any]:
+        lines_paid = []
+        for i in range(10):
+            if i == 7 and lines("bug.txt"):
+                (workdir() / "bug.txt").unlink()
+                raise RuntimeError("a bug after seven payments")
+            key = f"invoice-{i}" if keyed else None
+            lines_paid.append(ctx.attempt(Outbox(), "write", {"invoice": i}, key=key)["line"])
+        return {"lines": lines_paid}
+
+    return invoices
+
+
+invoices_0_plain = charter.Plan(
+    "invoices", (_invoices(0, False),), ref="_node_plans:invoices_0_plain"
+)
+invoices_0_keyed = charter.Plan("invoices", (_invoices(0, True),), ref="_node_plans:invoices_0_keyed")
+invoices_1_plain = charter.Plan(
+    "invoices", (_invoices(1, False),), ref="_node_plans:invoices_1_plain"
+)
+invoices_1_keyed = charter.Plan("invoices", (_invoices(1, True),), ref="_node_plans:invoices_1_keyed")
+
+
 # -- the child process -------------------------------------------------------------------
 
 

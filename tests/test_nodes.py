@@ -857,3 +857,73 @@ def test_N4_a_linked_run_killed_mid_node_recovers_and_sends_each_effect_once(
     assert [m["request"]["effect"] for m in outbox()] == ["one", "two-a", "two-b"]
     assert engine.run(linked).status is RunStatus.COMPLETED
     assert engine.run(first.run_id).status is RunStatus.FAILED
+
+
+# -- A4: a node's loop of payments, killed mid-way -----------------------------------------
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("keyed", [False, True], ids=["positional", "keyed"])
+@pytest.mark.parametrize("retries", [0, 1], ids=["no-node-retry", "one-node-retry"])
+@pytest.mark.parametrize("sent", [False, True], ids=["killed-before-send", "killed-after-send"])
+def test_A4_a_loop_of_ten_invoices_killed_at_the_fifth_pays_each_invoice_once(
+    engine: charter.Engine,
+    who: Principals,
+    new_mission: Callable[..., str],
+    children: Children,
+    workdir: Path,
+    sent: bool,
+    retries: int,
+    keyed: bool,
+) -> None:
+    """Broken A4: after an operator settles the lost invoice, resume either ends the
+    run ``failed`` (invoices 5-9 never paid) or a node retry pays 0-3 again."""
+    plan = f"_node_plans:invoices_{retries}_{'keyed' if keyed else 'plain'}"
+    run_id = children.run(
+        segment_id="seg-1",
+        mission_id=new_mission(),
+        plan=plan,
+        # Invoices 0-3 pass each point once; invoice 4 dies there.
+        kill_point="settlement.before" if sent else "dispatch.after",
+        kill_skip=4,
+    )
+    assert len(outbox()) == (5 if sent else 4)
+    state = engine.coordinator.recover(run_id, "seg-2")
+    (lost,) = state.unresolved
+    assert engine.attempt(lost).status is AttemptStatus.UNKNOWN
+    engine.coordinator.reconcile(lost, plans.Outbox(), by=who.alice)  # indeterminate
+    if sent:  # the operator finds invoice 4 in the target's log
+        engine.coordinator.resolve(
+            lost,
+            by=who.alice,
+            outcome="succeeded",
+            evidence="outbox line 5",
+            cost={"calls": 1},
+            result={"line": 5},
+        )
+    else:  # ... or proves it never arrived
+        engine.coordinator.resolve(
+            lost, by=who.alice, outcome="failed", evidence="no invoice 4 in the outbox"
+        )
+    if retries:
+        (workdir / "bug.txt").write_text("fail once\n")  # the node fails after seven
+
+    result = engine.coordinator.resume(run_id, "seg-2", by=who.agent).execute()
+
+    assert engine.run(run_id).status is RunStatus.COMPLETED
+    paid = Counter(m["request"]["invoice"] for m in outbox())
+    assert paid == Counter(range(10))  # each invoice received exactly once
+    performed = [a for a in engine.attempts(run_id=run_id) if a.status is AttemptStatus.SUCCEEDED]
+    assert sorted(m["key"] for m in outbox()) == sorted(a.idempotency_key for a in performed)
+    assert result == {"lines": [json.loads(json.dumps(r))["line"] for r in _lines_by_invoice()]}
+    if not sent:
+        retried = [a for a in engine.attempts(run_id=run_id) if a.retry_of == lost]
+        assert [(a.status, a.generation) for a in retried] == [(AttemptStatus.SUCCEEDED, 2)]
+        assert engine.attempt(lost).answered is False
+    assert engine.check_ledger(engine.run(run_id).mission_id) == []
+
+
+def _lines_by_invoice() -> list[dict[str, int]]:
+    """The outbox line on which each invoice arrived, in invoice order."""
+    where = {m["request"]["invoice"]: {"line": n} for n, m in enumerate(outbox(), start=1)}
+    return [where[i] for i in range(10)]
