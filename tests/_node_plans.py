@@ -231,11 +231,15 @@ def _invoices(retries: int, keyed: bool) -> charter.Node:
 invoices_0_plain = charter.Plan(
     "invoices", (_invoices(0, False),), ref="_node_plans:invoices_0_plain"
 )
-invoices_0_keyed = charter.Plan("invoices", (_invoices(0, True),), ref="_node_plans:invoices_0_keyed")
+invoices_0_keyed = charter.Plan(
+    "invoices", (_invoices(0, True),), ref="_node_plans:invoices_0_keyed"
+)
 invoices_1_plain = charter.Plan(
     "invoices", (_invoices(1, False),), ref="_node_plans:invoices_1_plain"
 )
-invoices_1_keyed = charter.Plan("invoices", (_invoices(1, True),), ref="_node_plans:invoices_1_keyed")
+invoices_1_keyed = charter.Plan(
+    "invoices", (_invoices(1, True),), ref="_node_plans:invoices_1_keyed"
+)
 
 
 # -- the child process -------------------------------------------------------------------
