@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 import charter
-from charter.testing import ManualClock, RecordingAdapter, credential
+from charter.clock import Clock
+from charter.testing import ManualClock, RecordingAdapter, SkewedClock, credential
 
 PG_URL = os.environ.get("CHARTER_TEST_POSTGRES_URL")
 if os.environ.get("CI") == "true" and not PG_URL:
@@ -131,15 +132,27 @@ def store_address(store_url: str) -> str:
 
 @pytest.fixture
 def make_engine(
-    store_url: str, clock: ManualClock, creds: tuple[dict[str, str], dict[str, str]]
+    store_url: str,
+    backend: str,
+    clock: ManualClock,
+    creds: tuple[dict[str, str], dict[str, str]],
 ) -> Iterator[Callable[..., charter.Engine]]:
     """Open (more) engines on the same store; all are closed after the test."""
     opened: list[charter.Engine] = []
 
-    def make(**config: Any) -> charter.Engine:
+    def make(*, process_clock: Clock | None = None, **config: Any) -> charter.Engine:
+        """``clock`` is the store's clock; the engine's own (``process_clock``) is
+        off from it by default on PostgreSQL, as a worker's on another machine
+        would be, so nothing can quietly depend on the two agreeing (F1, F3)."""
         cfg = charter.EngineConfig(credentials=creds[1], **config)
+        if process_clock is None:
+            process_clock = SkewedClock(clock, -20.0) if backend == "postgresql" else clock
         eng = charter.Engine.open(
-            store_url, config=cfg, clock=clock, rng=random.Random(len(opened))
+            store_url,
+            config=cfg,
+            clock=process_clock,
+            store_clock=clock,
+            rng=random.Random(len(opened)),
         )
         opened.append(eng)
         return eng

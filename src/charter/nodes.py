@@ -434,7 +434,10 @@ def _run_node(ex: Executor, n: Node, value: Any) -> Any:
                 raise _CheckFailed(f"node {n.name} result failed its check")
             result_json = json.dumps(result, sort_keys=True, separators=(",", ":"))
         except Blocked:
-            _set_node(ex, n.name, execution, "blocked", None)
+            # Best effort: the store may be what blocked the node (a settlement
+            # it refused); recovery finds a node left running just as well.
+            with contextlib.suppress(CharterError):
+                _set_node(ex, n.name, execution, "blocked", None)
             raise
         except NonDeterminismError as exc:
             _set_node(ex, n.name, execution, "blocked", None)

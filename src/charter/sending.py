@@ -95,7 +95,7 @@ def recordable(report: Report, secrets: list[Secret]) -> Report:
         detail = _value(evidence.detail, secrets)
         if not isinstance(evidence.source, str):
             raise Unrecordable(f"evidence source must be text, not {evidence.source!r}")
-    except (Unrecordable, TypeError, ValueError, RecursionError) as exc:
+    except (Unrecordable, AdapterError, TypeError, ValueError, RecursionError) as exc:
         return _garbage(repr(evidence), str(exc), secrets)
     reason = None if report.reason is None else secret.scrub_text(report.reason, secrets)
     return Report(
