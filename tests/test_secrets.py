@@ -255,3 +255,67 @@ def test_S3_A8_a_same_key_replay_reads_an_env_secret_again_and_skips_a_literal_o
     assert seen == [TOKEN]  # the environment secret's replay only
     assert [s.attempt_id for s in adapter.sent].count(literal.id) == 1
     assert TOKEN not in everything(engine, mission)
+
+
+class Echo:
+    """An object whose text is the secret (a target's SDK type, say)."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __str__(self) -> str:
+        return f"Echo({self.value})"
+
+
+def test_S3_a_secret_echoed_in_bytes_an_exception_or_any_object_never_reaches_the_live_store(
+    backend: str,
+    store_url: str,
+    engine: charter.Engine,
+    who: Principals,
+    mission: str,
+    adapter: RecordingAdapter,
+) -> None:
+    """Broken S3: scrubbing walked only ``str``, so a secret echoed inside bytes, an
+    exception object or another value was written as its repr. The files are read
+    while the engine is open, write-ahead log included (closing would checkpoint
+    and remove it)."""
+
+    def applied(send: Dispatch) -> Outcome:
+        token = bearer(send)
+        return Outcome.succeeded(
+            {"raw": token.encode(), "sdk": Echo(token), "error": ValueError(token)},
+            cost={"usd": 1_000, "calls": 1},
+            receipt=[token.encode(), (Echo(token),)],
+        )
+
+    def refused(send: Dispatch) -> Outcome:
+        token = bearer(send)
+        raise charter.NotApplied(
+            "refused", evidence={"cause": ConnectionRefusedError(token), "raw": token.encode()}
+        )
+
+    def lost(send: Dispatch) -> Outcome:
+        raise TimeoutError(bearer(send).encode())  # its text: b'...'
+
+    adapter.script = {"charge": applied, "write": refused, "read": lost}
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    request = charge(charter.Secret(TOKEN, name="stripe"))
+    done = ex.attempt(adapter, "charge", request, effect_key="c")
+    failed = ex.attempt(adapter, "write", request, effect_key="w")
+    unknown = ex.attempt(adapter, "read", request, effect_key="r")
+    adapter.evidence[unknown.id] = charter.Evidence.indeterminate({"seen": TOKEN.encode()})
+    engine.coordinator.reconcile(unknown.id, adapter, by=who.alice)
+
+    assert (done.status, failed.status, unknown.status) == (
+        charter.AttemptStatus.SUCCEEDED,
+        charter.AttemptStatus.FAILED,
+        charter.AttemptStatus.UNKNOWN,
+    )
+    assert engine.attempt(done.id).result["raw"] == "b'***'"
+    text = everything(engine, mission)
+    assert TOKEN not in text, text[max(0, text.find(TOKEN) - 300) : text.find(TOKEN) + 50]
+    if backend == "sqlite":
+        files = [p for p in Path(store_url).parent.iterdir() if p.name.startswith("charter.db")]
+        assert any(p.name.endswith("-wal") and p.stat().st_size for p in files)
+        for path in files:
+            assert TOKEN.encode() not in path.read_bytes(), path.name

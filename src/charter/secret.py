@@ -14,15 +14,12 @@ again; any other cannot be revealed, and says so.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Iterator
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 from charter.errors import SecretUnavailable
-
-R = TypeVar("R")
 
 #: The key of a recorded secret's placeholder; reserved in requests.
 MARK = "$secret"
@@ -41,6 +38,8 @@ class Secret:
             raise TypeError("a Secret's value is a string")
         self.name = name
         self._value = value
+        if value:
+            _SEEN.setdefault(name, set()).add(value)
 
     @classmethod
     def env(cls, variable: str) -> Secret:
@@ -123,13 +122,6 @@ def has_reserved_key(value: Any) -> bool:
     return False
 
 
-def scrub(value: Any, secrets: list[Secret]) -> Any:
-    """``value`` with every revealed secret's text replaced by ``***``, and any
-    secret in it by its placeholder (an adapter's error, result or receipt may
-    echo what it was sent)."""
-    return _scrub(value, [t for t in (_known(s) for s in secrets) if t])
-
-
 def scrub_text(text: str, secrets: list[Secret]) -> str:
     """``text`` with every revealed secret replaced by ``***``, in each form the
     secret can take once something was turned into text: as is, JSON-escaped,
@@ -139,7 +131,7 @@ def scrub_text(text: str, secrets: list[Secret]) -> str:
     target may echo a secret inside bytes, an exception or any object whose
     text is what gets stored, so the final text is what must be clean.
     """
-    for value in (t for t in (_known(s) for s in secrets) if t):
+    for value in {t for s in secrets for t in _texts(s)}:
         for form in _forms(value):
             text = text.replace(form, "***")
     return text
@@ -158,13 +150,7 @@ def _forms(value: str) -> list[str]:
 
 def recorded(value: Any) -> Any:
     """``value`` as it is recorded: each secret in it as its placeholder."""
-    return _scrub(value, [])
-
-
-def scrub_fields(record: R, secrets: list[Secret], *names: str) -> R:
-    """A dataclass ``record`` (an outcome, evidence) with ``names`` scrubbed."""
-    changes = {n: scrub(getattr(record, n), secrets) for n in names}
-    return dataclasses.replace(record, **changes)  # type: ignore[type-var]
+    return _placeholders(value)
 
 
 def _known(secret: Secret) -> str | None:
@@ -174,15 +160,23 @@ def _known(secret: Secret) -> str | None:
         return None
 
 
-def _scrub(value: Any, texts: list[str]) -> Any:
+def _texts(secret: Secret) -> set[str]:
+    """Every value this process knows for the secret's name: its own, and those of
+    secrets of that name made here (a send rebuilt from the record knows only
+    the name, yet a lookup may echo the value its adapter holds)."""
+    known = _known(secret)
+    return _SEEN.get(secret.name, set()) | ({known} if known else set())
+
+
+#: Values of the secrets made in this process, by name, for scrubbing only.
+_SEEN: dict[str, set[str]] = {}
+
+
+def _placeholders(value: Any) -> Any:
     if isinstance(value, Secret):
         return placeholder(value)
-    if isinstance(value, str):
-        for t in texts:
-            value = value.replace(t, "***")
-        return value
     if isinstance(value, dict):
-        return {_scrub(k, texts): _scrub(v, texts) for k, v in value.items()}
+        return {k: _placeholders(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_scrub(v, texts) for v in value]
+        return [_placeholders(v) for v in value]
     return value
