@@ -1852,3 +1852,63 @@ def test_n4_a_finished_run_is_never_changed_again_even_by_its_owner(
     assert eng.run(ex.run_id).status is RunStatus.COMPLETED
     assert stored(eng, mission) == before
     assert [e["after"] for e in events(eng, mission, "run.status")] == ["completed"]
+
+
+# -- R9: resume rules see a read-only view; F1: one executor per segment --------------------
+
+
+def test_R9_a_resume_rule_that_reads_the_engine_does_not_deadlock(
+    make_engine: MakeEngine, creds: Creds, clock: ManualClock, adapter: RecordingAdapter
+) -> None:
+    """Broken R9: rules ran inside resume's write transaction; a rule that read the
+    engine waited forever for the lock resume itself held (SQLite)."""
+    import threading
+
+    engines: list[charter.Engine] = []
+
+    def ledger_is_clean(state: Any) -> bool:
+        eng = engines[0]
+        return eng.check_ledger(state.run.mission_id) == [] and eng.run(state.run.id) is not None
+
+    eng, who, mission = open_engine(
+        make_engine, creds, resume="rules", resume_rules=(ledger_is_clean,), busy_timeout_seconds=2
+    )
+    engines.append(eng)
+    ex = eng.start_run(mission, by=who.agent, segment_id="seg-1")
+    ex.attempt(adapter, "write", {"to": "x"}, effect_key="k")
+    clock.advance(LEASE)
+    result: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: result.append(eng.coordinator.resume(ex.run_id, "seg-2")), daemon=True
+    )
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "resume hung on its own rule"
+    assert [r.epoch for r in result] == [2]
+    assert events(eng, mission, "run.resumed")
+
+
+def test_F1_a_segment_is_resumed_by_one_executor_only(
+    make_engine: MakeEngine, creds: Creds, clock: ManualClock, adapter: RecordingAdapter
+) -> None:
+    """Confirmed: resume as the current owner's segment needed no proof of being
+    that owner, so anyone naming the segment got a second executor of the same
+    epoch, and both could send."""
+    eng, who, mission = open_engine(make_engine, creds, resume="automatic")
+    ex = eng.start_run(mission, by=who.agent, segment_id="seg-1")
+    before = stored(eng, mission)
+    with pytest.raises(charter.SegmentReused):
+        eng.coordinator.resume(ex.run_id, "seg-1", by=who.agent)  # it is executing
+    assert stored(eng, mission) == before
+    clock.advance(LEASE)
+    eng.coordinator.recover(ex.run_id, "seg-2")
+    owner = eng.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
+    before = stored(eng, mission)
+    with pytest.raises(charter.SegmentReused):
+        eng.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
+    assert stored(eng, mission) == before
+    assert owner.attempt(adapter, "write", {"to": "x"}, effect_key="k").status is (
+        AttemptStatus.SUCCEEDED
+    )
+    refusals = [payload(e) for e in events(eng, mission, "resume.refused")]
+    assert [r.get("reason") for r in refusals] == ["segment_taken", "segment_taken"]

@@ -479,76 +479,121 @@ class Coordinator:
                 self._engine._vouch(tx, by, mission_id=run.mission_id, entity=run_id)
         if run.owner_segment != segment_id:
             self.recover(run_id, segment_id, force=force, by=by)
-        with self._db.transaction() as tx:
-            tx.lock_mission(runs.load(tx, run_id).mission_id)
+        actor = by.name if by is not None else f"segment:{segment_id}"
+        with self._db.transaction(gate=run.mission_id) as tx:
+            run = runs.load(tx, run_id)
+            approvals.renew_expired(
+                tx, run_id, actor=actor, epoch=run.epoch, ask_again=not run.status.ending
+            )
+        # The policy is judged on a read-only view, outside any write: a resume
+        # rule may read the engine (a write held here would deadlock it, R9).
+        with self._db.read() as tx:
             run = runs.load(tx, run_id)
             contract = self._contract(tx, run.mission_id)
-            approvals.renew_expired(
-                tx,
-                run_id,
-                actor=f"segment:{segment_id}",
-                epoch=run.epoch,
-                ask_again=not run.status.ending,
-            )
             state = recovery.build(tx, run, contract, [])
-            blockers = self._blockers(tx, state, contract)
-            mode = self._mode(contract)
-            actor = by.name if by is not None else f"segment:{segment_id}"
-            if not blockers and mode == "human":
-                if by is None:
-                    blockers.append(
-                        "the resume policy is 'human': an authenticated principal "
-                        "must authorise the continuation"
-                    )
-                elif not contract.principals.get(by.name, {}).get(Right.RUN):
-                    blockers.append(
-                        f"principal {by.name!r} has no 'run' right to authorise the continuation"
-                    )
-            if not blockers and mode == "rules":
-                failed = [
-                    getattr(r, "__name__", repr(r))
-                    for r in self._engine.config.resume_rules
-                    if not r(state)
-                ]
-                if failed:
-                    blockers.append(f"resume rules refused: {failed}")
+        mode = self._mode(contract)
+        blockers = self._policy(state, contract, mode, by)
+        with self._db.transaction(gate=run.mission_id) as tx:
+            now = runs.load(tx, run_id)
+            if (now.epoch, now.owner_segment) != (run.epoch, segment_id):
+                blockers.append(f"the run was taken over meanwhile (epoch {now.epoch})")
+            else:  # what may have changed since the view was read, under the gate
+                blockers += self._blockers(recovery.build(tx, now, contract, []), contract)
             if blockers:
                 raise tx.refused(
                     NeedsIntervention(
-                        f"run {run_id} cannot resume: " + "; ".join(blockers),
+                        f"run {run_id} cannot resume: " + "; ".join(dict.fromkeys(blockers)),
                         run_id=run_id,
-                        blockers=blockers,
+                        blockers=list(dict.fromkeys(blockers)),
                         mode=mode,
                     ),
                     mission_id=run.mission_id,
                     kind="resume.refused",
                     entity=run_id,
                     actor=actor,
-                    payload={"blockers": blockers, "mode": mode},
-                    keep_changes=True,  # renewed approval requests stand (W2)
+                    payload={"blockers": list(dict.fromkeys(blockers)), "mode": mode},
                 )
-            if run.status is not RunStatus.ACTIVE:
-                runs.set_status(
-                    tx, run, RunStatus.ACTIVE, f"resumed ({mode})", actor=actor, segment=segment_id
+            expires = self._claim(tx, now, segment_id, actor=actor, mode=mode)
+        return self._as_owner(now, segment_id, expires)
+
+    def _policy(
+        self, state: RecoveryState, contract: Contract, mode: ResumeMode, by: Principal | None
+    ) -> list[str]:
+        """What stands in the way of continuing, by the recorded state and the
+        resume policy (R9); rules are called here, with no transaction open."""
+        blockers = self._blockers(state, contract)
+        if not blockers and mode == "human":
+            if by is None:
+                blockers.append(
+                    "the resume policy is 'human': an authenticated principal "
+                    "must authorise the continuation"
                 )
-            # The owner continues: its lease starts afresh (same owner, same epoch).
-            expires = tx.now_us + seconds_us(self._engine.config.lease_seconds)
-            tx.run(
-                "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ?",
-                expires,
-                run_id,
-                run.epoch,
-            )
-            tx.audit(
-                run.mission_id,
-                "run.resumed",
-                run_id,
+            elif not contract.principals.get(by.name, {}).get(Right.RUN):
+                blockers.append(
+                    f"principal {by.name!r} has no 'run' right to authorise the continuation"
+                )
+        if not blockers and mode == "rules":
+            failed = [
+                getattr(r, "__name__", repr(r))
+                for r in self._engine.config.resume_rules
+                if not r(state)
+            ]
+            if failed:
+                blockers.append(f"resume rules refused: {failed}")
+        return blockers
+
+    def _claim(self, tx: Tx, run: Run, segment_id: str, *, actor: str, mode: str) -> int:
+        """Make ``segment_id``'s executor the one continuing the run (F1).
+
+        A segment is one stretch of execution by one executor, so it is taken
+        once: by ``start_run``, or by the first resume after the ``recover``
+        that installed it. Anyone else naming it is refused, so knowing a
+        segment's name never yields a second executor of the same epoch.
+        """
+        taken = tx.run(
+            "UPDATE segments SET claimed_at_us = ? WHERE run_id = ? AND segment_id = ? "
+            "AND claimed_at_us IS NULL",
+            tx.now_us,
+            run.id,
+            segment_id,
+        )
+        if not taken:
+            raise tx.refused(
+                SegmentReused(
+                    f"segment {segment_id!r} of run {run.id} is already being executed; a "
+                    "continuation needs a new segment ID (recover it once the owner's lease "
+                    "has expired)",
+                    run_id=run.id,
+                    segment_id=segment_id,
+                ),
+                mission_id=run.mission_id,
+                kind="resume.refused",
+                entity=run.id,
                 actor=actor,
-                segment=segment_id,
-                epoch=run.epoch,
-                payload={"mode": mode},
+                payload={"segment": segment_id, "reason": "segment_taken"},
             )
-        return self._as_owner(run, segment_id, expires)
+        if run.status is not RunStatus.ACTIVE:
+            runs.set_status(
+                tx, run, RunStatus.ACTIVE, f"resumed ({mode})", actor=actor, segment=segment_id
+            )
+        # The owner continues: its lease starts afresh (same owner, same epoch).
+        expires = tx.now_us + seconds_us(self._engine.config.lease_seconds)
+        tx.run(
+            "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ?",
+            expires,
+            run.id,
+            run.epoch,
+        )
+        tx.audit(
+            run.mission_id,
+            "run.resumed",
+            run.id,
+            actor=actor,
+            segment=segment_id,
+            epoch=run.epoch,
+            payload={"mode": mode},
+        )
+        return expires
 
     def _mode(self, contract: Contract) -> ResumeMode:
         """The engine's mode, made stricter (never looser) by the contract."""
@@ -557,7 +602,7 @@ class Coordinator:
             return engine_mode
         return max(engine_mode, contract.resume, key=RESUME_STRICTNESS.index)
 
-    def _blockers(self, tx: Tx, state: RecoveryState, contract: Contract) -> list[str]:
+    def _blockers(self, state: RecoveryState, contract: Contract) -> list[str]:
         out: list[str] = []
         uncertain = [a.id for a in state.attempts if a.status.unresolved]
         if uncertain:

@@ -399,9 +399,11 @@ class Engine:
             linked_from,
         )
         tx.run(
-            "INSERT INTO segments (run_id, segment_id, epoch, started_at_us) VALUES (?, ?, 1, ?)",
+            "INSERT INTO segments (run_id, segment_id, epoch, started_at_us, claimed_at_us) "
+            "VALUES (?, ?, 1, ?, ?)",
             run_id,
             segment_id,
+            tx.now_us,
             tx.now_us,
         )
         return run_id, expires
