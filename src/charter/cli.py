@@ -1,14 +1,18 @@
 """The ``charter`` command line: inspect, recover, reconcile, resolve, resume.
 
 Every command prints a readable default and takes ``--json``. Errors print one
-line (``error: ...``, or a JSON object under ``--json``) and exit non-zero.
-Identity for decisions comes from the configured credential — the
-``CHARTER_CREDENTIAL`` environment variable (``NAME:SECRET``) or the file named
-by ``CHARTER_CREDENTIAL_FILE`` — never from a name on the command line (P1).
-The store and engine configuration come from ``--config``, ``$CHARTER_CONFIG``
-or ``./charter.toml``; ``--store`` overrides the store.
+line (``error: ...``, or a JSON object under ``--json``) and exit non-zero: 2
+when the command line itself is wrong (:class:`~charter.errors.UsageError`),
+1 for everything else. Identity for decisions comes from the configured
+credential — the ``CHARTER_CREDENTIAL`` environment variable (``NAME:SECRET``)
+or the file named by ``CHARTER_CREDENTIAL_FILE`` — never from a name on the
+command line (P1). The store and engine configuration come from ``--config``,
+``$CHARTER_CONFIG`` or ``./charter.toml``; ``--store`` overrides the store.
+Only ``charter demo`` creates a store: every other command refuses an address
+where there is none, so a typo cannot be answered from a new, empty store.
 
-Imports are lazy so that ``charter --help`` stays fast.
+Listings read one page at a time (keyset paging, :mod:`charter.storage.paging`).
+Engine imports are lazy so that ``charter --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -16,16 +20,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from charter.errors import Blocked, CharterError, Fenced, UsageError
 
 if TYPE_CHECKING:
     from charter.engine import Engine
     from charter.principals import Principal
+    from charter.storage.paging import Position
 
 Handler = Callable[["Engine", argparse.Namespace], Any]
+
+#: The codes of the signals a command can end in, besides every ``CharterError.code``.
+SIGNAL_CODES: dict[type[BaseException], str] = {Fenced: "fenced", Blocked: "blocked"}
+
+PAGE = 50  # rows of a listing unless --limit says otherwise
+MAX_PAGE = 1000  # a page's rows are held in memory: this bounds them
+_INT64 = 2**63 - 1  # amounts (A9) and times are 64-bit integers in the store
 
 #: Every command with its one-line help; ``docs/cli.md`` documents each one.
 COMMANDS: dict[str, str] = {
@@ -52,33 +67,165 @@ COMMANDS: dict[str, str] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """Its usage errors are :class:`UsageError`: one line (or JSON) and exit 2, like
+    the amounts and cursors refused by the option types below."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message}; see `{self.prog} --help`")
+
+
+def _global_options(parser: argparse.ArgumentParser, *, on_command: bool) -> None:
+    """``--json``, ``--store`` and ``--config``, taken before the command and after it.
+
+    After it they land apart (``cmd_*``, absent unless given) so that :func:`_merge`
+    can tell the two places apart and refuse a contradiction instead of picking one.
+    """
+    prefix, unset = ("cmd_", argparse.SUPPRESS) if on_command else ("", None)
+    parser.add_argument(
+        "--json",
+        dest=prefix + "json",
+        action="store_true",
+        default=unset if on_command else False,
+        help="print machine-readable JSON",
+    )
+    parser.add_argument(
+        "--store",
+        dest=prefix + "store",
+        metavar="STORE",
+        default=unset,
+        help="store path or URL (default: from config, else .charter/charter.db)",
+    )
+    parser.add_argument(
+        "--config",
+        dest=prefix + "config",
+        metavar="FILE",
+        default=unset,
+        help="engine configuration file (TOML)",
+    )
+
+
+def _merge(args: argparse.Namespace) -> None:
+    """One value per global option, wherever it was written."""
+    given = vars(args)
+    args.json = args.json or given.pop("cmd_json", False)
+    for name in ("store", "config"):
+        before, after = given[name], given.pop("cmd_" + name, None)
+        if before is not None and after is not None and before != after:
+            raise UsageError(
+                f"--{name} is given twice with different values ({before!r} before the "
+                f"command, {after!r} after it); give it once"
+            )
+        given[name] = before if after is None else after
+
+
+def _whole(text: str, low: int, high: int) -> int | None:
+    """``text`` as a whole number in [low, high], else None (no sign, no float)."""
+    if not re.fullmatch(r"[0-9]{1,19}", text) or not low <= int(text) <= high:
+        return None
+    return int(text)
+
+
+def _amount(text: str) -> tuple[str, int]:
+    """``UNIT=AMOUNT``: a whole amount in the unit's smallest step, in [0, 2^63 - 1] (A9)."""
+    unit, sep, amount = text.partition("=")
+    value = _whole(amount, 0, _INT64)
+    if not unit or not sep or value is None:
+        raise argparse.ArgumentTypeError(
+            f"takes UNIT=AMOUNT, a whole amount in the unit's smallest step from 0 to "
+            f"2^63-1 (A9), got {text!r}"
+        )
+    return unit, value
+
+
+class _Costs(argparse.Action):
+    """Repeated ``--cost UNIT=AMOUNT`` into one mapping; a unit given twice is a
+    contradiction, not a sum."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        unit, amount = values
+        costs = dict(getattr(namespace, self.dest))
+        if unit in costs:
+            parser.error(f"argument --cost: unit {unit!r} is given twice; give each unit once")
+        costs[unit] = amount
+        setattr(namespace, self.dest, costs)
+
+
+def _limit(text: str) -> int:
+    value = _whole(text, 1, MAX_PAGE)
+    if value is None:
+        raise argparse.ArgumentTypeError(
+            f"takes a whole number of rows from 1 to {MAX_PAGE}, got {text!r}"
+        )
+    return value
+
+
+def _cursor(prefix: str) -> Callable[[str], Position]:
+    """Parse a ``next`` cursor of the listing whose IDs start with ``prefix``."""
+
+    def parse(text: str) -> Position:
+        found = re.fullmatch(r"([0-9]{1,19}):([a-z]+)_[0-9a-z]+", text)
+        if found is None or int(found[1]) > _INT64:
+            raise argparse.ArgumentTypeError(
+                f"takes the `next` cursor a page printed (TIME:ID), got {text!r}"
+            )
+        if found[2] != prefix:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is a cursor of another listing; pass the `next` of this command"
+            )
+        return int(found[1]), text.partition(":")[2]
+
+    return parse
+
+
+def _paged(parser: argparse.ArgumentParser, prefix: str) -> argparse.ArgumentParser:
+    parser.add_argument(
+        "--limit",
+        type=_limit,
+        default=PAGE,
+        metavar="N",
+        help=f"rows per page, 1 to {MAX_PAGE} (default {PAGE})",
+    )
+    parser.add_argument(
+        "--after",
+        type=_cursor(prefix),
+        metavar="CURSOR",
+        help="the page after this cursor (the `next` the page before printed)",
+    )
+    return parser
+
+
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    common.add_argument("--store", help="store path or URL (default: from config or .charter/)")
-    common.add_argument("--config", help="engine configuration file (TOML)")
-    p = argparse.ArgumentParser(
+    command_options = _Parser(add_help=False)
+    _global_options(command_options, on_command=True)
+    p = _Parser(
         prog="charter",
         description="Charter: durable, governed execution for AI-agent missions.",
-        parents=[common],
     )
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _global_options(p, on_command=False)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="the command")
 
     def add(name: str) -> argparse.ArgumentParser:
         return sub.add_parser(
-            name, help=COMMANDS[name], description=COMMANDS[name], parents=[common]
+            name, help=COMMANDS[name], description=COMMANDS[name], parents=[command_options]
         )
 
     add("demo")
     c = add("credential")
     c.add_argument("action", choices=["new"], help="'new' makes a fresh credential")
     c.add_argument("name", help="the principal's name")
-    add("missions")
-    r = add("runs")
+    _paged(add("missions"), "msn")
+    r = _paged(add("runs"), "run")
     r.add_argument("--mission", help="only runs of this mission")
     s = add("show")
     s.add_argument("run", help="run ID")
-    a = add("attempts")
+    a = _paged(add("attempts"), "att")
     a.add_argument("--run", help="only attempts of this run")
     a.add_argument("--mission", help="only attempts of this mission")
     a.add_argument("--unresolved", action="store_true", help="only PREPARED/DISPATCHED/UNKNOWN")
@@ -123,10 +270,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     rs.add_argument(
         "--cost",
-        action="append",
-        default=[],
+        action=_Costs,
+        type=_amount,
+        default={},
         metavar="UNIT=AMOUNT",
-        help="actual cost in the unit's smallest step (repeatable)",
+        help="actual cost in the unit's smallest step, 0 to 2^63-1 (repeatable, once per unit)",
     )
     rs.add_argument("--evidence", required=True, help="what you saw, and where")
     ru = add("resume")
@@ -141,15 +289,18 @@ def _parser() -> argparse.ArgumentParser:
     rl = add("raise-limit")
     rl.add_argument("mission", help="mission ID")
     rl.add_argument(
-        "limit", metavar="UNIT=LIMIT", help="the unit's new limit, in its smallest step"
+        "limit",
+        type=_amount,
+        metavar="UNIT=LIMIT",
+        help="the unit's new limit, in its smallest step (0 to 2^63-1)",
     )
-    ap = add("approvals")
+    ap = _paged(add("approvals"), "apr")
     ap.add_argument("--run", help="only approvals of this run")
     ap.add_argument("--pending", action="store_true", help="only pending ones")
     av = add("approve")
     av.add_argument("approval", help="approval ID")
     av.add_argument("--deny", action="store_true", help="deny instead of approving")
-    ic = add("incidents")
+    ic = _paged(add("incidents"), "inc")
     ic.add_argument("mission", help="mission ID")
     ic.add_argument("--open", action="store_true", help="only open incidents")
     ci = add("close-incident")
@@ -193,15 +344,36 @@ def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def _listing(
+    args: argparse.Namespace, rows: list[dict[str, Any]], key: str, columns: Sequence[str]
+) -> tuple[dict[str, Any], str]:
+    """One page: ``{"items": [...], "next": CURSOR | null}`` and its table.
+
+    Handlers read one row more than the page: the page after exists when it came.
+    ``next`` is the last row's keyset position, ``TIME:ID``.
+    """
+    page = rows[: args.limit]
+    after = f"{page[-1][key]}:{page[-1]['id']}" if len(rows) > args.limit else None
+    text = _table(page, columns)
+    if after is not None:
+        text += f"\n(more: add --after {after} for the next page)"
+    return {"items": page, "next": after}, text
+
+
 # -- handlers: each returns (json-able data, readable text) -----------------------------
-def _missions(engine: Engine, _: argparse.Namespace) -> Any:
-    rows = [m.to_dict() for m in engine.missions()]
-    return rows, _table(rows, ["id", "name", "contract_version", "attempts_admitted"])
+def _missions(engine: Engine, args: argparse.Namespace) -> Any:
+    rows = [m.to_dict() for m in engine.missions(limit=args.limit + 1, after=args.after)]
+    return _listing(
+        args, rows, "created_at_us", ["id", "name", "contract_version", "attempts_admitted"]
+    )
 
 
 def _runs(engine: Engine, args: argparse.Namespace) -> Any:
-    rows = [r.to_dict() for r in engine.runs(args.mission)]
-    return rows, _table(rows, ["id", "mission_id", "status", "epoch", "owner_segment"])
+    found = engine.runs(args.mission, limit=args.limit + 1, after=args.after)
+    rows = [r.to_dict() for r in found]
+    return _listing(
+        args, rows, "created_at_us", ["id", "mission_id", "status", "epoch", "owner_segment"]
+    )
 
 
 def _show(engine: Engine, args: argparse.Namespace) -> Any:
@@ -220,20 +392,38 @@ def _show(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _attempts(engine: Engine, args: argparse.Namespace) -> Any:
-    rows = [
-        a.to_dict()
-        for a in engine.attempts(
-            run_id=args.run, mission_id=args.mission, unresolved=args.unresolved
-        )
-    ]
-    return rows, _table(
-        rows, ["id", "run_id", "adapter", "operation", "status", "estimate", "actual"]
+    found = engine.attempts(
+        run_id=args.run,
+        mission_id=args.mission,
+        unresolved=args.unresolved,
+        limit=args.limit + 1,
+        after=args.after,
     )
+    rows = [a.to_dict() for a in found]
+    columns = ["id", "run_id", "adapter", "operation", "status", "estimate", "actual"]
+    return _listing(args, rows, "prepared_at_us", columns)
 
 
 def _recover(engine: Engine, args: argparse.Namespace) -> Any:
+    from charter import RunStatus
+    from charter.errors import RunTerminal
+
     by = _principal(engine) if args.force else None
     state = engine.coordinator.recover(args.run, args.segment, force=args.force, by=by).to_dict()
+    if RunStatus(state["status"]).terminal:
+        # Recovery reports a terminal run's state without taking it over (N4): the
+        # request was not carried out, whatever the state says.
+        raise RunTerminal(
+            f"run {args.run} is {state['status']} and a terminal run is never reopened: "
+            f"nothing was taken over, segment {args.segment} owns nothing and the epoch "
+            f"stays {state['epoch']}; follow it with `charter link {args.run} --segment ID`",
+            run_id=args.run,
+            status=state["status"],
+            epoch=state["epoch"],
+            taken_over=False,
+            next_actions=state["next_actions"],
+        )
+    state["taken_over"] = True
     lines = [
         f"run {state['run_id']} recovered as segment {args.segment}: epoch "
         f"{state['epoch']}, status {state['status']}"
@@ -275,20 +465,13 @@ def _confirm(engine: Engine, args: argparse.Namespace) -> Any:
     return attempt.to_dict(), f"attempt {attempt.id} settled {attempt.status.value}"
 
 
-def _amount(option: str, item: str) -> tuple[str, int]:
-    """``UNIT=AMOUNT`` with a whole amount in the unit's smallest step."""
-    from charter.errors import StateError
-
-    unit, sep, amount = item.partition("=")
-    if not unit or not sep or not amount.isdigit():
-        raise StateError(f"{option} takes UNIT=AMOUNT with an integer amount, got {item!r}")
-    return unit, int(amount)
-
-
 def _resolve(engine: Engine, args: argparse.Namespace) -> Any:
-    cost = dict(_amount("--cost", item) for item in args.cost)
     attempt = engine.coordinator.resolve(
-        args.attempt, by=_principal(engine), outcome=args.outcome, evidence=args.evidence, cost=cost
+        args.attempt,
+        by=_principal(engine),
+        outcome=args.outcome,
+        evidence=args.evidence,
+        cost=args.cost,
     )
     return attempt.to_dict(), (
         f"attempt {attempt.id} resolved {attempt.status.value} at {attempt.actual}"
@@ -341,7 +524,7 @@ def _link(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _raise_limit(engine: Engine, args: argparse.Namespace) -> Any:
-    unit, limit = _amount("the limit", args.limit)
+    unit, limit = args.limit
     version = engine.raise_limit(args.mission, unit, limit, by=_principal(engine))
     balance = engine.balances(args.mission)[unit]
     paused = [r.id for r in engine.runs(args.mission) if r.status.value == "paused"]
@@ -359,8 +542,13 @@ def _raise_limit(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _approvals(engine: Engine, args: argparse.Namespace) -> Any:
-    rows = [a.to_dict() for a in engine.approvals(run_id=args.run, pending=args.pending)]
-    return rows, _table(rows, ["id", "run_id", "scope", "status", "decided_by"])
+    found = engine.approvals(
+        run_id=args.run, pending=args.pending, limit=args.limit + 1, after=args.after
+    )
+    rows = [a.to_dict() for a in found]
+    return _listing(
+        args, rows, "requested_at_us", ["id", "run_id", "scope", "status", "decided_by"]
+    )
 
 
 def _approve(engine: Engine, args: argparse.Namespace) -> Any:
@@ -369,8 +557,10 @@ def _approve(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _incidents(engine: Engine, args: argparse.Namespace) -> Any:
-    rows = engine.incidents(args.mission, open_only=args.open)
-    return rows, _table(rows, ["id", "kind", "status", "attempt_id", "closed_by"])
+    rows = engine.incidents(
+        args.mission, open_only=args.open, limit=args.limit + 1, after=args.after
+    )
+    return _listing(args, rows, "opened_at_us", ["id", "kind", "status", "attempt_id", "closed_by"])
 
 
 def _close_incident(engine: Engine, args: argparse.Namespace) -> Any:
@@ -433,46 +623,58 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    from charter.errors import Blocked, CharterError, Fenced
-
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if args.command == "credential":
-            from charter.principals import new_credential
-
-            credential, digest = new_credential(args.name)
-            _emit(
-                args,
-                {"name": args.name, "credential": credential, "digest": digest},
-                f"credential (give it to {args.name}; shown once): {credential}\n"
-                f'configure under [credentials]:  {args.name} = "{digest}"',
-            )
-            return 0
-        if args.command == "demo":
-            from charter.demo import run_demo
-
-            return run_demo(store=args.store, as_json=args.json)
-        from charter.config import EngineConfig
-        from charter.engine import Engine
-
-        config = EngineConfig.from_file(args.config) if args.config else EngineConfig.discover()
-        with Engine.open(args.store, config=config) as engine:
-            data, text = HANDLERS[args.command](engine, args)
-        _emit(args, data, text)
-        return 0
+        args = _parser().parse_args(argv)
+        _merge(args)
+    except UsageError as exc:
+        return _fail("--json" in argv, exc)
+    try:
+        return _run(args)
     except CharterError as exc:
-        return _fail(args, exc.to_dict())
+        return _fail(args.json, exc)
     except (Fenced, Blocked) as signal:
-        code = "fenced" if isinstance(signal, Fenced) else "blocked"
-        return _fail(args, {"code": code, "message": str(signal)})
+        return _fail(args.json, signal)
 
 
-def _fail(args: argparse.Namespace, error: dict[str, Any]) -> int:
-    if args.json:
-        print(json.dumps({"error": error}, default=str))
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "credential":
+        from charter.principals import new_credential
+
+        credential, digest = new_credential(args.name)
+        _emit(
+            args,
+            {"name": args.name, "credential": credential, "digest": digest},
+            f"credential (give it to {args.name}; shown once): {credential}\n"
+            f'configure under [credentials]:  {args.name} = "{digest}"',
+        )
+        return 0
+    if args.command == "demo":
+        from charter.demo import run_demo
+
+        return run_demo(store=args.store, as_json=args.json)
+    from charter.config import EngineConfig
+    from charter.engine import Engine
+
+    config = EngineConfig.from_file(args.config) if args.config else EngineConfig.discover()
+    with Engine.open(args.store, config=config, create=False) as engine:
+        data, text = HANDLERS[args.command](engine, args)
+    _emit(args, data, text)
+    return 0
+
+
+def _fail(as_json: bool, error: BaseException) -> int:
+    """Print one error (``{"error": {"code", "message", ...}}`` under ``--json``); the
+    exit status is 2 for a malformed command line, 1 for anything else."""
+    if isinstance(error, CharterError):
+        data = error.to_dict()
     else:
-        print(f"error: {error['message']}", file=sys.stderr)
-    return 1
+        data = {"code": SIGNAL_CODES[type(error)], "message": str(error)}
+    if as_json:
+        print(json.dumps({"error": data}, default=str))
+    else:
+        print(f"error: {data['message']}", file=sys.stderr)
+    return 2 if isinstance(error, UsageError) else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -38,6 +38,7 @@ from charter.missions import ContractCache, Mission
 from charter.principals import Authenticator, Principal, Right
 from charter.runs import Run, RunStatus
 from charter.storage import Database, Tx, open_database
+from charter.storage.paging import Position
 
 if TYPE_CHECKING:
     from charter.coordinator import Coordinator
@@ -73,8 +74,13 @@ class Engine:
         clock: Clock | None = None,
         rng: random.Random | None = None,
         crash_hook: CrashHook | None = None,
+        create: bool = True,
     ) -> Engine:
         """Open the store at ``url`` (default: ``./.charter/charter.db``).
+
+        A store that does not exist yet is created, unless ``create=False``: then
+        it is refused with :class:`~charter.errors.StoreNotFound` and nothing is
+        made (tools that only look at a store, like the ``charter`` command).
 
         ``clock``, ``rng`` and ``crash_hook`` are the test seams: a
         :class:`~charter.clock.ManualClock`, a seeded ``random.Random`` and a
@@ -89,6 +95,7 @@ class Engine:
             clock=clock,
             ids=ids,
             busy_timeout=config.busy_timeout_seconds,
+            create=create,
         )
         return cls(db, config, clock, crash_hook, rng)
 
@@ -522,9 +529,23 @@ class Engine:
                 runs.set_status(tx, run, RunStatus.ACTIVE, "approval decided", actor=by.name)
             return status
 
-    def approvals(self, *, run_id: str | None = None, pending: bool = False) -> list[Approval]:
+    def approvals(
+        self,
+        *,
+        run_id: str | None = None,
+        pending: bool = False,
+        limit: int | None = None,
+        after: Position | None = None,
+    ) -> list[Approval]:
+        """Approvals by request time; a page of ``limit`` after the ``(requested_at_us,
+        id)`` position ``after`` (see :mod:`charter.storage.paging`). An unknown run
+        is :class:`~charter.errors.NotFound`, not an empty list."""
         with self._db.read() as tx:
-            return approvals_mod.list_approvals(tx, run_id=run_id, pending=pending)
+            if run_id is not None:
+                runs.load(tx, run_id)
+            return approvals_mod.list_approvals(
+                tx, run_id=run_id, pending=pending, limit=limit, after=after
+            )
 
     # -- incidents (L5, L7) --------------------------------------------------------------
     def close_incident(self, incident_id: str, *, by: Principal, note: str) -> None:
@@ -535,27 +556,48 @@ class Engine:
             incidents_mod.close_incident(tx, incident_id, by=by.name, note=note)
             self._unpause(tx, incident["mission_id"], by.name)
 
-    def incidents(self, mission_id: str, *, open_only: bool = False) -> list[dict[str, Any]]:
+    def incidents(
+        self,
+        mission_id: str,
+        *,
+        open_only: bool = False,
+        limit: int | None = None,
+        after: Position | None = None,
+    ) -> list[dict[str, Any]]:
+        """A mission's incidents by opening time; paged by ``(opened_at_us, id)``."""
         with self._db.read() as tx:
             missions.load(tx, mission_id)
-            return incidents_mod.list_incidents(tx, mission_id, open_only=open_only)
+            return incidents_mod.list_incidents(
+                tx, mission_id, open_only=open_only, limit=limit, after=after
+            )
 
     # -- reading -----------------------------------------------------------------------
     def mission(self, mission_id: str) -> Mission:
         with self._db.read() as tx:
             return missions.load(tx, mission_id)
 
-    def missions(self) -> list[Mission]:
+    def missions(self, *, limit: int | None = None, after: Position | None = None) -> list[Mission]:
+        """Missions by creation; paged by ``(created_at_us, id)``."""
         with self._db.read() as tx:
-            return missions.list_missions(tx)
+            return missions.list_missions(tx, limit=limit, after=after)
 
     def run(self, run_id: str) -> Run:
         with self._db.read() as tx:
             return runs.load(tx, run_id)
 
-    def runs(self, mission_id: str | None = None) -> list[Run]:
+    def runs(
+        self,
+        mission_id: str | None = None,
+        *,
+        limit: int | None = None,
+        after: Position | None = None,
+    ) -> list[Run]:
+        """Runs by creation; paged by ``(created_at_us, id)``; an unknown mission is
+        :class:`~charter.errors.NotFound`."""
         with self._db.read() as tx:
-            return runs.list_runs(tx, mission_id)
+            if mission_id is not None:
+                missions.load(tx, mission_id)
+            return runs.list_runs(tx, mission_id, limit=limit, after=after)
 
     def attempt(self, attempt_id: str) -> Attempt:
         with self._db.read() as tx:
@@ -567,10 +609,23 @@ class Engine:
         run_id: str | None = None,
         mission_id: str | None = None,
         unresolved: bool = False,
+        limit: int | None = None,
+        after: Position | None = None,
     ) -> list[Attempt]:
+        """Attempts by preparation; paged by ``(prepared_at_us, id)``; an unknown run
+        or mission is :class:`~charter.errors.NotFound`."""
         with self._db.read() as tx:
+            if run_id is not None:
+                runs.load(tx, run_id)
+            if mission_id is not None:
+                missions.load(tx, mission_id)
             return attempts_mod.list_attempts(
-                tx, run_id=run_id, mission_id=mission_id, unresolved=unresolved
+                tx,
+                run_id=run_id,
+                mission_id=mission_id,
+                unresolved=unresolved,
+                limit=limit,
+                after=after,
             )
 
     def evidence(self, attempt_id: str) -> list[dict[str, Any]]:

@@ -24,10 +24,12 @@ message says what was wrong and what to do about it::
     ├── SecretUnavailable           a secret's value is not to be had here (S3)
     ├── NonDeterminismError         a replayed call differs from its record (A6)
     ├── AuditError                  the hash chain does not verify (S1)
+    ├── UsageError                  a request malformed as written (CLI arguments, paging)
     └── StoreError                  the store cannot serve the request
         ├── StoreBusy               bounded busy wait ran out
         ├── StoreConflict           a uniqueness or integrity rule refused a write
-        └── SchemaError             the store's schema is unknown or newer
+        ├── SchemaError             the store's schema is unknown or newer
+        └── StoreNotFound           no store there, and none was to be created
 
 Signals that user code must not swallow derive from ``BaseException``:
 :class:`Fenced` (this executor no longer owns the run) and :class:`Blocked`
@@ -153,6 +155,19 @@ class StoreConflict(StoreError):
 
 class SchemaError(StoreError):
     code = "schema_error"
+
+
+class StoreNotFound(StoreError):
+    """Opening an existing store found none there (``Engine.open(create=False)``)."""
+
+    code = "store_not_found"
+
+
+class UsageError(CharterError):
+    """A request that is malformed as written — a command line, an amount, a page
+    size or cursor — refused before the store is read or written."""
+
+    code = "usage_error"
 
 
 class NotApplied(Exception):
