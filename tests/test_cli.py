@@ -729,3 +729,17 @@ def test_cli_every_option_has_help() -> None:
     for name, p in parsers.items():
         for action in p._actions:
             assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+
+
+@pytest.mark.parametrize(
+    "page",
+    [{"limit": 0}, {"limit": -1}, {"limit": True}, {"after": (-1, "att_x")}, {"after": (1, "")}],
+    ids=["limit 0", "limit -1", "limit True", "negative position", "position without id"],
+)
+def test_engine_listing_refuses_a_bad_page_with_a_usage_error(
+    engine: charter.Engine, mission: str, page: dict[str, Any]
+) -> None:
+    """Broken: ``LIMIT -1`` reads every row on SQLite (and fails on PostgreSQL)."""
+    with pytest.raises(charter.CharterError) as refused:
+        engine.attempts(mission_id=mission, **page)
+    assert refused.value.code == "usage_error"

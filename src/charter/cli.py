@@ -315,10 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail("--json" in argv, exc)
     try:
         return _run(args)
-    except CharterError as exc:
+    except (CharterError, Fenced, Blocked) as exc:
         return _fail(args.json, exc)
-    except (Fenced, Blocked) as signal:
-        return _fail(args.json, signal)
 
 
 def _run(args: argparse.Namespace) -> int:
