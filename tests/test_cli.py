@@ -105,7 +105,7 @@ def test_R5_crash_recover_reconcile_confirm_resume_sends_each_effect_once(
     time.sleep(1.1)  # the dead owner's lease expires by the store's clock
     code, state = charter_cli(setup, "recover", run_id, "--segment", "seg-2")
     assert code == 0
-    assert state["epoch"] == 2 and len(state["unresolved"]) == 1
+    assert state["epoch"] == 2 and len(state["unresolved"]) == 1 and state["taken_over"] is True
     assert state["next_actions"]
     attempt_id = state["unresolved"][0]
 
