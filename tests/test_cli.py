@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,12 @@ from typing import Any
 import pytest
 
 import _cli_mission
+import charter
+from charter import cli as cli_mod
+from charter.cli import main
+from charter.storage import Tx
 from charter.testing import RecordingAdapter, credential
+from conftest import default_contract
 
 HERE = Path(__file__).resolve().parent
 
@@ -99,7 +105,7 @@ def test_R5_crash_recover_reconcile_confirm_resume_sends_each_effect_once(
     time.sleep(1.1)  # the dead owner's lease expires by the store's clock
     code, state = charter_cli(setup, "recover", run_id, "--segment", "seg-2")
     assert code == 0
-    assert state["epoch"] == 2 and len(state["unresolved"]) == 1
+    assert state["epoch"] == 2 and len(state["unresolved"]) == 1 and state["taken_over"] is True
     assert state["next_actions"]
     attempt_id = state["unresolved"][0]
 
@@ -136,6 +142,7 @@ def test_R5_crash_recover_reconcile_confirm_resume_sends_each_effect_once(
 
 
 def test_cli_errors_are_one_line_and_change_nothing(setup: dict[str, Any]) -> None:
+    charter.Engine.open(str(setup["dir"] / "charter.db")).close()  # an empty store
     for args in (
         ["show", "run_nope"],
         ["reconcile", "att_nope"],
@@ -155,7 +162,7 @@ def test_cli_errors_are_one_line_and_change_nothing(setup: dict[str, Any]) -> No
     )
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1
     code, runs = charter_cli(setup, "runs")
-    assert code == 0 and runs == []
+    assert code == 0 and runs == {"items": [], "next": None}
 
 
 # -- bad input for every command: a typed error, one line, exit 1, nothing changed -------------
@@ -220,7 +227,10 @@ def _raise(send: Any) -> Any:
 
 BAD: dict[str, tuple[list[str], str | None, str]] = {
     "show unknown run": (["show", "run_x"], None, "not_found"),
-    "attempts of unknown run is empty": (["attempts", "--run", "run_x"], None, ""),
+    "attempts of unknown run": (["attempts", "--run", "run_x"], None, "not_found"),
+    "attempts of unknown mission": (["attempts", "--mission", "msn_x"], None, "not_found"),
+    "runs of unknown mission": (["runs", "--mission", "msn_x"], None, "not_found"),
+    "approvals of unknown run": (["approvals", "--run", "run_x"], None, "not_found"),
     "recover unknown run": (["recover", "run_x", "--segment", "s9"], None, "not_found"),
     "recover reused segment": (["recover", "{run}", "--segment", "seg-1"], None, "segment_reused"),
     "recover live lease": (["recover", "{run}", "--segment", "s9"], None, "lease_held"),
@@ -257,7 +267,32 @@ BAD: dict[str, tuple[list[str], str | None, str]] = {
     "resolve bad cost": (
         ["resolve", "{unknown}", "--succeeded", "--cost", "calls=1.5", "--evidence", "x"],
         "ops",
-        "invalid_state",
+        "usage_error",
+    ),
+    "resolve cost of 2**64": (
+        ["resolve", "{unknown}", "--succeeded", "--cost", f"calls={2**64}", "--evidence", "x"],
+        "ops",
+        "usage_error",
+    ),
+    "resolve cost of 2**63": (
+        ["resolve", "{unknown}", "--succeeded", "--cost", f"calls={2**63}", "--evidence", "x"],
+        "ops",
+        "usage_error",
+    ),
+    "resolve negative cost": (
+        ["resolve", "{unknown}", "--succeeded", "--cost", "calls=-1", "--evidence", "x"],
+        "ops",
+        "usage_error",
+    ),
+    "resolve cost without unit": (
+        ["resolve", "{unknown}", "--succeeded", "--cost", "=1", "--evidence", "x"],
+        "ops",
+        "usage_error",
+    ),
+    "resolve cost of one unit twice": (
+        ["resolve", "{unknown}", "--failed", "--cost=calls=1", "--cost=calls=2", "--evidence", "x"],
+        "ops",
+        "usage_error",
     ),
     "resume unknown run": (["resume", "run_x", "--segment", "s9"], "ops", "not_found"),
     "resume past unknown attempt": (
@@ -277,12 +312,10 @@ BAD: dict[str, tuple[list[str], str | None, str]] = {
         "contract_error",
     ),
     "raise limit downwards": (["raise-limit", "{mission}", "calls=5"], "ops", "contract_error"),
-    "raise limit not a number": (
-        ["raise-limit", "{mission}", "calls=2e3"],
-        "ops",
-        "invalid_state",
-    ),
-    "raise limit without unit": (["raise-limit", "{mission}", "=20"], "ops", "invalid_state"),
+    "raise limit not a number": (["raise-limit", "{mission}", "calls=2e3"], "ops", "usage_error"),
+    "raise limit without unit": (["raise-limit", "{mission}", "=20"], "ops", "usage_error"),
+    "raise limit to 2**63": (["raise-limit", "{mission}", f"calls={2**63}"], "ops", "usage_error"),
+    "raise limit negative": (["raise-limit", "{mission}", "calls=-20"], "ops", "usage_error"),
     "raise limit by mallory": (
         ["raise-limit", "{mission}", "calls=20"],
         "mallory",
@@ -324,10 +357,8 @@ def test_cli_bad_input_is_a_typed_one_line_error_and_changes_nothing(
         timeout=60,
     )
     assert _snapshot(db) == before
-    if not code:  # a query that finds nothing is not an error
-        assert plain.returncode == 0 and json.loads(as_json.stdout) == []
-        return
-    assert plain.returncode == 1 and as_json.returncode == 1
+    exit_code = 2 if code == "usage_error" else 1  # the command line itself is wrong: 2
+    assert plain.returncode == exit_code and as_json.returncode == exit_code
     assert len(plain.stderr.strip().splitlines()) == 1 and plain.stderr.startswith("error: ")
     assert "Traceback" not in plain.stderr + as_json.stderr
     assert json.loads(as_json.stdout)["error"]["code"] == code
@@ -368,3 +399,347 @@ def test_N5_cli_stop_then_resolve_ends_the_run_stopped_and_raise_limit_versions_
     assert raised["balance"]["available"] == 25 - raised["balance"]["spent"]
     code, ledger = charter_cli(populated, "ledger", mission)
     assert code == 0 and ledger["problems"] == []
+
+
+# -- the command line itself: global options, the store, exit codes, paging -----------------
+
+
+@pytest.fixture
+def cli(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., tuple[int, Any]]:
+    """Run ``charter ARGS`` in this process from an empty directory with no configuration;
+    returns the exit status and the parsed JSON (under ``--json``) or the text printed."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    for name in ("CHARTER_CONFIG", "CHARTER_CREDENTIAL", "CHARTER_CREDENTIAL_FILE"):
+        monkeypatch.delenv(name, raising=False)
+
+    def run(*args: str) -> tuple[int, Any]:
+        status = main(list(args))
+        out, err = capsys.readouterr()
+        if "--json" in args:
+            assert not err, err
+            return status, json.loads(out)
+        return status, out + err
+
+    return run
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+@pytest.mark.parametrize("option", ["--store", "--config", "--json"])
+def test_cli_global_option_means_the_same_before_or_after_the_command(
+    populated: dict[str, Any], cli: Callable[..., tuple[int, Any]], option: str, where: str
+) -> None:
+    """Broken: an option written before the command is dropped, so the command runs on
+    ./.charter/ (creating it) or prints a table instead of JSON."""
+    given = {
+        "--store": ["--store", str(populated["dir"] / "charter.db")],
+        "--config": ["--config", str(populated["dir"] / "charter.toml")],
+        "--json": ["--json"],
+    }
+    placed = given[option]
+    # The other options go after the command, where they have always worked.
+    rest = [a for o, value in given.items() if o not in (option, "--config") for a in value]
+    argv = [*placed, "missions", *rest] if where == "before" else ["missions", *rest, *placed]
+    code, out = cli(*argv)
+    assert code == 0, out
+    assert [m["id"] for m in out["items"]] == [populated["mission"]]
+    assert not Path(".charter").exists()
+
+
+@pytest.mark.parametrize("option", ["--store", "--config"])
+def test_cli_global_option_given_twice_with_different_values_is_a_usage_error(
+    populated: dict[str, Any], cli: Callable[..., tuple[int, Any]], option: str
+) -> None:
+    value = str(populated["dir"] / ("charter.db" if option == "--store" else "charter.toml"))
+    code, out = cli(option, value, "missions", option, value + ".other", "--json")
+    assert code == 2 and out["error"]["code"] == "usage_error"
+    assert option in out["error"]["message"]
+    assert not Path(".charter").exists() and not Path(value + ".other").exists()
+    code, out = cli(option, value, "missions", option, value, "--json")  # the same: fine
+    assert code == 0 and [m["id"] for m in out["items"]] == [populated["mission"]]
+
+
+#: Every command that works on a store, with arguments that parse.
+ON_A_STORE = [
+    ["missions"],
+    ["runs"],
+    ["show", "run_x"],
+    ["attempts"],
+    ["approvals"],
+    ["incidents", "msn_x"],
+    ["ledger", "msn_x"],
+    ["audit", "verify"],
+    ["recover", "run_x", "--segment", "s"],
+    ["reconcile", "att_x"],
+    ["confirm", "att_x"],
+    ["resolve", "att_x", "--failed", "--evidence", "e"],
+    ["resume", "run_x", "--segment", "s"],
+    ["stop", "run_x"],
+    ["link", "run_x", "--segment", "s"],
+    ["raise-limit", "msn_x", "calls=1"],
+    ["approve", "apr_x"],
+    ["close-incident", "inc_x", "--note", "n"],
+]
+
+
+@pytest.mark.parametrize("command", ON_A_STORE, ids=lambda c: c[0])
+def test_cli_refuses_a_store_that_does_not_exist_and_creates_nothing(
+    cli: Callable[..., tuple[int, Any]], tmp_path: Path, command: list[str]
+) -> None:
+    """Broken: a mistyped --store makes an empty store there and answers from it."""
+    missing = tmp_path / "no" / "such.db"
+    code, out = cli(*command, "--store", str(missing), "--json")
+    assert code == 1 and out["error"]["code"] == "store_not_found", out
+    assert str(missing) in out["error"]["message"]
+    assert not missing.parent.exists()
+    code, text = cli(*command)  # the default store, ./.charter/charter.db
+    assert code == 1 and text.startswith("error: no Charter store")
+    assert len(text.strip().splitlines()) == 1
+    assert not Path(".charter").exists()
+
+
+def test_cli_refuses_an_uncreated_store_on_either_backend(
+    cli: Callable[..., tuple[int, Any]], store_address: str, backend: str
+) -> None:
+    code, out = cli("missions", "--store", store_address, "--json")
+    assert code == 1 and out["error"]["code"] == "store_not_found"
+    if backend == "sqlite":
+        assert not Path(store_address).exists()
+    else:
+        import psycopg
+
+        with psycopg.connect(store_address) as con:
+            tables = con.execute(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = current_schema()"
+            ).fetchall()
+        assert tables == []
+    with pytest.raises(charter.StoreError) as refused:
+        charter.Engine.open(store_address, create=False)
+    assert refused.value.code == "store_not_found"
+    charter.Engine.open(store_address).close()  # Engine.open creates a store by default
+    code, out = cli("missions", "--store", store_address, "--json")
+    assert code == 0 and out == {"items": [], "next": None}
+
+
+def test_R5_cli_recover_of_a_terminal_run_takes_nothing_over_and_says_so(
+    populated: dict[str, Any], cli: Callable[..., tuple[int, Any]]
+) -> None:
+    """Broken: recovering a completed run prints "recovered as segment s10" and exits 0
+    although the epoch did not move and the segment owns nothing."""
+    config = charter.EngineConfig.from_file(populated["dir"] / "charter.toml")
+    with charter.Engine.open(config=config) as engine:
+        ops = engine.authenticate(populated["ops"])
+        engine.stop_run(populated["run"], by=ops)
+        engine.coordinator.resolve(
+            populated["unknown"], by=ops, outcome="written_off", evidence="no answer"
+        )
+        assert engine.run(populated["run"]).status.terminal
+    db = populated["dir"] / "charter.db"
+    before = _snapshot(db)
+    store = ["--store", str(db)]
+    code, out = cli("recover", populated["run"], "--segment", "s10", *store, "--json")
+    assert code == 1
+    error = out["error"]
+    assert error["code"] == "run_terminal" and error["taken_over"] is False
+    assert (error["run_id"], error["status"], error["epoch"]) == (populated["run"], "stopped", 1)
+    code, text = cli("recover", populated["run"], "--segment", "s11", *store)
+    assert code == 1 and "nothing was taken over" in text and "recovered as" not in text
+    assert _snapshot(db) == before
+
+
+#: Bad paging values: each a usage error (exit 2) before the store is read.
+BAD_PAGING = {
+    "limit zero": ["--limit", "0"],
+    "limit negative": ["--limit", "-1"],
+    "limit not a number": ["--limit", "ten"],
+    "limit above the largest page": ["--limit", "1001"],
+    "cursor not a cursor": ["--after", "nonsense"],
+    "cursor of another listing": ["--after", "1700000000000000:run_0123456789abcdefghjkmnpqrs"],
+    "cursor position out of range": ["--after", f"{2**63}:att_0123456789abcdefghjkmnpqrs"],
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_PAGING), ids=list(BAD_PAGING))
+def test_cli_bad_paging_values_are_usage_errors(
+    populated: dict[str, Any], cli: Callable[..., tuple[int, Any]], bad: str
+) -> None:
+    store = ["--store", str(populated["dir"] / "charter.db")]
+    code, out = cli("attempts", *BAD_PAGING[bad], *store, "--json")
+    assert code == 2 and out["error"]["code"] == "usage_error", out
+    code, text = cli("attempts", *BAD_PAGING[bad], *store)
+    assert code == 2 and text.startswith("error: ") and len(text.strip().splitlines()) == 1
+
+
+class Listing:
+    """One listing command: how to add one row of it, and its rows in the store's order."""
+
+    def __init__(
+        self, engine: charter.Engine, who: Any, mission: str, adapter: RecordingAdapter
+    ) -> None:
+        self.engine, self.who, self.mission, self.adapter = engine, who, mission, adapter
+        self.n = 0
+        self.gated = engine.create_mission(
+            default_contract(approvals={"required": ["recorder.write"], "ttl_seconds": 60}),
+            by=who.alice,
+        )
+        self.run = engine.start_run(mission, by=who.agent, segment_id="seg-0")
+
+    def add(self, listing: str) -> None:
+        self.n += 1
+        if listing == "missions":
+            self.engine.create_mission(default_contract(), by=self.who.alice)
+        elif listing == "runs":
+            self.engine.start_run(self.mission, by=self.who.agent, segment_id=f"s{self.n}")
+        elif listing == "attempts":
+            self.run.attempt(self.adapter, "read", {"n": self.n}, effect_key=f"k{self.n}")
+        elif listing == "approvals":
+            ex = self.engine.start_run(self.gated, by=self.who.agent, segment_id=f"s{self.n}")
+            with pytest.raises(charter.ApprovalRequired):
+                ex.attempt(self.adapter, "write", {"n": self.n}, effect_key="w")
+        else:  # an overrun opens an incident; closed, so the mission admits again
+            self.adapter.script["write"] = _overrun
+            self.run.attempt(self.adapter, "write", {"n": self.n}, effect_key=f"o{self.n}")
+            for incident in self.engine.incidents(self.mission, open_only=True):
+                self.engine.close_incident(incident["id"], by=self.who.alice, note="seen")
+
+    def ids(self, listing: str) -> list[str]:
+        rows: list[Any] = {
+            "missions": self.engine.missions,
+            "runs": self.engine.runs,
+            "attempts": self.engine.attempts,
+            "approvals": self.engine.approvals,
+            "incidents": lambda: self.engine.incidents(self.mission),
+        }[listing]()
+        return [r["id"] if isinstance(r, dict) else r.id for r in rows]
+
+    def command(self, listing: str) -> list[str]:
+        return [listing, self.mission] if listing == "incidents" else [listing]
+
+
+def _overrun(send: Any) -> Any:
+    return charter.Outcome.succeeded(
+        {}, cost={"usd": 9_000, "calls": 1}, receipt={"id": send.attempt_id}, price_source="x"
+    )
+
+
+LISTINGS = ["missions", "runs", "attempts", "approvals", "incidents"]
+
+
+@pytest.fixture
+def rows(engine: charter.Engine, who: Any, mission: str, adapter: RecordingAdapter) -> Listing:
+    return Listing(engine, who, mission, adapter)
+
+
+@pytest.mark.parametrize("listing", LISTINGS)
+def test_cli_listing_pages_each_row_once_in_a_stable_order_while_rows_are_added(
+    rows: Listing, store_address: str, cli: Callable[..., tuple[int, Any]], listing: str
+) -> None:
+    """Broken: a page is a slice of every row (OFFSET or a list cut in Python), so rows
+    added between pages are seen twice or push others out, or the order is not stable."""
+    for _ in range(5):
+        rows.add(listing)
+    existing = rows.ids(listing)
+    seen: list[str] = []
+    after: list[str] = []
+    for _page in range(20):
+        code, page = cli(
+            *rows.command(listing), "--store", store_address, "--limit", "2", *after, "--json"
+        )
+        assert code == 0, page
+        assert len(page["items"]) <= 2
+        seen += [r["id"] for r in page["items"]]
+        if page["next"] is None:
+            break
+        after = ["--after", page["next"]]
+        rows.add(listing)  # a row written between two pages
+    else:
+        pytest.fail("paging did not end")
+    assert len(seen) == len(set(seen))  # nothing twice
+    assert set(existing) <= set(seen)  # nothing that was there is skipped
+    assert [i for i in rows.ids(listing) if i in seen] == seen  # in the store's order
+
+
+def test_cli_listing_reads_one_page_from_the_store_not_every_row(
+    rows: Listing,
+    store_address: str,
+    cli: Callable[..., tuple[int, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Broken: a page cut from a full list; memory then grows with the store."""
+    for _ in range(30):
+        rows.add("attempts")
+    fetched: list[int] = []
+    real = Tx.all
+
+    def counting(tx: Tx, sql: str, *params: Any) -> Any:
+        found = real(tx, sql, *params)
+        fetched.append(len(found))
+        return found
+
+    monkeypatch.setattr(Tx, "all", counting)
+    code, page = cli("attempts", "--store", store_address, "--limit", "5", "--json")
+    assert code == 0 and len(page["items"]) == 5 and page["next"]
+    assert fetched and max(fetched) <= 6
+
+
+def test_cli_listing_shows_one_page_by_default_and_how_to_get_the_next(
+    engine: charter.Engine,
+    who: Any,
+    mission: str,
+    store_address: str,
+    cli: Callable[..., tuple[int, Any]],
+) -> None:
+    for n in range(51):
+        engine.start_run(mission, by=who.agent, segment_id=f"s{n}")
+    code, page = cli("runs", "--store", store_address, "--json")
+    assert code == 0 and len(page["items"]) == 50 and page["next"]
+    code, text = cli("runs", "--store", store_address)
+    lines = text.strip().splitlines()
+    assert code == 0 and len(lines) == 1 + 50 + 1  # header, a page, how to go on
+    assert f"--after {page['next']}" in lines[-1]
+    code, rest = cli("runs", "--store", store_address, "--after", page["next"], "--json")
+    assert code == 0 and rest["next"] is None
+    assert [r["id"] for r in page["items"] + rest["items"]] == [r.id for r in engine.runs()]
+
+
+def _codes(error: type[charter.CharterError]) -> set[str]:
+    """The codes of ``error`` and of every Charter error derived from it."""
+    subs = [sub for sub in error.__subclasses__() if sub.__module__.startswith("charter")]
+    return {error.code}.union(*(_codes(sub) for sub in subs))
+
+
+def test_cli_every_error_code_and_exit_status_is_documented() -> None:
+    """An adapter author or operator scripting the CLI finds every ``code`` it can print."""
+    page = (HERE.parent / "docs" / "cli.md").read_text()
+    codes = _codes(charter.CharterError) | set(cli_mod.SIGNAL_CODES.values())
+    undocumented = sorted(c for c in codes if f"| `{c}` |" not in page)
+    assert undocumented == []
+    for status in ("0", "1", "2"):
+        assert f"| {status} |" in page
+
+
+def test_cli_every_option_has_help() -> None:
+    parser = cli_mod._parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    parsers = {"charter": parser, **sub.choices}  # type: ignore[attr-defined]
+    for name, p in parsers.items():
+        for action in p._actions:
+            assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+
+
+@pytest.mark.parametrize(
+    "page",
+    [{"limit": 0}, {"limit": -1}, {"limit": True}, {"after": (-1, "att_x")}, {"after": (1, "")}],
+    ids=["limit 0", "limit -1", "limit True", "negative position", "position without id"],
+)
+def test_engine_listing_refuses_a_bad_page_with_a_usage_error(
+    engine: charter.Engine, mission: str, page: dict[str, Any]
+) -> None:
+    """Broken: ``LIMIT -1`` reads every row on SQLite (and fails on PostgreSQL)."""
+    with pytest.raises(charter.CharterError) as refused:
+        engine.attempts(mission_id=mission, **page)
+    assert refused.value.code == "usage_error"

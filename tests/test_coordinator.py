@@ -1888,27 +1888,54 @@ def test_R9_a_resume_rule_that_reads_the_engine_does_not_deadlock(
     assert events(eng, mission, "run.resumed")
 
 
-def test_F1_a_segment_is_resumed_by_one_executor_only(
+def test_F1_a_segment_is_held_by_one_live_executor_only(
     make_engine: MakeEngine, creds: Creds, clock: ManualClock, adapter: RecordingAdapter
 ) -> None:
     """Confirmed: resume as the current owner's segment needed no proof of being
-    that owner, so anyone naming the segment got a second executor of the same
-    epoch, and both could send."""
+    that owner and did not check the lease, so anyone naming the segment got a
+    second executor of the same epoch, and both could send."""
     eng, who, mission = open_engine(make_engine, creds, resume="automatic")
     ex = eng.start_run(mission, by=who.agent, segment_id="seg-1")
     before = stored(eng, mission)
-    with pytest.raises(charter.SegmentReused):
+    with pytest.raises(charter.LeaseHeld):
         eng.coordinator.resume(ex.run_id, "seg-1", by=who.agent)  # it is executing
     assert stored(eng, mission) == before
-    clock.advance(LEASE)
-    eng.coordinator.recover(ex.run_id, "seg-2")
-    owner = eng.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
-    before = stored(eng, mission)
-    with pytest.raises(charter.SegmentReused):
-        eng.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
-    assert stored(eng, mission) == before
-    assert owner.attempt(adapter, "write", {"to": "x"}, effect_key="k").status is (
+    clock.advance(LEASE)  # the executor is presumed dead: its segment continues anew
+    second = eng.coordinator.resume(ex.run_id, "seg-1", by=who.agent)
+    with pytest.raises(charter.Fenced):
+        ex.attempt(adapter, "write", {"to": "x"}, effect_key="zombie")
+    with pytest.raises(charter.LeaseHeld):
+        eng.coordinator.resume(ex.run_id, "seg-1", by=who.agent)
+    assert second.attempt(adapter, "write", {"to": "x"}, effect_key="k").status is (
         AttemptStatus.SUCCEEDED
     )
+    assert [s.attempt_id for s in adapter.sent] == [a.id for a in eng.attempts(mission_id=mission)]
+    assert eng.run(ex.run_id).epoch == 1
     refusals = [payload(e) for e in events(eng, mission, "resume.refused")]
-    assert [r.get("reason") for r in refusals] == ["segment_taken", "segment_taken"]
+    assert [r.get("reason") for r in refusals] == ["segment_held", "segment_held"]
+
+
+def test_F1_an_executor_that_blocked_lets_its_segment_resume_at_once(
+    engine: charter.Engine, who: Principals, adapter: RecordingAdapter
+) -> None:
+    """An executor whose nodes wait (an approval, a person) stops holding the run:
+    its segment resumes without waiting for the lease, and the old object is fenced."""
+    mission = engine.create_mission(
+        default_contract(approvals={"required": ["recorder.write"]}), by=who.alice
+    )
+
+    @charter.node
+    def pay(ctx: charter.Context, value: Any) -> Any:
+        return ctx.attempt(adapter, "write", {"to": "x"})
+
+    plan = charter.Plan("pay", (pay,))
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(charter.Blocked):
+        ex.execute(plan)
+    (request,) = engine.approvals(pending=True)
+    engine.approve(request.id, by=who.bob)
+    resumed = engine.coordinator.resume(ex.run_id, "seg-1", by=who.agent)
+    with pytest.raises(charter.Fenced):
+        ex.execute(plan)
+    assert resumed.execute(plan)["echo"] == {"to": "x"}
+    assert len(adapter.sent) == 1

@@ -7,11 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
-def test_the_demo_mission_completes_sending_each_effect_once(tmp_path: Path) -> None:
+
+@pytest.mark.parametrize("optimize", [False, True], ids=["python", "python-O"])
+def test_the_demo_mission_completes_sending_each_effect_once(
+    tmp_path: Path, optimize: bool
+) -> None:
+    """Also under ``python -O``, which removes ``assert``: no rule may live in one."""
     store = tmp_path / "demo.db"
+    flags = ["-O"] if optimize else []
     done = subprocess.run(
-        [sys.executable, "-m", "charter", "demo", "--json", "--store", str(store)],
+        [sys.executable, *flags, "-m", "charter", "demo", "--json", "--store", str(store)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -28,3 +35,23 @@ def test_the_demo_mission_completes_sending_each_effect_once(tmp_path: Path) -> 
     files = [p for p in tmp_path.iterdir() if p.name.startswith("demo.db")]
     assert files and not any(b"sk_demo_" in p.read_bytes() for p in files)
     assert "sk_demo_" not in done.stdout
+
+
+#: Where sending and settling are decided: none may rely on ``assert``.
+DECIDING = ("executor", "sending", "settlement", "coordinator", "approvals", "admission", "nodes")
+
+
+def test_A4_no_rule_on_the_attempt_path_is_an_assert() -> None:
+    """Confirmed: settlement code relied on ``assert``, which ``python -O`` removes."""
+    import ast
+
+    import charter
+
+    root = Path(charter.__file__).parent
+    found = [
+        f"{name}.py:{node.lineno}"
+        for name in DECIDING
+        for node in ast.walk(ast.parse((root / f"{name}.py").read_text()))
+        if isinstance(node, ast.Assert)
+    ]
+    assert found == []

@@ -18,6 +18,7 @@ from charter.contracts import Contract
 from charter.errors import NotFound, StateError
 from charter.principals import Right
 from charter.storage import Row, Tx
+from charter.storage.paging import Position, page
 
 
 class ApprovalStatus(StrEnum):
@@ -90,15 +91,25 @@ def latest(tx: Tx, effect: str, request_hash: str) -> Approval | None:
     return None if row is None else _from_row(row)
 
 
-def list_approvals(tx: Tx, *, run_id: str | None = None, pending: bool = False) -> list[Approval]:
-    sql = "SELECT * FROM approvals WHERE 1 = 1"
+def list_approvals(
+    tx: Tx,
+    *,
+    run_id: str | None = None,
+    pending: bool = False,
+    limit: int | None = None,
+    after: Position | None = None,
+) -> list[Approval]:
+    where: list[str] = []
     params: list[Any] = []
     if run_id is not None:
-        sql += " AND run_id = ?"
+        where.append("run_id = ?")
         params.append(run_id)
     if pending:
-        sql += " AND status = 'pending'"
-    return [_from_row(r) for r in tx.all(sql + " ORDER BY requested_at_us, id", *params)]
+        where.append("status = 'pending'")
+    sql, args = page(
+        "SELECT * FROM approvals", where, params, key="requested_at_us", after=after, limit=limit
+    )
+    return [_from_row(r) for r in tx.all(sql, *args)]
 
 
 def request(
@@ -168,8 +179,9 @@ def standing(
     """
     a = latest(tx, effect, request_hash)
     if a is not None and a.status is ApprovalStatus.APPROVED:
-        assert a.decided_by is not None and a.expires_at_us is not None
-        if a.expires_at_us <= tx.now_us:
+        # A decision without a decider or an expiry is no approval (checked, not
+        # asserted: ``python -O`` must not change what may be sent).
+        if a.decided_by is None or a.expires_at_us is None or a.expires_at_us <= tx.now_us:
             _retire(tx, a, ApprovalStatus.EXPIRED, actor)
         elif not contract.allows(a.decided_by, Right.APPROVE, scope):
             _retire(tx, a, ApprovalStatus.SUPERSEDED, actor)

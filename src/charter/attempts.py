@@ -21,6 +21,7 @@ from typing import Any
 from charter import secret
 from charter.errors import NotFound
 from charter.storage import Row, Tx
+from charter.storage.paging import Position, page
 
 
 class AttemptStatus(StrEnum):
@@ -235,6 +236,8 @@ def list_attempts(
     run_id: str | None = None,
     mission_id: str | None = None,
     unresolved: bool = False,
+    limit: int | None = None,
+    after: Position | None = None,
 ) -> list[Attempt]:
     where: list[str] = []
     params: list[Any] = []
@@ -246,10 +249,10 @@ def list_attempts(
         params.append(mission_id)
     if unresolved:
         where.append("status IN ('prepared', 'dispatched', 'unknown')")
-    sql = "SELECT * FROM attempts"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    return [from_row(r) for r in tx.all(sql + " ORDER BY prepared_at_us, id", *params)]
+    sql, args = page(
+        "SELECT * FROM attempts", where, params, key="prepared_at_us", after=after, limit=limit
+    )
+    return [from_row(r) for r in tx.all(sql, *args)]
 
 
 #: Where one node's attempts live: (run, newest execution) for this run and

@@ -103,8 +103,9 @@ class Coordinator:
             epoch = run.epoch + 1
             expires = tx.now_us + seconds_us(self._engine.config.lease_seconds)
             tx.run(
-                "UPDATE runs SET epoch = ?, owner_segment = ?, lease_expires_us = ?, "
-                "recoveries = recoveries + 1, updated_at_us = ? WHERE id = ? AND epoch = ?",
+                "UPDATE runs SET epoch = ?, owner_segment = ?, owner_claim = NULL, "
+                "lease_expires_us = ?, recoveries = recoveries + 1, updated_at_us = ? "
+                "WHERE id = ? AND epoch = ?",
                 epoch,
                 segment_id,
                 expires,
@@ -292,9 +293,12 @@ class Coordinator:
                 run_id=run_id,
                 segment_id=segment_id,
             )
-        return self._as_owner(run, segment_id, run.lease_expires_us)
+        # Acts for the owner while no executor holds it (a live one fences it).
+        return self._as_owner(run, segment_id, run.lease_expires_us, None)
 
-    def _as_owner(self, run: Run, segment_id: str, lease_expires_us: int) -> Executor:
+    def _as_owner(
+        self, run: Run, segment_id: str, lease_expires_us: int, claim: str | None
+    ) -> Executor:
         """An executor acting as the run's owning segment (checked again by every write)."""
         return Executor(
             self._engine,
@@ -304,6 +308,7 @@ class Coordinator:
             epoch=run.epoch,
             principal=run.principal,
             lease_expires_us=lease_expires_us,
+            claim=claim,
         )
 
     def _check_reconcilable(self, tx: Tx, attempt: Attempt) -> None:
@@ -513,8 +518,8 @@ class Coordinator:
                     actor=actor,
                     payload={"blockers": list(dict.fromkeys(blockers)), "mode": mode},
                 )
-            expires = self._claim(tx, now, segment_id, actor=actor, mode=mode)
-        return self._as_owner(now, segment_id, expires)
+            expires, claim = self._claim(tx, now, segment_id, actor=actor, mode=mode, force=force)
+        return self._as_owner(now, segment_id, expires, claim)
 
     def _policy(
         self, state: RecoveryState, contract: Contract, mode: ResumeMode, by: Principal | None
@@ -542,36 +547,42 @@ class Coordinator:
                 blockers.append(f"resume rules refused: {failed}")
         return blockers
 
-    def _claim(self, tx: Tx, run: Run, segment_id: str, *, actor: str, mode: str) -> int:
-        """Make ``segment_id``'s executor the one continuing the run (F1).
+    def _claim(
+        self, tx: Tx, run: Run, segment_id: str, *, actor: str, mode: str, force: bool
+    ) -> tuple[int, str]:
+        """Make the returned executor the one holding the run (F1); its lease and claim.
 
-        A segment is one stretch of execution by one executor, so it is taken
-        once: by ``start_run``, or by the first resume after the ``recover``
-        that installed it. Anyone else naming it is refused, so knowing a
-        segment's name never yields a second executor of the same epoch.
+        The owner's segment is held by at most one live executor. One that is
+        still holding it (its claim is set and its lease runs) is not displaced
+        by naming the segment, unless forced; once it stopped (blocked: it let
+        go of its claim) or its lease expired, the new executor takes the claim
+        and any older executor of the segment is fenced at its next write.
         """
-        taken = tx.run(
-            "UPDATE segments SET claimed_at_us = ? WHERE run_id = ? AND segment_id = ? "
-            "AND claimed_at_us IS NULL",
-            tx.now_us,
-            run.id,
-            segment_id,
-        )
-        if not taken:
+        held = tx.one("SELECT owner_claim FROM runs WHERE id = ?", run.id)
+        if (
+            held is not None
+            and held["owner_claim"] is not None
+            and (run.lease_expires_us > tx.now_us and not force)
+        ):
             raise tx.refused(
-                SegmentReused(
-                    f"segment {segment_id!r} of run {run.id} is already being executed; a "
-                    "continuation needs a new segment ID (recover it once the owner's lease "
-                    "has expired)",
+                LeaseHeld(
+                    f"segment {segment_id!r} of run {run.id} is being executed by another "
+                    "executor until its lease expires; wait, or force the resume (audited) if "
+                    "that executor is known dead",
                     run_id=run.id,
                     segment_id=segment_id,
+                    lease_expires_us=run.lease_expires_us,
                 ),
                 mission_id=run.mission_id,
                 kind="resume.refused",
                 entity=run.id,
                 actor=actor,
-                payload={"segment": segment_id, "reason": "segment_taken"},
+                payload={"segment": segment_id, "reason": "segment_held"},
             )
+        claim = tx.ids.new("clm")
+        tx.run(
+            "UPDATE runs SET owner_claim = ? WHERE id = ? AND epoch = ?", claim, run.id, run.epoch
+        )
         if run.status is not RunStatus.ACTIVE:
             runs.set_status(
                 tx, run, RunStatus.ACTIVE, f"resumed ({mode})", actor=actor, segment=segment_id
@@ -593,7 +604,7 @@ class Coordinator:
             epoch=run.epoch,
             payload={"mode": mode},
         )
-        return expires
+        return expires, claim
 
     def _mode(self, contract: Contract) -> ResumeMode:
         """The engine's mode, made stricter (never looser) by the contract."""

@@ -38,6 +38,7 @@ from charter.missions import ContractCache, Mission
 from charter.principals import Authenticator, Principal, Right
 from charter.runs import Run, RunStatus
 from charter.storage import Database, Tx, open_database
+from charter.storage.paging import Position
 
 if TYPE_CHECKING:
     from charter.coordinator import Coordinator
@@ -74,8 +75,13 @@ class Engine:
         rng: random.Random | None = None,
         crash_hook: CrashHook | None = None,
         store_clock: Clock | None = None,
+        create: bool = True,
     ) -> Engine:
         """Open the store at ``url`` (default: ``./.charter/charter.db``).
+
+        A store that does not exist yet is created, unless ``create=False``: then
+        it is refused with :class:`~charter.errors.StoreNotFound` and nothing is
+        made (tools that only look at a store, like the ``charter`` command).
 
         ``clock``, ``rng`` and ``crash_hook`` are the test seams: a
         :class:`~charter.clock.ManualClock`, a seeded ``random.Random`` and a
@@ -94,6 +100,7 @@ class Engine:
             clock=store_clock or clock,
             ids=ids,
             busy_timeout=config.busy_timeout_seconds,
+            create=create,
         )
         return cls(db, config, clock, crash_hook, rng)
 
@@ -340,7 +347,7 @@ class Engine:
                     actor=by.name,
                     payload={"right": "run"},
                 )
-            run_id, expires = self._insert_run(
+            run_id, expires, claim = self._insert_run(
                 tx,
                 mission_id=mission_id,
                 principal=by.name,
@@ -367,6 +374,7 @@ class Engine:
             epoch=1,
             principal=by.name,
             lease_expires_us=expires,
+            claim=claim,
         )
 
     def _insert_run(
@@ -379,18 +387,21 @@ class Engine:
         plan: str | None,
         input_json: str | None,
         linked_from: str | None,
-    ) -> tuple[str, int]:
-        """A new active run owned by its first segment (epoch 1); its ID and lease end."""
+    ) -> tuple[str, int, str]:
+        """A new active run owned by its first segment (epoch 1), held by the
+        executor about to be returned; its ID, lease end and that executor's claim."""
         run_id = tx.ids.new("run")
+        claim = tx.ids.new("clm")
         expires = tx.now_us + seconds_us(self.config.lease_seconds)
         tx.run(
             "INSERT INTO runs (id, mission_id, principal, status, epoch, owner_segment, "
-            "lease_expires_us, created_at_us, updated_at_us, plan, input, linked_from) "
-            "VALUES (?, ?, ?, 'active', 1, ?, ?, ?, ?, ?, ?, ?)",
+            "owner_claim, lease_expires_us, created_at_us, updated_at_us, plan, input, "
+            "linked_from) VALUES (?, ?, ?, 'active', 1, ?, ?, ?, ?, ?, ?, ?, ?)",
             run_id,
             mission_id,
             principal,
             segment_id,
+            claim,
             expires,
             tx.now_us,
             tx.now_us,
@@ -399,14 +410,12 @@ class Engine:
             linked_from,
         )
         tx.run(
-            "INSERT INTO segments (run_id, segment_id, epoch, started_at_us, claimed_at_us) "
-            "VALUES (?, ?, 1, ?, ?)",
+            "INSERT INTO segments (run_id, segment_id, epoch, started_at_us) VALUES (?, ?, 1, ?)",
             run_id,
             segment_id,
             tx.now_us,
-            tx.now_us,
         )
-        return run_id, expires
+        return run_id, expires, claim
 
     def new_linked_run(
         self,
@@ -450,7 +459,7 @@ class Engine:
                 )
             recorded = tx.one("SELECT plan, input FROM runs WHERE id = ?", from_run)
             assert recorded is not None
-            run_id, expires = self._insert_run(
+            run_id, expires, claim = self._insert_run(
                 tx,
                 mission_id=old.mission_id,
                 principal=old.principal,
@@ -484,6 +493,7 @@ class Engine:
             epoch=1,
             principal=old.principal,
             lease_expires_us=expires,
+            claim=claim,
         )
 
     def stop_run(self, run_id: str, *, by: Principal, reason: str = "stopped") -> Run:
@@ -529,9 +539,23 @@ class Engine:
                 runs.set_status(tx, run, RunStatus.ACTIVE, "approval decided", actor=by.name)
             return status
 
-    def approvals(self, *, run_id: str | None = None, pending: bool = False) -> list[Approval]:
+    def approvals(
+        self,
+        *,
+        run_id: str | None = None,
+        pending: bool = False,
+        limit: int | None = None,
+        after: Position | None = None,
+    ) -> list[Approval]:
+        """Approvals by request time; a page of ``limit`` after the ``(requested_at_us,
+        id)`` position ``after`` (see :mod:`charter.storage.paging`). An unknown run
+        is :class:`~charter.errors.NotFound`, not an empty list."""
         with self._db.read() as tx:
-            return approvals_mod.list_approvals(tx, run_id=run_id, pending=pending)
+            if run_id is not None:
+                runs.load(tx, run_id)
+            return approvals_mod.list_approvals(
+                tx, run_id=run_id, pending=pending, limit=limit, after=after
+            )
 
     # -- incidents (L5, L7) --------------------------------------------------------------
     def close_incident(self, incident_id: str, *, by: Principal, note: str) -> None:
@@ -542,27 +566,48 @@ class Engine:
             incidents_mod.close_incident(tx, incident_id, by=by.name, note=note)
             self._unpause(tx, incident["mission_id"], by.name)
 
-    def incidents(self, mission_id: str, *, open_only: bool = False) -> list[dict[str, Any]]:
+    def incidents(
+        self,
+        mission_id: str,
+        *,
+        open_only: bool = False,
+        limit: int | None = None,
+        after: Position | None = None,
+    ) -> list[dict[str, Any]]:
+        """A mission's incidents by opening time; paged by ``(opened_at_us, id)``."""
         with self._db.read() as tx:
             missions.load(tx, mission_id)
-            return incidents_mod.list_incidents(tx, mission_id, open_only=open_only)
+            return incidents_mod.list_incidents(
+                tx, mission_id, open_only=open_only, limit=limit, after=after
+            )
 
     # -- reading -----------------------------------------------------------------------
     def mission(self, mission_id: str) -> Mission:
         with self._db.read() as tx:
             return missions.load(tx, mission_id)
 
-    def missions(self) -> list[Mission]:
+    def missions(self, *, limit: int | None = None, after: Position | None = None) -> list[Mission]:
+        """Missions by creation; paged by ``(created_at_us, id)``."""
         with self._db.read() as tx:
-            return missions.list_missions(tx)
+            return missions.list_missions(tx, limit=limit, after=after)
 
     def run(self, run_id: str) -> Run:
         with self._db.read() as tx:
             return runs.load(tx, run_id)
 
-    def runs(self, mission_id: str | None = None) -> list[Run]:
+    def runs(
+        self,
+        mission_id: str | None = None,
+        *,
+        limit: int | None = None,
+        after: Position | None = None,
+    ) -> list[Run]:
+        """Runs by creation; paged by ``(created_at_us, id)``; an unknown mission is
+        :class:`~charter.errors.NotFound`."""
         with self._db.read() as tx:
-            return runs.list_runs(tx, mission_id)
+            if mission_id is not None:
+                missions.load(tx, mission_id)
+            return runs.list_runs(tx, mission_id, limit=limit, after=after)
 
     def attempt(self, attempt_id: str) -> Attempt:
         with self._db.read() as tx:
@@ -574,10 +619,23 @@ class Engine:
         run_id: str | None = None,
         mission_id: str | None = None,
         unresolved: bool = False,
+        limit: int | None = None,
+        after: Position | None = None,
     ) -> list[Attempt]:
+        """Attempts by preparation; paged by ``(prepared_at_us, id)``; an unknown run
+        or mission is :class:`~charter.errors.NotFound`."""
         with self._db.read() as tx:
+            if run_id is not None:
+                runs.load(tx, run_id)
+            if mission_id is not None:
+                missions.load(tx, mission_id)
             return attempts_mod.list_attempts(
-                tx, run_id=run_id, mission_id=mission_id, unresolved=unresolved
+                tx,
+                run_id=run_id,
+                mission_id=mission_id,
+                unresolved=unresolved,
+                limit=limit,
+                after=after,
             )
 
     def evidence(self, attempt_id: str) -> list[dict[str, Any]]:

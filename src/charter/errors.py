@@ -24,11 +24,13 @@ message says what was wrong and what to do about it::
     ├── SecretUnavailable           a secret's value is not to be had here (S3)
     ├── NonDeterminismError         a replayed call differs from its record (A6)
     ├── AuditError                  the hash chain does not verify (S1)
+    ├── UsageError                  a request malformed as written (CLI arguments, paging)
     └── StoreError                  the store cannot serve the request
         ├── StoreBusy               bounded busy wait ran out
         ├── StoreConflict           a uniqueness or integrity rule refused a write
         ├── SchemaError             the store's schema is unknown or newer
-        └── SettlementUnrecorded    sent, but its settlement could not be committed (A4)
+        ├── SettlementUnrecorded    sent, but its settlement could not be committed (A4)
+        └── StoreNotFound           no store there, and none was to be created
 
 Signals that user code must not swallow derive from ``BaseException``:
 :class:`Fenced` (this executor no longer owns the run) and :class:`Blocked`
@@ -165,6 +167,19 @@ class SettlementUnrecorded(StoreError):
     """
 
     code = "settlement_unrecorded"
+
+
+class StoreNotFound(StoreError):
+    """Opening an existing store found none there (``Engine.open(create=False)``)."""
+
+    code = "store_not_found"
+
+
+class UsageError(CharterError):
+    """A request that is malformed as written — a command line, an amount, a page
+    size or cursor — refused before the store is read or written."""
+
+    code = "usage_error"
 
 
 class NotApplied(Exception):

@@ -23,6 +23,7 @@ A process killed between any two of these steps leaves a state that
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,8 @@ from charter.errors import (
     AdapterError,
     AdmissionRefused,
     ApprovalRequired,
+    Blocked,
+    CharterError,
     Fenced,
     NotAuthorized,
     NotFound,
@@ -70,7 +73,7 @@ _REQUEST_JSON = json.JSONEncoder(
 _REPLAYABLE = frozenset({RunStatus.ACTIVE, RunStatus.WAITING, RunStatus.NEEDS_INTERVENTION})
 
 _OWNER_SQL = (
-    "SELECT r.status, r.epoch, r.owner_segment, r.lease_expires_us, r.linked_from, "
+    "SELECT r.status, r.epoch, r.owner_segment, r.owner_claim, r.lease_expires_us, r.linked_from, "
     "m.contract_version, "
     "m.attempts_admitted, m.attempts_failed, "
     "(SELECT COUNT(*) FROM incidents i WHERE i.mission_id = r.mission_id "
@@ -133,6 +136,7 @@ class Executor:
         epoch: int,
         principal: str,
         lease_expires_us: int,
+        claim: str | None = None,
     ) -> None:
         self.engine = engine
         self.run_id = run_id
@@ -141,6 +145,9 @@ class Executor:
         self.epoch = epoch
         self.principal = principal
         self._lease_expires_us = lease_expires_us
+        #: Which executor of the segment this is (F1): ``None`` acts for an idle
+        #: owner (a reconcile as the recovered segment), never beside a live one.
+        self._claim = claim
         self._db = engine._db
         #: The units budgeted by the contract version this executor last admitted under.
         self._budget_units: frozenset[str] | None = None
@@ -167,6 +174,8 @@ class Executor:
             raise self._fenced("the run no longer exists", -1)
         if row["epoch"] != self.epoch or row["owner_segment"] != self.segment_id:
             raise self._fenced(f"the run was taken over (epoch {row['epoch']})", row["epoch"])
+        if row["owner_claim"] != self._claim:
+            raise self._fenced("another executor resumed its segment", row["epoch"])
         if row["lease_expires_us"] <= tx.now_us:
             raise self._fenced("its lease expired by the store's clock", row["epoch"])
         lease_us = seconds_us(self.engine.config.lease_seconds)
@@ -190,11 +199,13 @@ class Executor:
             expires = tx.now_us + lease_us
             changed = tx.run(
                 "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ? "
-                "AND owner_segment = ? AND lease_expires_us > ?",
+                "AND owner_segment = ? AND COALESCE(owner_claim, '') = ? "
+                "AND lease_expires_us > ?",
                 expires,
                 self.run_id,
                 self.epoch,
                 self.segment_id,
+                self._claim or "",
                 tx.now_us,
             )
             if not changed:
@@ -898,7 +909,27 @@ class Executor:
             if not isinstance(plan, Plan):
                 raise StateError(f"{row['plan']} is not a charter.Plan")
         value = input if input is not None or row["input"] is None else json.loads(row["input"])
-        return execute(self, plan, value)
+        try:
+            return execute(self, plan, value)
+        except Blocked:
+            self._release()
+            raise
+
+    def _release(self) -> None:
+        """This executor stops holding the run (its nodes wait for a person, an
+        approval or evidence), so the owner's segment can be resumed at once.
+        Best effort: an executor that cannot say so keeps the run until its
+        lease expires, as a crashed one does."""
+        with contextlib.suppress(CharterError):
+            with self._db.transaction(gate=self.mission_id) as tx:
+                tx.run(
+                    "UPDATE runs SET owner_claim = NULL WHERE id = ? AND epoch = ? "
+                    "AND owner_claim = ?",
+                    self.run_id,
+                    self.epoch,
+                    self._claim,
+                )
+            self._claim = None
 
     # -- finishing ------------------------------------------------------------
     def finish(self, status: RunStatus = RunStatus.COMPLETED, reason: str | None = None) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from charter.errors import NotFound, StateError
 from charter.storage import Tx
+from charter.storage.paging import Position, page
 
 
 def open_incident(
@@ -86,9 +87,17 @@ def close_incident(tx: Tx, incident_id: str, *, by: str, note: str) -> dict[str,
     return incident
 
 
-def list_incidents(tx: Tx, mission_id: str, *, open_only: bool = False) -> list[dict[str, Any]]:
-    sql = "SELECT * FROM incidents WHERE mission_id = ?"
-    if open_only:
-        sql += " AND status = 'open'"
-    rows = tx.all(sql + " ORDER BY opened_at_us, id", mission_id)
+def list_incidents(
+    tx: Tx,
+    mission_id: str,
+    *,
+    open_only: bool = False,
+    limit: int | None = None,
+    after: Position | None = None,
+) -> list[dict[str, Any]]:
+    where = ["mission_id = ?", *(["status = 'open'"] if open_only else [])]
+    sql, args = page(
+        "SELECT * FROM incidents", where, [mission_id], key="opened_at_us", after=after, limit=limit
+    )
+    rows = tx.all(sql, *args)
     return [{**dict(r), "detail": json.loads(r["detail"])} for r in rows]

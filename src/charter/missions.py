@@ -15,6 +15,7 @@ from charter import ledger
 from charter.contracts import Contract
 from charter.errors import NotFound
 from charter.storage import Tx
+from charter.storage.paging import Position, page
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,19 @@ def load(tx: Tx, mission_id: str) -> Mission:
     return Mission(*(row[k] for k in row.keys()))  # noqa: SIM118 - sqlite3.Row has keys()
 
 
-def list_missions(tx: Tx) -> list[Mission]:
-    rows = tx.all(
+def list_missions(
+    tx: Tx, *, limit: int | None = None, after: Position | None = None
+) -> list[Mission]:
+    sql, args = page(
         "SELECT id, name, created_by, created_at_us, contract_version, attempts_admitted, "
-        "attempts_failed FROM missions ORDER BY created_at_us, id"
+        "attempts_failed FROM missions",
+        [],
+        [],
+        key="created_at_us",
+        after=after,
+        limit=limit,
     )
+    rows = tx.all(sql, *args)
     return [Mission(*(r[k] for k in r.keys())) for r in rows]  # noqa: SIM118
 
 

@@ -14,6 +14,7 @@ from charter import approvals
 from charter.attempts import count_unresolved
 from charter.errors import NotFound, RunTerminal, StateError
 from charter.storage import Row, Tx
+from charter.storage.paging import Position, page
 
 
 class RunStatus(StrEnum):
@@ -106,15 +107,18 @@ def load(tx: Tx, run_id: str) -> Run:
     return from_row(row)
 
 
-def list_runs(tx: Tx, mission_id: str | None = None) -> list[Run]:
-    if mission_id is None:
-        rows = tx.all(f"SELECT {_COLUMNS} FROM runs ORDER BY created_at_us, id")
-    else:
-        rows = tx.all(
-            f"SELECT {_COLUMNS} FROM runs WHERE mission_id = ? ORDER BY created_at_us, id",
-            mission_id,
-        )
-    return [from_row(r) for r in rows]
+def list_runs(
+    tx: Tx,
+    mission_id: str | None = None,
+    *,
+    limit: int | None = None,
+    after: Position | None = None,
+) -> list[Run]:
+    where, params = ([], []) if mission_id is None else (["mission_id = ?"], [mission_id])
+    sql, args = page(
+        f"SELECT {_COLUMNS} FROM runs", where, params, key="created_at_us", after=after, limit=limit
+    )
+    return [from_row(r) for r in tx.all(sql, *args)]
 
 
 def set_status(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from charter.clock import Clock
-from charter.errors import ConfigError, SchemaError
+from charter.errors import ConfigError, SchemaError, StoreNotFound
 from charter.ids import IdFactory
 from charter.storage.database import Database, Driver, Prefetched, Row, Tx
 from charter.storage.schema import LATEST, MIGRATIONS
@@ -20,34 +20,57 @@ DEFAULT_PATH = Path(".charter") / "charter.db"
 __all__ = ["DEFAULT_PATH", "Database", "Prefetched", "Row", "Tx", "open_database"]
 
 
-def _driver(url: str | None, busy_timeout: float) -> Driver:
+def _sqlite_path(url: str | None) -> Path | None:
+    """The SQLite file a store address names; ``None`` for a PostgreSQL URL."""
     if url is None:
-        from charter.storage.sqlite import SQLiteDriver
-
-        return SQLiteDriver(DEFAULT_PATH, busy_timeout=busy_timeout)
+        return DEFAULT_PATH
     if url.startswith(("postgresql://", "postgres://")):
-        from charter.storage.postgres import PostgresDriver
-
-        return PostgresDriver(url, busy_timeout=busy_timeout)
+        return None
     if url.startswith("sqlite:///"):
-        path = Path(url.removeprefix("sqlite:///"))
-    elif "://" in url:
+        return Path(url.removeprefix("sqlite:///"))
+    if "://" in url:
         raise ConfigError(
             f"unsupported store URL {url!r}; use a path, sqlite:///path or postgresql://..."
         )
-    else:
-        path = Path(url)
+    return Path(url)
+
+
+def _driver(url: str | None, path: Path | None, busy_timeout: float) -> Driver:
+    if path is None:
+        from charter.storage.postgres import PostgresDriver
+
+        assert url is not None
+        return PostgresDriver(url, busy_timeout=busy_timeout)
     from charter.storage.sqlite import SQLiteDriver
 
     return SQLiteDriver(path, busy_timeout=busy_timeout)
 
 
 def open_database(
-    url: str | None, *, clock: Clock, ids: IdFactory, busy_timeout: float = 5.0
+    url: str | None,
+    *,
+    clock: Clock,
+    ids: IdFactory,
+    busy_timeout: float = 5.0,
+    create: bool = True,
 ) -> Database:
-    """Open (and migrate) the store at ``url``."""
-    db = Database(_driver(url, busy_timeout), clock, ids)
+    """Open (and migrate) the store at ``url``; with ``create=False`` only a store that
+    exists, so that a mistyped address is refused instead of answered from a new one."""
+    path = _sqlite_path(url)
+    # A PostgreSQL URL may hold a password: it is not repeated in the error.
+    missing = StoreNotFound(
+        f"no Charter store at {path or 'the PostgreSQL database of the store URL'}; check "
+        "--store or the configured store (`charter demo` and Engine.open() create one)",
+        store=None if path is None else str(path),
+    )
+    if not create and path is not None and not path.is_file():
+        raise missing  # before SQLite makes the file
+    db = Database(_driver(url, path, busy_timeout), clock, ids)
     try:
+        if not create:
+            with db.read() as tx:
+                if tx.one(db.dialect.has_table, "schema_migrations") is None:
+                    raise missing
         migrate(db)
     except BaseException:
         db.close()

@@ -10,6 +10,8 @@ backends cannot drift:
   SQLite (PostgreSQL tables need nothing);
 - ``{group_concat}(text, separator)`` is the string aggregate.
 
+``has_table`` finds a table of the store by name (the catalogues differ).
+
 Upserts use ``ON CONFLICT ... DO UPDATE`` and results use ``RETURNING``: both
 backends accept the same text.
 """
@@ -26,6 +28,7 @@ class Dialect:
     serial_pk: str
     without_rowid: str
     group_concat: str
+    has_table: str
     _cache: dict[str, str] = field(default_factory=dict, repr=False)
 
     def sql(self, text: str) -> str:
@@ -44,8 +47,23 @@ class Dialect:
 
 
 def sqlite() -> Dialect:
-    return Dialect("sqlite", "?", "INTEGER PRIMARY KEY", " WITHOUT ROWID", "group_concat")
+    return Dialect(
+        "sqlite",
+        "?",
+        "INTEGER PRIMARY KEY",
+        " WITHOUT ROWID",
+        "group_concat",
+        "SELECT 1 AS x FROM sqlite_master WHERE type = 'table' AND name = ?",
+    )
 
 
 def postgresql() -> Dialect:
-    return Dialect("postgresql", "%s", "BIGSERIAL PRIMARY KEY", "", "string_agg")
+    return Dialect(
+        "postgresql",
+        "%s",
+        "BIGSERIAL PRIMARY KEY",
+        "",
+        "string_agg",
+        "SELECT 1 AS x FROM information_schema.tables "
+        "WHERE table_schema = current_schema() AND table_name = ?",
+    )

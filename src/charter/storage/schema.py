@@ -279,7 +279,7 @@ MIGRATIONS.append(
 MIGRATIONS.append(
     (
         6,
-        "node retries replay what was settled; one executor per segment (A4, F1)",
+        "node retries replay what was settled; one live executor per run (A4, F1)",
         [
             # Whether the send's own answer settled the attempt, so the node that
             # sent it saw the outcome. An attempt settled later (evidence, a
@@ -288,12 +288,11 @@ MIGRATIONS.append(
             "ALTER TABLE attempts ADD COLUMN answered INTEGER NOT NULL DEFAULT 0",
             # Existing settlements keep the behaviour they were made under.
             "UPDATE attempts SET answered = 1 WHERE status IN ('succeeded', 'failed')",
-            # When an executor took the segment (start, or resume): a segment is
-            # one continuous stretch of execution by one executor, so it is taken
-            # once. A segment installed by recover is taken by the resume that
-            # follows.
-            "ALTER TABLE segments ADD COLUMN claimed_at_us BIGINT",
-            "UPDATE segments SET claimed_at_us = started_at_us",
+            # The executor that holds the run, within its owner's epoch: a token
+            # set by start and by each resume, cleared when that executor stops
+            # (blocked) and by recover. Naming the owner's segment never makes a
+            # second live executor: the older one is fenced at its next write.
+            "ALTER TABLE runs ADD COLUMN owner_claim TEXT",
         ],
     )
 )

@@ -1,0 +1,321 @@
+"""The ``charter`` commands that work on a store: one handler per command.
+
+Each handler takes the open engine and the parsed command line and returns the
+JSON-able data and the readable text of its answer; :mod:`charter.cli` parses,
+opens the store, prints, and turns errors into exit statuses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from charter.engine import Engine
+    from charter.principals import Principal
+
+Handler = Callable[["Engine", argparse.Namespace], Any]
+
+
+def _principal(engine: Engine) -> Principal:
+    from charter.errors import AuthenticationError
+
+    credential = os.environ.get("CHARTER_CREDENTIAL")
+    path = os.environ.get("CHARTER_CREDENTIAL_FILE")
+    if not credential and path:
+        try:
+            credential = Path(path).read_text().strip()
+        except OSError as exc:
+            raise AuthenticationError(
+                f"cannot read CHARTER_CREDENTIAL_FILE {path}: {exc}"
+            ) from None
+    if not credential:
+        raise AuthenticationError(
+            "this command needs an identity: set CHARTER_CREDENTIAL=NAME:SECRET or "
+            "CHARTER_CREDENTIAL_FILE=path"
+        )
+    return engine.authenticate(credential)
+
+
+def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    if not rows:
+        return "(none)"
+    cells = [[str(r.get(c, "")) if r.get(c) is not None else "-" for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+def _listing(
+    args: argparse.Namespace, rows: list[dict[str, Any]], key: str, columns: Sequence[str]
+) -> tuple[dict[str, Any], str]:
+    """One page: ``{"items": [...], "next": CURSOR | null}`` and its table.
+
+    Handlers read one row more than the page: the page after exists when it came.
+    ``next`` is the last row's keyset position, ``TIME:ID``.
+    """
+    page = rows[: args.limit]
+    after = f"{page[-1][key]}:{page[-1]['id']}" if len(rows) > args.limit else None
+    text = _table(page, columns)
+    if after is not None:
+        text += f"\n(more: add --after {after} for the next page)"
+    return {"items": page, "next": after}, text
+
+
+# -- handlers: each returns (json-able data, readable text) -----------------------------
+def _missions(engine: Engine, args: argparse.Namespace) -> Any:
+    rows = [m.to_dict() for m in engine.missions(limit=args.limit + 1, after=args.after)]
+    return _listing(
+        args, rows, "created_at_us", ["id", "name", "contract_version", "attempts_admitted"]
+    )
+
+
+def _runs(engine: Engine, args: argparse.Namespace) -> Any:
+    found = engine.runs(args.mission, limit=args.limit + 1, after=args.after)
+    rows = [r.to_dict() for r in found]
+    return _listing(
+        args, rows, "created_at_us", ["id", "mission_id", "status", "epoch", "owner_segment"]
+    )
+
+
+def _show(engine: Engine, args: argparse.Namespace) -> Any:
+    state = engine.coordinator.state(args.run).to_dict()
+    linked = f"linked from: {state['linked_from']}\n" if state["linked_from"] else ""
+    text = (
+        f"run {state['run_id']}  status {state['status']}  epoch {state['epoch']}  "
+        f"owner {state['owner_segment']}  contract v{state['contract_version']}\n"
+        f"reason: {state['status_reason'] or '-'}\n{linked}"
+        f"nodes:\n{_table(state['nodes'], ['node_id', 'execution', 'status', 'crashes'])}\n"
+        f"unresolved attempts:\n"
+        f"{_table(state['attempts'], ['id', 'adapter', 'operation', 'status', 'reason'])}\n"
+        f"settled: {state['settled_counts'] or '{}'}"
+    )
+    return state, text
+
+
+def _attempts(engine: Engine, args: argparse.Namespace) -> Any:
+    found = engine.attempts(
+        run_id=args.run,
+        mission_id=args.mission,
+        unresolved=args.unresolved,
+        limit=args.limit + 1,
+        after=args.after,
+    )
+    rows = [a.to_dict() for a in found]
+    columns = ["id", "run_id", "adapter", "operation", "status", "estimate", "actual"]
+    return _listing(args, rows, "prepared_at_us", columns)
+
+
+def _recover(engine: Engine, args: argparse.Namespace) -> Any:
+    from charter import RunStatus
+    from charter.errors import RunTerminal
+
+    by = _principal(engine) if args.force else None
+    state = engine.coordinator.recover(args.run, args.segment, force=args.force, by=by).to_dict()
+    if RunStatus(state["status"]).terminal:
+        # Recovery reports a terminal run's state without taking it over (N4): the
+        # request was not carried out, whatever the state says.
+        raise RunTerminal(
+            f"run {args.run} is {state['status']} and a terminal run is never reopened: "
+            f"nothing was taken over, segment {args.segment} owns nothing and the epoch "
+            f"stays {state['epoch']}; follow it with `charter link {args.run} --segment ID`",
+            run_id=args.run,
+            status=state["status"],
+            epoch=state["epoch"],
+            taken_over=False,
+            next_actions=state["next_actions"],
+        )
+    state["taken_over"] = True
+    lines = [
+        f"run {state['run_id']} recovered as segment {args.segment}: epoch "
+        f"{state['epoch']}, status {state['status']}"
+    ]
+    lines += [
+        f"  {n['kind']} {n['id']} [{n['phase']}]: {n['action']}" for n in state["next_actions"]
+    ]
+    return state, "\n".join(lines)
+
+
+def _reconcile(engine: Engine, args: argparse.Namespace) -> Any:
+    attempt = engine.attempt(args.attempt)
+    adapter = engine.config.load_adapter(attempt.adapter)
+    evidence = engine.coordinator.reconcile(args.attempt, adapter, segment_id=args.segment)
+    after = engine.attempt(args.attempt)
+    data = {
+        "attempt_id": args.attempt,
+        "verdict": evidence.verdict,
+        "detail": evidence.detail,
+        "status": after.status.value,
+        "settled": after.status.settled,
+    }
+    hint = (
+        ""
+        if after.status.settled
+        else (
+            "; confirm it with `charter confirm`"
+            if evidence.conclusive
+            else "; a person must resolve it (`charter resolve`)"
+        )
+    )
+    return data, f"evidence: {evidence.verdict}; attempt is {after.status.value}{hint}"
+
+
+def _confirm(engine: Engine, args: argparse.Namespace) -> Any:
+    attempt = engine.coordinator.confirm(
+        args.attempt, by=_principal(engine), evidence_id=args.evidence_id
+    )
+    return attempt.to_dict(), f"attempt {attempt.id} settled {attempt.status.value}"
+
+
+def _resolve(engine: Engine, args: argparse.Namespace) -> Any:
+    attempt = engine.coordinator.resolve(
+        args.attempt,
+        by=_principal(engine),
+        outcome=args.outcome,
+        evidence=args.evidence,
+        cost=args.cost,
+    )
+    return attempt.to_dict(), (
+        f"attempt {attempt.id} resolved {attempt.status.value} at {attempt.actual}"
+    )
+
+
+def _resume(engine: Engine, args: argparse.Namespace) -> Any:
+    by = None
+    if os.environ.get("CHARTER_CREDENTIAL") or os.environ.get("CHARTER_CREDENTIAL_FILE"):
+        by = _principal(engine)
+    executor = engine.coordinator.resume(args.run, args.segment, by=by)
+    result = executor.execute()
+    run = engine.run(args.run)
+    return (
+        {"run_id": run.id, "status": run.status.value, "epoch": run.epoch, "result": result},
+        f"run {run.id} {run.status.value} (epoch {run.epoch})",
+    )
+
+
+def _stop(engine: Engine, args: argparse.Namespace) -> Any:
+    run = engine.stop_run(args.run, by=_principal(engine), reason=args.reason)
+    unresolved = len(engine.attempts(run_id=run.id, unresolved=True))
+    text = f"run {run.id} {run.status.value}"
+    if unresolved:
+        text += (
+            f"; it ends stopped once its {unresolved} attempt(s) in flight settle "
+            "(`charter attempts --run RUN --unresolved`)"
+        )
+    return {**run.to_dict(), "unresolved": unresolved}, text
+
+
+def _link(engine: Engine, args: argparse.Namespace) -> Any:
+    from charter.errors import StateError
+
+    if engine.coordinator.state(args.run).plan is None:
+        raise StateError(
+            f"run {args.run} records no plan to run again; start the linked run from Python "
+            "with Engine.new_linked_run(..., plan=...)",
+            run_id=args.run,
+        )
+    executor = engine.new_linked_run(
+        args.run, reviewed_by=_principal(engine), segment_id=args.segment
+    )
+    result = executor.execute()
+    run = engine.run(executor.run_id)
+    return (
+        {"run_id": run.id, "linked_from": args.run, "status": run.status.value, "result": result},
+        f"run {run.id} (linked from {args.run}) {run.status.value}",
+    )
+
+
+def _raise_limit(engine: Engine, args: argparse.Namespace) -> Any:
+    unit, limit = args.limit
+    version = engine.raise_limit(args.mission, unit, limit, by=_principal(engine))
+    balance = engine.balances(args.mission)[unit]
+    paused = [r.id for r in engine.runs(args.mission) if r.status.value == "paused"]
+    data = {
+        "mission_id": args.mission,
+        "contract_version": version,
+        "unit": unit,
+        "balance": balance.__dict__,
+        "paused_runs": paused,
+    }
+    text = f"{unit} limit {limit} (contract v{version}); {balance.available} available"
+    if paused:
+        text += f"; still paused (open incident or overrun): {', '.join(paused)}"
+    return data, text
+
+
+def _approvals(engine: Engine, args: argparse.Namespace) -> Any:
+    found = engine.approvals(
+        run_id=args.run, pending=args.pending, limit=args.limit + 1, after=args.after
+    )
+    rows = [a.to_dict() for a in found]
+    return _listing(
+        args, rows, "requested_at_us", ["id", "run_id", "scope", "status", "decided_by"]
+    )
+
+
+def _approve(engine: Engine, args: argparse.Namespace) -> Any:
+    status = engine.approve(args.approval, by=_principal(engine), deny=args.deny)
+    return {"approval_id": args.approval, "status": status.value}, f"{args.approval} {status}"
+
+
+def _incidents(engine: Engine, args: argparse.Namespace) -> Any:
+    rows = engine.incidents(
+        args.mission, open_only=args.open, limit=args.limit + 1, after=args.after
+    )
+    return _listing(args, rows, "opened_at_us", ["id", "kind", "status", "attempt_id", "closed_by"])
+
+
+def _close_incident(engine: Engine, args: argparse.Namespace) -> Any:
+    engine.close_incident(args.incident, by=_principal(engine), note=args.note)
+    return {"incident_id": args.incident, "status": "closed"}, f"{args.incident} closed"
+
+
+def _ledger(engine: Engine, args: argparse.Namespace) -> Any:
+    balances = engine.balances(args.mission)
+    problems = engine.check_ledger(args.mission)
+    rows = [{"unit": u, **b.__dict__} for u, b in balances.items()]
+    text = _table(rows, ["unit", "limit", "available", "held", "spent", "overrun"])
+    text += "\nledger check: " + ("ok" if not problems else "; ".join(problems))
+    return {"mission_id": args.mission, "balances": rows, "problems": problems}, text
+
+
+def _audit(engine: Engine, args: argparse.Namespace) -> Any:
+    from charter.errors import AuditError
+
+    results = engine.verify_audit(args.mission)
+    rows = [v.to_dict() for v in results]
+    text = _table(rows, ["mission_id", "events", "ok", "broken_at", "problem"])
+    if not all(v.ok for v in results):
+        bad = [v for v in results if not v.ok]
+        raise AuditError(
+            f"audit chain broken: {bad[0].mission_id} at event {bad[0].broken_at} "
+            f"({bad[0].problem})",
+            chains=rows,
+        )
+    return rows, text
+
+
+HANDLERS: dict[str, Handler] = {
+    "missions": _missions,
+    "runs": _runs,
+    "show": _show,
+    "attempts": _attempts,
+    "recover": _recover,
+    "reconcile": _reconcile,
+    "confirm": _confirm,
+    "resolve": _resolve,
+    "resume": _resume,
+    "stop": _stop,
+    "link": _link,
+    "raise-limit": _raise_limit,
+    "approvals": _approvals,
+    "approve": _approve,
+    "incidents": _incidents,
+    "close-incident": _close_incident,
+    "ledger": _ledger,
+    "audit": _audit,
+}
