@@ -7,7 +7,8 @@ segments, node executions, evidence — ``copies`` times in one transaction,
 renaming its IDs. The copies keep the store's invariants:
 
 - the audit chain is extended event by event, each copy re-hashed on top of
-  the previous one, so ``Engine.verify_audit`` holds;
+  the previous one, and its head on the mission's row moved to the end, so
+  ``Engine.verify_audit`` holds;
 - the cached allowance balances move by exactly the copied ledger entries, so
   ``Engine.check_ledger`` holds (both are checked after every build);
 - the mission's admitted-attempt counter counts the copies.
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from charter.audit import GENESIS, HASHED_FIELDS, digest, event_hash
+from charter.audit import HASHED_FIELDS, digest, event_hash, genesis
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 
@@ -121,11 +122,10 @@ def clone(
             )
             if any(e["entity"] == t or e["entity"].startswith(t + "/") for t in tokens)
         ]
-        head = conn.execute(
-            "SELECT seq, hash FROM audit_events WHERE mission_id = ? ORDER BY seq DESC LIMIT 1",
-            (mission_id,),
+        seq, prev = conn.execute(
+            "SELECT audit_seq, audit_hash FROM missions WHERE id = ?", (mission_id,)
         ).fetchone()
-        seq, prev = (head[0], head[1]) if head else (0, GENESIS)
+        prev = prev or genesis(mission_id)
         extra_tokens = _extra_tokens(attempts)
         for k in range(copies):
             mapping = {t: rename(t, k) for t in (*tokens, *extra_tokens)}
@@ -146,6 +146,10 @@ def clone(
                 prev = ev["hash"]
                 chained.append(ev)
             _insert(conn, "audit_events", chained)
+        conn.execute(
+            "UPDATE missions SET audit_seq = ?, audit_hash = ? WHERE id = ?",
+            (seq, prev, mission_id),
+        )
         _move_balances(conn, mission_id, ledger, copies)
         conn.execute(
             "UPDATE missions SET attempts_admitted = attempts_admitted + ? WHERE id = ?",

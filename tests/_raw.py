@@ -75,6 +75,19 @@ class RawStore:
             return self.rows("SELECT * FROM audit_events ORDER BY mission_id, seq")
         return self.rows("SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", chain)
 
+    def heads(self) -> dict[str, tuple[int, str | None]]:
+        """Every chain's recorded head: (last seq, last hash), ``(0, None)`` when empty."""
+        rows = self.rows("SELECT id, audit_seq, audit_hash FROM missions")
+        rows += self.rows("SELECT id, audit_seq, audit_hash FROM audit_chains")
+        return {r["id"]: (r["audit_seq"], r["audit_hash"]) for r in rows}
+
+    def ends(self) -> dict[str, tuple[int, str | None]]:
+        """Every chain's last event as the log holds it, in the shape of :meth:`heads`."""
+        ends: dict[str, tuple[int, str | None]] = dict.fromkeys(self.heads(), (0, None))
+        for e in self.events():
+            ends[e["mission_id"]] = (e["seq"], e["hash"])
+        return ends
+
     @contextmanager
     def refusing(self, table: str, event: str) -> Iterator[None]:
         """While open, the store refuses ``event`` (``INSERT``, ``UPDATE OF col``) on ``table``."""

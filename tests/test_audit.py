@@ -17,7 +17,7 @@ import pytest
 
 import charter
 from _raw import RawStore
-from charter.audit import GENESIS, canonical, digest, event_hash
+from charter.audit import HASHED_FIELDS, canonical, digest, event_hash, genesis
 from charter.testing import ManualClock, RecordingAdapter
 from conftest import Principals, default_contract
 
@@ -96,6 +96,7 @@ def _step(
     assert Counter(e["kind"] for e in new) == Counter(kinds)
     assert all(e["at_us"] == clock.now_us() for e in new), "an event outside its transaction"
     assert (after_state != before_state) is changes_state
+    assert raw.heads() == raw.ends(), "a chain's head was not moved with its events"
     return result
 
 
@@ -492,14 +493,20 @@ def test_S1_recovery_and_resolution_append_their_events(
 
 
 def test_S1_the_chain_links_every_event_to_the_one_before(history: History, raw: RawStore) -> None:
+    """From a genesis of the mission's own, each hash covering the mission's id,
+    to the head recorded on the mission's row."""
+    assert genesis(history.mission) != genesis("engine")
     for chain in (history.mission, "engine"):
         trail = raw.events(chain)
         assert [e["seq"] for e in trail] == list(range(1, len(trail) + 1))
-        prev = GENESIS
+        prev = genesis(chain)
         for e in trail:
             assert e["prev_hash"] == prev
+            assert e["hash"] == event_hash(prev, {k: e[k] for k in HASHED_FIELDS})
+            assert "mission_id" in HASHED_FIELDS
             prev = e["hash"]
         assert len({e["hash"] for e in trail}) == len(trail)
+        assert raw.heads()[chain] == (len(trail), prev)
 
 
 def test_S1_changing_any_field_of_any_event_breaks_the_chain_there(
@@ -559,7 +566,7 @@ def test_S1_a_fully_rehashed_event_breaks_the_link_to_the_next(
     trail = raw.events(history.mission)
     target = next(e for e in trail if e["kind"] == "approval.decided")
     assert target["seq"] < len(trail)
-    fields = {k: target[k] for k in charter.audit.HASHED_FIELDS}
+    fields = {k: target[k] for k in HASHED_FIELDS}
     fields["actor"] = "mallory"
     raw.execute(
         "UPDATE audit_events SET actor = ?, hash = ? WHERE mission_id = ? AND seq = ?",
@@ -577,7 +584,7 @@ def test_S1_deleting_an_event_is_detected(
 ) -> None:
     trail = raw.events(history.mission)
     columns = list(trail[0])
-    for row in trail[:-1]:  # a truncated tail is caught by snapshot signatures (S2)
+    for row in trail:
         raw.execute(
             "DELETE FROM audit_events WHERE mission_id = ? AND seq = ?",
             history.mission,
@@ -592,6 +599,95 @@ def test_S1_deleting_an_event_is_detected(
             *(row[c] for c in columns),
         )
     assert verdict(engine, history.mission).ok
+
+
+@pytest.mark.parametrize("cut", [1, 3])
+def test_S1_a_truncated_tail_is_detected(
+    cut: int, history: History, engine: charter.Engine, raw: RawStore
+) -> None:
+    trail = raw.events(history.mission)
+    raw.execute(
+        "DELETE FROM audit_events WHERE mission_id = ? AND seq > ?",
+        history.mission,
+        len(trail) - cut,
+    )
+    result = verdict(engine, history.mission)
+    assert (result.ok, result.broken_at) == (False, len(trail) - cut + 1)
+    assert result.problem is not None and f"head records {len(trail)}" in result.problem
+
+
+def test_S1_a_truncated_tail_stays_detected_after_new_events(
+    history: History, engine: charter.Engine, who: Principals, raw: RawStore
+) -> None:
+    """The next event links to the recorded head, not to what is left of the log."""
+    trail = raw.events(history.mission)
+    raw.execute(
+        "DELETE FROM audit_events WHERE mission_id = ? AND seq = ?", history.mission, len(trail)
+    )
+    engine.raise_limit(history.mission, "calls", 500, by=who.alice)
+    (appended,) = raw.events(history.mission)[len(trail) - 1 :]
+    assert appended["seq"] == len(trail) + 1  # after the deleted one
+    assert appended["prev_hash"] == trail[-1]["hash"]
+    result = verdict(engine, history.mission)
+    assert (result.ok, result.broken_at) == (False, len(trail) + 1)
+
+
+def test_S1_a_whole_deleted_chain_is_detected(
+    history: History, engine: charter.Engine, raw: RawStore
+) -> None:
+    trail = raw.events(history.mission)
+    raw.execute("DELETE FROM audit_events WHERE mission_id = ?", history.mission)
+    result = verdict(engine, history.mission)
+    assert (result.ok, result.broken_at, result.events) == (False, 1, 0)
+    everything = {v.mission_id: v for v in engine.verify_audit()}
+    assert (everything[history.mission].ok, everything["engine"].ok) == (False, True)
+    assert raw.heads()[history.mission] == (len(trail), trail[-1]["hash"])
+
+
+def test_S1_a_deleted_engine_chain_is_detected(
+    history: History, engine: charter.Engine, raw: RawStore
+) -> None:
+    raw.execute("DELETE FROM audit_events WHERE mission_id = 'engine'")
+    result = verdict(engine, "engine")
+    assert (result.ok, result.broken_at) == (False, 1)
+    assert verdict(engine, history.mission).ok
+
+
+def test_S1_swapping_two_missions_whole_chains_is_detected(
+    history: History, engine: charter.Engine, who: Principals, raw: RawStore
+) -> None:
+    other = engine.create_mission(default_contract(), by=who.alice)
+    ex = engine.start_run(other, by=who.agent, segment_id="seg-other")
+    for i in range(3):
+        ex.attempt(RecordingAdapter(), "write", {"i": i}, effect_key=f"w{i}")
+    rename = "UPDATE audit_events SET mission_id = ? WHERE mission_id = ?"
+    raw.execute(rename, "swap", history.mission)
+    raw.execute(rename, history.mission, other)
+    raw.execute(rename, other, "swap")
+    for mission in (history.mission, other):
+        result = verdict(engine, mission)
+        assert (result.ok, result.broken_at) == (False, 1), mission
+    # Moving the heads along with the chains does not help: the hashes name their mission.
+    swap_heads = "UPDATE missions SET audit_seq = ?, audit_hash = ? WHERE id = ?"
+    heads = raw.heads()
+    raw.execute(swap_heads, *heads[other], history.mission)
+    raw.execute(swap_heads, *heads[history.mission], other)
+    for mission in (history.mission, other):
+        result = verdict(engine, mission)
+        assert (result.ok, result.broken_at) == (False, 1), mission
+
+
+def test_S1_a_chain_moved_to_a_mission_that_does_not_exist_is_reported(
+    history: History, engine: charter.Engine, raw: RawStore
+) -> None:
+    raw.execute(
+        "UPDATE audit_events SET mission_id = 'msn_ghost' WHERE mission_id = ?", history.mission
+    )
+    results = {v.mission_id: v for v in engine.verify_audit()}
+    assert (results["msn_ghost"].ok, results["msn_ghost"].broken_at) == (False, 1)
+    assert results["msn_ghost"].problem is not None
+    assert "no head" in results["msn_ghost"].problem
+    assert (results[history.mission].ok, results[history.mission].broken_at) == (False, 1)
 
 
 def test_S1_moving_an_event_to_another_chain_is_detected_on_both(
@@ -631,6 +727,7 @@ def test_S1_inserting_a_well_formed_event_is_detected(
     )
     prev = trail[at - 2]["hash"]
     forged = {
+        "mission_id": history.mission,
         "seq": at,
         "at_us": trail[at - 2]["at_us"],
         "actor": "alice",
@@ -643,7 +740,7 @@ def test_S1_inserting_a_well_formed_event_is_detected(
         "payload": canonical({}),
     }
     forged["payload_hash"] = digest(forged["payload"])
-    h = event_hash(prev, {k: forged[k] for k in charter.audit.HASHED_FIELDS})
+    h = event_hash(prev, {k: forged[k] for k in HASHED_FIELDS})
     raw.execute(
         "INSERT INTO audit_events (mission_id, seq, at_us, actor, segment, epoch, kind, entity, "
         "before, after, payload, payload_hash, prev_hash, hash) "
@@ -739,13 +836,14 @@ def test_S1_chains_are_per_mission(
     for mission, entities in owned.items():
         trail = raw.events(mission)
         assert [e["seq"] for e in trail] == list(range(1, len(trail) + 1))
-        assert trail[0]["prev_hash"] == GENESIS
+        assert trail[0]["prev_hash"] == genesis(mission)
         assert {e["entity"] for e in trail} <= entities
         assert {e["entity"] for e in trail} == entities
     assert len(raw.events(first)) == 2 + 1 + 3 * 3
     assert len(raw.events(second)) == 2 + 1 + 3 * 3 + 1
     results = {v.mission_id: v for v in engine.verify_audit()}
-    assert set(results) == {first, second}
+    assert set(results) == {first, second, "engine"}  # the engine chain, empty, is checked too
+    assert results["engine"].events == 0
     assert all(v.ok for v in results.values())
     assert results[first].events == len(raw.events(first))
 
@@ -764,3 +862,61 @@ def test_S1_verifying_an_unknown_mission_is_not_found(
         engine.verify_audit("msn_nope")
     assert info.value.details["mission_id"] == "msn_nope"
     assert raw.events() == []
+
+
+# -- a store whose chains began before schema 6 ------------------------------------------
+
+
+def _as_before_schema_6(raw: RawStore) -> None:
+    """Make the store what schema 5 left: chains hashed without the mission's id
+    from an all-zero genesis, and no heads anywhere."""
+    for chain in {e["mission_id"] for e in raw.events()}:
+        prev = charter.audit.LEGACY_GENESIS
+        for e in raw.events(chain):
+            h = event_hash(prev, {k: e[k] for k in charter.audit.LEGACY_HASHED_FIELDS})
+            raw.execute(
+                "UPDATE audit_events SET prev_hash = ?, hash = ? WHERE mission_id = ? AND seq = ?",
+                prev,
+                h,
+                chain,
+                e["seq"],
+            )
+            prev = h
+    for column in ("audit_seq", "audit_hash", "audit_legacy_seq"):
+        raw.execute(f"ALTER TABLE missions DROP COLUMN {column}")
+    raw.execute("DROP TABLE audit_chains")
+    raw.execute("DELETE FROM schema_migrations WHERE version = 6")
+
+
+def test_S1_upgrading_a_store_keeps_its_events_and_records_where_each_chain_ends(
+    history: History,
+    raw: RawStore,
+    make_engine: Callable[..., charter.Engine],
+    creds: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    _as_before_schema_6(raw)
+    legacy = raw.events()
+    upgraded = make_engine()  # migrates to schema 6
+    assert raw.events() == legacy  # not one event rehashed
+    assert raw.heads() == raw.ends()
+    lengths = {r["id"]: r["audit_legacy_seq"] for r in raw.rows("SELECT * FROM missions")}
+    assert lengths == {history.mission: len(raw.events(history.mission))}
+    assert all(v.ok for v in upgraded.verify_audit())
+
+    # New events are hashed the current way, continuing the old chain.
+    alice = upgraded.authenticate(creds[0]["alice"])
+    upgraded.raise_limit(history.mission, "calls", 500, by=alice)
+    old_end, new = raw.events(history.mission)[lengths[history.mission] - 1 :]
+    assert new["prev_hash"] == old_end["hash"]
+    assert new["hash"] == event_hash(new["prev_hash"], {k: new[k] for k in HASHED_FIELDS})
+    assert all(v.ok for v in upgraded.verify_audit())
+
+    # An old event is still checked the old way, and the recorded head catches a cut.
+    raw.execute(
+        "UPDATE audit_events SET actor = 'mallory' WHERE mission_id = ? AND seq = 2",
+        history.mission,
+    )
+    assert verdict(upgraded, history.mission).broken_at == 2
+    raw.execute("DELETE FROM audit_events WHERE mission_id = 'engine'")
+    engine_chain = verdict(upgraded, "engine")
+    assert (engine_chain.ok, engine_chain.broken_at) == (False, 1)

@@ -28,15 +28,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from charter.audit import GENESIS, HASHED_FIELDS, canonical, digest, event_hash
+from charter.audit import HASHED_FIELDS, canonical, digest, event_hash, genesis, head_table
 from charter.clock import Clock
 from charter.errors import CharterError, StoreError
 from charter.ids import IdFactory
 from charter.storage.dialect import Dialect
 
 Row = Mapping[str, Any]
-#: An audit chain's head: the last event's sequence number and hash.
-Head = tuple[int, str]
+#: An audit chain's head as its row keeps it: the last event's sequence number
+#: and hash (``hash`` is ``None`` while the chain is empty).
+Head = tuple[int, str | None]
 
 
 class Driver(Protocol):
@@ -89,7 +90,8 @@ class Driver(Protocol):
         ...
 
     def head(self, mission_id: str) -> Head | None:
-        """The last (seq, hash) of the chain of a mission whose gate is held."""
+        """The head kept on the row of a mission whose gate is held (``None``:
+        no such row yet, as while the mission is being created)."""
         ...
 
     def close(self) -> None: ...
@@ -254,7 +256,10 @@ class Tx:
         chains = sorted({ev["mission_id"] for ev in self._events})
         for mission_id in chains:
             self.lock_mission(mission_id)
-        heads = {m: self._driver.head(m) or (0, GENESIS) for m in chains}
+        heads: dict[str, tuple[int, str]] = {}
+        for mission_id in chains:
+            seq, hash_ = self._driver.head(mission_id) or (0, None)
+            heads[mission_id] = (seq, hash_ or genesis(mission_id))
         rows: list[tuple[Any, ...]] = []
         for ev in self._events:
             mission_id = ev["mission_id"]
@@ -287,6 +292,16 @@ class Tx:
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             rows,
         )
+        # The heads move with the events: deferred writes too, so on PostgreSQL
+        # they travel with COMMIT and cost no round trip.
+        for mission_id in chains:
+            seq, hash_ = heads[mission_id]
+            self.write(
+                f"UPDATE {head_table(mission_id)} SET audit_seq = ?, audit_hash = ? WHERE id = ?",
+                seq,
+                hash_,
+                mission_id,
+            )
 
 
 class _Group:

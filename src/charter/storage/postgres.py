@@ -28,6 +28,7 @@ import select
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from charter.audit import head_table
 from charter.clock import Clock, SystemClock
 from charter.errors import ConfigError, StoreBusy, StoreConflict, StoreError
 from charter.storage import dialect
@@ -69,13 +70,16 @@ def _translate(exc: Exception, busy_timeout: float) -> Exception:
 _Pending = tuple[str, Sequence[Any], "Callable[[Result], None] | None"]
 
 _GATE = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
-#: A statement of its own after the lock, so its snapshot sees every append before
-#: it; the clock is read there too, so a wait for the gate does not age it.
-_HEAD = (
-    "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT AS now, h.seq, h.hash "
-    "FROM (SELECT 1) AS one LEFT JOIN (SELECT seq, hash FROM audit_events "
-    "WHERE mission_id = %s ORDER BY seq DESC LIMIT 1) AS h ON true"
-)
+#: A chain's head (by the table that keeps it, see :func:`charter.audit.head_table`),
+#: read in a statement of its own after the lock, so its snapshot sees every
+#: append before it; the clock is read there too, so a wait for the gate does not
+#: age it.
+_HEAD = {
+    table: "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT AS now, "
+    "h.audit_seq, h.audit_hash FROM (SELECT 1) AS one LEFT JOIN "
+    f"(SELECT audit_seq, audit_hash FROM {table} WHERE id = %s) AS h ON true"
+    for table in ("missions", "audit_chains")
+}
 
 
 class Result:
@@ -289,12 +293,13 @@ class PostgresDriver:
             assert row is not None
             if self._now is None:
                 self._now = int(row["now"])
-            seq, hash_ = row["seq"], row["hash"]
+            seq, hash_ = row["audit_seq"], row["audit_hash"]
             self._heads[mission_id] = None if seq is None else (seq, hash_)
 
         # A clock reading not sent yet is dropped: the one after the gate replaces it.
         self._pending = [p for p in self._pending if p[0] != _NOW]
-        self._pending += [(_GATE, (mission_id,), None), (_HEAD, (mission_id,), take)]
+        head = _HEAD[head_table(mission_id)]
+        self._pending += [(_GATE, (mission_id,), None), (head, (mission_id,), take)]
 
     def head(self, mission_id: str) -> Head | None:
         if mission_id not in self._heads:
