@@ -173,15 +173,30 @@ class Tx:
         self._driver.defer(self._sql(sql), params)
 
     def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        """Deferred writes of one statement; an INSERT becomes one multi-row statement."""
+        """Deferred writes of one statement; an INSERT becomes multi-row statements.
+
+        Each carries at most as many parameters as the store allows in one
+        statement, in row counts that are powers of two, so that however many
+        rows a transaction writes, few distinct statements are prepared.
+        """
         rows = list(rows)
-        if len(rows) > 1:
-            head, sep, group = sql.rpartition(" VALUES ")
-            if sep and head.startswith("INSERT") and group.startswith("("):
-                sql = f"{head}{sep}{', '.join([group] * len(rows))}"
-                rows = [[v for row in rows for v in row]]
-        for row in rows:
-            self._driver.defer(self._sql(sql), row)
+        head, sep, group = sql.rpartition(" VALUES ")
+        if len(rows) < 2 or not (sep and head.startswith("INSERT") and group.startswith("(")):
+            for row in rows:
+                self._driver.defer(self._sql(sql), row)
+            return
+        fits = max(1, self._driver.dialect.max_params // len(rows[0]))
+        size = 1 << (fits.bit_length() - 1)  # the largest power of two that fits
+        start = 0
+        while start < len(rows):
+            while size > len(rows) - start:
+                size >>= 1
+            chunk = rows[start : start + size]
+            self._driver.defer(
+                self._sql(f"{head}{sep}{', '.join([group] * size)}"),
+                [v for row in chunk for v in row],
+            )
+            start += size
 
     # -- audit (S1) ---------------------------------------------------------------
     def audit(

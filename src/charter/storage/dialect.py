@@ -8,7 +8,8 @@ backends cannot drift:
 - ``{serial_pk}`` in DDL is an auto-incrementing 64-bit key;
 - ``{without_rowid}`` after a table's DDL clusters it by its primary key on
   SQLite (PostgreSQL tables need nothing);
-- ``{group_concat}(text, separator)`` is the string aggregate.
+- ``{group_concat}(text, separator)`` is the string aggregate;
+- ``max_params`` bounds the parameters of one statement.
 
 Upserts use ``ON CONFLICT ... DO UPDATE`` and results use ``RETURNING``: both
 backends accept the same text.
@@ -26,6 +27,8 @@ class Dialect:
     serial_pk: str
     without_rowid: str
     group_concat: str
+    #: The most parameters one statement may carry (multi-row writes are split under it).
+    max_params: int
     _cache: dict[str, str] = field(default_factory=dict, repr=False)
 
     def sql(self, text: str) -> str:
@@ -44,8 +47,10 @@ class Dialect:
 
 
 def sqlite() -> Dialect:
-    return Dialect("sqlite", "?", "INTEGER PRIMARY KEY", " WITHOUT ROWID", "group_concat")
+    # SQLite's compiled-in default; the driver reads its connection's actual limit.
+    return Dialect("sqlite", "?", "INTEGER PRIMARY KEY", " WITHOUT ROWID", "group_concat", 32_766)
 
 
 def postgresql() -> Dialect:
-    return Dialect("postgresql", "%s", "BIGSERIAL PRIMARY KEY", "", "string_agg")
+    # The wire protocol counts a statement's parameters in 16 bits.
+    return Dialect("postgresql", "%s", "BIGSERIAL PRIMARY KEY", "", "string_agg", 65_535)

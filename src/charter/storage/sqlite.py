@@ -61,6 +61,7 @@ class SQLiteDriver:
             mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute("PRAGMA foreign_keys=ON")
+            self.dialect.max_params = self._conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite store at {path}: {exc}") from None
         if mode != "wal":
