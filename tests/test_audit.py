@@ -798,6 +798,35 @@ def test_S1_reordering_events_is_detected(
         assert verdict(engine, history.mission).ok
 
 
+def test_S1_verification_reads_a_chain_a_page_at_a_time(
+    history: History, engine: charter.Engine, raw: RawStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What verification holds does not grow with the chain: no read of the log
+    returns more than a page of events, and a break past the first page is
+    found where it is."""
+    monkeypatch.setattr(charter.audit, "PAGE", 4)
+    pages: list[int] = []
+    read = charter.storage.Tx.all
+
+    def counting(tx: charter.storage.Tx, sql: str, *params: Any) -> list[Any]:
+        rows = read(tx, sql, *params)
+        if "FROM audit_events" in sql:
+            pages.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(charter.storage.Tx, "all", counting)
+    trail = raw.events(history.mission)
+    assert len(trail) > 3 * 4
+    assert verdict(engine, history.mission).ok
+    assert max(pages) == 4 and sum(pages) == len(trail)
+    raw.execute(
+        "UPDATE audit_events SET actor = 'mallory' WHERE mission_id = ? AND seq = ?",
+        history.mission,
+        len(trail) - 1,
+    )
+    assert verdict(engine, history.mission).broken_at == len(trail) - 1
+
+
 def test_S1_the_engine_chain_is_verified_like_a_mission_chain(
     history: History, engine: charter.Engine, raw: RawStore
 ) -> None:

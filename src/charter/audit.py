@@ -200,7 +200,7 @@ def head(tx: Tx, chain: str) -> ChainHead | None:
     return ChainHead(row["audit_seq"], row["audit_hash"], row["audit_legacy_seq"])
 
 
-def events(tx: Tx, chain: str, page: int = PAGE) -> Iterator[Row]:
+def events(tx: Tx, chain: str, page: int) -> Iterator[Row]:
     """``chain``'s events in order, read ``page`` at a time (keyed on ``seq``), so
     a chain of any length is checked in bounded memory."""
     rows = tx.all(
@@ -220,4 +220,4 @@ def events(tx: Tx, chain: str, page: int = PAGE) -> Iterator[Row]:
 
 def verify(tx: Tx, chain: str) -> Verification:
     """Check ``chain`` end to end against its recorded head."""
-    return verify_events(chain, events(tx, chain), head(tx, chain))
+    return verify_events(chain, events(tx, chain, PAGE), head(tx, chain))
