@@ -653,6 +653,15 @@ def test_S1_a_deleted_engine_chain_is_detected(
     assert verdict(engine, history.mission).ok
 
 
+def test_S1_a_deleted_engine_chain_head_is_detected(
+    history: History, engine: charter.Engine, raw: RawStore
+) -> None:
+    raw.execute("DELETE FROM audit_chains WHERE id = 'engine'")
+    results = {v.mission_id: v for v in engine.verify_audit()}
+    assert (results["engine"].ok, results["engine"].broken_at) == (False, 1)
+    assert results[history.mission].ok
+
+
 def test_S1_swapping_two_missions_whole_chains_is_detected(
     history: History, engine: charter.Engine, who: Principals, raw: RawStore
 ) -> None:

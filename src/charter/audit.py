@@ -125,6 +125,8 @@ def _problem(
     if seq != count:
         return f"sequence gap: expected {count}"
     if head is None:
+        if chain == ENGINE_CHAIN:
+            return "the engine chain's head is missing"
         return "events of a chain that has no head: no mission has this id"
     if seq > head.seq:
         return f"an event after the chain's head (event {head.seq}) on its row"
