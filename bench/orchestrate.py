@@ -6,7 +6,8 @@
    that a slow minute of the disk falls on every framework alike;
 3. ``recover()`` on runs holding 1,000 / 10,000 / 100,000 settled attempts;
 4. a fresh process resuming after SIGKILL, interleaved across frameworks;
-5. peak RSS of a process that executes one more run on a 10,000-run store.
+5. peak RSS of a process that executes one more run on a 10,000-run store;
+6. ``charter audit verify`` on one mission of a million audit events.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class Plan:
     memory_runs: int
     memory_reps: int
     concurrent_attempts: int
+    audit_events: int
+    audit_reps: int
 
 
 FULL = Plan(
@@ -61,6 +64,8 @@ FULL = Plan(
     memory_runs=10_000,
     memory_reps=5,
     concurrent_attempts=400,
+    audit_events=1_000_000,
+    audit_reps=3,
 )
 QUICK = Plan(
     steps=50,
@@ -75,6 +80,8 @@ QUICK = Plan(
     memory_runs=1_000,
     memory_reps=2,
     concurrent_attempts=80,
+    audit_events=100_000,
+    audit_reps=1,
 )
 
 
@@ -287,6 +294,14 @@ def run(args: argparse.Namespace) -> int:
             runs=plan.memory_runs,
             warmup=plan.warmup,
             reps=plan.memory_reps,
+        )
+        say(f"charter audit verify on one mission of {plan.audit_events:,} events")
+        results["audit"] = runner.task(
+            "charter.audit_verify",
+            workdir=str(runner.dir("audit")),
+            events=plan.audit_events,
+            warmup=plan.warmup,
+            reps=plan.audit_reps,
         )
         profile = None
         if args.profile:

@@ -7,7 +7,8 @@ segments, node executions, evidence — ``copies`` times in one transaction,
 renaming its IDs. The copies keep the store's invariants:
 
 - the audit chain is extended event by event, each copy re-hashed on top of
-  the previous one, so ``Engine.verify_audit`` holds;
+  the previous one, and its head on the mission's row moved to the end, so
+  ``Engine.verify_audit`` holds;
 - the cached allowance balances move by exactly the copied ledger entries, so
   ``Engine.check_ledger`` holds (both are checked after every build);
 - the mission's admitted-attempt counter counts the copies.
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from charter.audit import GENESIS, HASHED_FIELDS, digest, event_hash
+from charter.audit import HASHED_FIELDS, digest, event_hash, genesis
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 
@@ -121,11 +122,10 @@ def clone(
             )
             if any(e["entity"] == t or e["entity"].startswith(t + "/") for t in tokens)
         ]
-        head = conn.execute(
-            "SELECT seq, hash FROM audit_events WHERE mission_id = ? ORDER BY seq DESC LIMIT 1",
-            (mission_id,),
+        seq, prev = conn.execute(
+            "SELECT audit_seq, audit_hash FROM missions WHERE id = ?", (mission_id,)
         ).fetchone()
-        seq, prev = (head[0], head[1]) if head else (0, GENESIS)
+        prev = prev or genesis(mission_id)
         extra_tokens = _extra_tokens(attempts)
         for k in range(copies):
             mapping = {t: rename(t, k) for t in (*tokens, *extra_tokens)}
@@ -146,6 +146,7 @@ def clone(
                 prev = ev["hash"]
                 chained.append(ev)
             _insert(conn, "audit_events", chained)
+        _move_head(conn, mission_id, seq, prev)
         _move_balances(conn, mission_id, ledger, copies)
         conn.execute(
             "UPDATE missions SET attempts_admitted = attempts_admitted + ? WHERE id = ?",
@@ -208,3 +209,57 @@ def _move_balances(
             "WHERE mission_id = ? AND unit = ?",
             (d["limit"], d["available"], d["held"], d["spent"], d["overrun"], mission_id, unit),
         )
+
+
+def append_events(path: Path, mission_id: str, count: int, *, batch: int = 10_000) -> None:
+    """Append ``count`` correctly chained audit events to a mission's chain and
+    move its head, in one transaction, a batch at a time (so that building a
+    chain of millions holds only one batch in memory)."""
+    conn = sqlite3.connect(str(path), isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        seq, prev = conn.execute(
+            "SELECT audit_seq, audit_hash FROM missions WHERE id = ?", (mission_id,)
+        ).fetchone()
+        prev = prev or genesis(mission_id)
+        at_us = time.time_ns() // 1000
+        payload = '{"bench":true}'
+        payload_hash = digest(payload)
+        while count > 0:
+            chained = []
+            for _ in range(min(batch, count)):
+                seq += 1
+                ev = {
+                    "mission_id": mission_id,
+                    "seq": seq,
+                    "at_us": at_us,
+                    "actor": "agent",
+                    "segment": "seg-1",
+                    "epoch": 1,
+                    "kind": "bench.event",
+                    "entity": f"bench/{seq}",
+                    "before": None,
+                    "after": None,
+                    "payload": payload,
+                    "payload_hash": payload_hash,
+                    "prev_hash": prev,
+                }
+                ev["hash"] = prev = event_hash(prev, {f: ev[f] for f in HASHED_FIELDS})
+                chained.append(ev)
+            _insert(conn, "audit_events", chained)
+            count -= len(chained)
+        _move_head(conn, mission_id, seq, prev)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    finally:
+        conn.close()
+
+
+def _move_head(conn: sqlite3.Connection, mission_id: str, seq: int, hash_: str) -> None:
+    """Where the mission's chain now ends, on its row (as the engine keeps it)."""
+    conn.execute(
+        "UPDATE missions SET audit_seq = ?, audit_hash = ? WHERE id = ?", (seq, hash_, mission_id)
+    )

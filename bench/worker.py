@@ -15,6 +15,7 @@ from typing import Any
 
 
 def _tasks() -> dict[str, Callable[..., Any]]:
+    import auditverify
     import charter_bench
     import peers
 
@@ -25,6 +26,7 @@ def _tasks() -> dict[str, Callable[..., Any]]:
         "charter.recovery": charter_bench.recovery,
         "charter.memory": charter_bench.memory,
         "charter.startup": charter_bench.startup,
+        "charter.audit_verify": auditverify.audit_verify,
         "floor.sqlite": peers.floor_sqlite,
         "floor.postgres": peers.floor_postgres,
         "dbos": peers.dbos_steps,

@@ -1,23 +1,23 @@
 """S1: every transition appends an audit event in its own transaction, hash-chained per mission.
 
-The store is inspected and tampered with through the stdlib ``sqlite3`` module,
-as an operator (or an attacker) with the file would.
+The store is inspected and tampered with through the database's own client
+(``sqlite3`` or ``psycopg``, see ``_raw.py``), as an operator — or an attacker —
+with access to it would: every test runs on both stores.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 import charter
-from charter.audit import GENESIS, canonical, digest, event_hash
+from _raw import RawStore
+from charter.audit import HASHED_FIELDS, canonical, digest, event_hash, genesis
 from charter.testing import ManualClock, RecordingAdapter
 from conftest import Principals, default_contract
 
@@ -44,41 +44,11 @@ TAMPERABLE = (
 # -- the store, seen from outside ------------------------------------------------------
 
 
-@contextmanager
-def connect(path: str) -> Iterator[sqlite3.Connection]:
-    with closing(sqlite3.connect(path, isolation_level=None)) as con:
-        con.row_factory = sqlite3.Row
-        yield con
-
-
-def state(path: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every table except the audit log, rows sorted: the recorded state."""
-    with connect(path) as con:
-        names = [
-            r[0]
-            for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            if r[0] != "audit_events"
-        ]
-        return {
-            n: sorted((tuple(r) for r in con.execute(f"SELECT * FROM {n}")), key=repr)
-            for n in names
-        }
-
-
-def events(path: str, chain: str | None = None) -> list[dict[str, Any]]:
-    with connect(path) as con:
-        if chain is None:
-            rows = con.execute("SELECT * FROM audit_events ORDER BY mission_id, seq")
-        else:
-            rows = con.execute(
-                "SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", (chain,)
-            )
-        return [dict(r) for r in rows]
-
-
-def execute(path: str, sql: str, *params: Any) -> None:
-    with connect(path) as con:
-        con.execute(sql, params)
+@pytest.fixture
+def raw(store_address: str, backend: str) -> Iterator[RawStore]:
+    store = RawStore(store_address, backend)
+    yield store
+    store.close()
 
 
 def verdict(engine: charter.Engine, chain: str) -> charter.audit.Verification:
@@ -103,7 +73,7 @@ class History:
 
 
 def _step(
-    store_url: str,
+    raw: RawStore,
     clock: ManualClock,
     action: Callable[[], object],
     *,
@@ -113,7 +83,7 @@ def _step(
 ) -> object:
     """Run one API call and check the events it appended against the state it changed."""
     clock.advance(1)
-    before_state, before_events = state(store_url), events(store_url)
+    before_state, before_events = raw.state(), raw.events()
     result: object = None
     if raises is None:
         result = action()
@@ -121,11 +91,12 @@ def _step(
         with pytest.raises(raises) as info:
             action()
         result = info.value
-    after_state, after_events = state(store_url), events(store_url)
+    after_state, after_events = raw.state(), raw.events()
     new = [e for e in after_events if e not in before_events]
     assert Counter(e["kind"] for e in new) == Counter(kinds)
     assert all(e["at_us"] == clock.now_us() for e in new), "an event outside its transaction"
     assert (after_state != before_state) is changes_state
+    assert raw.heads() == raw.ends(), "a chain's head was not moved with its events"
     return result
 
 
@@ -133,28 +104,28 @@ def make_history(
     engine: charter.Engine,
     who: Principals,
     adapter: RecordingAdapter,
-    store_url: str,
+    raw: RawStore,
     clock: ManualClock,
 ) -> History:
     """Drive one mission through every transition, checking each step's events."""
     alice, bob, agent = who.alice, who.bob, who.agent
 
     mission = _step(
-        store_url,
+        raw,
         clock,
         lambda: engine.create_mission(APPROVAL_CONTRACT, by=alice),
         kinds=["mission.created", "contract.version"],
     )
     assert isinstance(mission, str)
     ex = _step(
-        store_url,
+        raw,
         clock,
         lambda: engine.start_run(mission, by=agent, segment_id="seg-1"),
         kinds=["run.started"],
     )
     assert isinstance(ex, charter.Executor)
     succeeded = _step(
-        store_url,
+        raw,
         clock,
         lambda: ex.attempt(adapter, "write", {"n": 1}, effect_key="w1"),
         kinds=["attempt.prepared", "attempt.dispatched", "attempt.settled"],
@@ -166,7 +137,7 @@ def make_history(
 
     adapter.script["read"] = lost
     unknown = _step(
-        store_url,
+        raw,
         clock,
         lambda: ex.attempt(adapter, "read", {"n": 2}, effect_key="r1"),
         kinds=["attempt.prepared", "attempt.dispatched", "attempt.unknown"],
@@ -175,7 +146,7 @@ def make_history(
     assert unknown.status is charter.AttemptStatus.UNKNOWN
 
     waiting = _step(
-        store_url,
+        raw,
         clock,
         lambda: ex.attempt(adapter, "charge", {"n": 3}, effect_key="c1"),
         kinds=["approval.requested", "attempt.prepared"],
@@ -185,13 +156,13 @@ def make_history(
     approved_id = waiting.details["attempt_id"]
     (pending,) = engine.approvals(run_id=ex.run_id, pending=True)
     _step(
-        store_url,
+        raw,
         clock,
         lambda: engine.approve(pending.id, by=bob),
         kinds=["approval.decided"],
     )
     _step(
-        store_url,
+        raw,
         clock,
         lambda: ex.dispatch(approved_id, adapter),
         kinds=["attempt.dispatched", "attempt.settled"],
@@ -201,7 +172,7 @@ def make_history(
         {"ok": True}, cost={"usd": 9_000, "calls": 1}, receipt={"id": "over"}
     )
     overrun = _step(
-        store_url,
+        raw,
         clock,
         lambda: ex.attempt(adapter, "write", {"n": 4}, effect_key="w2"),
         kinds=["attempt.prepared", "attempt.dispatched", "attempt.settled", "incident.opened"],
@@ -211,7 +182,7 @@ def make_history(
 
     # Refusals change nothing but are recorded.
     _step(
-        store_url,
+        raw,
         clock,
         lambda: engine.raise_limit(mission, "usd", 2_000_000, by=bob),
         kinds=["authorization.refused"],
@@ -219,39 +190,39 @@ def make_history(
         raises=charter.NotAuthorized,
     )
     _step(
-        store_url,
+        raw,
         clock,
         lambda: ex.attempt(adapter, "read", {"n": 5}, effect_key="r2"),
         kinds=["run.status", "admission.refused"],  # L7: paused while an incident is open
         raises=charter.AllowanceExceeded,
     )
     _step(
-        store_url,
+        raw,
         clock,
         lambda: engine.close_incident(incident["id"], by=alice, note="priced wrong; fixed"),
         kinds=["incident.closed", "run.status"],  # closing it unpauses the run
     )
     _step(
-        store_url,
+        raw,
         clock,
         lambda: engine.raise_limit(mission, "usd", 2_000_000, by=alice),
         kinds=["contract.version"],
     )
     voided = _step(
-        store_url,
+        raw,
         clock,
         lambda: ex.admit(adapter, "write", {"n": 6}, effect_key="w3"),
         kinds=["attempt.prepared"],
     )
     assert isinstance(voided, charter.Attempt)
     _step(
-        store_url,
+        raw,
         clock,
         lambda: engine.stop_run(ex.run_id, by=alice),
         kinds=["attempt.voided", "run.status"],
     )
     _step(
-        store_url,
+        raw,
         clock,
         lambda: engine.authenticate("alice:not-the-secret"),
         kinds=["auth.refused"],
@@ -276,10 +247,10 @@ def history(
     engine: charter.Engine,
     who: Principals,
     adapter: RecordingAdapter,
-    store_url: str,
+    raw: RawStore,
     clock: ManualClock,
 ) -> History:
-    return make_history(engine, who, adapter, store_url, clock)
+    return make_history(engine, who, adapter, raw, clock)
 
 
 # -- every transition, one event, same transaction ------------------------------------------
@@ -294,9 +265,9 @@ def test_S1_every_transition_appends_its_events_and_refusals_only_events(
 
 
 def test_S1_the_recorded_state_is_what_the_audit_trail_says(
-    history: History, engine: charter.Engine, store_url: str
+    history: History, engine: charter.Engine, raw: RawStore
 ) -> None:
-    trail = events(store_url, history.mission)
+    trail = raw.events(history.mission)
 
     def last_after(entity: str, prefix: str) -> str | None:
         afters = [
@@ -306,13 +277,12 @@ def test_S1_the_recorded_state_is_what_the_audit_trail_says(
         ]
         return afters[-1] if afters else None
 
-    with connect(store_url) as con:
-        attempts = [dict(r) for r in con.execute("SELECT * FROM attempts")]
-        runs = [dict(r) for r in con.execute("SELECT * FROM runs")]
-        approvals = [dict(r) for r in con.execute("SELECT * FROM approvals")]
-        incidents = [dict(r) for r in con.execute("SELECT * FROM incidents")]
-        versions = [dict(r) for r in con.execute("SELECT * FROM contract_versions")]
-        missions = [dict(r) for r in con.execute("SELECT * FROM missions")]
+    attempts = raw.rows("SELECT * FROM attempts")
+    runs = raw.rows("SELECT * FROM runs")
+    approvals = raw.rows("SELECT * FROM approvals")
+    incidents = raw.rows("SELECT * FROM incidents")
+    versions = raw.rows("SELECT * FROM contract_versions")
+    missions = raw.rows("SELECT * FROM missions")
 
     assert len(attempts) == 5
     for a in attempts:
@@ -357,14 +327,14 @@ def test_S1_the_recorded_state_is_what_the_audit_trail_says(
         (mission["id"], mission["created_at_us"], mission["created_by"])
     ]
     assert mission["contract_version"] == 2
-    refusals = events(store_url, "engine")
+    refusals = raw.events("engine")
     assert [(e["kind"], e["actor"]) for e in refusals] == [("auth.refused", "alice")]
 
 
 def test_S1_events_carry_segment_epoch_and_the_payload_hash(
-    history: History, store_url: str
+    history: History, raw: RawStore
 ) -> None:
-    trail = events(store_url, history.mission)
+    trail = raw.events(history.mission)
     for e in trail:
         assert e["payload_hash"] == digest(e["payload"])
     on_run = [e for e in trail if e["kind"].startswith("attempt.") and e["actor"] == "agent"]
@@ -378,7 +348,7 @@ def test_S1_a_transition_whose_event_cannot_be_written_does_not_happen(
     engine: charter.Engine,
     who: Principals,
     adapter: RecordingAdapter,
-    store_url: str,
+    raw: RawStore,
 ) -> None:
     mission = engine.create_mission(APPROVAL_CONTRACT, by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
@@ -391,17 +361,11 @@ def test_S1_a_transition_whose_event_cannot_be_written_does_not_happen(
         "attempt": lambda: ex.attempt(adapter, "write", {"n": 2}, effect_key="w1"),
         "approve": lambda: engine.approve(pending.id, by=who.bob),
     }
-    before_state, before_events = state(store_url), events(store_url)
-    execute(
-        store_url,
-        "CREATE TRIGGER refuse_audit BEFORE INSERT ON audit_events "
-        "BEGIN SELECT RAISE(ABORT, 'audit log refused'); END",
-    )
-    with pytest.raises((charter.StoreError, sqlite3.Error)):
+    before_state, before_events = raw.state(), raw.events()
+    with raw.refusing("audit_events", "INSERT"), pytest.raises(charter.StoreError):
         actions[operation]()
-    execute(store_url, "DROP TRIGGER refuse_audit")
-    assert state(store_url) == before_state
-    assert events(store_url) == before_events
+    assert raw.state() == before_state
+    assert raw.events() == before_events
     assert adapter.sent == []  # nothing reached the target either
     assert all(v.ok for v in engine.verify_audit())
 
@@ -410,24 +374,18 @@ def test_S1_a_transaction_that_fails_after_staging_events_leaves_none(
     engine: charter.Engine,
     who: Principals,
     adapter: RecordingAdapter,
-    store_url: str,
+    raw: RawStore,
 ) -> None:
     mission = engine.create_mission(default_contract(), by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     prepared = ex.admit(adapter, "write", {"n": 1}, effect_key="w1")
-    before_state, before_events = state(store_url), events(store_url)
+    before_state, before_events = raw.state(), raw.events()
     # stop_run voids the PREPARED attempt (an event is staged), then its status
     # change fails: the void and its event must both disappear.
-    execute(
-        store_url,
-        "CREATE TRIGGER refuse_stop BEFORE UPDATE OF status ON runs "
-        "BEGIN SELECT RAISE(ABORT, 'refused'); END",
-    )
-    with pytest.raises((charter.StoreError, sqlite3.Error)):
+    with raw.refusing("runs", "UPDATE OF status"), pytest.raises(charter.StoreError):
         engine.stop_run(ex.run_id, by=who.alice)
-    execute(store_url, "DROP TRIGGER refuse_stop")
-    assert state(store_url) == before_state
-    assert events(store_url) == before_events
+    assert raw.state() == before_state
+    assert raw.events() == before_events
     assert engine.attempt(prepared.id).status is charter.AttemptStatus.PREPARED
     assert engine.check_ledger(mission) == []
 
@@ -436,7 +394,7 @@ def test_S1_a_failed_decision_leaves_no_event(
     engine: charter.Engine,
     who: Principals,
     adapter: RecordingAdapter,
-    store_url: str,
+    raw: RawStore,
 ) -> None:
     mission = engine.create_mission(default_contract(), by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
@@ -445,7 +403,7 @@ def test_S1_a_failed_decision_leaves_no_event(
     )
     ex.attempt(adapter, "write", {"n": 1}, effect_key="w1")
     (incident,) = engine.incidents(mission, open_only=True)
-    before_state, before_events = state(store_url), events(store_url)
+    before_state, before_events = raw.state(), raw.events()
     with pytest.raises(charter.StateError):
         engine.close_incident(incident["id"], by=who.alice, note="   ")
     with pytest.raises(charter.ContractError):
@@ -454,8 +412,8 @@ def test_S1_a_failed_decision_leaves_no_event(
         )
     with pytest.raises(charter.ContractError):
         engine.raise_limit(mission, "usd", 10, by=who.alice)
-    assert state(store_url) == before_state
-    assert events(store_url) == before_events
+    assert raw.state() == before_state
+    assert raw.events() == before_events
 
 
 class SimulatedCrash(BaseException):
@@ -474,12 +432,12 @@ def test_S1_recovery_and_resolution_append_their_events(
     engine: charter.Engine,
     who: Principals,
     adapter: RecordingAdapter,
-    store_url: str,
+    raw: RawStore,
     clock: ManualClock,
 ) -> None:
     mission = engine.create_mission(default_contract(), by=who.alice)
     doomed = charter.Engine.open(
-        store_url,
+        raw.url,
         config=charter.EngineConfig(credentials=who.digests),
         clock=clock,
         crash_hook=_crash_at("dispatch.after"),
@@ -498,7 +456,7 @@ def test_S1_recovery_and_resolution_append_their_events(
     )
     clock.advance(60)  # the lease expires
     _step(
-        store_url,
+        raw,
         clock,
         lambda: engine.coordinator.recover(ex.run_id, "seg-2"),
         kinds=["run.recovered", "attempt.voided", "attempt.unknown", "run.status"],
@@ -509,7 +467,7 @@ def test_S1_recovery_and_resolution_append_their_events(
     assert by_entity[dispatched.id]["kind"] == "attempt.unknown"
     assert (by_entity[ex.run_id]["segment"], by_entity[ex.run_id]["epoch"]) == ("seg-2", 2)
     _step(
-        store_url,
+        raw,
         clock,
         lambda: engine.coordinator.resolve(
             dispatched.id, by=who.alice, outcome="failed", evidence="no such payment"
@@ -517,7 +475,7 @@ def test_S1_recovery_and_resolution_append_their_events(
         kinds=["attempt.settled", "evidence.recorded"],
     )
     _step(
-        store_url,
+        raw,
         clock,
         lambda: engine.coordinator.resolve(
             dispatched.id, by=who.bob, outcome="succeeded", evidence="it went through"
@@ -534,25 +492,27 @@ def test_S1_recovery_and_resolution_append_their_events(
 # -- the chain ---------------------------------------------------------------------------
 
 
-def test_S1_the_chain_links_every_event_to_the_one_before(history: History, store_url: str) -> None:
+def test_S1_the_chain_links_every_event_to_the_one_before(history: History, raw: RawStore) -> None:
+    """From a genesis of the mission's own, each hash covering the mission's id,
+    to the head recorded on the mission's row."""
+    assert genesis(history.mission) != genesis("engine")
     for chain in (history.mission, "engine"):
-        trail = events(store_url, chain)
+        trail = raw.events(chain)
         assert [e["seq"] for e in trail] == list(range(1, len(trail) + 1))
-        prev = GENESIS
+        prev = genesis(chain)
         for e in trail:
             assert e["prev_hash"] == prev
+            assert e["hash"] == event_hash(prev, {k: e[k] for k in HASHED_FIELDS})
+            assert "mission_id" in HASHED_FIELDS
             prev = e["hash"]
         assert len({e["hash"] for e in trail}) == len(trail)
-
-
-def _chain_length(store_url: str, chain: str) -> int:
-    return len(events(store_url, chain))
+        assert raw.heads()[chain] == (len(trail), prev)
 
 
 def test_S1_changing_any_field_of_any_event_breaks_the_chain_there(
-    history: History, engine: charter.Engine, store_url: str
+    history: History, engine: charter.Engine, raw: RawStore
 ) -> None:
-    trail = events(store_url, history.mission)
+    trail = raw.events(history.mission)
     assert len(trail) >= 20
     for row in trail:
         for column in TAMPERABLE:
@@ -565,8 +525,7 @@ def test_S1_changing_any_field_of_any_event_breaks_the_chain_there(
                 forged = canonical({"forged": True})
             else:
                 forged = original[:-1] + ("0" if original[-1:] != "0" else "1")
-            execute(
-                store_url,
+            raw.execute(
                 f"UPDATE audit_events SET {column} = ? WHERE mission_id = ? AND seq = ?",
                 forged,
                 history.mission,
@@ -574,25 +533,23 @@ def test_S1_changing_any_field_of_any_event_breaks_the_chain_there(
             )
             result = verdict(engine, history.mission)
             assert (result.ok, result.broken_at) == (False, row["seq"]), (column, row["seq"])
-            execute(
-                store_url,
+            raw.execute(
                 f"UPDATE audit_events SET {column} = ? WHERE mission_id = ? AND seq = ?",
                 original,
                 history.mission,
                 row["seq"],
             )
     assert verdict(engine, history.mission).ok
-    assert events(store_url, history.mission) == trail
+    assert raw.events(history.mission) == trail
 
 
 def test_S1_a_payload_rewritten_with_its_own_hash_is_detected(
-    history: History, engine: charter.Engine, store_url: str
+    history: History, engine: charter.Engine, raw: RawStore
 ) -> None:
-    trail = events(store_url, history.mission)
+    trail = raw.events(history.mission)
     settled = next(e for e in trail if e["kind"] == "attempt.settled")
     forged = canonical({**json.loads(settled["payload"]), "actual": {"usd": 1}})
-    execute(
-        store_url,
+    raw.execute(
         "UPDATE audit_events SET payload = ?, payload_hash = ? WHERE mission_id = ? AND seq = ?",
         forged,
         digest(forged),
@@ -604,15 +561,14 @@ def test_S1_a_payload_rewritten_with_its_own_hash_is_detected(
 
 
 def test_S1_a_fully_rehashed_event_breaks_the_link_to_the_next(
-    history: History, engine: charter.Engine, store_url: str
+    history: History, engine: charter.Engine, raw: RawStore
 ) -> None:
-    trail = events(store_url, history.mission)
+    trail = raw.events(history.mission)
     target = next(e for e in trail if e["kind"] == "approval.decided")
     assert target["seq"] < len(trail)
-    fields = {k: target[k] for k in charter.audit.HASHED_FIELDS}
+    fields = {k: target[k] for k in HASHED_FIELDS}
     fields["actor"] = "mallory"
-    execute(
-        store_url,
+    raw.execute(
         "UPDATE audit_events SET actor = ?, hash = ? WHERE mission_id = ? AND seq = ?",
         "mallory",
         event_hash(target["prev_hash"], fields),
@@ -624,13 +580,12 @@ def test_S1_a_fully_rehashed_event_breaks_the_link_to_the_next(
 
 
 def test_S1_deleting_an_event_is_detected(
-    history: History, engine: charter.Engine, store_url: str
+    history: History, engine: charter.Engine, raw: RawStore
 ) -> None:
-    trail = events(store_url, history.mission)
+    trail = raw.events(history.mission)
     columns = list(trail[0])
-    for row in trail[:-1]:  # a truncated tail is caught by snapshot signatures (S2)
-        execute(
-            store_url,
+    for row in trail:
+        raw.execute(
             "DELETE FROM audit_events WHERE mission_id = ? AND seq = ?",
             history.mission,
             row["seq"],
@@ -638,8 +593,7 @@ def test_S1_deleting_an_event_is_detected(
         result = verdict(engine, history.mission)
         assert not result.ok
         assert result.broken_at in (row["seq"], row["seq"] + 1)
-        execute(
-            store_url,
+        raw.execute(
             f"INSERT INTO audit_events ({', '.join(columns)}) "
             f"VALUES ({', '.join('?' for _ in columns)})",
             *(row[c] for c in columns),
@@ -647,17 +601,114 @@ def test_S1_deleting_an_event_is_detected(
     assert verdict(engine, history.mission).ok
 
 
-def test_S1_moving_an_event_to_another_chain_is_detected_on_both(
-    history: History, engine: charter.Engine, who: Principals, store_url: str
+@pytest.mark.parametrize("cut", [1, 3])
+def test_S1_a_truncated_tail_is_detected(
+    cut: int, history: History, engine: charter.Engine, raw: RawStore
+) -> None:
+    trail = raw.events(history.mission)
+    raw.execute(
+        "DELETE FROM audit_events WHERE mission_id = ? AND seq > ?",
+        history.mission,
+        len(trail) - cut,
+    )
+    result = verdict(engine, history.mission)
+    assert (result.ok, result.broken_at) == (False, len(trail) - cut + 1)
+    assert result.problem is not None and f"head records {len(trail)}" in result.problem
+
+
+def test_S1_a_truncated_tail_stays_detected_after_new_events(
+    history: History, engine: charter.Engine, who: Principals, raw: RawStore
+) -> None:
+    """The next event links to the recorded head, not to what is left of the log."""
+    trail = raw.events(history.mission)
+    raw.execute(
+        "DELETE FROM audit_events WHERE mission_id = ? AND seq = ?", history.mission, len(trail)
+    )
+    engine.raise_limit(history.mission, "calls", 500, by=who.alice)
+    (appended,) = raw.events(history.mission)[len(trail) - 1 :]
+    assert appended["seq"] == len(trail) + 1  # after the deleted one
+    assert appended["prev_hash"] == trail[-1]["hash"]
+    result = verdict(engine, history.mission)
+    assert (result.ok, result.broken_at) == (False, len(trail) + 1)
+
+
+def test_S1_a_whole_deleted_chain_is_detected(
+    history: History, engine: charter.Engine, raw: RawStore
+) -> None:
+    trail = raw.events(history.mission)
+    raw.execute("DELETE FROM audit_events WHERE mission_id = ?", history.mission)
+    result = verdict(engine, history.mission)
+    assert (result.ok, result.broken_at, result.events) == (False, 1, 0)
+    everything = {v.mission_id: v for v in engine.verify_audit()}
+    assert (everything[history.mission].ok, everything["engine"].ok) == (False, True)
+    assert raw.heads()[history.mission] == (len(trail), trail[-1]["hash"])
+
+
+def test_S1_a_deleted_engine_chain_is_detected(
+    history: History, engine: charter.Engine, raw: RawStore
+) -> None:
+    raw.execute("DELETE FROM audit_events WHERE mission_id = 'engine'")
+    result = verdict(engine, "engine")
+    assert (result.ok, result.broken_at) == (False, 1)
+    assert verdict(engine, history.mission).ok
+
+
+def test_S1_a_deleted_engine_chain_head_is_detected(
+    history: History, engine: charter.Engine, raw: RawStore
+) -> None:
+    raw.execute("DELETE FROM audit_chains WHERE id = 'engine'")
+    results = {v.mission_id: v for v in engine.verify_audit()}
+    assert (results["engine"].ok, results["engine"].broken_at) == (False, 1)
+    assert results[history.mission].ok
+
+
+def test_S1_swapping_two_missions_whole_chains_is_detected(
+    history: History, engine: charter.Engine, who: Principals, raw: RawStore
 ) -> None:
     other = engine.create_mission(default_contract(), by=who.alice)
-    trail = events(store_url, history.mission)
+    ex = engine.start_run(other, by=who.agent, segment_id="seg-other")
+    for i in range(3):
+        ex.attempt(RecordingAdapter(), "write", {"i": i}, effect_key=f"w{i}")
+    rename = "UPDATE audit_events SET mission_id = ? WHERE mission_id = ?"
+    raw.execute(rename, "swap", history.mission)
+    raw.execute(rename, history.mission, other)
+    raw.execute(rename, other, "swap")
+    for mission in (history.mission, other):
+        result = verdict(engine, mission)
+        assert (result.ok, result.broken_at) == (False, 1), mission
+    # Moving the heads along with the chains does not help: the hashes name their mission.
+    swap_heads = "UPDATE missions SET audit_seq = ?, audit_hash = ? WHERE id = ?"
+    heads = raw.heads()
+    raw.execute(swap_heads, *heads[other], history.mission)
+    raw.execute(swap_heads, *heads[history.mission], other)
+    for mission in (history.mission, other):
+        result = verdict(engine, mission)
+        assert (result.ok, result.broken_at) == (False, 1), mission
+
+
+def test_S1_a_chain_moved_to_a_mission_that_does_not_exist_is_reported(
+    history: History, engine: charter.Engine, raw: RawStore
+) -> None:
+    raw.execute(
+        "UPDATE audit_events SET mission_id = 'msn_ghost' WHERE mission_id = ?", history.mission
+    )
+    results = {v.mission_id: v for v in engine.verify_audit()}
+    assert (results["msn_ghost"].ok, results["msn_ghost"].broken_at) == (False, 1)
+    assert results["msn_ghost"].problem is not None
+    assert "no head" in results["msn_ghost"].problem
+    assert (results[history.mission].ok, results[history.mission].broken_at) == (False, 1)
+
+
+def test_S1_moving_an_event_to_another_chain_is_detected_on_both(
+    history: History, engine: charter.Engine, who: Principals, raw: RawStore
+) -> None:
+    other = engine.create_mission(default_contract(), by=who.alice)
+    trail = raw.events(history.mission)
     victim = trail[len(trail) // 2]
-    execute(
-        store_url,
+    raw.execute(
         "UPDATE audit_events SET mission_id = ?, seq = ? WHERE mission_id = ? AND seq = ?",
         other,
-        _chain_length(store_url, other) + 1,
+        len(raw.events(other)) + 1,
         history.mission,
         victim["seq"],
     )
@@ -665,28 +716,27 @@ def test_S1_moving_an_event_to_another_chain_is_detected_on_both(
     assert not source.ok
     assert source.broken_at in (victim["seq"], victim["seq"] + 1)
     target = verdict(engine, other)
-    assert (target.ok, target.broken_at) == (False, _chain_length(store_url, other))
+    assert (target.ok, target.broken_at) == (False, len(raw.events(other)))
 
 
 def test_S1_inserting_a_well_formed_event_is_detected(
-    history: History, engine: charter.Engine, store_url: str
+    history: History, engine: charter.Engine, raw: RawStore
 ) -> None:
-    trail = events(store_url, history.mission)
+    trail = raw.events(history.mission)
     at = trail[len(trail) // 2]["seq"]
     # Make room at ``at`` (two steps: the primary key forbids overlapping seqs).
-    execute(
-        store_url,
+    raw.execute(
         "UPDATE audit_events SET seq = seq + 100000 WHERE mission_id = ? AND seq >= ?",
         history.mission,
         at,
     )
-    execute(
-        store_url,
+    raw.execute(
         "UPDATE audit_events SET seq = seq - 99999 WHERE mission_id = ? AND seq >= 100000",
         history.mission,
     )
     prev = trail[at - 2]["hash"]
     forged = {
+        "mission_id": history.mission,
         "seq": at,
         "at_us": trail[at - 2]["at_us"],
         "actor": "alice",
@@ -699,9 +749,8 @@ def test_S1_inserting_a_well_formed_event_is_detected(
         "payload": canonical({}),
     }
     forged["payload_hash"] = digest(forged["payload"])
-    h = event_hash(prev, {k: forged[k] for k in charter.audit.HASHED_FIELDS})
-    execute(
-        store_url,
+    h = event_hash(prev, {k: forged[k] for k in HASHED_FIELDS})
+    raw.execute(
         "INSERT INTO audit_events (mission_id, seq, at_us, actor, segment, epoch, kind, entity, "
         "before, after, payload, payload_hash, prev_hash, hash) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -716,12 +765,11 @@ def test_S1_inserting_a_well_formed_event_is_detected(
 
 
 def test_S1_appending_an_event_with_a_made_up_hash_is_detected(
-    history: History, engine: charter.Engine, store_url: str
+    history: History, engine: charter.Engine, raw: RawStore
 ) -> None:
-    trail = events(store_url, history.mission)
+    trail = raw.events(history.mission)
     last = trail[-1]
-    execute(
-        store_url,
+    raw.execute(
         "INSERT INTO audit_events (mission_id, seq, at_us, actor, segment, epoch, kind, entity, "
         "before, after, payload, payload_hash, prev_hash, hash) "
         "VALUES (?, ?, ?, 'alice', NULL, NULL, 'incident.closed', 'inc_x', 'open', 'closed', "
@@ -737,33 +785,61 @@ def test_S1_appending_an_event_with_a_made_up_hash_is_detected(
     assert (result.ok, result.broken_at) == (False, last["seq"] + 1)
 
 
-def _swap(store_url: str, mission: str, k: int) -> None:
+def _swap(raw: RawStore, mission: str, k: int) -> None:
     """Exchange the positions of events ``k`` and ``k + 1`` (through a free slot)."""
     move = "UPDATE audit_events SET seq = ? WHERE mission_id = ? AND seq = ?"
-    execute(store_url, move, -1, mission, k)
-    execute(store_url, move, k, mission, k + 1)
-    execute(store_url, move, k + 1, mission, -1)
+    raw.execute(move, -1, mission, k)
+    raw.execute(move, k, mission, k + 1)
+    raw.execute(move, k + 1, mission, -1)
 
 
 def test_S1_reordering_events_is_detected(
-    history: History, engine: charter.Engine, store_url: str
+    history: History, engine: charter.Engine, raw: RawStore
 ) -> None:
-    trail = events(store_url, history.mission)
+    trail = raw.events(history.mission)
     for k in (1, len(trail) // 2, len(trail) - 1):
-        _swap(store_url, history.mission, k)
-        moved = events(store_url, history.mission)
+        _swap(raw, history.mission, k)
+        moved = raw.events(history.mission)
         assert moved[k - 1]["hash"] == trail[k]["hash"]  # really swapped
         result = verdict(engine, history.mission)
         assert (result.ok, result.broken_at) == (False, k)
-        _swap(store_url, history.mission, k)
+        _swap(raw, history.mission, k)
         assert verdict(engine, history.mission).ok
 
 
-def test_S1_the_engine_chain_is_verified_like_a_mission_chain(
-    history: History, engine: charter.Engine, store_url: str
+def test_S1_verification_reads_a_chain_a_page_at_a_time(
+    history: History, engine: charter.Engine, raw: RawStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    execute(
-        store_url,
+    """What verification holds does not grow with the chain: no read of the log
+    returns more than a page of events, and a break past the first page is
+    found where it is."""
+    monkeypatch.setattr(charter.audit, "PAGE", 4)
+    pages: list[int] = []
+    read = charter.storage.Tx.all
+
+    def counting(tx: charter.storage.Tx, sql: str, *params: Any) -> list[Any]:
+        rows = read(tx, sql, *params)
+        if "FROM audit_events" in sql:
+            pages.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(charter.storage.Tx, "all", counting)
+    trail = raw.events(history.mission)
+    assert len(trail) > 3 * 4
+    assert verdict(engine, history.mission).ok
+    assert max(pages) == 4 and sum(pages) == len(trail)
+    raw.execute(
+        "UPDATE audit_events SET actor = 'mallory' WHERE mission_id = ? AND seq = ?",
+        history.mission,
+        len(trail) - 1,
+    )
+    assert verdict(engine, history.mission).broken_at == len(trail) - 1
+
+
+def test_S1_the_engine_chain_is_verified_like_a_mission_chain(
+    history: History, engine: charter.Engine, raw: RawStore
+) -> None:
+    raw.execute(
         "UPDATE audit_events SET actor = 'bob' WHERE mission_id = 'engine' AND seq = 1",
     )
     results = {v.mission_id: v for v in engine.verify_audit()}
@@ -778,7 +854,7 @@ def test_S1_chains_are_per_mission(
     engine: charter.Engine,
     who: Principals,
     adapter: RecordingAdapter,
-    store_url: str,
+    raw: RawStore,
     clock: ManualClock,
 ) -> None:
     first = engine.create_mission(default_contract(), by=who.alice)
@@ -796,20 +872,20 @@ def test_S1_chains_are_per_mission(
         second: {second, ex2.run_id} | {a.id for a in engine.attempts(mission_id=second)},
     }
     for mission, entities in owned.items():
-        trail = events(store_url, mission)
+        trail = raw.events(mission)
         assert [e["seq"] for e in trail] == list(range(1, len(trail) + 1))
-        assert trail[0]["prev_hash"] == GENESIS
+        assert trail[0]["prev_hash"] == genesis(mission)
         assert {e["entity"] for e in trail} <= entities
         assert {e["entity"] for e in trail} == entities
-    assert len(events(store_url, first)) == 2 + 1 + 3 * 3
-    assert len(events(store_url, second)) == 2 + 1 + 3 * 3 + 1
+    assert len(raw.events(first)) == 2 + 1 + 3 * 3
+    assert len(raw.events(second)) == 2 + 1 + 3 * 3 + 1
     results = {v.mission_id: v for v in engine.verify_audit()}
-    assert set(results) == {first, second}
+    assert set(results) == {first, second, "engine"}  # the engine chain, empty, is checked too
+    assert results["engine"].events == 0
     assert all(v.ok for v in results.values())
-    assert results[first].events == len(events(store_url, first))
+    assert results[first].events == len(raw.events(first))
 
-    execute(
-        store_url,
+    raw.execute(
         "UPDATE audit_events SET payload = '{}' WHERE mission_id = ? AND seq = 2",
         first,
     )
@@ -818,9 +894,70 @@ def test_S1_chains_are_per_mission(
 
 
 def test_S1_verifying_an_unknown_mission_is_not_found(
-    engine: charter.Engine, store_url: str
+    engine: charter.Engine, raw: RawStore
 ) -> None:
     with pytest.raises(charter.NotFound) as info:
         engine.verify_audit("msn_nope")
     assert info.value.details["mission_id"] == "msn_nope"
-    assert events(store_url) == []
+    assert raw.events() == []
+
+
+# -- a store whose chains began before schema 6 ------------------------------------------
+
+
+def _as_before_schema_6(raw: RawStore) -> None:
+    """Make the store what schema 5 left: chains hashed without the mission's id
+    from an all-zero genesis, and no heads anywhere."""
+    for chain in {e["mission_id"] for e in raw.events()}:
+        prev = charter.audit.LEGACY_GENESIS
+        for e in raw.events(chain):
+            h = event_hash(prev, {k: e[k] for k in charter.audit.LEGACY_HASHED_FIELDS})
+            raw.execute(
+                "UPDATE audit_events SET prev_hash = ?, hash = ? WHERE mission_id = ? AND seq = ?",
+                prev,
+                h,
+                chain,
+                e["seq"],
+            )
+            prev = h
+    for column in ("audit_seq", "audit_hash", "audit_legacy_seq"):
+        raw.execute(f"ALTER TABLE missions DROP COLUMN {column}")
+    raw.execute("DROP TABLE audit_chains")
+    # ... and what came after it, so that upgrading replays them all.
+    raw.execute("ALTER TABLE attempts DROP COLUMN answered")
+    raw.execute("ALTER TABLE runs DROP COLUMN owner_claim")
+    raw.execute("DELETE FROM schema_migrations WHERE version >= 6")
+
+
+def test_S1_upgrading_a_store_keeps_its_events_and_records_where_each_chain_ends(
+    history: History,
+    raw: RawStore,
+    make_engine: Callable[..., charter.Engine],
+    creds: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    _as_before_schema_6(raw)
+    legacy = raw.events()
+    upgraded = make_engine()  # migrates to schema 6 and on
+    assert raw.events() == legacy  # not one event rehashed
+    assert raw.heads() == raw.ends()
+    lengths = {r["id"]: r["audit_legacy_seq"] for r in raw.rows("SELECT * FROM missions")}
+    assert lengths == {history.mission: len(raw.events(history.mission))}
+    assert all(v.ok for v in upgraded.verify_audit())
+
+    # New events are hashed the current way, continuing the old chain.
+    alice = upgraded.authenticate(creds[0]["alice"])
+    upgraded.raise_limit(history.mission, "calls", 500, by=alice)
+    old_end, new = raw.events(history.mission)[lengths[history.mission] - 1 :]
+    assert new["prev_hash"] == old_end["hash"]
+    assert new["hash"] == event_hash(new["prev_hash"], {k: new[k] for k in HASHED_FIELDS})
+    assert all(v.ok for v in upgraded.verify_audit())
+
+    # An old event is still checked the old way, and the recorded head catches a cut.
+    raw.execute(
+        "UPDATE audit_events SET actor = 'mallory' WHERE mission_id = ? AND seq = 2",
+        history.mission,
+    )
+    assert verdict(upgraded, history.mission).broken_at == 2
+    raw.execute("DELETE FROM audit_events WHERE mission_id = 'engine'")
+    engine_chain = verdict(upgraded, "engine")
+    assert (engine_chain.ok, engine_chain.broken_at) == (False, 1)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import pytest
 
 import _cli_mission
 import charter
+from _raw import RawStore
 from charter import cli as cli_mod
 from charter.cli import main
 from charter.storage import Tx
@@ -170,13 +169,11 @@ def test_cli_errors_are_one_line_and_change_nothing(setup: dict[str, Any]) -> No
 
 def _snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
     """Every table but the audit log (refusals are audited, by design)."""
-    with closing(sqlite3.connect(db)) as con:
-        tables = [
-            r[0]
-            for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            if r[0] != "audit_events"
-        ]
-        return {t: sorted(con.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in tables}
+    store = RawStore(str(db), "sqlite")
+    try:
+        return store.state()
+    finally:
+        store.close()
 
 
 @pytest.fixture

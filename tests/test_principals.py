@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import charter
+from _raw import RawStore
 from charter.testing import RecordingAdapter
 from conftest import Principals, default_contract
 
@@ -34,16 +35,11 @@ def connect(path: str) -> Iterator[sqlite3.Connection]:
 
 def state(path: str) -> dict[str, list[tuple[Any, ...]]]:
     """Every table except the audit log, rows sorted: the recorded state."""
-    with connect(path) as con:
-        names = [
-            r[0]
-            for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            if r[0] != "audit_events"
-        ]
-        return {
-            n: sorted((tuple(r) for r in con.execute(f"SELECT * FROM {n}")), key=repr)
-            for n in names
-        }
+    store = RawStore(path, "sqlite")
+    try:
+        return store.state()
+    finally:
+        store.close()
 
 
 def all_events(path: str) -> list[dict[str, Any]]:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import sqlite3
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
@@ -732,8 +735,8 @@ def test_an_interrupted_transaction_changes_nothing_and_never_hangs(
 ) -> None:
     """A transaction interrupted while it waits for the store changes nothing.
     On PostgreSQL the interrupted connection (results still in flight) is
-    closed, so the server rolls back and the engine reports StoreError after;
-    the SQLite connection stays usable. Either way another engine works."""
+    closed, so the server rolls back, and the engine's next transaction opens
+    a new one; the SQLite connection stays usable. Another engine works too."""
     import signal
 
     config = charter.EngineConfig(credentials=creds[1])
@@ -759,11 +762,131 @@ def test_an_interrupted_transaction_changes_nothing_and_never_hangs(
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    if backend == "postgresql":
-        with pytest.raises(charter.StoreError):
-            engine.mission(mission)
-    else:
-        assert engine.mission(mission).name != "interrupted"
+    assert engine.mission(mission).name != "interrupted"
     engine.close()
     with charter.Engine.open(store_address, config=config) as other:
         assert stored(other, mission) == before
+
+
+# -- big transactions, and failures that must not break the engine -------------------------
+
+
+def test_S1_a_transaction_with_more_events_than_one_statement_carries_commits_them_all(
+    engine: charter.Engine, mission: str
+) -> None:
+    """20,000 events are 280,000 parameters: over what one statement may carry
+    on either store (SQLite: 32,766 by default, some builds 250,000; PostgreSQL's
+    protocol: 65,535)."""
+    n = 20_000
+    (before,) = engine.verify_audit(mission)
+    with engine._db.transaction(gate=mission) as tx:
+        for i in range(n):
+            tx.audit(mission, "test.bulk", f"e{i}", actor="alice", payload={"i": i})
+    (after,) = engine.verify_audit(mission)
+    assert (after.ok, after.events) == (True, before.events + n)
+    trail = engine.audit_events(mission)[before.events :]
+    assert [json.loads(e["payload"])["i"] for e in trail] == list(range(n))
+
+
+def test_a_multi_row_insert_over_the_parameter_limit_is_written_whole(
+    engine: charter.Engine, mission: str
+) -> None:
+    n = 45_000  # 270,000 parameters
+    rows = [("run_x", "node", 1, i, "value", str(i)) for i in range(n)]
+    with engine._db.transaction(gate=mission) as tx:
+        tx.many(
+            "INSERT INTO journal (run_id, node_id, execution, seq, kind, value) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+    with engine._db.read() as tx:
+        stored_rows = tx.all("SELECT seq, value FROM journal WHERE run_id = 'run_x' ORDER BY seq")
+    assert [(r["seq"], r["value"]) for r in stored_rows] == [(i, str(i)) for i in range(n)]
+
+
+FAILURES = {
+    # The server refuses a statement in the middle of a pipeline.
+    "refused": lambda tx, mission: tx.one("SELECT no_such_column FROM missions"),
+    # More parameters than one statement can carry: refused before it is sent.
+    "too many parameters": lambda tx, mission: tx.one(
+        f"SELECT 1 AS x WHERE 0 IN ({', '.join(['?'] * 300_000)})", *range(1, 300_001)
+    ),
+    # The server ends the connection mid-transaction.
+    "connection lost": lambda tx, mission: tx.one(
+        "SELECT pg_terminate_backend(pg_backend_pid()) AS x"
+    ),
+}
+
+
+@pytest.mark.parametrize("failure", list(FAILURES))
+def test_an_engine_stays_usable_after_any_failed_transaction(
+    failure: str, backend: str, engine: charter.Engine, who: Principals, mission: str
+) -> None:
+    if failure == "connection lost" and backend == "sqlite":
+        pytest.skip("an embedded store has no connection to lose")
+    before = stored(engine, mission)
+    with pytest.raises(charter.StoreError), engine._db.transaction(gate=mission) as tx:
+        tx.write("UPDATE missions SET name = 'failed' WHERE id = ?", mission)
+        tx.audit(mission, "mission.renamed", mission, actor="alice")
+        FAILURES[failure](tx, mission)
+    assert stored(engine, mission) == before
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-after")
+    adapter = RecordingAdapter()
+    assert ex.attempt(adapter, "write", {}, effect_key="after").status.value == "succeeded"
+    assert len(adapter.sent) == 1
+    assert all(v.ok for v in engine.verify_audit())
+
+
+class Crash(BaseException):
+    """The executor's process dies at a durable boundary."""
+
+
+def _crash_after_dispatch(point: str) -> None:
+    if point == "dispatch.after":
+        raise Crash(point)
+
+
+def test_R3_R4_N5_a_run_with_10_000_attempts_in_flight_is_stopped_and_recovered(
+    engine: charter.Engine, who: Principals, store_address: str, clock: ManualClock
+) -> None:
+    """Stopping voids 5,000 PREPARED attempts in one transaction, recovering
+    marks 5,000 DISPATCHED ones UNKNOWN in one transaction: 5,000 audit events
+    each, more than one statement can carry on PostgreSQL (and on SQLite
+    builds with the default limit)."""
+    n = 5_000
+    mission = engine.create_mission(default_contract(allowance={"calls": 4 * n}), by=who.alice)
+    doomed = charter.Engine.open(
+        store_address,
+        config=charter.EngineConfig(credentials=who.digests),
+        clock=clock,
+        crash_hook=_crash_after_dispatch,
+    )
+    adapter = RecordingAdapter()
+    try:
+        ex = doomed.start_run(
+            mission, by=doomed.authenticate(who.credentials["agent"]), segment_id="seg-1"
+        )
+        prepared = {ex.admit(adapter, "write", {"i": i}, effect_key=f"p{i}").id for i in range(n)}
+        for i in range(n):
+            with contextlib.suppress(Crash):
+                ex.attempt(adapter, "write", {"i": i}, effect_key=f"d{i}")
+    finally:
+        doomed.close()
+    in_flight = engine.attempts(run_id=ex.run_id)
+    assert len(in_flight) == 2 * n and adapter.sent == []
+
+    assert engine.stop_run(ex.run_id, by=who.alice).status is charter.RunStatus.STOPPING
+    clock.advance(60)  # the dead owner's lease expires
+    state = engine.coordinator.recover(ex.run_id, "seg-2")
+
+    statuses = {a.id: a.status for a in engine.attempts(run_id=ex.run_id)}
+    assert {i for i, s in statuses.items() if s is charter.AttemptStatus.VOIDED} == prepared
+    unknown = {i for i, s in statuses.items() if s is charter.AttemptStatus.UNKNOWN}
+    assert unknown == {a.id for a in in_flight} - prepared
+    assert engine.run(ex.run_id).status is charter.RunStatus.STOPPING
+    assert {a.id for a in state.attempts} == unknown
+    kinds = Counter(e["kind"] for e in engine.audit_events(mission))
+    assert (kinds["attempt.voided"], kinds["attempt.unknown"]) == (n, n)
+    assert engine.check_ledger(mission) == []
+    assert all(v.ok for v in engine.verify_audit())
+    assert adapter.sent == []

@@ -2,22 +2,39 @@
 
 Every transition appends an event in the *same transaction* as the change it
 records (see :meth:`charter.storage.Tx.audit`). Each event's hash covers the
-previous event's hash and every field of the event, so any edit, insertion or
-deletion breaks the chain at a precise sequence number.
+previous event's hash, the mission's id and every field of the event, and a
+chain starts from a genesis derived from the mission's id; the chain's head
+(last ``seq`` and hash) is kept on the mission's row, moved in the same
+transaction. So an edit, insertion, deletion, truncated tail, or a chain moved
+to another mission breaks the chain at a precise sequence number. Rewriting
+the whole store consistently (events and heads) is caught only by a signature
+(S2); ``docs/audit.md`` says which is which.
+
+Chains begun before schema 6 keep their first events as they were hashed then
+(without the mission's id, from an all-zero genesis): an audit log is never
+rehashed. Their row says how many (:class:`ChainHead`); later events are
+hashed the current way.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-GENESIS = "0" * 64
+if TYPE_CHECKING:
+    from charter.storage import Row, Tx
+
+#: Where every chain began before schema 6 (see :func:`genesis`).
+LEGACY_GENESIS = "0" * 64
 
 #: Missions are chains; refusals that concern no mission go on this chain.
 ENGINE_CHAIN = "engine"
+
+#: How many events verification holds at a time, whatever the chain's length.
+PAGE = 1000
 
 
 #: One encoder for every call (``json.dumps`` with options builds a new one each time).
@@ -33,9 +50,21 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def genesis(chain: str) -> str:
+    """The hash a chain starts from: derived from its mission's id, so that a
+    chain moved whole to another mission breaks at its first event."""
+    return digest(canonical({"genesis": chain}))
+
+
 def event_hash(prev_hash: str, fields: Mapping[str, Any]) -> str:
     """The chained hash of one event."""
     return digest(prev_hash + canonical(fields))
+
+
+def head_table(chain: str) -> str:
+    """The table whose row keeps ``chain``'s head: the mission's own row, or for
+    the engine chain (which concerns no mission) its row in ``audit_chains``."""
+    return "audit_chains" if chain == ENGINE_CHAIN else "missions"
 
 
 @dataclass(frozen=True)
@@ -58,7 +87,9 @@ class Verification:
         }
 
 
+#: What an event's hash covers (with the previous event's hash).
 HASHED_FIELDS = (
+    "mission_id",
     "seq",
     "at_us",
     "actor",
@@ -70,23 +101,125 @@ HASHED_FIELDS = (
     "after",
     "payload_hash",
 )
+#: What it covered before schema 6: not the mission's id.
+LEGACY_HASHED_FIELDS = HASHED_FIELDS[1:]
 
 
-def verify_events(mission_id: str, rows: Iterable[Mapping[str, Any]]) -> Verification:
-    """Recompute a chain from its rows (ordered by ``seq``) and report the first break."""
-    prev = GENESIS
+@dataclass(frozen=True)
+class ChainHead:
+    """A chain's head as its row records it: the last event's ``seq`` and ``hash``
+    (``0`` and ``None`` for an empty chain), and how many of its first events were
+    hashed the pre-6 way (``legacy``: the length of the chain when the store was
+    upgraded; ``0`` for chains begun since)."""
+
+    seq: int
+    hash: str | None
+    legacy: int
+
+
+def _problem(
+    chain: str, row: Mapping[str, Any], count: int, prev: str, head: ChainHead | None
+) -> str | None:
+    """What is wrong with the ``count``-th event of a chain, after ``prev``."""
+    seq = row["seq"]
+    if seq != count:
+        return f"sequence gap: expected {count}"
+    if head is None:
+        if chain == ENGINE_CHAIN:
+            return "the engine chain's head is missing"
+        return "events of a chain that has no head: no mission has this id"
+    if seq > head.seq:
+        return f"an event after the chain's head (event {head.seq}) on its row"
+    if row["prev_hash"] != prev:
+        return "previous hash does not match"
+    if digest(row["payload"]) != row["payload_hash"]:
+        return "payload does not match its hash"
+    names = LEGACY_HASHED_FIELDS if seq <= head.legacy else HASHED_FIELDS
+    if event_hash(prev, {k: row[k] for k in names}) != row["hash"]:
+        return "event does not match its hash"
+    return None
+
+
+def verify_events(
+    chain: str, rows: Iterable[Mapping[str, Any]], head: ChainHead | None
+) -> Verification:
+    """Recompute a chain from its rows (ordered by ``seq``) up to its recorded
+    ``head`` and report the first break; ``head`` is ``None`` when no row keeps one."""
+    prev = LEGACY_GENESIS if head is not None and head.legacy else genesis(chain)
     count = 0
     for row in rows:
         count += 1
-        seq = row["seq"]
-        if seq != count:
-            return Verification(mission_id, count, False, seq, f"sequence gap: expected {count}")
-        if row["prev_hash"] != prev:
-            return Verification(mission_id, count, False, seq, "previous hash does not match")
-        if digest(row["payload"]) != row["payload_hash"]:
-            return Verification(mission_id, count, False, seq, "payload does not match its hash")
-        fields = {k: row[k] for k in HASHED_FIELDS}
-        if event_hash(prev, fields) != row["hash"]:
-            return Verification(mission_id, count, False, seq, "event does not match its hash")
+        problem = _problem(chain, row, count, prev, head)
+        if problem is not None:
+            return Verification(chain, count, False, row["seq"], problem)
         prev = row["hash"]
-    return Verification(mission_id, count, True)
+    if head is None:
+        if chain == ENGINE_CHAIN:
+            return Verification(chain, 0, False, 1, "the engine chain's head is missing")
+        return Verification(chain, count, True)
+    if count < head.seq:
+        return Verification(
+            chain,
+            count,
+            False,
+            count + 1,
+            f"the chain ends at event {count} but its head records {head.seq}: "
+            "events are missing from its end",
+        )
+    if count and prev != head.hash:
+        return Verification(
+            chain, count, False, count, "the last event does not match the chain's head"
+        )
+    return Verification(chain, count, True)
+
+
+# -- reading chains from the store -------------------------------------------------
+
+
+def chains(tx: Tx) -> list[str]:
+    """Every chain to verify: each mission's, the engine's, and any events
+    filed under an id that has no head (found by skipping from one chain to the
+    next on the log's key, without reading the events)."""
+    rows = tx.all(
+        "WITH RECURSIVE c(id) AS ("
+        "SELECT MIN(mission_id) FROM audit_events UNION ALL "
+        "SELECT (SELECT MIN(mission_id) FROM audit_events WHERE mission_id > c.id) "
+        "FROM c WHERE c.id IS NOT NULL) "
+        "SELECT id FROM c WHERE id IS NOT NULL "
+        "UNION SELECT id FROM missions UNION SELECT id FROM audit_chains"
+    )
+    return sorted({r["id"] for r in rows} | {ENGINE_CHAIN})
+
+
+def head(tx: Tx, chain: str) -> ChainHead | None:
+    """``chain``'s recorded head, ``None`` if no row keeps one."""
+    row = tx.one(
+        f"SELECT audit_seq, audit_hash, audit_legacy_seq FROM {head_table(chain)} WHERE id = ?",
+        chain,
+    )
+    if row is None:
+        return None
+    return ChainHead(row["audit_seq"], row["audit_hash"], row["audit_legacy_seq"])
+
+
+def events(tx: Tx, chain: str, page: int) -> Iterator[Row]:
+    """``chain``'s events in order, read ``page`` at a time (keyed on ``seq``), so
+    a chain of any length is checked in bounded memory."""
+    rows = tx.all(
+        "SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq LIMIT ?", chain, page
+    )
+    while rows:
+        yield from rows
+        if len(rows) < page:
+            return
+        rows = tx.all(
+            "SELECT * FROM audit_events WHERE mission_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            chain,
+            rows[-1]["seq"],
+            page,
+        )
+
+
+def verify(tx: Tx, chain: str) -> Verification:
+    """Check ``chain`` end to end against its recorded head."""
+    return verify_events(chain, events(tx, chain, PAGE), head(tx, chain))

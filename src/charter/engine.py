@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from charter import approvals as approvals_mod
 from charter import attempts as attempts_mod
+from charter import audit, ledger, missions, runs, settlement
 from charter import incidents as incidents_mod
-from charter import ledger, missions, runs, settlement
 from charter import nodes as nodes_mod
 from charter.approvals import Approval, ApprovalStatus
 from charter.attempts import Attempt
-from charter.audit import ENGINE_CHAIN, Verification, canonical, verify_events
+from charter.audit import ENGINE_CHAIN, Verification, canonical
 from charter.clock import Clock, SystemClock, seconds_us
 from charter.config import EngineConfig
 from charter.contracts import Contract
@@ -674,25 +674,14 @@ class Engine:
 
     # -- audit (S1) ---------------------------------------------------------------------
     def verify_audit(self, mission_id: str | None = None) -> list[Verification]:
-        """Recompute every chain (or one mission's) and report the first break of each."""
+        """Check every chain (or one mission's) end to end against the head on its
+        row, and report the first break of each; memory does not grow with a chain."""
         with self._db.read() as tx:
-            if mission_id is not None:
-                if mission_id != ENGINE_CHAIN:
-                    missions.load(tx, mission_id)
-                chains = [mission_id]
-            else:
-                chains = [
-                    r["mission_id"]
-                    for r in tx.all(
-                        "SELECT DISTINCT mission_id FROM audit_events ORDER BY mission_id"
-                    )
-                ]
-            return [
-                verify_events(
-                    c, tx.all("SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", c)
-                )
-                for c in chains
-            ]
+            if mission_id is None:
+                return [audit.verify(tx, chain) for chain in audit.chains(tx)]
+            if mission_id != ENGINE_CHAIN:
+                missions.load(tx, mission_id)
+            return [audit.verify(tx, mission_id)]
 
     def audit_events(self, mission_id: str) -> list[dict[str, Any]]:
         with self._db.read() as tx:

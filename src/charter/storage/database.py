@@ -28,15 +28,16 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from charter.audit import GENESIS, HASHED_FIELDS, canonical, digest, event_hash
+from charter.audit import HASHED_FIELDS, canonical, digest, event_hash, genesis, head_table
 from charter.clock import Clock
 from charter.errors import CharterError, StoreError
 from charter.ids import IdFactory
 from charter.storage.dialect import Dialect
 
 Row = Mapping[str, Any]
-#: An audit chain's head: the last event's sequence number and hash.
-Head = tuple[int, str]
+#: An audit chain's head as its row keeps it: the last event's sequence number
+#: and hash (``hash`` is ``None`` while the chain is empty).
+Head = tuple[int, str | None]
 
 
 class Driver(Protocol):
@@ -89,7 +90,8 @@ class Driver(Protocol):
         ...
 
     def head(self, mission_id: str) -> Head | None:
-        """The last (seq, hash) of the chain of a mission whose gate is held."""
+        """The head kept on the row of a mission whose gate is held (``None``:
+        no such row yet, as while the mission is being created)."""
         ...
 
     def close(self) -> None: ...
@@ -171,15 +173,30 @@ class Tx:
         self._driver.defer(self._sql(sql), params)
 
     def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        """Deferred writes of one statement; an INSERT becomes one multi-row statement."""
+        """Deferred writes of one statement; an INSERT becomes multi-row statements.
+
+        Each carries at most as many parameters as the store allows in one
+        statement, in row counts that are powers of two, so that however many
+        rows a transaction writes, few distinct statements are prepared.
+        """
         rows = list(rows)
-        if len(rows) > 1:
-            head, sep, group = sql.rpartition(" VALUES ")
-            if sep and head.startswith("INSERT") and group.startswith("("):
-                sql = f"{head}{sep}{', '.join([group] * len(rows))}"
-                rows = [[v for row in rows for v in row]]
-        for row in rows:
-            self._driver.defer(self._sql(sql), row)
+        head, sep, group = sql.rpartition(" VALUES ")
+        if len(rows) < 2 or not (sep and head.startswith("INSERT") and group.startswith("(")):
+            for row in rows:
+                self._driver.defer(self._sql(sql), row)
+            return
+        fits = max(1, self._driver.dialect.max_params // len(rows[0]))
+        size = 1 << (fits.bit_length() - 1)  # the largest power of two that fits
+        start = 0
+        while start < len(rows):
+            while size > len(rows) - start:
+                size >>= 1
+            chunk = rows[start : start + size]
+            self._driver.defer(
+                self._sql(f"{head}{sep}{', '.join([group] * size)}"),
+                [v for row in chunk for v in row],
+            )
+            start += size
 
     # -- audit (S1) ---------------------------------------------------------------
     def audit(
@@ -254,7 +271,10 @@ class Tx:
         chains = sorted({ev["mission_id"] for ev in self._events})
         for mission_id in chains:
             self.lock_mission(mission_id)
-        heads = {m: self._driver.head(m) or (0, GENESIS) for m in chains}
+        heads: dict[str, tuple[int, str]] = {}
+        for mission_id in chains:
+            seq, hash_ = self._driver.head(mission_id) or (0, None)
+            heads[mission_id] = (seq, hash_ or genesis(mission_id))
         rows: list[tuple[Any, ...]] = []
         for ev in self._events:
             mission_id = ev["mission_id"]
@@ -287,6 +307,16 @@ class Tx:
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             rows,
         )
+        # The heads move with the events: deferred writes too, so on PostgreSQL
+        # they travel with COMMIT and cost no round trip.
+        for mission_id in chains:
+            seq, hash_ = heads[mission_id]
+            self.write(
+                f"UPDATE {head_table(mission_id)} SET audit_seq = ?, audit_hash = ? WHERE id = ?",
+                seq,
+                hash_,
+                mission_id,
+            )
 
 
 class _Group:

@@ -8,7 +8,8 @@ backends cannot drift:
 - ``{serial_pk}`` in DDL is an auto-incrementing 64-bit key;
 - ``{without_rowid}`` after a table's DDL clusters it by its primary key on
   SQLite (PostgreSQL tables need nothing);
-- ``{group_concat}(text, separator)`` is the string aggregate.
+- ``{group_concat}(text, separator)`` is the string aggregate;
+- ``max_params`` bounds the parameters of one statement.
 
 ``has_table`` finds a table of the store by name (the catalogues differ).
 
@@ -29,6 +30,8 @@ class Dialect:
     without_rowid: str
     group_concat: str
     has_table: str
+    #: The most parameters one statement may carry (multi-row writes are split under it).
+    max_params: int
     _cache: dict[str, str] = field(default_factory=dict, repr=False)
 
     def sql(self, text: str) -> str:
@@ -47,6 +50,7 @@ class Dialect:
 
 
 def sqlite() -> Dialect:
+    # SQLite's compiled-in default; the driver reads its connection's actual limit.
     return Dialect(
         "sqlite",
         "?",
@@ -54,10 +58,12 @@ def sqlite() -> Dialect:
         " WITHOUT ROWID",
         "group_concat",
         "SELECT 1 AS x FROM sqlite_master WHERE type = 'table' AND name = ?",
+        32_766,
     )
 
 
 def postgresql() -> Dialect:
+    # The wire protocol counts a statement's parameters in 16 bits.
     return Dialect(
         "postgresql",
         "%s",
@@ -66,4 +72,5 @@ def postgresql() -> Dialect:
         "string_agg",
         "SELECT 1 AS x FROM information_schema.tables "
         "WHERE table_schema = current_schema() AND table_name = ?",
+        65_535,
     )

@@ -28,6 +28,7 @@ import select
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from charter.audit import head_table
 from charter.clock import Clock, SystemClock
 from charter.errors import ConfigError, StoreBusy, StoreConflict, StoreError
 from charter.storage import dialect
@@ -69,13 +70,18 @@ def _translate(exc: Exception, busy_timeout: float) -> Exception:
 _Pending = tuple[str, Sequence[Any], "Callable[[Result], None] | None"]
 
 _GATE = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
-#: A statement of its own after the lock, so its snapshot sees every append before
-#: it; the clock is read there too, so a wait for the gate does not age it.
-_HEAD = (
-    "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT AS now, h.seq, h.hash "
-    "FROM (SELECT 1) AS one LEFT JOIN (SELECT seq, hash FROM audit_events "
-    "WHERE mission_id = %s ORDER BY seq DESC LIMIT 1) AS h ON true"
-)
+#: Statements with more parameters than this are not kept prepared.
+_PREPARED_PARAMS = 1_000
+#: A chain's head (by the table that keeps it, see :func:`charter.audit.head_table`),
+#: read in a statement of its own after the lock, so its snapshot sees every
+#: append before it; the clock is read there too, so a wait for the gate does not
+#: age it.
+_HEAD = {
+    table: "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT AS now, "
+    "h.audit_seq, h.audit_hash FROM (SELECT 1) AS one LEFT JOIN "
+    f"(SELECT audit_seq, audit_hash FROM {table} WHERE id = %s) AS h ON true"
+    for table in ("missions", "audit_chains")
+}
 
 
 class Result:
@@ -139,20 +145,27 @@ class PostgresDriver:
                 f"{psycopg.pq.version()}); pip install 'charter[postgres]' brings one"
             )
         self.dialect = dialect.postgresql()
+        self._url = url
         self._busy_timeout = busy_timeout
         self._pending: list[_Pending] = []
         self._now: int | None = None
         self._heads: dict[str, Head | None] = {}
-        #: Statement text -> the name it is prepared under on this connection.
-        self._prepared: dict[str, bytes] = {}
         self._names = itertools.count()
+        self._connect()
+
+    def _connect(self) -> None:
+        """Open the connection: at start, and again when a failure left it unusable
+        (a transaction on a lost or abandoned connection is rolled back by the
+        server), so that a failed transaction never breaks the engine."""
         try:
-            self._conn = psycopg.connect(url, autocommit=True)
-            ms = max(1, round(busy_timeout * 1000))
+            self._conn = psycopg.connect(self._url, autocommit=True)
+            ms = max(1, round(self._busy_timeout * 1000))
             self._conn.execute(f"SET lock_timeout = {ms}")
             self._conn.execute("SET synchronous_commit = on")
         except psycopg.Error as exc:
             raise StoreError(f"cannot open the PostgreSQL store: {exc}") from None
+        #: Statement text -> the name it is prepared under on this connection.
+        self._prepared: dict[str, bytes] = {}
         self._loaders = Transformer(self._conn)
 
     def execute(self, sql: str, params: Sequence[Any]) -> Result:
@@ -171,21 +184,24 @@ class PostgresDriver:
         """Everything pending (and ``last``) in one pipeline: one round trip.
 
         A statement is prepared the first time it is seen (in the same
-        pipeline) and later only bound and executed. The server runs the
-        statements in order; after an error it skips the rest, and the
-        transaction is aborted.
+        pipeline) and later only bound and executed; a big one (a multi-row
+        write) is sent unnamed, so the server keeps no plan of it. The server
+        runs the statements in order; after an error it skips the rest, and
+        the transaction is aborted.
         """
         batch = self._pending if last is None else [*self._pending, last]
         self._pending = []
-        # (name, text to prepare or None, parameters): built before anything is sent.
-        commands = []
+        # (name, text to prepare or None, parameters): built before anything is sent;
+        # no name: a statement sent once, unnamed.
+        commands: list[tuple[bytes | None, bytes | None, list[bytes | None] | None]] = []
         new: dict[str, bytes] = {}
         for sql, params, _ in batch:
             name = self._prepared.get(sql) or new.get(sql)
             text = None
             if name is None:
-                name = new[sql] = b"charter_%d" % next(self._names)
                 text = _numbered(sql).encode()
+                if len(params) <= _PREPARED_PARAMS:
+                    name = new[sql] = b"charter_%d" % next(self._names)
             values = (
                 # Most parameters are strings: encode those inline.
                 [v.encode() if type(v) is str else _text(v) for v in params] if params else None
@@ -197,13 +213,17 @@ class PostgresDriver:
             pg.enter_pipeline_mode()
             try:
                 for name, text, values in commands:
+                    if name is None:
+                        assert text is not None
+                        pg.send_query_params(text, values)
+                        continue
                     if text is not None:
                         pg.send_prepare(name, text)
                     pg.send_query_prepared(name, values)
                 pg.pipeline_sync()
                 results: list[Any] = []
-                for _, text, _ in commands:
-                    prepared = self._next(pg) if text is not None else None
+                for name, text, _ in commands:
+                    prepared = self._next(pg) if name and text is not None else None
                     result = self._next(pg)
                     failed_prepare = prepared is not None and prepared.status != COMMAND_OK
                     results.append(prepared if failed_prepare else result)
@@ -251,6 +271,8 @@ class PostgresDriver:
         return Result(rows, res.command_tuples or 0)
 
     def begin(self, write: bool, clock: Clock, gate: str | None) -> None:
+        if self._conn.closed:
+            self._connect()
         begin = "BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
         self._pending = [(begin, (), None)]
         self._heads = {}
@@ -289,12 +311,13 @@ class PostgresDriver:
             assert row is not None
             if self._now is None:
                 self._now = int(row["now"])
-            seq, hash_ = row["seq"], row["hash"]
+            seq, hash_ = row["audit_seq"], row["audit_hash"]
             self._heads[mission_id] = None if seq is None else (seq, hash_)
 
         # A clock reading not sent yet is dropped: the one after the gate replaces it.
         self._pending = [p for p in self._pending if p[0] != _NOW]
-        self._pending += [(_GATE, (mission_id,), None), (_HEAD, (mission_id,), take)]
+        head = _HEAD[head_table(mission_id)]
+        self._pending += [(_GATE, (mission_id,), None), (head, (mission_id,), take)]
 
     def head(self, mission_id: str) -> Head | None:
         if mission_id not in self._heads:
@@ -309,7 +332,12 @@ class PostgresDriver:
         if self._conn.closed:
             return
         if self._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            self._conn.execute("ROLLBACK")
+            try:
+                self._conn.execute("ROLLBACK")
+            except psycopg.Error:
+                # Unusable: closing it rolls back on the server; the next
+                # transaction opens a new one.
+                self._conn.close()
 
     def close(self) -> None:
         self._conn.close()

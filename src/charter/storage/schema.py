@@ -276,9 +276,46 @@ MIGRATIONS.append(
     )
 )
 
+#: A chain's head on the row that keeps it (S1): the last event's ``seq`` and hash,
+#: and how many first events were hashed before this version (see charter.audit).
+_HEAD_COLUMNS = (
+    "audit_seq BIGINT NOT NULL DEFAULT 0",
+    "audit_hash TEXT",
+    "audit_legacy_seq BIGINT NOT NULL DEFAULT 0",
+)
+
+
+def _record_heads(table: str) -> str:
+    """Record on each row of ``table`` where its chain ends now, all of it hashed
+    the pre-6 way."""
+    chain = f"FROM audit_events e WHERE e.mission_id = {table}.id"
+    last_seq = f"COALESCE((SELECT MAX(e.seq) {chain}), 0)"
+    return (
+        f"UPDATE {table} SET audit_seq = {last_seq}, audit_legacy_seq = {last_seq}, "
+        f"audit_hash = (SELECT e.hash {chain} ORDER BY e.seq DESC LIMIT 1)"
+    )
+
+
 MIGRATIONS.append(
     (
         6,
+        "audit chains end at a head kept on their mission's row; existing events keep their hashes",
+        [
+            *(f"ALTER TABLE missions ADD COLUMN {c}" for c in _HEAD_COLUMNS),
+            # The engine chain concerns no mission: its head has a row of its own.
+            f"CREATE TABLE audit_chains (id TEXT PRIMARY KEY, {', '.join(_HEAD_COLUMNS)})",
+            "INSERT INTO audit_chains (id) VALUES ('engine')",
+            # An audit log is never rehashed: what exists now stays as it was hashed,
+            # and the head records where it ends today.
+            _record_heads("missions"),
+            _record_heads("audit_chains"),
+        ],
+    )
+)
+
+MIGRATIONS.append(
+    (
+        7,
         "node retries replay what was settled; one live executor per run (A4, F1)",
         [
             # Whether the send's own answer settled the attempt, so the node that

@@ -13,12 +13,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from charter.audit import head_table
 from charter.clock import Clock
 from charter.errors import StoreBusy, StoreConflict, StoreError
 from charter.storage import dialect
 from charter.storage.database import Head
 
-_HEAD = "SELECT seq, hash FROM audit_events WHERE mission_id = ? ORDER BY seq DESC LIMIT 1"
+#: A chain's head, by the table that keeps it (see :func:`charter.audit.head_table`).
+_HEAD = {
+    table: f"SELECT audit_seq, audit_hash FROM {table} WHERE id = ?"
+    for table in ("missions", "audit_chains")
+}
 
 
 def _translate(exc: sqlite3.Error, busy_timeout: float) -> Exception:
@@ -56,6 +61,7 @@ class SQLiteDriver:
             mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.execute("PRAGMA foreign_keys=ON")
+            self.dialect.max_params = self._conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite store at {path}: {exc}") from None
         if mode != "wal":
@@ -108,8 +114,8 @@ class SQLiteDriver:
         """Held since BEGIN IMMEDIATE."""
 
     def head(self, mission_id: str) -> Head | None:
-        row = self.execute(_HEAD, (mission_id,)).fetchone()
-        return None if row is None else (row["seq"], row["hash"])
+        row = self.execute(_HEAD[head_table(mission_id)], (mission_id,)).fetchone()
+        return None if row is None else (row["audit_seq"], row["audit_hash"])
 
     def close(self) -> None:
         self._conn.close()
