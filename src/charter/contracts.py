@@ -18,10 +18,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from charter import ledger
 from charter.errors import ContractError
 from charter.principals import Right
 
@@ -91,17 +92,17 @@ class Contract:
 
     # -- changes -------------------------------------------------------------
     def with_limit(self, unit: str, limit: int) -> Contract:
-        """A new version with one allowance limit changed."""
-        return replace(self, allowance={**self.allowance, unit: limit})
+        """A new version with one allowance limit changed, validated like any contract."""
+        return Contract.from_dict({**self.to_dict(), "allowance": {**self.allowance, unit: limit}})
 
     def with_grants(self, principal: str, grants: Mapping[Right, tuple[str, ...]]) -> Contract:
         """A new version with one principal's grants replaced (empty revokes all)."""
-        principals = dict(self.principals)
+        data = self.to_dict()
         if grants:
-            principals[principal] = dict(grants)
+            data["principals"][principal] = {str(r): list(s) for r, s in grants.items()}
         else:
-            principals.pop(principal, None)
-        return replace(self, principals=principals)
+            data["principals"].pop(principal, None)
+        return Contract.from_dict(data)
 
     # -- serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -166,6 +167,12 @@ class Contract:
             max_node_crashes=_count(data.get("max_node_crashes", 3), "max_node_crashes", minimum=1),
             read_only_unknown=_read_only_unknown(data.get("read_only_unknown", "wait")),
         )
+
+    @classmethod
+    def validate(cls, value: Contract | Mapping[str, Any]) -> Contract:
+        """``value`` validated, whether data or a ``Contract`` built in code (whose
+        constructor checks nothing), so that every stored version loads again."""
+        return cls.from_dict(value.to_dict() if isinstance(value, Contract) else value)
 
     @classmethod
     def from_json(cls, text: str) -> Contract:
@@ -255,9 +262,9 @@ def _allowance(value: Any) -> dict[str, int]:
     for unit, limit in value.items():
         if not isinstance(unit, str) or not unit.replace("_", "").isalnum():
             raise ContractError(f"allowance unit {unit!r} must be a plain name", field="allowance")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < 2**63:
+        if not ledger.is_amount(limit):
             raise ContractError(
-                f"allowance.{unit} must be a non-negative integer (smallest steps; "
+                f"allowance.{unit} must be an integer in [0, 2**63 - 1] (smallest steps; "
                 f"floats never touch the ledger), got {limit!r}",
                 field=f"allowance.{unit}",
             )

@@ -202,7 +202,7 @@ class Engine:
         self, contract: Contract | Mapping[str, Any], *, by: Principal, name: str = ""
     ) -> str:
         """Record a mission with its first contract version; fund its allowance."""
-        parsed = contract if isinstance(contract, Contract) else Contract.from_dict(contract)
+        parsed = Contract.validate(contract)
         with self._db.transaction() as tx:
             self._vouch(tx, by)
             if by.name not in parsed.principals:
@@ -226,7 +226,7 @@ class Engine:
         reason: str,
     ) -> int:
         """A new contract version (e.g. a revoked right). Only the mission's creator may."""
-        parsed = contract if isinstance(contract, Contract) else Contract.from_dict(contract)
+        parsed = Contract.validate(contract)
         with self._db.transaction() as tx:
             self._vouch(tx, by)
             mission = missions.load(tx, mission_id)
@@ -264,8 +264,12 @@ class Engine:
 
     def raise_limit(self, mission_id: str, unit: str, limit: int, *, by: Principal) -> int:
         """Raise an allowance limit (a new contract version, L7); needs ``raise_limit``."""
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise ContractError(f"limit must be an integer in {unit}'s smallest step")
+        if not ledger.is_amount(limit):
+            raise ContractError(
+                f"limit must be an integer in [0, 2**63 - 1] in {unit}'s smallest step, "
+                f"got {limit!r}",
+                field=f"allowance.{unit}",
+            )
         with self._db.transaction() as tx:
             current = self._authorize(tx, by, mission_id, Right.RAISE_LIMIT, entity=mission_id)
             old = current.allowance.get(unit)

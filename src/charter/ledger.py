@@ -17,18 +17,37 @@ reduce      available -> limit      a limit lowered
 ==========  ======================  =====================================
 
 This module only *computes* moves; the store applies them and the cached
-balances in one transaction. :func:`recompute` rebuilds balances from entries.
+balances in one transaction. :func:`from_entries` rebuilds balances from entries.
+
+Amounts are integers in [0, 2^63 - 1] (A9): :func:`is_amount` is the one range
+check for a single amount (a limit, an estimate, an actual cost), and
+:func:`record` refuses moves whose sums with the recorded balances would leave
+that range, with :class:`~charter.errors.AmountOverflow`, before writing.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import TypeGuard
 
+from charter.errors import AmountOverflow
 from charter.storage.database import Tx
 
 ACCOUNTS = ("available", "held", "spent")
+#: The largest amount, and the largest sum, the ledger holds: a signed 64-bit
+#: integer is what both stores keep exactly (A9).
+MAX_AMOUNT = 2**63 - 1
+
+
+def is_amount(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an amount: an ``int`` (not a ``bool``) in [0, 2^63 - 1].
+
+    The one range check for a single amount; each caller raises its own typed
+    error (a contract's limit, an adapter's estimate or cost) naming the field.
+    """
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_AMOUNT
 
 
 @dataclass(frozen=True)
@@ -118,9 +137,19 @@ def record(
     moves: list[Move],
     price_source: str | None,
 ) -> None:
-    """Append entries and update cached balances in the caller's transaction."""
+    """Append entries and update cached balances in the caller's transaction.
+
+    Refuses (:class:`AmountOverflow`, nothing written by this call) moves whose
+    sums with the cached balances would leave the range the ledger holds (A9).
+    Only moves into ``spent`` or ``limit`` can: a hold is bounded by what is
+    available (L3) and a release by what is held, so admission and voiding
+    pay no read for this check.
+    """
     if not moves:
         return
+    change = balances(moves)
+    if any(d.spent > 0 or d.limit > 0 for d in change.values()):
+        _check_sums(cached(tx, mission_id), change)
     tx.many(
         "INSERT INTO ledger_entries (mission_id, unit, attempt_id, kind, source, target, "
         "amount, price_source, at_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -148,6 +177,28 @@ def record(
             for unit, d in balances(moves).items()
         ],
     )
+
+
+def _check_sums(current: Mapping[str, Balance], change: Mapping[str, Balance]) -> None:
+    """Refuse a change that takes any balance out of the ledger's range (A9).
+
+    ``limit``, ``held``, ``spent`` and ``overrun`` stay in [0, 2^63 - 1];
+    ``available`` may go negative by an overrun (L0), never below -(2^63 - 1).
+    """
+    for unit, delta in sorted(change.items()):
+        before = current.get(unit, Balance())
+        for account in (f.name for f in fields(Balance)):
+            after = getattr(before, account) + getattr(delta, account)
+            low = -MAX_AMOUNT if account == "available" else 0
+            if not low <= after <= MAX_AMOUNT:
+                raise AmountOverflow(
+                    f"{unit} {account} would be {after}, outside the ledger's range "
+                    f"[{low}, 2**63 - 1]; nothing was recorded. A sum this large means "
+                    "some report is wrong: check it, and settle at a cost that fits",
+                    unit=unit,
+                    account=account,
+                    amount=after,
+                )
 
 
 def cached(tx: Tx, mission_id: str) -> dict[str, Balance]:
