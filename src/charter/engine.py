@@ -23,7 +23,7 @@ from charter.attempts import Attempt
 from charter.audit import ENGINE_CHAIN, Verification, canonical, verify_events
 from charter.clock import Clock, SystemClock, seconds_us
 from charter.config import EngineConfig
-from charter.contracts import Contract
+from charter.contracts import Contract, amendment_needs
 from charter.crashpoints import CrashHook
 from charter.errors import (
     AuthenticationError,
@@ -225,7 +225,9 @@ class Engine:
         by: Principal,
         reason: str,
     ) -> int:
-        """A new contract version (e.g. a revoked right). Only the mission's creator may."""
+        """A new contract version (e.g. a revoked right). Only the mission's creator may,
+        and only with, for each change that widens what anyone may do, the right
+        that change would need on its own (P2, ``contracts.amendment_needs``)."""
         parsed = Contract.validate(contract)
         with self._db.transaction() as tx:
             self._vouch(tx, by)
@@ -244,6 +246,30 @@ class Engine:
                     payload={"action": "amend_contract"},
                 )
             current = self._contracts.get(tx, mission_id, mission.contract_version)
+            missing = [
+                n.to_dict()
+                for n in amendment_needs(current, parsed)
+                if not current.allows(by.name, n.right, n.scope)
+            ]
+            if missing:
+                lacking = "; ".join(
+                    f"{m['change']} needs {m['right']!r} on {m['scope']}" for m in missing
+                )
+                raise tx.refused(
+                    NotAuthorized(
+                        f"principal {by.name!r} lacks rights this amendment of mission "
+                        f"{mission_id} needs (P2): {lacking}. Make only the changes your "
+                        "rights cover; a principal with raise_limit may raise a limit on its "
+                        "own (Engine.raise_limit)",
+                        principal=by.name,
+                        missing=missing,
+                    ),
+                    mission_id=mission_id,
+                    kind="authorization.refused",
+                    entity=mission_id,
+                    actor=by.name,
+                    payload={"action": "amend_contract", "missing": missing},
+                )
             removed = sorted(set(current.allowance) - set(parsed.allowance))
             if removed:
                 raise ContractError(
