@@ -1368,59 +1368,63 @@ def test_A9_a_contract_built_in_code_with_a_limit_out_of_range_is_refused(
 
 def overrun_near_the_largest_amount(
     engine: charter.Engine, who: Principals, adapter: RecordingAdapter
-) -> tuple[str, Executor, charter.Attempt]:
-    """A mission budgeted at the largest amount whose ``usd`` spent is 1_000 short of
-    it after an overrun, with a PREPARED ``write`` (5_000 held) admitted before."""
+) -> tuple[str, Executor, charter.Attempt, charter.Attempt]:
+    """A mission budgeted at the largest amount with two PREPARED ``write`` attempts
+    (5_000 usd held each), then an overrun that leaves spent + held 5_000 short
+    of the largest amount."""
     mission = engine.create_mission(
         default_contract(allowance={"usd": MAX_AMOUNT, "calls": 100}), by=who.alice
     )
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    parked = ex.admit(adapter, "write", {"n": 1}, effect_key="parked")
-    adapter.script["write"] = pays({"usd": MAX_AMOUNT - 1_000, "calls": 1})
-    ex.attempt(adapter, "write", {"n": 2}, effect_key="huge")
+    first = ex.admit(adapter, "write", {"n": 1}, effect_key="first")
+    second = ex.admit(adapter, "write", {"n": 2}, effect_key="second")
+    adapter.script["write"] = pays({"usd": MAX_AMOUNT - 15_000, "calls": 1})
+    ex.attempt(adapter, "write", {"n": 3}, effect_key="huge")
     usd = engine.balances(mission)["usd"]
-    assert (usd.spent, usd.held, usd.available) == (MAX_AMOUNT - 1_000, 5_000, -4_000)
+    assert (usd.spent, usd.held, usd.available) == (MAX_AMOUNT - 15_000, 10_000, 5_000)
     assert_ledger(engine, mission)
-    return mission, ex, parked
+    return mission, ex, first, second
 
 
-def test_A9_a_resolution_that_would_take_spent_past_the_largest_amount_is_refused(
+#: Resolutions of ``first`` that do not fit, with the sum each would take past 2**63 - 1.
+TOO_MUCH: list[tuple[str, dict[str, int] | None, str]] = [
+    ("succeeded", {"usd": 15_001, "calls": 1}, "spent"),
+    ("failed", {"usd": MAX_AMOUNT}, "spent"),
+    # spent itself fits, but then the other open hold could never be settled.
+    ("succeeded", {"usd": 10_001, "calls": 1}, "spent + held"),
+]
+
+
+def test_A9_a_resolution_that_would_take_a_sum_past_the_largest_amount_is_refused(
     engine: charter.Engine, who: Principals, adapter: RecordingAdapter
 ) -> None:
-    """Breaking A9 looks like spent becoming 2**63 or more: a REAL on SQLite (after
-    which L0 and L2 no longer hold) or an error the store raises at commit. The
-    sum is refused with a typed error before anything is written; a resolution
-    that fits still settles, to the last unit."""
-    mission, ex, parked = overrun_near_the_largest_amount(engine, who, adapter)
+    """Breaking A9 looks like spent (or spent + held) becoming 2**63 or more: a REAL
+    on SQLite, after which L0 and L2 no longer hold, or an error the store raises
+    at commit. The sum is refused with a typed error before anything is written;
+    a resolution that fits still settles, and every open hold can still be
+    written off, to the last unit."""
+    mission, ex, first, second = overrun_near_the_largest_amount(engine, who, adapter)
     adapter.script["write"] = lost
-    unknown = ex.dispatch(parked.id, adapter)
-    assert unknown.status is AttemptStatus.UNKNOWN
+    for parked in (first, second):
+        assert ex.dispatch(parked.id, adapter).status is AttemptStatus.UNKNOWN
     before = stored(engine, mission)
     evidence = {"ticket": "OPS-9"}
-    too_much: list[tuple[Any, dict[str, int] | None]] = [
-        ("succeeded", {"usd": 1_001, "calls": 1}),
-        ("failed", {"usd": MAX_AMOUNT}),
-        ("written_off", None),  # the full hold, 5_000
-    ]
-    for outcome, cost in too_much:
+    for outcome, cost, account in TOO_MUCH:
         with pytest.raises(charter.AmountOverflow) as info:
             engine.coordinator.resolve(
-                unknown.id, by=who.alice, outcome=outcome, evidence=evidence, cost=cost
+                first.id, by=who.alice, outcome=outcome, evidence=evidence, cost=cost
             )
-        assert info.value.details["unit"] == "usd"
-        assert info.value.details["account"] == "spent"
+        assert (info.value.details["unit"], info.value.details["account"]) == ("usd", account)
     assert stored(engine, mission) == before
     assert_integer_balances(engine, mission)
     assert_ledger(engine, mission)
 
+    cost = {"usd": 10_000, "calls": 1}
     resolved = engine.coordinator.resolve(
-        unknown.id,
-        by=who.alice,
-        outcome="succeeded",
-        evidence=evidence,
-        cost={"usd": 1_000, "calls": 1},
+        first.id, by=who.alice, outcome="succeeded", evidence=evidence, cost=cost
     )
     assert resolved.status is AttemptStatus.SUCCEEDED
+    engine.coordinator.resolve(second.id, by=who.alice, outcome="written_off", evidence=evidence)
     usd = engine.balances(mission)["usd"]
     assert (usd.spent, usd.held, usd.available) == (MAX_AMOUNT, 0, 0)
     assert_integer_balances(engine, mission)
@@ -1436,21 +1440,21 @@ def test_A9_a_reported_cost_the_ledger_cannot_add_leaves_the_attempt_unknown_wit
     engine: charter.Engine, who: Principals, adapter: RecordingAdapter
 ) -> None:
     """A settlement reports what happened outside; when its actual cost is a valid
-    amount but spent plus it would pass 2**63 - 1, it cannot be recorded (A4: a
-    value the store cannot hold). Breaking A9 looks like the sum written anyway;
-    losing the report looks like the attempt left DISPATCHED with no evidence. It
-    stays unresolved instead: UNKNOWN with its full hold, the report kept as
-    evidence, an incident opened, and the ledger unchanged."""
-    mission, ex, parked = overrun_near_the_largest_amount(engine, who, adapter)
+    amount but the ledger's sums with it would pass 2**63 - 1, it cannot be
+    recorded (A4: a value the store cannot hold). Breaking A9 looks like the sum
+    written anyway; losing the report looks like the attempt left DISPATCHED with
+    no evidence. It stays unresolved instead: UNKNOWN with its full hold, the
+    report kept as evidence, an incident opened, and the ledger unchanged."""
+    mission, ex, first, _ = overrun_near_the_largest_amount(engine, who, adapter)
     balances = engine.balances(mission)
-    adapter.script["write"] = pays({"usd": 1_001, "calls": 1}, receipt={"id": "inv-77"})
-    attempt = ex.dispatch(parked.id, adapter)
+    adapter.script["write"] = pays({"usd": 10_001, "calls": 1}, receipt={"id": "inv-77"})
+    attempt = ex.dispatch(first.id, adapter)
     assert attempt.status is AttemptStatus.UNKNOWN
-    assert engine.attempt(parked.id).status is AttemptStatus.UNKNOWN
+    assert engine.attempt(first.id).status is AttemptStatus.UNKNOWN
     assert engine.balances(mission) == balances
-    (evidence,) = engine.evidence(parked.id)
+    (evidence,) = engine.evidence(first.id)
     assert evidence["verdict"] == "applied"
-    assert json.loads(evidence["outcome"])["cost"] == {"usd": 1_001, "calls": 1}
+    assert json.loads(evidence["outcome"])["cost"] == {"usd": 10_001, "calls": 1}
     kinds = [i["kind"] for i in engine.incidents(mission, open_only=True)]
     assert "amount_overflow" in kinds
     assert_integer_balances(engine, mission)

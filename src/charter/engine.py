@@ -231,6 +231,7 @@ class Engine:
         parsed = Contract.validate(contract)
         with self._db.transaction() as tx:
             self._vouch(tx, by)
+            tx.lock_mission(mission_id)  # P2 is checked against the version it replaces
             mission = missions.load(tx, mission_id)
             if by.name != mission.created_by:
                 raise tx.refused(

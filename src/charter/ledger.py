@@ -141,14 +141,15 @@ def record(
 
     Refuses (:class:`AmountOverflow`, nothing written by this call) moves whose
     sums with the cached balances would leave the range the ledger holds (A9).
-    Only moves into ``spent`` or ``limit`` can: a hold is bounded by what is
-    available (L3) and a release by what is held, so admission and voiding
-    pay no read for this check.
+    Only an overrun (it adds to ``spent + held`` beyond any hold) or a higher
+    limit can: a hold is bounded by what is available (L3), a spend moves held
+    to spent and a release lowers held. So admissions and settlements within
+    their holds pay no read.
     """
     if not moves:
         return
     change = balances(moves)
-    if any(d.spent > 0 or d.limit > 0 for d in change.values()):
+    if any(d.overrun > 0 or d.limit > 0 for d in change.values()):
         _check_sums(cached(tx, mission_id), change)
     tx.many(
         "INSERT INTO ledger_entries (mission_id, unit, attempt_id, kind, source, target, "
@@ -180,24 +181,34 @@ def record(
 
 
 def _check_sums(current: Mapping[str, Balance], change: Mapping[str, Balance]) -> None:
-    """Refuse a change that takes any balance out of the ledger's range (A9).
+    """Refuse a change that takes a balance out of the ledger's range (A9).
 
-    ``limit``, ``held``, ``spent`` and ``overrun`` stay in [0, 2^63 - 1];
-    ``available`` may go negative by an overrun (L0), never below -(2^63 - 1).
+    ``limit``, ``held``, ``spent``, ``overrun`` and ``spent + held`` stay in
+    [0, 2^63 - 1]. Keeping what is spent and held together in range means
+    every open hold can always be settled up to its size (a write-off always
+    fits), and ``available`` (limit minus both) never falls below -(2^63 - 1).
     """
     for unit, delta in sorted(change.items()):
         before = current.get(unit, Balance())
-        for account in (f.name for f in fields(Balance)):
-            after = getattr(before, account) + getattr(delta, account)
-            low = -MAX_AMOUNT if account == "available" else 0
-            if not low <= after <= MAX_AMOUNT:
+        after = Balance(
+            *(getattr(before, f.name) + getattr(delta, f.name) for f in fields(Balance))
+        )
+        sums = {
+            "limit": after.limit,
+            "held": after.held,
+            "spent": after.spent,
+            "overrun": after.overrun,
+            "spent + held": after.spent + after.held,
+        }
+        for account, amount in sums.items():
+            if not 0 <= amount <= MAX_AMOUNT:
                 raise AmountOverflow(
-                    f"{unit} {account} would be {after}, outside the ledger's range "
-                    f"[{low}, 2**63 - 1]; nothing was recorded. A sum this large means "
-                    "some report is wrong: check it, and settle at a cost that fits",
+                    f"{unit} {account} would be {amount}, outside the ledger's range "
+                    "[0, 2**63 - 1]; nothing was recorded. A sum this large means some "
+                    "report is wrong: check it, and settle at a cost that fits",
                     unit=unit,
                     account=account,
-                    amount=after,
+                    amount=amount,
                 )
 
 
