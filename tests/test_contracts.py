@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import charter
-from charter.contracts import Contract
+from charter.contracts import Contract, amendment_needs, scope_matches
 from charter.principals import Right
 from charter.testing import RecordingAdapter
-from conftest import Principals, default_contract
+from conftest import Principals, default_contract, stored
 
 #: The last representable deadline (datetime.max, UTC) in microseconds since 1970.
 LATEST_DEADLINE_US = (
@@ -433,6 +433,233 @@ def test_raise_limit_makes_a_new_version_that_only_raises(
             engine.raise_limit(mission, "usd", amount, by=who.alice)
     assert [v[0] for v in _versions(store_url, mission)] == [1, 2]
     assert engine.check_ledger(mission) == []
+
+
+# -- P2: an amendment needs the rights its changes need -----------------------------------------
+
+#: Alice creates the mission but may only stop and consume; bob approves charges.
+NARROW = _with(
+    principals={
+        "agent": {"run": ["recorder.read"]},
+        "alice": ["stop", "consume"],
+        "bob": {"approve": ["recorder.*"]},
+    },
+    approvals={"required": ["recorder.charge"], "ttl_seconds": 600},
+    stop_conditions={"max_attempts": 10, "deadline": "2030-01-01T00:00:00+00:00"},
+    resume="human",
+)
+
+
+def _narrow(**changes: Any) -> dict[str, Any]:
+    return {**NARROW, **changes}
+
+
+def _alice(*extra: Any) -> dict[str, Any]:
+    """NARROW's principals with alice's grants widened by ``extra`` (rights on ``*``,
+    or ``(right, scopes)`` pairs)."""
+    grants: dict[str, list[str]] = {"stop": ["*"], "consume": ["*"]}
+    for item in extra:
+        right, scopes = (item, ["*"]) if isinstance(item, str) else item
+        grants[right] = scopes
+    return {**NARROW["principals"], "alice": grants}
+
+
+#: Amendments that widen authority, each with the (right, scope) pairs alice lacks for it.
+ESCALATIONS: dict[str, tuple[dict[str, Any], set[tuple[str, str]]]] = {
+    "raise a limit": (
+        _narrow(allowance={"usd": 2_000_000, "calls": 100}),
+        {("raise_limit", "*")},
+    ),
+    "budget a new unit": (
+        _narrow(allowance={"usd": 1_000_000, "calls": 100, "gpu_seconds": 60}),
+        {("raise_limit", "*")},
+    ),
+    "grant herself resolve": (_narrow(principals=_alice("resolve")), {("resolve", "*")}),
+    "grant herself raise_limit": (
+        _narrow(principals=_alice("raise_limit")),
+        {("raise_limit", "*")},
+    ),
+    "grant herself approve": (
+        _narrow(principals=_alice(("approve", ["recorder.*"]))),
+        {("approve", "recorder.*")},
+    ),
+    "widen the agent's scope": (
+        _narrow(principals={**NARROW["principals"], "agent": {"run": ["recorder.*"]}}),
+        {("run", "recorder.*")},
+    ),
+    "add a principal": (
+        _narrow(principals={**NARROW["principals"], "mallory": {"run": ["recorder.read"]}}),
+        {("run", "recorder.read")},
+    ),
+    "drop the approval requirement": (
+        _narrow(approvals={"required": [], "ttl_seconds": 600}),
+        {("approve", "recorder.charge")},
+    ),
+    "lengthen approvals": (
+        _narrow(approvals={"required": ["recorder.charge"], "ttl_seconds": 6_000}),
+        {("approve", "recorder.charge")},
+    ),
+    "allow more attempts": (
+        _narrow(stop_conditions={"max_attempts": 11, "deadline": "2030-01-01T00:00:00Z"}),
+        {("raise_limit", "*")},
+    ),
+    "drop the deadline": (_narrow(stop_conditions={"max_attempts": 10}), {("raise_limit", "*")}),
+    "allow more recoveries": (_narrow(max_recoveries=4), {("raise_limit", "*")}),
+    "allow more node crashes": (_narrow(max_node_crashes=9), {("raise_limit", "*")}),
+    "resume automatically": (_narrow(resume="automatic"), {("run", "*")}),
+    "lift the resume restriction": (
+        {k: v for k, v in NARROW.items() if k != "resume"},
+        {("run", "*")},
+    ),
+    "write off read-only unknowns": (
+        _narrow(read_only_unknown="write_off"),
+        {("resolve", "*")},
+    ),
+    "all at once": (
+        _narrow(
+            allowance={"usd": 9_000_000, "calls": 100},
+            principals=_alice("resolve", "raise_limit", "approve"),
+            approvals={"required": [], "ttl_seconds": 600},
+        ),
+        {("raise_limit", "*"), ("resolve", "*"), ("approve", "*"), ("approve", "recorder.charge")},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ESCALATIONS))
+def test_P2_an_amendment_that_widens_authority_needs_the_right_for_each_change(
+    case: str, engine: charter.Engine, who: Principals
+) -> None:
+    """Breaking P2 looks like the mission's creator, refused ``raise_limit`` (or
+    ``resolve``, ``approve``, ``run``), getting through an amendment what her rights
+    deny: a higher limit, a right granted to herself or another, an approval
+    requirement dropped, a stop condition or the resume restriction loosened. The
+    refusal lists every missing right, is audited, and changes nothing else."""
+    amendment, missing = ESCALATIONS[case]
+    mission = engine.create_mission(NARROW, by=who.alice)
+    before = stored(engine, mission)
+    events = engine.audit_events(mission)
+    with pytest.raises(charter.NotAuthorized) as info:
+        engine.amend_contract(mission, amendment, by=who.alice, reason=case)
+    assert info.value.details["principal"] == "alice"
+    listed = info.value.details["missing"]
+    assert {(m["right"], m["scope"]) for m in listed} == missing
+    assert stored(engine, mission) == before
+    assert engine.contract(mission) == Contract.from_dict(NARROW)
+    (refusal,) = engine.audit_events(mission)[len(events) :]
+    assert (refusal["kind"], refusal["actor"]) == ("authorization.refused", "alice")
+    payload = json.loads(refusal["payload"])
+    assert payload["action"] == "amend_contract"
+    assert payload["missing"] == listed
+    assert all(v.ok for v in engine.verify_audit())
+    assert engine.check_ledger(mission) == []
+
+
+def test_P2_a_creator_who_holds_the_rights_makes_every_change_at_once(
+    engine: charter.Engine, who: Principals
+) -> None:
+    """The rule refuses only what the author's rights deny: holding each right (on a
+    scope at least as wide), the same changes go through as one new version."""
+    everything = [r.value for r in Right]
+    start = _narrow(principals={**NARROW["principals"], "alice": everything})
+    mission = engine.create_mission(start, by=who.alice)
+    amended = _narrow(
+        allowance={"usd": 9_000_000, "calls": 100, "gpu_seconds": 60},
+        principals={
+            "agent": {"run": ["recorder.*"]},
+            "alice": everything,
+            "bob": {"approve": ["recorder.*"], "resolve": ["recorder.charge"]},
+            "mallory": {"run": ["recorder.read"]},
+        },
+        approvals={"required": [], "ttl_seconds": 6_000},
+        stop_conditions={},
+        resume="automatic",
+        max_recoveries=9,
+        max_node_crashes=9,
+        read_only_unknown="write_off",
+    )
+    assert engine.amend_contract(mission, amended, by=who.alice, reason="widen") == 2
+    assert engine.contract(mission) == Contract.from_dict(amended)
+    assert engine.balances(mission)["usd"].available == 9_000_000
+    assert engine.audit_events(mission)[-1]["kind"] == "contract.version"
+    assert engine.check_ledger(mission) == []
+
+
+def test_P2_one_grants_only_as_wide_as_one_holds(engine: charter.Engine, who: Principals) -> None:
+    """Delegation keeps to the delegate's own scope: approve on ``recorder.*`` may
+    be handed on for ``recorder.charge`` or ``recorder.*``, never for ``*``."""
+    start = _narrow(principals=_alice(("approve", ["recorder.*"])))
+    mission = engine.create_mission(start, by=who.alice)
+    wider = {**start["principals"], "mallory": {"approve": ["*"]}}
+    with pytest.raises(charter.NotAuthorized) as info:
+        engine.amend_contract(mission, _narrow(principals=wider), by=who.alice, reason="too wide")
+    assert [(m["right"], m["scope"]) for m in info.value.details["missing"]] == [("approve", "*")]
+    narrower = {**start["principals"], "mallory": {"approve": ["recorder.charge"]}}
+    assert engine.amend_contract(mission, _narrow(principals=narrower), by=who.alice, reason="ok")
+    assert engine.contract(mission).allows("mallory", Right.APPROVE, "recorder.charge")
+
+
+def test_P2_an_amendment_that_only_narrows_needs_no_right(
+    engine: charter.Engine, who: Principals, adapter: RecordingAdapter
+) -> None:
+    """Narrowing takes nothing from anyone's rights but the mission's: the creator
+    may lower a limit (never below what is held and spent, L0), revoke a grant, add
+    an approval requirement, shorten approvals, tighten stop conditions, recovery
+    limits and the resume restriction, holding none of the rights to widen them."""
+    mission = engine.create_mission(_narrow(resume="rules"), by=who.alice)
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    ex.attempt(adapter, "read", {"n": 1}, effect_key="r")  # 1_000 usd spent
+    narrowed = _narrow(
+        allowance={"usd": 1_000, "calls": 1},
+        principals={"agent": {"run": ["recorder.read"]}, "alice": ["stop"]},
+        approvals={"required": ["recorder.*"], "ttl_seconds": 60},
+        stop_conditions={
+            "max_attempts": 2,
+            "max_failed_attempts": 1,
+            "deadline": "2029-01-01T00:00:00Z",
+        },
+        resume="human",
+        max_recoveries=1,
+        max_node_crashes=1,
+    )
+    assert engine.amend_contract(mission, narrowed, by=who.alice, reason="narrow") == 2
+    assert engine.contract(mission) == Contract.from_dict(narrowed)
+    usd = engine.balances(mission)["usd"]
+    assert (usd.limit, usd.available, usd.spent) == (1_000, 0, 1_000)
+    assert engine.check_ledger(mission) == []
+    # ... and widening it back again is P2's business.
+    with pytest.raises(charter.NotAuthorized):
+        engine.amend_contract(mission, _narrow(resume="rules"), by=who.alice, reason="undo")
+
+
+@settings(max_examples=300, deadline=None)
+@given(contracts(), contracts())
+def test_P2_every_widening_between_two_contracts_names_the_right_it_needs(
+    before: dict[str, Any], after: dict[str, Any]
+) -> None:
+    """Whatever two contracts are compared, each right a principal holds on a scope
+    afterwards but not before, and each scope that stops needing approval, is
+    covered by a listed need; a higher limit needs ``raise_limit``; and a contract
+    compared with itself needs nothing."""
+    old, new = Contract.from_dict(before), Contract.from_dict(after)
+    needs = amendment_needs(old, new)
+    assert amendment_needs(new, new) == []
+
+    def covered(right: Right, scope: str) -> bool:
+        return any(n.right is right and scope_matches(n.scope, scope) for n in needs)
+
+    for name, grants in new.principals.items():
+        for right, scopes in grants.items():
+            for pattern in scopes:
+                probe = "x.y" if pattern == "*" else pattern.replace("*", "op")
+                if not old.allows(name, right, probe):
+                    assert covered(right, probe), (name, right, probe)
+    for pattern in old.approvals.required:
+        probe = "x.y" if pattern == "*" else pattern.replace("*", "op")
+        if not new.approvals.requires(probe):
+            assert covered(Right.APPROVE, probe), probe
+    if any(limit > old.allowance.get(unit, 0) for unit, limit in new.allowance.items()):
+        assert covered(Right.RAISE_LIMIT, "*")
 
 
 # -- A1: authority is the current version's -----------------------------------------------------

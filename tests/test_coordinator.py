@@ -1364,24 +1364,13 @@ def test_r9_no_mode_continues_for_a_principal_whose_run_right_was_revoked(
     clock: ManualClock,
     mode: str,
 ) -> None:
-    eng, who, mission = _resume_engine(make_engine, creds, mode)
+    alice = ["resolve", "raise_limit", "stop", "link", "adopt", "consume", "approve", "run"]
+    start = default_contract()
+    start["principals"]["alice"] = alice
+    eng, who, mission = _resume_engine(make_engine, creds, mode, start)
     ex = eng.start_run(mission, by=who.agent, segment_id="seg-1")
     clock.advance(LEASE)  # downtime: the creator revokes the agent's grants
-    revoked = default_contract(
-        principals={
-            "alice": [
-                "resolve",
-                "raise_limit",
-                "stop",
-                "link",
-                "adopt",
-                "consume",
-                "approve",
-                "run",
-            ],
-            "bob": {"approve": ["recorder.*"]},
-        }
-    )
+    revoked = default_contract(principals={"alice": alice, "bob": {"approve": ["recorder.*"]}})
     assert eng.amend_contract(mission, revoked, by=who.alice, reason="revoke agent") == 2
 
     _refused_in_every_mode(eng, mission, ex.run_id, who.alice, mode=mode, adapter=adapter)

@@ -21,7 +21,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +38,11 @@ from hypothesis.stateful import (
 
 import charter
 from charter import AttemptStatus, Dispatch, NotApplied, Outcome, RunStatus
+from charter.contracts import Contract
 from charter.executor import Executor
 from charter.ledger import Balance
 from charter.testing import ManualClock, RecordingAdapter
-from conftest import NAMES, Principals, default_contract
+from conftest import NAMES, Principals, default_contract, stored
 
 WORKER = Path(__file__).with_name("_ledger_worker.py")
 
@@ -1293,6 +1294,166 @@ def test_L9_a_person_with_resolve_writes_off_an_unknown_at_its_full_hold(
                 unknown.id, by=who.alice, outcome=outcome, evidence=evidence, cost={"usd": 1}
             )
     assert ledger_state(engine, mission) == after
+
+
+# -- A9: amounts are integers in [0, 2^63 - 1] ---------------------------------------------
+
+MAX_AMOUNT = 2**63 - 1
+
+
+def assert_integer_balances(engine: charter.Engine, mission: str) -> None:
+    """Every cached balance is an integer (SQLite turns an overflowing sum into a REAL)."""
+    for unit, bal in engine.balances(mission).items():
+        for name in ACCOUNTS:
+            assert type(getattr(bal, name)) is int, (unit, name, bal)
+    for entry in engine.ledger_entries(mission):
+        assert type(entry["amount"]) is int, entry
+
+
+def test_A9_raise_limit_past_the_largest_amount_is_refused_and_the_mission_still_loads(
+    engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter
+) -> None:
+    """Breaking A9 looks like a limit of 2**63 or more written as a contract version
+    (and its funding added to the cached balances), after which the mission's
+    contract never loads again and every admission fails."""
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    ex.attempt(adapter, "write", {"n": 1}, effect_key="spent")  # 5_000 spent
+    before = stored(engine, mission)
+    for limit in (2**63, 2**64 + 5, 10**30):
+        with pytest.raises(charter.ContractError) as info:
+            engine.raise_limit(mission, "usd", limit, by=who.alice)
+        assert info.value.details["field"] == "allowance.usd"
+    assert stored(engine, mission) == before
+    assert engine.contract(mission).allowance["usd"] == 1_000_000
+    assert_ledger(engine, mission)
+
+    assert engine.raise_limit(mission, "usd", MAX_AMOUNT, by=who.alice) == 2
+    assert engine.contract(mission).allowance["usd"] == MAX_AMOUNT
+    usd = engine.balances(mission)["usd"]
+    assert (usd.limit, usd.available, usd.held, usd.spent) == (
+        MAX_AMOUNT,
+        MAX_AMOUNT - 5_000,
+        0,
+        5_000,
+    )
+    assert_integer_balances(engine, mission)
+    assert_ledger(engine, mission)
+    assert ex.attempt(adapter, "write", {"n": 2}, effect_key="after").status is (
+        AttemptStatus.SUCCEEDED
+    )
+    assert_ledger(engine, mission)
+
+
+@pytest.mark.parametrize("limit", [2**63, 2**64, -1, 1.5, 100.0, True, "5"])
+def test_A9_a_contract_built_in_code_with_a_limit_out_of_range_is_refused(
+    engine: charter.Engine, who: Principals, mission: str, limit: Any
+) -> None:
+    """A ``Contract`` made directly (not parsed from data) skips ``from_dict``.
+    Breaking A9 looks like such a contract's limit being stored as a mission or a
+    new version anyway: funded as a REAL, or never loadable again."""
+    bad = replace(Contract.from_dict(default_contract()), allowance={"usd": limit, "calls": 100})
+    missions_before = engine.missions()
+    with pytest.raises(charter.ContractError) as info:
+        engine.create_mission(bad, by=who.alice)
+    assert info.value.details["field"] == "allowance.usd"
+    assert engine.missions() == missions_before
+    before = stored(engine, mission)
+    with pytest.raises(charter.ContractError) as info:
+        engine.amend_contract(mission, bad, by=who.alice, reason="a limit out of range")
+    assert info.value.details["field"] == "allowance.usd"
+    assert stored(engine, mission) == before
+    assert engine.contract(mission) == Contract.from_dict(default_contract())
+    assert_ledger(engine, mission)
+
+
+def overrun_near_the_largest_amount(
+    engine: charter.Engine, who: Principals, adapter: RecordingAdapter
+) -> tuple[str, Executor, charter.Attempt, charter.Attempt]:
+    """A mission budgeted at the largest amount with two PREPARED ``write`` attempts
+    (5_000 usd held each), then an overrun that leaves spent + held 5_000 short
+    of the largest amount."""
+    mission = engine.create_mission(
+        default_contract(allowance={"usd": MAX_AMOUNT, "calls": 100}), by=who.alice
+    )
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    first = ex.admit(adapter, "write", {"n": 1}, effect_key="first")
+    second = ex.admit(adapter, "write", {"n": 2}, effect_key="second")
+    adapter.script["write"] = pays({"usd": MAX_AMOUNT - 15_000, "calls": 1})
+    ex.attempt(adapter, "write", {"n": 3}, effect_key="huge")
+    usd = engine.balances(mission)["usd"]
+    assert (usd.spent, usd.held, usd.available) == (MAX_AMOUNT - 15_000, 10_000, 5_000)
+    assert_ledger(engine, mission)
+    return mission, ex, first, second
+
+
+#: Resolutions of ``first`` that do not fit, with the sum each would take past 2**63 - 1.
+TOO_MUCH: list[tuple[str, dict[str, int] | None, str]] = [
+    ("succeeded", {"usd": 15_001, "calls": 1}, "spent"),
+    ("failed", {"usd": MAX_AMOUNT}, "spent"),
+    # spent itself fits, but then the other open hold could never be settled.
+    ("succeeded", {"usd": 10_001, "calls": 1}, "spent + held"),
+]
+
+
+def test_A9_a_resolution_that_would_take_a_sum_past_the_largest_amount_is_refused(
+    engine: charter.Engine, who: Principals, adapter: RecordingAdapter
+) -> None:
+    """Breaking A9 looks like spent (or spent + held) becoming 2**63 or more: a REAL
+    on SQLite, after which L0 and L2 no longer hold, or an error the store raises
+    at commit. The sum is refused with a typed error before anything is written;
+    a resolution that fits still settles, and every open hold can still be
+    written off, to the last unit."""
+    mission, ex, first, second = overrun_near_the_largest_amount(engine, who, adapter)
+    adapter.script["write"] = lost
+    for parked in (first, second):
+        assert ex.dispatch(parked.id, adapter).status is AttemptStatus.UNKNOWN
+    before = stored(engine, mission)
+    evidence = {"ticket": "OPS-9"}
+    for outcome, cost, account in TOO_MUCH:
+        with pytest.raises(charter.AmountOverflow) as info:
+            engine.coordinator.resolve(
+                first.id, by=who.alice, outcome=outcome, evidence=evidence, cost=cost
+            )
+        assert (info.value.details["unit"], info.value.details["account"]) == ("usd", account)
+    assert stored(engine, mission) == before
+    assert_integer_balances(engine, mission)
+    assert_ledger(engine, mission)
+
+    cost = {"usd": 10_000, "calls": 1}
+    resolved = engine.coordinator.resolve(
+        first.id, by=who.alice, outcome="succeeded", evidence=evidence, cost=cost
+    )
+    assert resolved.status is AttemptStatus.SUCCEEDED
+    engine.coordinator.resolve(second.id, by=who.alice, outcome="written_off", evidence=evidence)
+    usd = engine.balances(mission)["usd"]
+    assert (usd.spent, usd.held, usd.available) == (MAX_AMOUNT, 0, 0)
+    assert_integer_balances(engine, mission)
+    assert_ledger(engine, mission)
+
+
+def test_A9_a_reported_cost_the_ledger_cannot_add_leaves_the_attempt_unknown_with_evidence(
+    engine: charter.Engine, who: Principals, adapter: RecordingAdapter
+) -> None:
+    """A settlement reports what happened outside; when its actual cost is a valid
+    amount but the ledger's sums with it would pass 2**63 - 1, it cannot be
+    recorded (A4: a value the store cannot hold). Breaking A9 looks like the sum
+    written anyway; losing the report looks like the attempt left DISPATCHED with
+    no evidence. It stays unresolved instead: UNKNOWN with its full hold, the
+    report kept as evidence, an incident opened, and the ledger unchanged."""
+    mission, ex, first, _ = overrun_near_the_largest_amount(engine, who, adapter)
+    balances = engine.balances(mission)
+    adapter.script["write"] = pays({"usd": 10_001, "calls": 1}, receipt={"id": "inv-77"})
+    attempt = ex.dispatch(first.id, adapter)
+    assert attempt.status is AttemptStatus.UNKNOWN
+    assert engine.attempt(first.id).status is AttemptStatus.UNKNOWN
+    assert engine.balances(mission) == balances
+    (evidence,) = engine.evidence(first.id)
+    assert evidence["verdict"] == "applied"
+    assert json.loads(evidence["outcome"])["cost"] == {"usd": 10_001, "calls": 1}
+    kinds = [i["kind"] for i in engine.incidents(mission, open_only=True)]
+    assert "amount_overflow" in kinds
+    assert_integer_balances(engine, mission)
+    assert_ledger(engine, mission)
 
 
 # -- L0-L2 under random histories ---------------------------------------------------------

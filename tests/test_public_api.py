@@ -9,6 +9,7 @@ PUBLIC = [
     "AdapterError",
     "AdmissionRefused",
     "AllowanceExceeded",
+    "AmountOverflow",
     "ApprovalRequired",
     "Attempt",
     "AttemptAlreadySettled",

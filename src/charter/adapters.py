@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from charter.amounts import is_amount
 from charter.attempts import Attempt
 from charter.clock import Clock
 from charter.errors import AdapterError, NotApplied
@@ -208,13 +209,9 @@ class Adapter(Protocol):
     def reconcile(self, attempt: Attempt) -> Evidence: ...
 
 
-#: Amounts are integers in [0, 2^63 - 1] (A9): what both stores hold exactly.
-MAX_AMOUNT = 2**63 - 1
-
-
 def _check_amounts(amounts: Mapping[str, int], what: str) -> None:
     for unit, amount in amounts.items():
-        if isinstance(amount, bool) or not isinstance(amount, int) or not 0 <= amount <= MAX_AMOUNT:
+        if not is_amount(amount):
             raise AdapterError(
                 f"{what} for unit {unit!r} must be an integer in [0, 2^63 - 1] in the unit's "
                 f"smallest step (floats never touch the ledger), got {amount!r}"

@@ -11,17 +11,21 @@ Scopes name adapter operations as ``adapter.operation``; a grant may use ``*``
 (everything) or ``adapter.*``. Rights that are not about operations (``resolve``,
 ``stop``, ``raise_limit`` ...) are usually granted on ``*``; a bare list of
 rights is shorthand for granting each on ``*``.
+
+An amendment needs, for each change that widens what anyone may do, the right
+that change would need on its own (P2): :func:`amendment_needs` lists them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from charter.amounts import is_amount
 from charter.errors import ContractError
 from charter.principals import Right
 
@@ -91,17 +95,17 @@ class Contract:
 
     # -- changes -------------------------------------------------------------
     def with_limit(self, unit: str, limit: int) -> Contract:
-        """A new version with one allowance limit changed."""
-        return replace(self, allowance={**self.allowance, unit: limit})
+        """A new version with one allowance limit changed, validated like any contract."""
+        return Contract.from_dict({**self.to_dict(), "allowance": {**self.allowance, unit: limit}})
 
     def with_grants(self, principal: str, grants: Mapping[Right, tuple[str, ...]]) -> Contract:
         """A new version with one principal's grants replaced (empty revokes all)."""
-        principals = dict(self.principals)
+        data = self.to_dict()
         if grants:
-            principals[principal] = dict(grants)
+            data["principals"][principal] = {str(r): list(s) for r, s in grants.items()}
         else:
-            principals.pop(principal, None)
-        return replace(self, principals=principals)
+            data["principals"].pop(principal, None)
+        return Contract.from_dict(data)
 
     # -- serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -168,6 +172,12 @@ class Contract:
         )
 
     @classmethod
+    def validate(cls, value: Contract | Mapping[str, Any]) -> Contract:
+        """``value`` validated, whether data or a ``Contract`` built in code (whose
+        constructor checks nothing), so that every stored version loads again."""
+        return cls.from_dict(value.to_dict() if isinstance(value, Contract) else value)
+
+    @classmethod
     def from_json(cls, text: str) -> Contract:
         try:
             data = json.loads(text)
@@ -179,6 +189,102 @@ class Contract:
                 column=exc.colno,
             ) from None
         return cls.from_dict(data)
+
+
+# -- amendments (P2) ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Need:
+    """A right an amendment's author must hold, and the change that needs it (P2)."""
+
+    right: Right
+    scope: str
+    change: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"right": self.right.value, "scope": self.scope, "change": self.change}
+
+
+def amendment_needs(current: Contract, proposed: Contract) -> list[Need]:
+    """The right each change from ``current`` to ``proposed`` would need on its own (P2).
+
+    Whoever amends must hold each of them under ``current``, so nobody gains
+    through an amendment what their rights deny. Only widening needs a right:
+    raising any limit (an allowance, a stop condition, a recovery limit) needs
+    ``raise_limit``; giving a principal a right on a scope needs that right on
+    that scope (one grants only what one holds); dropping an approval
+    requirement, or making approvals last longer, needs ``approve`` where
+    approval was required; loosening the resume restriction needs ``run`` (what
+    authorises a continuation in ``human`` mode, R9); the A7 write-off opt-in
+    needs ``resolve`` (L9). Narrowing (a lower limit, a revoked grant, a new
+    approval requirement, a tighter stop condition) needs none.
+    """
+    return [
+        *_grant_needs(current, proposed),
+        *_limit_needs(current, proposed),
+        *_policy_needs(current, proposed),
+    ]
+
+
+def _grant_needs(current: Contract, proposed: Contract) -> Iterator[Need]:
+    for name, grants in sorted(proposed.principals.items()):
+        for right, scopes in sorted(grants.items()):
+            for scope in scopes:
+                if not current.allows(name, right, scope):
+                    yield Need(right, scope, f"{name} granted {right.value} on {scope}")
+
+
+def _limit_needs(current: Contract, proposed: Contract) -> Iterator[Need]:
+    for unit, limit in sorted(proposed.allowance.items()):
+        old = current.allowance.get(unit, 0)
+        if limit > old:
+            yield Need(Right.RAISE_LIMIT, "*", f"allowance.{unit} raised from {old} to {limit}")
+    was, now = current.stop_conditions, proposed.stop_conditions
+    limits: list[tuple[str, int | None, int | None, Any]] = [
+        ("stop_conditions.max_attempts", was.max_attempts, now.max_attempts, str),
+        (
+            "stop_conditions.max_failed_attempts",
+            was.max_failed_attempts,
+            now.max_failed_attempts,
+            str,
+        ),
+        ("stop_conditions.deadline", was.deadline_us, now.deadline_us, _iso),
+        ("max_recoveries", current.max_recoveries, proposed.max_recoveries, str),
+        ("max_node_crashes", current.max_node_crashes, proposed.max_node_crashes, str),
+    ]
+    for name, old_limit, new_limit, show in limits:
+        if old_limit is not None and (new_limit is None or new_limit > old_limit):
+            after = "none" if new_limit is None else show(new_limit)
+            yield Need(Right.RAISE_LIMIT, "*", f"{name} loosened from {show(old_limit)} to {after}")
+
+
+def _policy_needs(current: Contract, proposed: Contract) -> Iterator[Need]:
+    was, now = current.approvals, proposed.approvals
+    for scope in was.required:
+        if not now.requires(scope):
+            yield Need(Right.APPROVE, scope, f"approval on {scope} no longer required")
+    if now.ttl_seconds > was.ttl_seconds:
+        for scope in now.required:
+            yield Need(
+                Right.APPROVE,
+                scope,
+                f"approvals on {scope} last {now.ttl_seconds}s instead of {was.ttl_seconds}s",
+            )
+    if _strictness(proposed.resume) < _strictness(current.resume):
+        yield Need(
+            Right.RUN,
+            "*",
+            f"resume restriction loosened from {current.resume} to "
+            f"{proposed.resume or 'none (the engine policy)'}",
+        )
+    if current.read_only_unknown == "wait" and proposed.read_only_unknown == "write_off":
+        yield Need(Right.RESOLVE, "*", "read_only UNKNOWN attempts written off unattended (A7)")
+
+
+def _strictness(mode: ResumeMode | None) -> int:
+    """How far a contract restricts the resume policy; -1: not at all."""
+    return -1 if mode is None else RESUME_STRICTNESS.index(mode)
 
 
 def _iso(us: int | None) -> str | None:
@@ -255,9 +361,9 @@ def _allowance(value: Any) -> dict[str, int]:
     for unit, limit in value.items():
         if not isinstance(unit, str) or not unit.replace("_", "").isalnum():
             raise ContractError(f"allowance unit {unit!r} must be a plain name", field="allowance")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < 2**63:
+        if not is_amount(limit):
             raise ContractError(
-                f"allowance.{unit} must be a non-negative integer (smallest steps; "
+                f"allowance.{unit} must be an integer in [0, 2**63 - 1] (smallest steps; "
                 f"floats never touch the ledger), got {limit!r}",
                 field=f"allowance.{unit}",
             )

@@ -16,7 +16,8 @@ message says what was wrong and what to do about it::
     │   ├── SegmentReused           a segment ID the run has used (R1)
     │   ├── LeaseHeld               the owner's lease has not expired (R1)
     │   ├── NeedsIntervention       the run needs a person (R6, A6)
-    │   └── ApprovalRequired        the effect waits for an approval (W2)
+    │   ├── ApprovalRequired        the effect waits for an approval (W2)
+    │   └── AmountOverflow          a ledger sum would pass 2^63 - 1 (A9)
     ├── AdmissionRefused            A1 checks failed; nothing was recorded
     │   └── AllowanceExceeded       L3/L7: the allowance cannot cover it
     ├── AttemptFailed               an effect settled FAILED or WRITTEN_OFF (A4)
@@ -104,6 +105,16 @@ class NeedsIntervention(StateError):
 
 class ApprovalRequired(StateError):
     code = "approval_required"
+
+
+class AmountOverflow(StateError):
+    """A ledger sum (``spent``, ``held``, a limit) would pass 2^63 - 1 (A9).
+
+    Each amount was valid; recorded together with the balances they are not.
+    Nothing was written. ``unit``, ``account`` and ``amount`` say which sum.
+    """
+
+    code = "amount_overflow"
 
 
 class AdmissionRefused(CharterError):

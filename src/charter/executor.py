@@ -44,6 +44,7 @@ from charter.clock import seconds_us
 from charter.errors import (
     AdapterError,
     AdmissionRefused,
+    AmountOverflow,
     ApprovalRequired,
     Blocked,
     CharterError,
@@ -53,6 +54,7 @@ from charter.errors import (
     StateError,
     StoreConflict,
 )
+from charter.incidents import open_incident
 from charter.principals import Right
 from charter.runs import RunStatus
 from charter.secret import Secret
@@ -735,12 +737,48 @@ class Executor:
         report = sending.send(adapter, order, hidden)
         self._crash("settlement.before")
         try:
-            with self._db.transaction(gate=self.mission_id) as tx:
-                settled = self._record(tx, attempt, report)
+            try:
+                with self._db.transaction(gate=self.mission_id) as tx:
+                    settled = self._record(tx, attempt, report)
+            except AmountOverflow as exc:  # a valid cost the ledger's sums cannot take (A9)
+                settled = self._unaddable(attempt, report, exc)
         except Exception as exc:  # A4: an unrecordable settlement is an uncertainty
             raise sending.unrecorded(attempt.id, report, exc) from exc
         self._crash("settlement.after")
         return settled
+
+    def _unaddable(self, attempt: Attempt, report: sending.Report, exc: AmountOverflow) -> Attempt:
+        """A report whose cost the ledger cannot add settles nothing (A9): the
+        attempt is UNKNOWN with its hold, the report is kept as evidence and an
+        incident asks a person (whose resolution must fit the ledger)."""
+        with self._db.transaction(gate=self.mission_id) as tx:
+            settlement.mark_unknown(
+                tx,
+                attempt,
+                f"the reported cost cannot be added to the ledger ({exc.message})",
+                actor=self.principal,
+                segment=self.segment_id,
+                epoch=self.epoch,
+            )
+            settlement.record_evidence(
+                tx, attempt, report.evidence, actor=self.principal, epoch=self.epoch, settled=False
+            )
+            outcome = report.evidence.outcome
+            open_incident(
+                tx,
+                self.mission_id,
+                "amount_overflow",
+                {
+                    "actual": None if outcome is None else dict(outcome.cost),
+                    "receipt": None if outcome is None else outcome.receipt,
+                    **exc.details,
+                },
+                actor=self.principal,
+                run_id=self.run_id,
+                attempt_id=attempt.id,
+                epoch=self.epoch,
+            )
+            return load(tx, attempt.id)
 
     def _record(self, tx: Tx, attempt: Attempt, report: sending.Report) -> Attempt:
         """Settle what the live send reported (it was DISPATCHED by this executor)."""

@@ -17,20 +17,29 @@ reduce      available -> limit      a limit lowered
 ==========  ======================  =====================================
 
 This module only *computes* moves; the store applies them and the cached
-balances in one transaction. :func:`recompute` rebuilds balances from entries.
+balances in one transaction. :func:`from_entries` rebuilds balances from entries.
+
+Amounts are integers in [0, 2^63 - 1] (A9): :func:`is_amount` is the one range
+check for a single amount (a limit, an estimate, an actual cost), and
+:func:`record` refuses moves whose sums with the recorded balances would leave
+that range, with :class:`~charter.errors.AmountOverflow`, before writing.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from charter.amounts import MAX_AMOUNT
+from charter.errors import AmountOverflow
 from charter.storage.database import Tx
 
 ACCOUNTS = ("available", "held", "spent")
 
 
+#: The largest amount, and the largest sum, the ledger holds: a signed 64-bit
+#: integer is what both stores keep exactly (A9).
 @dataclass(frozen=True)
 class Move:
     unit: str
@@ -118,9 +127,20 @@ def record(
     moves: list[Move],
     price_source: str | None,
 ) -> None:
-    """Append entries and update cached balances in the caller's transaction."""
+    """Append entries and update cached balances in the caller's transaction.
+
+    Refuses (:class:`AmountOverflow`, nothing written by this call) moves whose
+    sums with the cached balances would leave the range the ledger holds (A9).
+    Only an overrun (it adds to ``spent + held`` beyond any hold) or a higher
+    limit can: a hold is bounded by what is available (L3), a spend moves held
+    to spent and a release lowers held. So admissions and settlements within
+    their holds pay no read.
+    """
     if not moves:
         return
+    change = balances(moves)
+    if any(d.overrun > 0 or d.limit > 0 for d in change.values()):
+        _check_sums(cached(tx, mission_id), change)
     tx.many(
         "INSERT INTO ledger_entries (mission_id, unit, attempt_id, kind, source, target, "
         "amount, price_source, at_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -148,6 +168,38 @@ def record(
             for unit, d in balances(moves).items()
         ],
     )
+
+
+def _check_sums(current: Mapping[str, Balance], change: Mapping[str, Balance]) -> None:
+    """Refuse a change that takes a balance out of the ledger's range (A9).
+
+    ``limit``, ``held``, ``spent``, ``overrun`` and ``spent + held`` stay in
+    [0, 2^63 - 1]. Keeping what is spent and held together in range means
+    every open hold can always be settled up to its size (a write-off always
+    fits), and ``available`` (limit minus both) never falls below -(2^63 - 1).
+    """
+    for unit, delta in sorted(change.items()):
+        before = current.get(unit, Balance())
+        after = Balance(
+            *(getattr(before, f.name) + getattr(delta, f.name) for f in fields(Balance))
+        )
+        sums = {
+            "limit": after.limit,
+            "held": after.held,
+            "spent": after.spent,
+            "overrun": after.overrun,
+            "spent + held": after.spent + after.held,
+        }
+        for account, amount in sums.items():
+            if not 0 <= amount <= MAX_AMOUNT:
+                raise AmountOverflow(
+                    f"{unit} {account} would be {amount}, outside the ledger's range "
+                    "[0, 2**63 - 1]; nothing was recorded. A sum this large means some "
+                    "report is wrong: check it, and settle at a cost that fits",
+                    unit=unit,
+                    account=account,
+                    amount=amount,
+                )
 
 
 def cached(tx: Tx, mission_id: str) -> dict[str, Balance]:

@@ -4,6 +4,7 @@ A mission lives across runs. Its contract is stored as versions; the mission row
 points at the current one. Creating a mission funds its allowance accounts from
 the contract's limits; a new version with different limits moves the difference
 (``fund``/``reduce`` entries), so the ledger always explains the limit (L0).
+An amendment is a new version its author's rights must cover (P2).
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from charter import ledger
-from charter.contracts import Contract
-from charter.errors import NotFound
+from charter.contracts import Contract, amendment_needs
+from charter.errors import ContractError, NotAuthorized, NotFound
 from charter.storage import Tx
+from charter.storage.database import Refused
 from charter.storage.paging import Position, page
 
 
@@ -109,6 +111,70 @@ def create(tx: Tx, contract: Contract, *, name: str, by: str) -> str:
     tx.audit(mission_id, "mission.created", mission_id, actor=by, payload={"name": name})
     add_version(tx, mission_id, contract, reason="created", by=by, previous=None)
     return mission_id
+
+
+def amend(
+    tx: Tx, mission: Mission, current: Contract, proposed: Contract, *, by: str, reason: str
+) -> int:
+    """Record ``proposed`` as the mission's next version, if ``by`` may make it.
+
+    Only the mission's creator amends, and only with, for each change that
+    widens what anyone may do, the right that change would need on its own,
+    under ``current`` (P2, :func:`~charter.contracts.amendment_needs`);
+    narrowing needs no right. A refusal lists every missing right, is audited
+    and changes nothing else.
+    """
+    if by != mission.created_by:
+        raise _refused(
+            tx,
+            mission.id,
+            by,
+            f"only the mission's creator ({mission.created_by}) may amend its contract; "
+            "a limit raise needs raise_limit (Engine.raise_limit)",
+        )
+    missing = [
+        n.to_dict()
+        for n in amendment_needs(current, proposed)
+        if not current.allows(by, n.right, n.scope)
+    ]
+    if missing:
+        lacking = "; ".join(f"{m['change']} needs {m['right']!r} on {m['scope']}" for m in missing)
+        raise _refused(
+            tx,
+            mission.id,
+            by,
+            f"principal {by!r} lacks rights this amendment of mission {mission.id} needs "
+            f"(P2): {lacking}. Make only the changes your rights cover; a principal with "
+            "raise_limit may raise a limit on its own (Engine.raise_limit)",
+            missing=missing,
+        )
+    removed = sorted(set(current.allowance) - set(proposed.allowance))
+    if removed:
+        raise ContractError(
+            f"a contract version cannot drop allowance units {removed}; set them to "
+            "their spent amount instead",
+            field="allowance",
+        )
+    for unit, bal in ledger.cached(tx, mission.id).items():
+        if proposed.allowance[unit] < bal.held + bal.spent:
+            raise ContractError(
+                f"allowance.{unit} cannot go below what is held and spent "
+                f"({bal.held + bal.spent}); available would turn negative (L0)",
+                field=f"allowance.{unit}",
+            )
+    return add_version(tx, mission.id, proposed, reason=reason, by=by, previous=current)
+
+
+def _refused(tx: Tx, mission_id: str, by: str, message: str, **details: Any) -> Refused:
+    """A refused amendment: only the audited refusal is recorded."""
+    return tx.refused(
+        NotAuthorized(message, principal=by, **details),
+        mission_id=mission_id,
+        kind="authorization.refused",
+        entity=mission_id,
+        actor=by,
+        payload={"action": "amend_contract", **details},
+    )
 
 
 def add_version(
