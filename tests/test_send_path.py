@@ -531,3 +531,50 @@ def test_L5_a_late_result_above_the_hold_after_a_write_off_opens_an_incident_and
     # L7: while the incident is open, the run goes no further.
     with pytest.raises(charter.NeedsIntervention, match="open incident"):
         engine.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
+
+
+# -- the record is the request ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "request_", [{1: "x"}, {"a": [{2.5: "y"}]}, {"a": {None: 1}}], ids=["int", "float", "none"]
+)
+def test_A6_a_request_with_a_key_that_is_not_a_string_is_refused_and_changes_nothing(
+    engine: charter.Engine,
+    who: Principals,
+    mission: str,
+    adapter: RecordingAdapter,
+    request_: Any,
+) -> None:
+    """Confirmed: ``{1: x}`` and ``{"1": x}`` had the same request hash, and a send
+    rebuilt from the record carried ``"1"`` where the first carried ``1``."""
+    ex = start(engine, who, mission)
+    before = stored(engine, mission)
+    with pytest.raises(charter.AdmissionRefused, match="not a string"):
+        ex.attempt(adapter, "write", request_, effect_key="k")
+    assert stored(engine, mission) == before
+    assert adapter.sent == []
+
+
+def test_F2_a_fenced_executor_writes_nothing_off(
+    engine: charter.Engine,
+    who: Principals,
+    adapter: RecordingAdapter,
+    clock: ManualClock,
+) -> None:
+    """Confirmed: the A7 read-only write-off ran without the ownership check, so an
+    executor that had lost the run still settled its attempt and retried it."""
+    mission = engine.create_mission(default_contract(read_only_unknown="write_off"), by=who.alice)
+    ex = start(engine, who, mission)
+
+    def lost_while_taken_over(send: Dispatch) -> Outcome:
+        clock.advance(LEASE + 1)
+        engine.coordinator.recover(send.run_id, "seg-2")
+        raise TimeoutError("no answer")
+
+    adapter.script["read"] = lost_while_taken_over
+    with pytest.raises(charter.Fenced):
+        ex.attempt(adapter, "read", {"q": 1}, effect_key="q")
+    (attempt,) = engine.attempts(mission_id=mission)
+    assert attempt.status is AttemptStatus.UNKNOWN  # not written off by the fenced executor
+    assert len(adapter.sent) == 1

@@ -250,6 +250,12 @@ class Executor:
                 f"the request for {adapter.name}.{operation} must be JSON-serialisable ({exc}); "
                 "it is recorded before it is sent"
             ) from None
+        if not _text_keys(request):
+            raise AdmissionRefused(
+                f"the request for {adapter.name}.{operation} has a key that is not a string; "
+                "it is recorded as JSON, where {1: x} and {'1': x} are one request, so a send "
+                "rebuilt from the record would differ from the first: use string keys"
+            )
         if f'"{secret.MARK}"' in request_json and secret.has_reserved_key(request):
             raise AdmissionRefused(
                 f"the request for {adapter.name}.{operation} uses the key {secret.MARK!r}, "
@@ -995,3 +1001,13 @@ def _with(attempt: Attempt, **changes: Any) -> Attempt:
     new = object.__new__(Attempt)
     new.__dict__.update(attempt.__dict__, **changes)
     return new
+
+
+def _text_keys(value: Any) -> bool:
+    """Whether every mapping key in ``value`` is a string (JSON would silently
+    turn the others into strings, and a record would not read back as sent)."""
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _text_keys(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(_text_keys(v) for v in value)
+    return True
