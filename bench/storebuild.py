@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from charter.audit import HASHED_FIELDS, digest, event_hash, genesis
+from charter.hashing import HASHED_FIELDS, digest, event_hash, genesis
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 

@@ -17,7 +17,7 @@ import pytest
 
 import charter
 from _raw import RawStore
-from charter.audit import HASHED_FIELDS, canonical, digest, event_hash, genesis
+from charter.hashing import HASHED_FIELDS, canonical, digest, event_hash, genesis
 from charter.testing import ManualClock, RecordingAdapter
 from conftest import Principals, default_contract
 
@@ -909,9 +909,9 @@ def _as_before_schema_6(raw: RawStore) -> None:
     """Make the store what schema 5 left: chains hashed without the mission's id
     from an all-zero genesis, and no heads anywhere."""
     for chain in {e["mission_id"] for e in raw.events()}:
-        prev = charter.audit.LEGACY_GENESIS
+        prev = charter.hashing.LEGACY_GENESIS
         for e in raw.events(chain):
-            h = event_hash(prev, {k: e[k] for k in charter.audit.LEGACY_HASHED_FIELDS})
+            h = event_hash(prev, {k: e[k] for k in charter.hashing.LEGACY_HASHED_FIELDS})
             raw.execute(
                 "UPDATE audit_events SET prev_hash = ?, hash = ? WHERE mission_id = ? AND seq = ?",
                 prev,

@@ -18,53 +18,27 @@ hashed the current way.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from charter.hashing import (
+    ENGINE_CHAIN,
+    HASHED_FIELDS,
+    LEGACY_GENESIS,
+    LEGACY_HASHED_FIELDS,
+    digest,
+    event_hash,
+    genesis,
+    head_table,
+)
+
 if TYPE_CHECKING:
     from charter.storage import Row, Tx
 
-#: Where every chain began before schema 6 (see :func:`genesis`).
-LEGACY_GENESIS = "0" * 64
-
-#: Missions are chains; refusals that concern no mission go on this chain.
-ENGINE_CHAIN = "engine"
 
 #: How many events verification holds at a time, whatever the chain's length.
 PAGE = 1000
-
-
-#: One encoder for every call (``json.dumps`` with options builds a new one each time).
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
-
-
-def canonical(value: Any) -> str:
-    """Deterministic JSON: sorted keys, no whitespace."""
-    return _CANONICAL.encode(value)
-
-
-def digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def genesis(chain: str) -> str:
-    """The hash a chain starts from: derived from its mission's id, so that a
-    chain moved whole to another mission breaks at its first event."""
-    return digest(canonical({"genesis": chain}))
-
-
-def event_hash(prev_hash: str, fields: Mapping[str, Any]) -> str:
-    """The chained hash of one event."""
-    return digest(prev_hash + canonical(fields))
-
-
-def head_table(chain: str) -> str:
-    """The table whose row keeps ``chain``'s head: the mission's own row, or for
-    the engine chain (which concerns no mission) its row in ``audit_chains``."""
-    return "audit_chains" if chain == ENGINE_CHAIN else "missions"
 
 
 @dataclass(frozen=True)
@@ -85,24 +59,6 @@ class Verification:
             "broken_at": self.broken_at,
             "problem": self.problem,
         }
-
-
-#: What an event's hash covers (with the previous event's hash).
-HASHED_FIELDS = (
-    "mission_id",
-    "seq",
-    "at_us",
-    "actor",
-    "segment",
-    "epoch",
-    "kind",
-    "entity",
-    "before",
-    "after",
-    "payload_hash",
-)
-#: What it covered before schema 6: not the mission's id.
-LEGACY_HASHED_FIELDS = HASHED_FIELDS[1:]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from charter import nodes as nodes_mod
 from charter.amounts import is_amount
 from charter.approvals import Approval, ApprovalStatus
 from charter.attempts import Attempt
-from charter.audit import ENGINE_CHAIN, Verification, canonical
+from charter.audit import Verification
 from charter.clock import Clock, SystemClock, seconds_us
 from charter.config import EngineConfig
 from charter.contracts import Contract
@@ -34,6 +34,7 @@ from charter.errors import (
     StateError,
 )
 from charter.executor import Executor
+from charter.hashing import ENGINE_CHAIN, canonical
 from charter.ids import IdFactory
 from charter.missions import ContractCache, Mission
 from charter.principals import Authenticator, Principal, Right

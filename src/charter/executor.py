@@ -39,7 +39,6 @@ from charter.attempts import (
     idempotency_key_for,
     load,
 )
-from charter.audit import canonical, digest
 from charter.clock import seconds_us
 from charter.errors import (
     AdapterError,
@@ -54,6 +53,7 @@ from charter.errors import (
     StateError,
     StoreConflict,
 )
+from charter.hashing import canonical, digest
 from charter.incidents import open_incident
 from charter.principals import Right
 from charter.runs import RunStatus

@@ -396,7 +396,7 @@ _RETRY = object()
 
 
 def _completed(ex: Executor, node_id: str) -> Any:
-    from charter.audit import digest
+    from charter.hashing import digest
     from charter.incidents import open_incident
 
     with ex._db.transaction() as tx:
@@ -606,7 +606,7 @@ def _set_node(ex: Executor, node_id: str, execution: int, status: str, error: st
 
 def _complete(ex: Executor, node_id: str, execution: int, result_json: str) -> None:
     """N1: the checked result and its hash are durable before any consumer starts (F2)."""
-    from charter.audit import digest
+    from charter.hashing import digest
 
     with ex._db.transaction() as tx:
         ex._own(tx)

@@ -16,8 +16,8 @@ from typing import Any
 from charter import attempts, ledger, runs
 from charter.adapters import Evidence
 from charter.attempts import Attempt, AttemptStatus
-from charter.audit import canonical
 from charter.errors import StateError
+from charter.hashing import canonical
 from charter.incidents import open_incident
 from charter.runs import RunStatus
 from charter.storage import Prefetched, Tx

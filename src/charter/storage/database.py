@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from charter.audit import HASHED_FIELDS, canonical, digest, event_hash, genesis, head_table
 from charter.clock import Clock
 from charter.errors import CharterError, StoreError
+from charter.hashing import HASHED_FIELDS, canonical, digest, event_hash, genesis, head_table
 from charter.ids import IdFactory
 from charter.storage.dialect import Dialect
 

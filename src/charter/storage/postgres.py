@@ -28,9 +28,9 @@ import select
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from charter.audit import head_table
 from charter.clock import Clock, SystemClock
 from charter.errors import ConfigError, StoreBusy, StoreConflict, StoreError
+from charter.hashing import head_table
 from charter.storage import dialect
 from charter.storage.database import Head
 
@@ -72,7 +72,7 @@ _Pending = tuple[str, Sequence[Any], "Callable[[Result], None] | None"]
 _GATE = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 #: Statements with more parameters than this are not kept prepared.
 _PREPARED_PARAMS = 1_000
-#: A chain's head (by the table that keeps it, see :func:`charter.audit.head_table`),
+#: A chain's head (by the table that keeps it, see :func:`charter.hashing.head_table`),
 #: read in a statement of its own after the lock, so its snapshot sees every
 #: append before it; the clock is read there too, so a wait for the gate does not
 #: age it.

@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from charter.audit import head_table
 from charter.clock import Clock
 from charter.errors import StoreBusy, StoreConflict, StoreError
+from charter.hashing import head_table
 from charter.storage import dialect
 from charter.storage.database import Head
 
-#: A chain's head, by the table that keeps it (see :func:`charter.audit.head_table`).
+#: A chain's head, by the table that keeps it (see :func:`charter.hashing.head_table`).
 _HEAD = {
     table: f"SELECT audit_seq, audit_hash FROM {table} WHERE id = ?"
     for table in ("missions", "audit_chains")
