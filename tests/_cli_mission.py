@@ -34,7 +34,7 @@ class FileMail:
             os.fsync(f.fileno())
         return charter.Outcome.succeeded({"queued": True}, cost={"calls": 1}, receipt={"ok": 1})
 
-    def reconcile(self, attempt: charter.Attempt) -> charter.Evidence:
+    def reconcile(self, attempt: charter.RecordedAttempt) -> charter.Evidence:
         keys = [json.loads(line)["key"] for line in self.outbox.read_text().splitlines()]
         if attempt.idempotency_key in keys:
             return charter.Evidence.applied(

@@ -106,7 +106,7 @@ class HttpTarget:
             price_source="target/test-prices",
         )
 
-    def reconcile(self, attempt: charter.Attempt) -> charter.Evidence:
+    def reconcile(self, attempt: charter.RecordedAttempt) -> charter.Evidence:
         return charter.Evidence.indeterminate({"looked_up": attempt.id})
 
 

@@ -81,7 +81,7 @@ class Outbox:
             {"line": line}, cost={"calls": 1}, receipt={"line": line}, price_source="outbox/flat"
         )
 
-    def reconcile(self, attempt: charter.Attempt) -> charter.Evidence:
+    def reconcile(self, attempt: charter.RecordedAttempt) -> charter.Evidence:
         return charter.Evidence.indeterminate({"looked_up": attempt.id})
 
 

@@ -44,6 +44,7 @@ PUBLIC = [
     "Outcome",
     "Plan",
     "Principal",
+    "RecordedAttempt",
     "Right",
     "Run",
     "RunStatus",

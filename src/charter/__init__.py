@@ -9,6 +9,9 @@ to evidence or a person.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from charter.adapters import (
     Adapter,
     Dispatch,
@@ -17,12 +20,9 @@ from charter.adapters import (
     Evidence,
     Operation,
     Outcome,
+    RecordedAttempt,
 )
-from charter.attempts import Attempt, AttemptStatus
 from charter.clock import Clock, ManualClock, SystemClock
-from charter.config import EngineConfig
-from charter.contracts import Contract
-from charter.engine import Engine
 from charter.errors import (
     AdapterError,
     AdmissionRefused,
@@ -53,11 +53,48 @@ from charter.errors import (
     StoreBusy,
     StoreError,
 )
-from charter.executor import Executor
-from charter.nodes import Context, Node, Plan, node
-from charter.principals import Principal, Right, hash_secret, new_credential
-from charter.runs import Run, RunStatus
 from charter.secret import Secret
+
+if TYPE_CHECKING:
+    from charter.attempts import Attempt, AttemptStatus
+    from charter.config import EngineConfig
+    from charter.contracts import Contract
+    from charter.engine import Engine
+    from charter.executor import Executor
+    from charter.nodes import Context, Node, Plan, node
+    from charter.principals import Principal, Right, hash_secret, new_credential
+    from charter.runs import Run, RunStatus
+
+#: Names whose modules load the store, imported on first use: ``import
+#: charter.adapters`` (an adapter, ``charter.testing``) never loads the engine.
+_LAZY = {
+    "Attempt": "charter.attempts",
+    "AttemptStatus": "charter.attempts",
+    "EngineConfig": "charter.config",
+    "Contract": "charter.contracts",
+    "Engine": "charter.engine",
+    "Executor": "charter.executor",
+    "Context": "charter.nodes",
+    "Node": "charter.nodes",
+    "Plan": "charter.nodes",
+    "node": "charter.nodes",
+    "Principal": "charter.principals",
+    "Right": "charter.principals",
+    "hash_secret": "charter.principals",
+    "new_credential": "charter.principals",
+    "Run": "charter.runs",
+    "RunStatus": "charter.runs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'charter' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 
@@ -101,6 +138,7 @@ __all__ = [
     "Outcome",
     "Plan",
     "Principal",
+    "RecordedAttempt",
     "Right",
     "Run",
     "RunStatus",

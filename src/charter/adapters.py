@@ -21,7 +21,6 @@ from enum import StrEnum
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from charter.amounts import is_amount
-from charter.attempts import Attempt
 from charter.clock import Clock
 from charter.errors import AdapterError, NotApplied
 
@@ -192,6 +191,33 @@ class Dispatch:
             )
 
 
+class RecordedAttempt(Protocol):
+    """An attempt as recorded, as much of it as an adapter needs to look it up.
+
+    Structural, so that the adapter protocol needs nothing from the store:
+    :class:`charter.Attempt` is one. Annotate ``reconcile`` with it.
+    """
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def operation(self) -> str: ...
+    @property
+    def request(self) -> Any: ...
+    @property
+    def request_hash(self) -> str: ...
+    @property
+    def idempotency_key(self) -> str: ...
+    @property
+    def estimate(self) -> Mapping[str, int]: ...
+    @property
+    def dispatched_epoch(self) -> int | None: ...
+    @property
+    def dispatched_at_us(self) -> int | None: ...
+
+
 @runtime_checkable
 class Adapter(Protocol):
     """An integration with an outside system."""
@@ -206,7 +232,7 @@ class Adapter(Protocol):
 
     def dispatch(self, send: Dispatch) -> Outcome: ...
 
-    def reconcile(self, attempt: Attempt) -> Evidence: ...
+    def reconcile(self, attempt: RecordedAttempt) -> Evidence: ...
 
 
 def _check_amounts(amounts: Mapping[str, int], what: str) -> None:

@@ -19,8 +19,15 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from charter.adapters import Dispatch, EffectClass, Estimate, Evidence, Operation, Outcome
-from charter.attempts import Attempt
+from charter.adapters import (
+    Dispatch,
+    EffectClass,
+    Estimate,
+    Evidence,
+    Operation,
+    Outcome,
+    RecordedAttempt,
+)
 from charter.config import EngineConfig
 from charter.engine import Engine
 from charter.errors import Blocked, NotApplied
@@ -65,7 +72,7 @@ class ModelAdapter:
             price_source="llm/price-table-2026-11",
         )
 
-    def reconcile(self, attempt: Attempt) -> Evidence:
+    def reconcile(self, attempt: RecordedAttempt) -> Evidence:
         return Evidence.indeterminate({"reason": "model calls leave no trace to look up"})
 
 
@@ -97,7 +104,7 @@ class PaymentsAdapter:
             receipt={"charge_id": f"ch_{send.attempt_id[-8:]}"},
         )
 
-    def reconcile(self, attempt: Attempt) -> Evidence:
+    def reconcile(self, attempt: RecordedAttempt) -> Evidence:
         if attempt.idempotency_key in self.target.received:
             return Evidence.applied(
                 Outcome.succeeded(cost=attempt.estimate, receipt={"found": True})
@@ -130,7 +137,7 @@ class MailAdapter:
             receipt={"message_id": send.idempotency_key},
         )
 
-    def reconcile(self, attempt: Attempt) -> Evidence:
+    def reconcile(self, attempt: RecordedAttempt) -> Evidence:
         # The mail server's log is searchable by the Message-ID we sent (our key).
         if attempt.idempotency_key in self.target.received:
             return Evidence.applied(

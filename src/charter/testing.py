@@ -16,8 +16,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from charter.adapters import Dispatch, EffectClass, Estimate, Evidence, Operation, Outcome
-from charter.attempts import Attempt
+from charter.adapters import (
+    Dispatch,
+    EffectClass,
+    Estimate,
+    Evidence,
+    Operation,
+    Outcome,
+    RecordedAttempt,
+)
 from charter.clock import ManualClock, SkewedClock
 from charter.crashpoints import POINTS, CrashHook
 from charter.principals import new_credential as credential
@@ -115,6 +122,6 @@ class RecordingAdapter:
             receipt={"id": f"rcpt-{send.idempotency_key}"},
         )
 
-    def reconcile(self, attempt: Attempt) -> Evidence:
+    def reconcile(self, attempt: RecordedAttempt) -> Evidence:
         self.reconciled.append(attempt.id)
         return self.evidence.get(attempt.id, Evidence.indeterminate({"looked_up": attempt.id}))
