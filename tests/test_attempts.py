@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 import charter
 from charter.adapters import Dispatch, Estimate, Outcome
 from charter.attempts import idempotency_key_for
+from charter.calls import request_hash
 from charter.clock import seconds_us
-from charter.executor import request_hash
 from charter.testing import ManualClock, RecordingAdapter
 from conftest import Principals, default_contract
 from conftest import stored as stored_with_runs

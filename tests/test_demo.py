@@ -38,7 +38,18 @@ def test_the_demo_mission_completes_sending_each_effect_once(
 
 
 #: Where sending and settling are decided: none may rely on ``assert``.
-DECIDING = ("executor", "sending", "settlement", "coordinator", "approvals", "admission", "nodes")
+DECIDING = (
+    "executor",
+    "dispatch",
+    "evidence",
+    "ownership",
+    "calls",
+    "settlement",
+    "coordinator",
+    "approvals",
+    "admission",
+    "nodes",
+)
 
 
 def test_A4_no_rule_on_the_attempt_path_is_an_assert() -> None:

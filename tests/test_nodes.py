@@ -399,7 +399,7 @@ def test_A6_unknown_attempt_blocks_replayed_node_until_a_person_resolves_it(
     # Even the recovered owner, executing anyway, cannot get past it: the
     # replayed node blocks on the unresolved attempt and sends nothing.
     owner = charter.Executor(
-        engine,
+        engine._runtime,
         run_id=run_id,
         mission_id=mission,
         segment_id="seg-2",

@@ -1,34 +1,46 @@
-"""Admission checks (A1, A4, L3, L7): what must hold before an attempt is recorded.
+"""Admission (A1, A4, L3, L7): what must hold before an attempt is recorded, and
+its record.
 
-Each check runs inside the executor's admission transaction, after ownership
-was checked, and either returns or raises a refusal that is audited; the
-refusals that the rules say must change the run (a stop condition makes it
-stopping, an exhausted allowance pauses it) keep that change.
+Admission checks, in one transaction under the mission's gate, that the
+segment still owns the run (F1), the run is active, the principal has the
+``run`` right under the current contract, no stop condition holds, the
+allowance covers the estimate in every unit, and the effect may be tried;
+then it records the attempt PREPARED with its holds. When no approval wait
+comes between them, the same transaction is the dispatch commit (A2).
+
+Each check either returns or raises a refusal that is audited; the refusals
+that the rules say must change the run (a stop condition makes it stopping,
+an exhausted allowance pauses it) keep that change.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from charter import attempts, runs, settlement
+from charter import approvals, attempts, ledger, runs, settlement
 from charter.adapters import EffectClass
-from charter.attempts import AttemptStatus
+from charter.approvals import ApprovalStatus
+from charter.attempts import Attempt, AttemptStatus, Effect, changed, idempotency_key_for
+from charter.authority import denied
+from charter.calls import Call
 from charter.contracts import Contract
-from charter.errors import AdmissionRefused, AllowanceExceeded, AttemptAlreadySettled, StateError
+from charter.errors import (
+    AdmissionRefused,
+    AllowanceExceeded,
+    AttemptAlreadySettled,
+    StateError,
+    StoreConflict,
+)
+from charter.hashing import canonical
+from charter.ownership import Segment
+from charter.principals import Right
 from charter.runs import RunStatus
 from charter.storage import Row, Tx
-
-if TYPE_CHECKING:
-    from charter.attempts import Effect
-    from charter.executor import Call, Executor
-
 
 #: Statuses whose effect is, or may be, performed: a retry never follows them
 #: unless the effect only reads (A4, A7).
 _PERFORMED = frozenset({AttemptStatus.SUCCEEDED, AttemptStatus.WRITTEN_OFF})
 
 
-def check_effect(ex: Executor, tx: Tx, effect: Effect) -> None:
+def check_effect(seg: Segment, tx: Tx, effect: Effect) -> None:
     """A4: one effect, one performance.
 
     A generation is admitted once; no attempt is admitted while any attempt of
@@ -38,11 +50,11 @@ def check_effect(ex: Executor, tx: Tx, effect: Effect) -> None:
     only reads; and a retry names the settled attempt it follows: the newest
     of the effect, FAILED or VOIDED.
     """
-    lines = attempts.lineage(tx, ex.run_id, effect.node_id, effect.execution)
+    lines = attempts.lineage(tx, seg.run_id, effect.node_id, effect.execution)
     rows = attempts.effect_attempts(tx, lines, effect.node_id, effect.key)
     for r in rows:
         if (r.run_id, r.execution, r.generation) == (
-            ex.run_id,
+            seg.run_id,
             effect.execution,
             effect.generation,
         ):
@@ -85,7 +97,7 @@ def check_effect(ex: Executor, tx: Tx, effect: Effect) -> None:
         )
 
 
-def check_stop(ex: Executor, tx: Tx, contract: Contract, row: Row, call: Call) -> None:
+def check_stop(seg: Segment, tx: Tx, contract: Contract, row: Row, call: Call) -> None:
     stop = contract.stop_conditions
     why = None
     if stop.deadline_us is not None and tx.now_us >= stop.deadline_us:
@@ -98,23 +110,23 @@ def check_stop(ex: Executor, tx: Tx, contract: Contract, row: Row, call: Call) -
         why = f"the contract's limit of {stop.max_failed_attempts} failed attempts is reached"
     if why is None:
         return
-    ex._set_status(tx, row, RunStatus.STOPPING, f"stop condition: {why}")
+    seg.set_status(tx, row, RunStatus.STOPPING, f"stop condition: {why}")
     settlement.void_prepared(
-        tx, ex.run_id, "run stopping", actor=ex.principal, segment=ex.segment_id, epoch=ex.epoch
+        tx, seg.run_id, "run stopping", actor=seg.principal, segment=seg.segment_id, epoch=seg.epoch
     )
-    runs.conclude_stop(tx, ex.run_id, actor=ex.principal, segment=ex.segment_id)
+    runs.conclude_stop(tx, seg.run_id, actor=seg.principal, segment=seg.segment_id)
     raise tx.refused(
         AdmissionRefused(f"stop condition holds: {why}; the run is stopping", stop_condition=why),
-        mission_id=ex.mission_id,
+        mission_id=seg.mission_id,
         kind="admission.refused",
-        entity=ex.run_id,
-        actor=ex.principal,
+        entity=seg.run_id,
+        actor=seg.principal,
         payload={"scope": call.scope, "stop_condition": why},
         keep_changes=True,
     )
 
 
-def check_allowance(ex: Executor, tx: Tx, contract: Contract, row: Row, call: Call) -> None:
+def check_allowance(seg: Segment, tx: Tx, contract: Contract, row: Row, call: Call) -> None:
     """L3 and L7: all units or none; exhausted or incident -> pause and ask."""
     estimate = call.estimate.amounts
     unbudgeted = sorted(set(estimate) - set(contract.allowance))
@@ -125,10 +137,10 @@ def check_allowance(ex: Executor, tx: Tx, contract: Contract, row: Row, call: Ca
                 f"not budget; add them to the contract's allowance",
                 units=unbudgeted,
             ),
-            mission_id=ex.mission_id,
+            mission_id=seg.mission_id,
             kind="admission.refused",
-            entity=ex.run_id,
-            actor=ex.principal,
+            entity=seg.run_id,
+            actor=seg.principal,
             payload={"scope": call.scope, "units": unbudgeted},
         )
     # Read with ownership, under the mission's gate: no other admission can
@@ -152,7 +164,7 @@ def check_allowance(ex: Executor, tx: Tx, contract: Contract, row: Row, call: Ca
             f"{u} needs {v['estimate']}, {v['available']} available"
             for u, v in sorted(short.items())
         )
-    ex._set_status(tx, row, RunStatus.PAUSED, why)
+    seg.set_status(tx, row, RunStatus.PAUSED, why)
     raise tx.refused(
         AllowanceExceeded(
             f"admission of {call.scope} refused ({why}); the run is paused until a "
@@ -161,10 +173,218 @@ def check_allowance(ex: Executor, tx: Tx, contract: Contract, row: Row, call: Ca
             short=short,
             open_incidents=row["open_incidents"],
         ),
-        mission_id=ex.mission_id,
+        mission_id=seg.mission_id,
         kind="admission.refused",
-        entity=ex.run_id,
-        actor=ex.principal,
+        entity=seg.run_id,
+        actor=seg.principal,
         payload={"scope": call.scope, "short": short, "open_incidents": row["open_incidents"]},
         keep_changes=True,
+    )
+
+
+_INSERT_ATTEMPT = (
+    "INSERT INTO attempts (id, mission_id, run_id, node_id, execution, effect_key, generation, "
+    "adapter, operation, effect_class, status, principal, admitted_epoch, dispatched_epoch, "
+    "idempotency_key, request_hash, request, estimate, price_source, retry_of, "
+    "send_deadline_us, prepared_at_us, dispatched_at_us) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def admission(seg: Segment, call: Call, effect: Effect, *, dispatch: bool = True) -> Attempt:
+    """The admission transaction; a repeat of an effect's generation is reported
+    as such, and records nothing."""
+    try:
+        with seg.runtime.db.transaction(gate=seg.mission_id) as tx:
+            return admit(seg, tx, call, effect, dispatch=dispatch)
+    except StoreConflict:
+        # The unique index refused the row (it may travel with COMMIT): say
+        # which attempt the effect already has.
+        with seg.runtime.db.read() as tx:
+            check_effect(seg, tx, effect)
+        raise
+
+
+def admit(seg: Segment, tx: Tx, call: Call, effect: Effect, *, dispatch: bool = True) -> Attempt:
+    """A1 + (when no approval wait intervenes) A2, in the caller's transaction."""
+    row = seg.own(tx)
+    contract = seg.runtime.authority.contract(tx, seg.mission_id, row["contract_version"])
+    _check_active(seg, tx, row, call)
+    if not contract.allows(seg.principal, Right.RUN, call.scope):
+        raise denied(
+            tx,
+            seg.principal,
+            Right.RUN,
+            call.scope,
+            mission_id=seg.mission_id,
+            entity=seg.run_id,
+            why=f"under contract v{row['contract_version']}",
+            kind="admission.refused",
+        )
+    check_stop(seg, tx, contract, row, call)
+    check_allowance(seg, tx, contract, row, call)
+    if effect.followed(row["linked_from"]):
+        check_effect(seg, tx, effect)
+    seg.budget_units = frozenset(contract.allowance)
+    standing = ApprovalStatus.APPROVED
+    if contract.approvals.requires(call.scope):
+        standing, _ = approvals.standing(
+            tx,
+            contract,
+            mission_id=seg.mission_id,
+            run_id=seg.run_id,
+            effect=approvals.effect_id(seg.run_id, effect.node_id, effect.execution, effect.key),
+            scope=call.scope,
+            request_hash=call.request_hash,
+            actor=seg.principal,
+            epoch=seg.epoch,
+        )
+    attempt = _record(seg, tx, call, effect, dispatch and standing is ApprovalStatus.APPROVED)
+    if standing is ApprovalStatus.DENIED:
+        settlement.void(
+            tx,
+            attempt,
+            "approval denied",
+            actor=seg.principal,
+            segment=seg.segment_id,
+            epoch=seg.epoch,
+        )
+        attempt = changed(attempt, status=AttemptStatus.VOIDED, reason="approval denied")
+    return attempt
+
+
+def _check_active(seg: Segment, tx: Tx, row: Row, call: Call) -> None:
+    status = RunStatus(row["status"])
+    if status is RunStatus.ACTIVE:
+        return
+    raise tx.refused(
+        AdmissionRefused(
+            f"run {seg.run_id} is {status.value}; "
+            + (
+                "a terminal run admits nothing more (start a reviewed new linked run)"
+                if status.terminal
+                else "nothing new is admitted until it is active again (see `charter show RUN`)"
+            ),
+            run_status=status.value,
+        ),
+        mission_id=seg.mission_id,
+        kind="admission.refused",
+        entity=seg.run_id,
+        actor=seg.principal,
+        payload={"scope": call.scope, "run_status": status.value},
+    )
+
+
+def _record(seg: Segment, tx: Tx, call: Call, effect: Effect, dispatch_now: bool) -> Attempt:
+    """Write the attempt PREPARED (and DISPATCHED, when sent now) with its holds."""
+    attempt_id = tx.ids.new("att")
+    now = tx.now_us
+    deadline = seg.send_deadline(now) if dispatch_now else None
+    attempt = Attempt(
+        id=attempt_id,
+        mission_id=seg.mission_id,
+        run_id=seg.run_id,
+        node_id=effect.node_id,
+        execution=effect.execution,
+        effect_key=effect.key,
+        adapter=call.adapter.name,
+        operation=call.operation,
+        effect_class=call.effect_class.value,
+        status=AttemptStatus.DISPATCHED if dispatch_now else AttemptStatus.PREPARED,
+        principal=seg.principal,
+        admitted_epoch=seg.epoch,
+        dispatched_epoch=seg.epoch if dispatch_now else None,
+        idempotency_key=idempotency_key_for(attempt_id),
+        request_hash=call.request_hash,
+        request=call.request,
+        estimate=dict(call.estimate.amounts),
+        actual=None,
+        result=None,
+        receipt=None,
+        price_source=call.estimate.price_source,
+        retry_of=effect.retry_of,
+        reason=None,
+        send_deadline_us=deadline,
+        prepared_at_us=now,
+        dispatched_at_us=now if dispatch_now else None,
+        settled_at_us=None,
+        generation=effect.generation,
+    )
+    tx.write(
+        _INSERT_ATTEMPT,
+        attempt.id,
+        attempt.mission_id,
+        attempt.run_id,
+        effect.node_id,
+        effect.execution,
+        effect.key,
+        effect.generation,
+        attempt.adapter,
+        attempt.operation,
+        attempt.effect_class,
+        attempt.status.value,
+        attempt.principal,
+        seg.epoch,
+        attempt.dispatched_epoch,
+        attempt.idempotency_key,
+        attempt.request_hash,
+        call.request_json,
+        canonical(attempt.estimate),
+        attempt.price_source,
+        effect.retry_of,
+        deadline,
+        now,
+        attempt.dispatched_at_us,
+    )
+    ledger.record(
+        tx, seg.mission_id, attempt.id, ledger.hold(attempt.estimate), attempt.price_source
+    )
+    tx.write(
+        "UPDATE missions SET attempts_admitted = attempts_admitted + 1 WHERE id = ?",
+        seg.mission_id,
+    )
+    _audit_prepared(seg, tx, call, effect, attempt)
+    if dispatch_now:
+        audit_dispatched(seg, tx, attempt)
+    return attempt
+
+
+def _audit_prepared(seg: Segment, tx: Tx, call: Call, effect: Effect, attempt: Attempt) -> None:
+    tx.audit(
+        seg.mission_id,
+        "attempt.prepared",
+        attempt.id,
+        actor=seg.principal,
+        segment=seg.segment_id,
+        epoch=seg.epoch,
+        after="prepared",
+        payload={
+            "scope": call.scope,
+            "node_id": effect.node_id,
+            "execution": effect.execution,
+            "effect_key": effect.key,
+            "generation": effect.generation,
+            "request_hash": call.request_hash,
+            "estimate": attempt.estimate,
+            "price_source": attempt.price_source,
+            "retry_of": effect.retry_of,
+        },
+    )
+
+
+def audit_dispatched(seg: Segment, tx: Tx, attempt: Attempt) -> None:
+    """The dispatch commit's event (A2), with the key and deadline the send carries."""
+    tx.audit(
+        seg.mission_id,
+        "attempt.dispatched",
+        attempt.id,
+        actor=seg.principal,
+        segment=seg.segment_id,
+        epoch=seg.epoch,
+        before="prepared",
+        after="dispatched",
+        payload={
+            "idempotency_key": attempt.idempotency_key,
+            "send_deadline_us": attempt.send_deadline_us,
+        },
     )

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from charter import approvals, missions, recovery, runs, secret, sending, settlement
+from charter import approvals, recovery, runs, secret, settlement
 from charter.adapters import Adapter, Evidence, Outcome
 from charter.attempts import Attempt, AttemptStatus, list_attempts, load
 from charter.clock import seconds_us
@@ -29,14 +29,13 @@ from charter.errors import (
     SegmentReused,
     StateError,
 )
+from charter.evidence import Report, recordable
 from charter.executor import Executor
 from charter.principals import Principal, Right
 from charter.recovery import RecoveryState
 from charter.runs import Run, RunStatus
+from charter.runtime import Runtime
 from charter.storage import Tx
-
-if TYPE_CHECKING:
-    from charter.engine import Engine
 
 Resolution = Literal["succeeded", "failed", "written_off"]
 
@@ -44,9 +43,10 @@ Resolution = Literal["succeeded", "failed", "written_off"]
 class Coordinator:
     """Recovery operations over one engine's store."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._db = engine._db
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._authority = runtime.authority
+        self._db = runtime.db
 
     # -- recover (R1-R6) -------------------------------------------------------
     def recover(
@@ -84,7 +84,7 @@ class Coordinator:
                     segment_id=segment_id,
                 )
             if by is not None:
-                self._engine._vouch(tx, by, mission_id=run.mission_id, entity=run_id)
+                self._authority.vouch(tx, by, mission_id=run.mission_id, entity=run_id)
             actor = by.name if by is not None else f"segment:{segment_id}"
             if run.lease_expires_us > tx.now_us:
                 if not force:
@@ -99,9 +99,9 @@ class Coordinator:
                     raise NotAuthorized(
                         "forcing a takeover needs an authenticated principal with 'stop'"
                     )
-                self._engine._authorize(tx, by, run.mission_id, Right.STOP, entity=run_id)
+                self._authority.authorize(tx, by, run.mission_id, Right.STOP, entity=run_id)
             epoch = run.epoch + 1
-            expires = tx.now_us + seconds_us(self._engine.config.lease_seconds)
+            expires = tx.now_us + seconds_us(self._runtime.config.lease_seconds)
             tx.run(
                 "UPDATE runs SET epoch = ?, owner_segment = ?, owner_claim = NULL, "
                 "lease_expires_us = ?, recoveries = recoveries + 1, updated_at_us = ? "
@@ -223,7 +223,7 @@ class Coordinator:
             )
         if by is not None:
             with self._db.transaction() as tx:
-                self._engine._vouch(tx, by, mission_id=attempt.mission_id, entity=attempt_id)
+                self._authority.vouch(tx, by, mission_id=attempt.mission_id, entity=attempt_id)
         actor = by.name if by is not None else "engine:reconcile"
         try:
             evidence = adapter.reconcile(attempt)
@@ -234,7 +234,7 @@ class Coordinator:
         if not isinstance(evidence, Evidence):
             evidence = Evidence.indeterminate({"lookup_error": f"reconcile returned {evidence!r}"})
         hidden = list(secret.found(attempt.request))
-        evidence = sending.recordable(sending.Report(evidence), hidden).evidence
+        evidence = recordable(Report(evidence), hidden).evidence
         if not evidence.conclusive and executor is not None:
             evidence = executor.replay(attempt, adapter) or evidence
         with self._db.transaction(gate=attempt.mission_id) as tx:
@@ -258,7 +258,7 @@ class Coordinator:
                 settled_meanwhile = True
             else:
                 settled_meanwhile = False
-                settle = self._engine.config.evidence_settles == "auto" and _settles(evidence)
+                settle = self._runtime.config.evidence_settles == "auto" and _settles(evidence)
                 if settle:
                     settle = self._apply(
                         tx,
@@ -301,7 +301,7 @@ class Coordinator:
     ) -> Executor:
         """An executor acting as the run's owning segment (checked again by every write)."""
         return Executor(
-            self._engine,
+            self._runtime,
             run_id=run.id,
             mission_id=run.mission_id,
             segment_id=segment_id,
@@ -340,7 +340,7 @@ class Coordinator:
         """Settle an uncertain attempt on recorded conclusive evidence (needs ``resolve``)."""
         with self._db.transaction() as tx:
             attempt = load(tx, attempt_id)
-            contract = self._engine._authorize(
+            contract = self._authority.authorize(
                 tx, by, attempt.mission_id, Right.RESOLVE, attempt.scope, entity=attempt_id
             )
             self._check_reconcilable(tx, attempt)
@@ -392,7 +392,7 @@ class Coordinator:
             raise StateError("a resolution needs evidence: what was seen, and where")
         with self._db.transaction() as tx:
             attempt = load(tx, attempt_id)
-            contract = self._engine._authorize(
+            contract = self._authority.authorize(
                 tx, by, attempt.mission_id, Right.RESOLVE, attempt.scope, entity=attempt_id
             )
             self._check_reconcilable(tx, attempt)
@@ -481,7 +481,7 @@ class Coordinator:
             )
         if by is not None:
             with self._db.transaction() as tx:
-                self._engine._vouch(tx, by, mission_id=run.mission_id, entity=run_id)
+                self._authority.vouch(tx, by, mission_id=run.mission_id, entity=run_id)
         if run.owner_segment != segment_id:
             self.recover(run_id, segment_id, force=force, by=by)
         actor = by.name if by is not None else f"segment:{segment_id}"
@@ -540,7 +540,7 @@ class Coordinator:
         if not blockers and mode == "rules":
             failed = [
                 getattr(r, "__name__", repr(r))
-                for r in self._engine.config.resume_rules
+                for r in self._runtime.config.resume_rules
                 if not r(state)
             ]
             if failed:
@@ -588,7 +588,7 @@ class Coordinator:
                 tx, run, RunStatus.ACTIVE, f"resumed ({mode})", actor=actor, segment=segment_id
             )
         # The owner continues: its lease starts afresh (same owner, same epoch).
-        expires = tx.now_us + seconds_us(self._engine.config.lease_seconds)
+        expires = tx.now_us + seconds_us(self._runtime.config.lease_seconds)
         tx.run(
             "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ?",
             expires,
@@ -608,7 +608,7 @@ class Coordinator:
 
     def _mode(self, contract: Contract) -> ResumeMode:
         """The engine's mode, made stricter (never looser) by the contract."""
-        engine_mode = self._engine.config.resume
+        engine_mode = self._runtime.config.resume
         if contract.resume is None:
             return engine_mode
         return max(engine_mode, contract.resume, key=RESUME_STRICTNESS.index)
@@ -651,8 +651,7 @@ class Coordinator:
         return out
 
     def _contract(self, tx: Tx, mission_id: str) -> Contract:
-        mission = missions.load(tx, mission_id)
-        return self._engine._contracts.get(tx, mission_id, mission.contract_version)
+        return self._authority.current(tx, mission_id)
 
 
 def _unresolved(tx: Tx, run_id: str) -> list[Attempt]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from charter import approvals as approvals_mod
 from charter import attempts as attempts_mod
@@ -22,9 +22,11 @@ from charter.amounts import is_amount
 from charter.approvals import Approval, ApprovalStatus
 from charter.attempts import Attempt
 from charter.audit import Verification
+from charter.authority import Authority
 from charter.clock import Clock, SystemClock, seconds_us
 from charter.config import EngineConfig
 from charter.contracts import Contract
+from charter.coordinator import Coordinator
 from charter.crashpoints import CrashHook
 from charter.errors import (
     AuthenticationError,
@@ -36,15 +38,13 @@ from charter.errors import (
 from charter.executor import Executor
 from charter.hashing import ENGINE_CHAIN, canonical
 from charter.ids import IdFactory
-from charter.missions import ContractCache, Mission
+from charter.missions import Mission
+from charter.nodes import Plan
 from charter.principals import Authenticator, Principal, Right
 from charter.runs import Run, RunStatus
+from charter.runtime import Runtime
 from charter.storage import Database, Tx, open_database
 from charter.storage.paging import Position
-
-if TYPE_CHECKING:
-    from charter.coordinator import Coordinator
-    from charter.nodes import Plan
 
 
 class Engine:
@@ -61,11 +61,11 @@ class Engine:
         self._db = db
         self.config = config
         self.clock = clock
-        self._crash_hook = crash_hook
-        self._auth = Authenticator(config.credentials)
-        self._contracts = ContractCache()
+        self._authority = Authority(config.credentials)
+        self._runtime = Runtime(
+            db, config, clock, self._authority, rng or random.SystemRandom(), crash_hook
+        )
         self._coordinator: Coordinator | None = None
-        self._rng = rng or random.SystemRandom()
 
     @classmethod
     def open(
@@ -115,26 +115,18 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _random(self) -> float:
-        return self._rng.random()
-
-    def _randbits(self, n: int) -> int:
-        return self._rng.getrandbits(n)
-
     @property
     def coordinator(self) -> Coordinator:
         """The recovery API: ``recover``, ``reconcile``, ``resolve``, ``resume``."""
         if self._coordinator is None:
-            from charter.coordinator import Coordinator
-
-            self._coordinator = Coordinator(self)
+            self._coordinator = Coordinator(self._runtime)
         return self._coordinator
 
     # -- identity (P1) ----------------------------------------------------------
     def authenticate(self, credential: str) -> Principal:
         """The principal a ``NAME:SECRET`` credential proves; refusals are audited."""
         try:
-            return self._auth.authenticate(credential)
+            return self._authority.authenticator.authenticate(credential)
         except AuthenticationError as exc:
             # Record a configured name as given; anything else only by digest, in case
             # a secret was typed where the name belongs (S3).
@@ -158,59 +150,6 @@ class Engine:
                     payload={"reason": "bad credential"},
                 ) from None
 
-    def _authorize(
-        self,
-        tx: Tx,
-        principal: Principal,
-        mission_id: str,
-        right: Right,
-        scope: str = "*",
-        *,
-        entity: str,
-    ) -> Contract:
-        """Vouch for ``principal`` and check ``right`` under the current contract."""
-        self._vouch(tx, principal, mission_id=mission_id, entity=entity)
-        tx.lock_mission(mission_id)  # every decision changes the mission: take its gate
-        mission = missions.load(tx, mission_id)
-        contract = self._contracts.get(tx, mission_id, mission.contract_version)
-        if not contract.allows(principal.name, right, scope):
-            raise tx.refused(
-                NotAuthorized(
-                    f"principal {principal.name!r} has no {right.value!r} right on {scope} "
-                    f"under contract v{mission.contract_version} of mission {mission_id}",
-                    principal=principal.name,
-                    right=right.value,
-                    scope=scope,
-                ),
-                mission_id=mission_id,
-                kind="authorization.refused",
-                entity=entity,
-                actor=principal.name,
-                payload={"right": right.value, "scope": scope},
-            )
-        return contract
-
-    def _vouch(
-        self,
-        tx: Tx,
-        principal: Principal,
-        *,
-        mission_id: str = ENGINE_CHAIN,
-        entity: str = "engine",
-    ) -> None:
-        """Refuse (and audit, on the mission's chain if known) a forged principal."""
-        try:
-            self._auth.vouch(principal)
-        except AuthenticationError as exc:
-            raise tx.refused(
-                exc,
-                mission_id=mission_id,
-                kind="auth.refused",
-                entity=entity,
-                actor=str(getattr(principal, "name", "?")),
-                payload={"reason": "forged or foreign principal"},
-            ) from None
-
     # -- missions and contracts ---------------------------------------------------
     def create_mission(
         self, contract: Contract | Mapping[str, Any], *, by: Principal, name: str = ""
@@ -218,7 +157,7 @@ class Engine:
         """Record a mission with its first contract version; fund its allowance."""
         parsed = Contract.validate(contract)
         with self._db.transaction() as tx:
-            self._vouch(tx, by)
+            self._authority.vouch(tx, by)
             if by.name not in parsed.principals:
                 raise ContractError(
                     f"the creator {by.name!r} must be one of the contract's principals",
@@ -229,7 +168,7 @@ class Engine:
     def contract(self, mission_id: str, version: int | None = None) -> Contract:
         with self._db.read() as tx:
             v = version if version is not None else missions.load(tx, mission_id).contract_version
-            return self._contracts.get(tx, mission_id, v)
+            return self._authority.contract(tx, mission_id, v)
 
     def amend_contract(
         self,
@@ -243,10 +182,10 @@ class Engine:
         for who may make which change (P2)."""
         parsed = Contract.validate(contract)
         with self._db.transaction() as tx:
-            self._vouch(tx, by)
+            self._authority.vouch(tx, by)
             tx.lock_mission(mission_id)  # P2 is checked against the version it replaces
             mission = missions.load(tx, mission_id)
-            current = self._contracts.get(tx, mission_id, mission.contract_version)
+            current = self._authority.contract(tx, mission_id, mission.contract_version)
             return missions.amend(tx, mission, current, parsed, by=by.name, reason=reason)
 
     def raise_limit(self, mission_id: str, unit: str, limit: int, *, by: Principal) -> int:
@@ -258,7 +197,9 @@ class Engine:
                 field=f"allowance.{unit}",
             )
         with self._db.transaction() as tx:
-            current = self._authorize(tx, by, mission_id, Right.RAISE_LIMIT, entity=mission_id)
+            current = self._authority.authorize(
+                tx, by, mission_id, Right.RAISE_LIMIT, entity=mission_id
+            )
             old = current.allowance.get(unit)
             if old is None:
                 raise ContractError(
@@ -311,9 +252,9 @@ class Engine:
         """
         input_json = None if input is None else canonical(input)
         with self._db.transaction() as tx:
-            self._vouch(tx, by)
+            self._authority.vouch(tx, by)
             mission = missions.load(tx, mission_id)
-            contract = self._contracts.get(tx, mission_id, mission.contract_version)
+            contract = self._authority.contract(tx, mission_id, mission.contract_version)
             if not contract.principals.get(by.name, {}).get(Right.RUN):
                 raise tx.refused(
                     NotAuthorized(
@@ -346,7 +287,7 @@ class Engine:
                 payload={"lease_expires_us": expires},
             )
         return Executor(
-            self,
+            self._runtime,
             run_id=run_id,
             mission_id=mission_id,
             segment_id=segment_id,
@@ -419,7 +360,7 @@ class Engine:
         input_json = None if input is None else canonical(input)
         with self._db.transaction() as tx:
             old = runs.load(tx, from_run)
-            self._authorize(tx, reviewed_by, old.mission_id, Right.LINK, entity=from_run)
+            self._authority.authorize(tx, reviewed_by, old.mission_id, Right.LINK, entity=from_run)
             if not old.status.terminal:
                 raise StateError(
                     f"run {from_run} is {old.status.value}; only an ended run is followed by a "
@@ -465,7 +406,7 @@ class Engine:
                 },
             )
         return Executor(
-            self,
+            self._runtime,
             run_id=run_id,
             mission_id=old.mission_id,
             segment_id=segment_id,
@@ -479,7 +420,7 @@ class Engine:
         """Stop a run: STOPPED if nothing is in flight, else STOPPING (needs ``stop``)."""
         with self._db.transaction() as tx:
             run = runs.load(tx, run_id)
-            self._authorize(tx, by, run.mission_id, Right.STOP, entity=run_id)
+            self._authority.authorize(tx, by, run.mission_id, Right.STOP, entity=run_id)
             if run.status.terminal:
                 raise RunTerminal(f"run {run_id} is already {run.status.value}")
             if run.status is RunStatus.STOPPING:
@@ -501,7 +442,7 @@ class Engine:
         """Decide a pending approval; the approver needs ``approve`` on its scope."""
         with self._db.transaction() as tx:
             approval = approvals_mod.load(tx, approval_id)
-            contract = self._authorize(
+            contract = self._authority.authorize(
                 tx, by, approval.mission_id, Right.APPROVE, approval.scope, entity=approval_id
             )
             status = approvals_mod.decide(
@@ -541,7 +482,9 @@ class Engine:
         """Close an incident by an explicit, audited human action (needs ``resolve``)."""
         with self._db.transaction() as tx:
             incident = incidents_mod.load(tx, incident_id)
-            self._authorize(tx, by, incident["mission_id"], Right.RESOLVE, entity=incident_id)
+            self._authority.authorize(
+                tx, by, incident["mission_id"], Right.RESOLVE, entity=incident_id
+            )
             incidents_mod.close_incident(tx, incident_id, by=by.name, note=note)
             self._unpause(tx, incident["mission_id"], by.name)
 

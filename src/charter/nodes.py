@@ -25,10 +25,18 @@ import uuid as uuid_mod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, TypeVar, overload
 
+from charter import calls, dispatch
 from charter.adapters import Adapter, EffectClass
-from charter.attempts import Attempt, AttemptStatus, Lineage, effect_attempts, lineage
+from charter.attempts import (
+    Attempt,
+    AttemptStatus,
+    Lineage,
+    count_unresolved,
+    effect_attempts,
+    lineage,
+)
 from charter.clock import MICROS
 from charter.errors import (
     AdmissionRefused,
@@ -40,10 +48,11 @@ from charter.errors import (
     SettlementUnrecorded,
     StateError,
 )
-
-if TYPE_CHECKING:
-    from charter.executor import Executor
-    from charter.storage import Row, Tx
+from charter.hashing import digest
+from charter.incidents import open_incident
+from charter.ownership import Segment
+from charter.runs import RunStatus
+from charter.storage import Row, Tx
 
 T = TypeVar("T")
 NodeFn = Callable[["Context", Any], Any]
@@ -119,7 +128,7 @@ class Plan:
 class Context:
     """What a node sees: journaled effects and journaled nondeterminism."""
 
-    def __init__(self, executor: Executor, node_id: str, execution: int) -> None:
+    def __init__(self, executor: Segment, node_id: str, execution: int) -> None:
         self._ex = executor
         self.run_id = executor.run_id
         self.node_id = node_id
@@ -171,7 +180,7 @@ class Context:
 
     def _attempt(self, adapter: Adapter, operation: str, request: Any, effect_key: str) -> Any:
         ex = self._ex
-        call = ex.prepare_call(adapter, operation, request)
+        call = calls.prepare(adapter, operation, request)
         prior = self._latest(effect_key)
         generation, retry_of = 1, None
         if prior is not None:
@@ -184,7 +193,8 @@ class Context:
             generation = prior.generation + 1 if here else 1
             retry_of = prior.id
         try:
-            attempt = ex.attempt(
+            attempt = dispatch.perform(
+                ex,
                 adapter,
                 operation,
                 request,
@@ -196,7 +206,7 @@ class Context:
                 call=call,
             )
         except ApprovalRequired as exc:
-            ex._mark("waiting", f"approval for {call.scope} in node {self.node_id}")
+            ex.mark(RunStatus.WAITING, f"approval for {call.scope} in node {self.node_id}")
             raise Blocked(
                 exc.message, run_id=self.run_id, attempt_id=exc.details.get("attempt_id")
             ) from None
@@ -260,19 +270,19 @@ class Context:
         """Mark the run as needing a person, if the store lets us (it may be the
         store that failed): recovery finds the unresolved attempt either way."""
         with contextlib.suppress(CharterError):
-            self._ex._mark("needs_intervention", reason)
+            self._ex.mark(RunStatus.NEEDS_INTERVENTION, reason)
 
     def _dispatch_prepared(self, prior: Attempt, adapter: Adapter, request: Any) -> Attempt:
         try:
-            return self._ex.dispatch(prior.id, adapter, request=request)
+            return dispatch.dispatch_prepared(self._ex, prior.id, adapter, request=request)
         except ApprovalRequired as exc:
-            self._ex._mark("waiting", f"approval for {prior.scope} in node {self.node_id}")
+            self._ex.mark(RunStatus.WAITING, f"approval for {prior.scope} in node {self.node_id}")
             raise Blocked(exc.message, run_id=self.run_id, attempt_id=prior.id) from None
 
     def _latest(self, effect_key: str) -> Attempt | None:
         """The effect's newest attempt: in this node execution, an earlier one of
         the node, or one of an ended run this one continues (N4)."""
-        with self._ex._db.read() as tx:
+        with self._ex.runtime.db.read() as tx:
             if self._lineage is None:
                 self._lineage = lineage(tx, self.run_id, self.node_id, self.execution)
             found = effect_attempts(tx, self._lineage, self.node_id, effect_key, newest=True)
@@ -294,8 +304,8 @@ class Context:
                 run_id=self.run_id,
                 attempt_id=attempt.id,
             )
-        self._ex._mark(
-            "needs_intervention",
+        self._ex.mark(
+            RunStatus.NEEDS_INTERVENTION,
             f"attempt {attempt.id} is {attempt.status.value}: reconcile or resolve it",
         )
         raise Blocked(
@@ -310,7 +320,7 @@ class Context:
         with self._lock:
             self._jseq += 1
             seq = self._jseq
-        with self._ex._db.transaction() as tx:
+        with self._ex.runtime.db.transaction() as tx:
             row = tx.one(
                 "SELECT kind, value FROM journal WHERE run_id = ? AND node_id = ? "
                 "AND execution = ? AND seq = ?",
@@ -327,7 +337,7 @@ class Context:
                         position=seq,
                     )
                 return json.loads(row["value"])
-            self._ex._own(tx)  # a fenced owner records nothing (F2)
+            self._ex.own(tx)  # a fenced owner records nothing (F2)
             value = make()
             tx.run(
                 "INSERT INTO journal (run_id, node_id, execution, seq, kind, value) "
@@ -343,18 +353,18 @@ class Context:
 
     def now(self) -> datetime:
         """The current time by the engine's clock, journaled."""
-        us = self._journal("now", self._ex.engine.clock.now_us)
+        us = self._journal("now", self._ex.runtime.clock.now_us)
         return datetime.fromtimestamp(us / MICROS, tz=UTC)
 
     def random(self) -> float:
         """A float in [0, 1), journaled."""
-        value: float = self._journal("random", self._ex.engine._random)
+        value: float = self._journal("random", self._ex.runtime.random)
         return value
 
     def uuid(self) -> str:
         """A random UUID (version 4), journaled."""
         value: str = self._journal(
-            "uuid", lambda: str(uuid_mod.UUID(int=self._ex.engine._randbits(128), version=4))
+            "uuid", lambda: str(uuid_mod.UUID(int=self._ex.runtime.randbits(128), version=4))
         )
         return value
 
@@ -374,18 +384,16 @@ async def _await(aw: Awaitable[T]) -> T:
     return await aw
 
 
-def execute(ex: Executor, plan: Plan, value: Any) -> Any:
+def execute(ex: Segment, plan: Plan, value: Any) -> Any:
     """Run ``plan``'s nodes in order from the first one not completed (N1).
 
     Completed nodes are skipped and their checked results, verified against
     their stored hash, feed the next node. The run is completed at the end.
     """
-    from charter.runs import RunStatus
-
     for n in plan.nodes:
         done = _completed(ex, n.name)
         value = done if done is not _MISSING else _run_node(ex, n, value)
-    ex.finish(RunStatus.COMPLETED)
+    finish(ex, RunStatus.COMPLETED)
     return value
 
 
@@ -395,11 +403,8 @@ _DISPATCH = object()
 _RETRY = object()
 
 
-def _completed(ex: Executor, node_id: str) -> Any:
-    from charter.hashing import digest
-    from charter.incidents import open_incident
-
-    with ex._db.transaction() as tx:
+def _completed(ex: Segment, node_id: str) -> Any:
+    with ex.runtime.db.transaction() as tx:
         row = tx.one(
             "SELECT execution, result, result_hash FROM node_executions WHERE run_id = ? "
             "AND node_id = ? AND status = 'completed'",
@@ -420,11 +425,11 @@ def _completed(ex: Executor, node_id: str) -> Any:
             run_id=ex.run_id,
             epoch=ex.epoch,
         )
-        ex._set_status_tx(tx, "needs_intervention", f"result of node {node_id} fails its hash")
+        ex.mark_in(tx, RunStatus.NEEDS_INTERVENTION, f"result of node {node_id} fails its hash")
     raise Blocked(f"the stored result of node {node_id} does not match its hash", run_id=ex.run_id)
 
 
-def _run_node(ex: Executor, n: Node, value: Any) -> Any:
+def _run_node(ex: Segment, n: Node, value: Any) -> Any:
     execution = _start(ex, n.name)
     while True:
         ctx = Context(ex, n.name, execution)
@@ -441,7 +446,9 @@ def _run_node(ex: Executor, n: Node, value: Any) -> Any:
             raise
         except NonDeterminismError as exc:
             _set_node(ex, n.name, execution, "blocked", None)
-            ex._mark("needs_intervention", f"non-determinism in node {n.name}: {exc.message}")
+            ex.mark(
+                RunStatus.NEEDS_INTERVENTION, f"non-determinism in node {n.name}: {exc.message}"
+            )
             raise
         except Exception as exc:
             failed = _set_node(ex, n.name, execution, "failed", f"{type(exc).__name__}: {exc}")
@@ -450,9 +457,9 @@ def _run_node(ex: Executor, n: Node, value: Any) -> Any:
                 continue
             _give_up(ex, n.name, failed, exc)
             raise
-        ex._crash("node.completed.before")
+        ex.runtime.crash("node.completed.before")
         _complete(ex, n.name, execution, result_json)
-        ex._crash("node.completed.after")
+        ex.runtime.crash("node.completed.after")
         return json.loads(result_json)
 
 
@@ -509,28 +516,26 @@ def inherit(tx: Tx, from_run: str, run_id: str) -> list[dict[str, Any]]:
     return carried
 
 
-def _suspended(ex: Executor) -> bool:
+def _suspended(ex: Segment) -> bool:
     """Whether the run has left ``active`` (the refusal itself may have paused it)."""
-    with ex._db.read() as tx:
+    with ex.runtime.db.read() as tx:
         row = tx.one("SELECT status FROM runs WHERE id = ?", ex.run_id)
     return row is None or row["status"] != "active"
 
 
-def _give_up(ex: Executor, node_id: str, failed: int, exc: Exception) -> None:
+def _give_up(ex: Segment, node_id: str, failed: int, exc: Exception) -> None:
     """Retries exhausted: the run fails, or needs a person if effects are in flight."""
-    from charter.runs import RunStatus
-
     reason = f"node {node_id} failed {failed} time(s): {type(exc).__name__}: {exc}"
     try:
-        ex.finish(RunStatus.FAILED, reason)
+        finish(ex, RunStatus.FAILED, reason)
     except StateError:
-        ex._mark("needs_intervention", reason)
+        ex.mark(RunStatus.NEEDS_INTERVENTION, reason)
 
 
-def _start(ex: Executor, node_id: str) -> int:
+def _start(ex: Segment, node_id: str) -> int:
     """The node execution to run: the same one after a crash, a new one after failure."""
-    with ex._db.transaction() as tx:
-        ex._own(tx)
+    with ex.runtime.db.transaction() as tx:
+        ex.own(tx)
         row = tx.one(
             "SELECT execution, status FROM node_executions WHERE run_id = ? AND node_id = ? "
             "ORDER BY execution DESC LIMIT 1",
@@ -569,13 +574,13 @@ def _start(ex: Executor, node_id: str) -> int:
         return execution
 
 
-def _set_node(ex: Executor, node_id: str, execution: int, status: str, error: str | None) -> int:
+def _set_node(ex: Segment, node_id: str, execution: int, status: str, error: str | None) -> int:
     """Record a node execution's status; return how many executions have failed.
 
     Fenced like a completion (F2): an owner that lost the run changes nothing.
     """
-    with ex._db.transaction() as tx:
-        ex._own(tx)
+    with ex.runtime.db.transaction() as tx:
+        ex.own(tx)
         tx.run(
             "UPDATE node_executions SET status = ?, error = ? WHERE run_id = ? "
             "AND node_id = ? AND execution = ?",
@@ -604,12 +609,10 @@ def _set_node(ex: Executor, node_id: str, execution: int, status: str, error: st
         return 0 if row is None else int(row["n"])
 
 
-def _complete(ex: Executor, node_id: str, execution: int, result_json: str) -> None:
+def _complete(ex: Segment, node_id: str, execution: int, result_json: str) -> None:
     """N1: the checked result and its hash are durable before any consumer starts (F2)."""
-    from charter.hashing import digest
-
-    with ex._db.transaction() as tx:
-        ex._own(tx)
+    with ex.runtime.db.transaction() as tx:
+        ex.own(tx)
         h = digest(result_json)
         tx.run(
             "UPDATE node_executions SET status = 'completed', result = ?, result_hash = ?, "
@@ -632,3 +635,19 @@ def _complete(ex: Executor, node_id: str, execution: int, result_json: str) -> N
             after="completed",
             payload={"execution": execution, "result_hash": h},
         )
+
+
+def finish(seg: Segment, status: RunStatus, reason: str | None = None) -> None:
+    """End the run (fenced); refused while any attempt of the run is unresolved."""
+    if not status.terminal:
+        raise StateError(f"{status.value} is not a terminal status")
+    with seg.runtime.db.transaction(gate=seg.mission_id) as tx:
+        row = seg.own(tx)
+        unresolved = count_unresolved(tx, seg.run_id)
+        if unresolved:
+            raise StateError(
+                f"run {seg.run_id} has {unresolved} unresolved attempt(s); settle or "
+                "resolve them before ending the run",
+                unresolved=unresolved,
+            )
+        seg.set_status(tx, row, status, reason or status.value)

@@ -1,11 +1,7 @@
-"""The one send path (A2, A3, A8, F3, S3): an attempt reaching its adapter.
+"""The one evidence format (A3, A8, A9, S3): what an adapter reports, as recorded.
 
-A live dispatch and a reconcile's same-key replay are the same act, a send, so
-both end in :func:`send` after their dispatch commit (the executor's, which
-checks epoch, lease, run status, authority and that the attempt is still
-unresolved, in the transaction that records the send). :func:`send` checks
-the deadline on this process's monotonic clock one last time, calls the
-adapter once, and turns whatever happened into a :class:`Report`:
+Whatever a send (:func:`charter.dispatch.send`) or a lookup reports becomes a
+:class:`Report`:
 
 - an :class:`~charter.adapters.Outcome` is evidence the effect was applied;
 - :class:`~charter.errors.NotApplied` is the adapter's proof that it was not;
@@ -17,8 +13,7 @@ adapter once, and turns whatever happened into a :class:`Report`:
 
 Everything in a report is what will be recorded: serialised as it will be
 stored, and with every secret of the request scrubbed from that final text
-(S3). :func:`recordable` does the same for evidence from a lookup, so there is
-one format for everything an adapter tells the engine.
+(S3), so there is one format for everything an adapter tells the engine.
 """
 
 from __future__ import annotations
@@ -29,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from charter import secret
-from charter.adapters import Adapter, Dispatch, Evidence, Outcome
-from charter.errors import AdapterError, NotApplied, SettlementUnrecorded
+from charter.adapters import Evidence, Outcome
+from charter.errors import AdapterError, SettlementUnrecorded
 from charter.secret import Secret
 
 
@@ -62,29 +57,6 @@ class Report:
     keep: bool = False
 
 
-def send(adapter: Adapter, order: Dispatch, secrets: list[Secret]) -> Report:
-    """Call ``adapter`` once with ``order`` (unless its deadline has passed)."""
-    if order.expired:
-        why = "send deadline passed before the engine called the adapter"
-        return Report(
-            Evidence.not_applied({"reason": why, "deadline_us": order.send_deadline_us}),
-            f"not applied: {why}",
-        )
-    try:
-        answer = adapter.dispatch(order)
-    except NotApplied as exc:
-        proof = Evidence.not_applied({"reason": exc.reason, **exc.evidence})
-        return recordable(Report(proof, f"not applied: {exc.reason}"), secrets)
-    except AdapterError as exc:  # the adapter broke the protocol (e.g. an Outcome out of range)
-        return _garbage(f"{type(exc).__name__}: {exc}", exc.message, secrets)
-    except Exception as exc:  # A3: an exception is not a failure
-        reason = secret.scrub_text(f"{type(exc).__name__}: {exc}", secrets)
-        return Report(Evidence.indeterminate(), reason)
-    if not isinstance(answer, Outcome):
-        return _garbage(repr(answer), f"adapter returned {type(answer).__name__}", secrets)
-    return recordable(Report(Evidence.applied(answer)), secrets)
-
-
 def recordable(report: Report, secrets: list[Secret]) -> Report:
     """``report`` as it will be stored, or an unknown outcome keeping its raw text."""
     evidence = report.evidence
@@ -96,7 +68,7 @@ def recordable(report: Report, secrets: list[Secret]) -> Report:
         if not isinstance(evidence.source, str):
             raise Unrecordable(f"evidence source must be text, not {evidence.source!r}")
     except (Unrecordable, AdapterError, TypeError, ValueError, RecursionError) as exc:
-        return _garbage(repr(evidence), str(exc), secrets)
+        return garbage(repr(evidence), str(exc), secrets)
     reason = None if report.reason is None else secret.scrub_text(report.reason, secrets)
     return Report(
         dataclasses.replace(evidence, outcome=outcome, detail=detail), reason, report.keep
@@ -140,7 +112,7 @@ def _value(value: Any, secrets: list[Secret]) -> Any:
     return json.loads(secret.scrub_text(text, secrets))
 
 
-def _garbage(raw: str, problem: str, secrets: list[Secret]) -> Report:
+def garbage(raw: str, problem: str, secrets: list[Secret]) -> Report:
     """An unrecordable report: unknown outcome, raw text kept as evidence (A9)."""
     text = secret.scrub_text(raw, secrets)
     problem = secret.scrub_text(problem, secrets)

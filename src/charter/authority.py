@@ -1,0 +1,112 @@
+"""Who may do what (P1, P2): the one place a principal is vouched for and a
+right is checked against the mission's current contract.
+
+Every refusal is audited on the mission's chain (or the engine's, when no
+mission is concerned) and changes nothing else: ``tx.refused`` rolls the rest
+of the transaction back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from charter import missions
+from charter.contracts import Contract
+from charter.errors import AuthenticationError, NotAuthorized
+from charter.hashing import ENGINE_CHAIN
+from charter.missions import ContractCache
+from charter.principals import Authenticator, Principal, Right
+from charter.storage import Tx
+from charter.storage.database import Refused
+
+
+class Authority:
+    """Authentication and authorization for one engine."""
+
+    def __init__(self, credentials: Mapping[str, str]) -> None:
+        self.authenticator = Authenticator(credentials)
+        self.contracts = ContractCache()
+
+    def vouch(
+        self,
+        tx: Tx,
+        principal: Principal,
+        *,
+        mission_id: str = ENGINE_CHAIN,
+        entity: str = "engine",
+    ) -> None:
+        """Refuse (and audit, on the mission's chain if known) a forged principal."""
+        try:
+            self.authenticator.vouch(principal)
+        except AuthenticationError as exc:
+            raise tx.refused(
+                exc,
+                mission_id=mission_id,
+                kind="auth.refused",
+                entity=entity,
+                actor=str(getattr(principal, "name", "?")),
+                payload={"reason": "forged or foreign principal"},
+            ) from None
+
+    def current(self, tx: Tx, mission_id: str) -> Contract:
+        """The mission's current contract version."""
+        return self.contracts.get(tx, mission_id, missions.load(tx, mission_id).contract_version)
+
+    def contract(self, tx: Tx, mission_id: str, version: int) -> Contract:
+        """One version of the mission's contract (versions never change: cached)."""
+        return self.contracts.get(tx, mission_id, version)
+
+    def authorize(
+        self,
+        tx: Tx,
+        principal: Principal,
+        mission_id: str,
+        right: Right,
+        scope: str = "*",
+        *,
+        entity: str,
+    ) -> Contract:
+        """Vouch for ``principal`` and check ``right`` on ``scope`` under the current
+        contract, taking the mission's gate (every decision changes the mission)."""
+        self.vouch(tx, principal, mission_id=mission_id, entity=entity)
+        tx.lock_mission(mission_id)
+        version = missions.load(tx, mission_id).contract_version
+        contract = self.contract(tx, mission_id, version)
+        if not contract.allows(principal.name, right, scope):
+            raise denied(
+                tx,
+                principal.name,
+                right,
+                scope,
+                mission_id=mission_id,
+                entity=entity,
+                why=f"under contract v{version} of mission {mission_id}",
+            )
+        return contract
+
+
+def denied(
+    tx: Tx,
+    principal: str,
+    right: Right,
+    scope: str,
+    *,
+    mission_id: str,
+    entity: str,
+    why: str,
+    kind: str = "authorization.refused",
+) -> Refused:
+    """The audited "not authorized" refusal, built in one place: raise what it returns."""
+    return tx.refused(
+        NotAuthorized(
+            f"principal {principal!r} has no {right.value!r} right on {scope} {why}",
+            principal=principal,
+            right=right.value,
+            scope=scope,
+        ),
+        mission_id=mission_id,
+        kind=kind,
+        entity=entity,
+        actor=principal,
+        payload={"right": right.value, "scope": scope, "reason": "not_authorized"},
+    )

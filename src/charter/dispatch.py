@@ -1,0 +1,493 @@
+"""The one send path (A2, A3, A8, F3): an attempt reaching its adapter.
+
+A live dispatch and a reconcile's same-key replay are the same act, a send, so
+both go through here: a dispatch commit that checks, in the transaction that
+records the send, the segment's epoch, claim and lease (F1), the run's
+status, the principal's authority and that the attempt is still PREPARED (a
+live dispatch) or still unresolved (a replay); then :func:`send`, which checks
+the deadline on this process's monotonic clock one last time and calls the
+adapter once; then the settlement of what it reported, in one transaction
+(:mod:`charter.evidence` is the format). A settlement that cannot be committed
+is an uncertainty (A4): the attempt stays DISPATCHED and nothing is retried.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from charter import admission, approvals, calls, secret, settlement
+from charter.adapters import Adapter, Dispatch, EffectClass, Evidence, Outcome
+from charter.approvals import ApprovalStatus
+from charter.attempts import Attempt, AttemptStatus, Effect, changed, load
+from charter.authority import denied
+from charter.calls import REQUEST_JSON, Call, request_hash
+from charter.clock import seconds_us
+from charter.contracts import Contract
+from charter.errors import (
+    AdapterError,
+    AmountOverflow,
+    ApprovalRequired,
+    Fenced,
+    NotApplied,
+    StateError,
+)
+from charter.evidence import Report, garbage, recordable, unrecorded
+from charter.incidents import open_incident
+from charter.ownership import Segment
+from charter.principals import Right
+from charter.runs import RunStatus
+from charter.secret import Secret
+from charter.storage import Tx
+
+#: Run statuses in which a same-key replay may be sent: a replay can perform the
+#: effect for the first time, so a paused, stopping or ended run sends none.
+_REPLAYABLE = frozenset({RunStatus.ACTIVE, RunStatus.WAITING, RunStatus.NEEDS_INTERVENTION})
+
+
+def send(adapter: Adapter, order: Dispatch, secrets: list[Secret]) -> Report:
+    """Call ``adapter`` once with ``order`` (unless its deadline has passed)."""
+    if order.expired:
+        why = "send deadline passed before the engine called the adapter"
+        return Report(
+            Evidence.not_applied({"reason": why, "deadline_us": order.send_deadline_us}),
+            f"not applied: {why}",
+        )
+    try:
+        answer = adapter.dispatch(order)
+    except NotApplied as exc:
+        proof = Evidence.not_applied({"reason": exc.reason, **exc.evidence})
+        return recordable(Report(proof, f"not applied: {exc.reason}"), secrets)
+    except AdapterError as exc:  # the adapter broke the protocol (e.g. an Outcome out of range)
+        return garbage(f"{type(exc).__name__}: {exc}", exc.message, secrets)
+    except Exception as exc:  # A3: an exception is not a failure
+        reason = secret.scrub_text(f"{type(exc).__name__}: {exc}", secrets)
+        return Report(Evidence.indeterminate(), reason)
+    if not isinstance(answer, Outcome):
+        return garbage(repr(answer), f"adapter returned {type(answer).__name__}", secrets)
+    return recordable(Report(Evidence.applied(answer)), secrets)
+
+
+def dispatch_prepared(
+    seg: Segment, attempt_id: str, adapter: Adapter, *, request: Any = None
+) -> Attempt:
+    """Commit DISPATCHED for a PREPARED attempt of this epoch, send it, settle it.
+
+    ``request`` is the live request, with its secrets' values (S3), when the
+    caller has it (a replayed node does); it must be the recorded one. Without
+    it the request is rebuilt from the record.
+    """
+    seg.runtime.crash("dispatch.before")
+    started = seg.runtime.clock.monotonic_us()  # before the dispatch commit (F3)
+    with seg.runtime.db.transaction(gate=seg.mission_id) as tx:
+        attempt = _commit_dispatch(seg, tx, attempt_id, adapter, request)
+    if attempt.status is AttemptStatus.VOIDED:
+        return attempt
+    return send_and_settle(seg, attempt, adapter, started)
+
+
+def _commit_dispatch(
+    seg: Segment, tx: Tx, attempt_id: str, adapter: Adapter, request: Any
+) -> Attempt:
+    row = seg.own(tx)
+    attempt = load(tx, attempt_id)
+    if attempt.run_id != seg.run_id:
+        raise StateError(f"attempt {attempt_id} belongs to run {attempt.run_id}, not {seg.run_id}")
+    if request is not None:
+        live = request_hash(attempt.adapter, attempt.operation, REQUEST_JSON.encode(request))
+        if live != attempt.request_hash:
+            raise StateError(
+                f"the request given for attempt {attempt_id} is not the one recorded; "
+                "nothing is sent",
+                attempt_id=attempt_id,
+            )
+        attempt = changed(attempt, request=request)
+    for hidden in secret.found(attempt.request):
+        hidden.reveal()  # one that cannot be had here stops the send before it commits
+    if attempt.adapter != adapter.name:
+        raise StateError(
+            f"attempt {attempt_id} is for adapter {attempt.adapter!r}, not {adapter.name!r}"
+        )
+    if attempt.status is not AttemptStatus.PREPARED or attempt.admitted_epoch != seg.epoch:
+        raise StateError(
+            f"attempt {attempt_id} is {attempt.status.value} (admitted in epoch "
+            f"{attempt.admitted_epoch}); only a PREPARED attempt of this epoch "
+            f"({seg.epoch}) can be dispatched",
+            status=attempt.status.value,
+        )
+    status = RunStatus(row["status"])
+    if status not in (RunStatus.ACTIVE, RunStatus.WAITING):
+        raise StateError(f"run {seg.run_id} is {status.value}; nothing is dispatched")
+    contract = seg.runtime.authority.contract(tx, seg.mission_id, row["contract_version"])
+    seg.budget_units = frozenset(contract.allowance)
+    if not contract.allows(seg.principal, Right.RUN, attempt.scope):
+        raise denied(
+            tx,
+            seg.principal,
+            Right.RUN,
+            attempt.scope,
+            mission_id=seg.mission_id,
+            entity=attempt.id,
+            why="any more: it was revoked after admission",
+            kind="dispatch.refused",
+        )
+    if contract.approvals.requires(attempt.scope) and not _approved(seg, tx, contract, attempt):
+        return changed(attempt, status=AttemptStatus.VOIDED, reason="approval denied")
+    deadline = seg.send_deadline(tx.now_us)
+    done = tx.run(
+        "UPDATE attempts SET status = 'dispatched', dispatched_epoch = ?, "
+        "dispatched_at_us = ?, send_deadline_us = ? WHERE id = ? AND status = 'prepared'",
+        seg.epoch,
+        tx.now_us,
+        deadline,
+        attempt.id,
+    )
+    if not done:  # voided concurrently: it must never be sent
+        raise StateError(f"attempt {attempt.id} is no longer PREPARED; nothing is sent")
+    attempt = changed(
+        attempt,
+        status=AttemptStatus.DISPATCHED,
+        dispatched_epoch=seg.epoch,
+        dispatched_at_us=tx.now_us,
+        send_deadline_us=deadline,
+    )
+    admission.audit_dispatched(seg, tx, attempt)
+    return attempt
+
+
+def _approved(seg: Segment, tx: Tx, contract: Contract, attempt: Attempt) -> bool:
+    """W2 at the dispatch commit: a valid approval of this effect and request.
+    A denial voids the attempt (``False``); a pending one waits, hold kept."""
+    standing, approval_id = approvals.standing(
+        tx,
+        contract,
+        mission_id=seg.mission_id,
+        run_id=seg.run_id,
+        effect=approvals.effect_id(
+            seg.run_id, attempt.node_id, attempt.execution, attempt.effect_key
+        ),
+        scope=attempt.scope,
+        request_hash=attempt.request_hash,
+        actor=seg.principal,
+        epoch=seg.epoch,
+    )
+    if standing is ApprovalStatus.DENIED:
+        settlement.void(
+            tx,
+            attempt,
+            "approval denied",
+            actor=seg.principal,
+            segment=seg.segment_id,
+            epoch=seg.epoch,
+        )
+        return False
+    if standing is not ApprovalStatus.APPROVED:
+        raise tx.refused(
+            ApprovalRequired(
+                f"attempt {attempt.id} ({attempt.scope}) waits for approval "
+                f"{approval_id}; decide it with `charter approve {approval_id}`",
+                approval_id=approval_id,
+                attempt_id=attempt.id,
+            ),
+            mission_id=None,
+            kind="",
+            entity="",
+            actor=seg.principal,
+            keep_changes=True,
+        )
+    return True
+
+
+def perform(
+    seg: Segment,
+    adapter: Adapter,
+    operation: str,
+    request: Any,
+    *,
+    effect_key: str,
+    node_id: str = "",
+    execution: int = 0,
+    generation: int = 1,
+    retry_of: str | None = None,
+    call: Call | None = None,
+) -> Attempt:
+    """Admit, dispatch, send and settle one effect; return the recorded attempt.
+
+    The returned attempt is SUCCEEDED, FAILED or UNKNOWN. A required approval
+    that is not yet given raises :class:`~charter.errors.ApprovalRequired`
+    with the attempt left PREPARED and its hold kept.
+    """
+    if call is None:
+        call = calls.prepare(adapter, operation, request)
+    effect = Effect(node_id, execution, effect_key, generation, retry_of)
+    retries = 0
+    while True:
+        seg.runtime.crash("admission.before")
+        started = seg.runtime.clock.monotonic_us()  # before the dispatch commit (F3)
+        attempt = admission.admission(seg, call, effect)
+        if attempt.status is AttemptStatus.VOIDED:
+            return attempt
+        if attempt.status is AttemptStatus.PREPARED:
+            seg.runtime.crash("admission.after")
+            raise ApprovalRequired(
+                f"{call.scope} needs an approval before it is sent; attempt {attempt.id} "
+                "is PREPARED with its hold kept (see `charter approvals`)",
+                attempt_id=attempt.id,
+            )
+        attempt = send_and_settle(seg, attempt, adapter, started, call.secrets)
+        # A target that never answers cannot drain the budget: the
+        # operation's retry policy bounds the A7 write-off retries.
+        limit = call.adapter.operations[call.operation].retries
+        if retries >= limit or not _write_off_read_only(seg, attempt, call):
+            return attempt
+        retries += 1
+        effect = effect.retried_after(attempt.id)
+
+
+def _write_off_read_only(seg: Segment, attempt: Attempt, call: Call) -> bool:
+    """A7 opt-in: write off a read-only UNKNOWN at its full hold so it can be retried."""
+    if attempt.status is not AttemptStatus.UNKNOWN or call.effect_class is not (
+        EffectClass.READ_ONLY
+    ):
+        return False
+    with seg.runtime.db.transaction(gate=seg.mission_id) as tx:
+        row = seg.own(tx)  # a fenced executor settles nothing (F2)
+        contract = seg.runtime.authority.contract(tx, seg.mission_id, row["contract_version"])
+        if contract.read_only_unknown != "write_off":
+            return False
+        return settlement.settle(
+            tx,
+            attempt,
+            AttemptStatus.WRITTEN_OFF,
+            actual=attempt.estimate,
+            result=None,
+            receipt=None,
+            price_source=attempt.price_source,
+            reason="read_only UNKNOWN written off at its full hold (contract opt-in)",
+            units=contract.allowance.keys(),
+            actor="engine:read_only_policy",
+            segment=seg.segment_id,
+            epoch=seg.epoch,
+            from_statuses=(AttemptStatus.UNKNOWN,),
+        )
+
+
+def order(
+    seg: Segment, attempt: Attempt, *, deadline_us: int, now_us: int, started_us: int
+) -> Dispatch:
+    """What the adapter is told. The deadline on this process's monotonic clock
+    is the time the store left (``deadline_us - now_us``, both by the store's
+    clock) counted from ``started_us``, taken before the dispatch commit was
+    sent: a skewed wall clock cannot move it, and it can only err early (F3)."""
+    return Dispatch(
+        attempt_id=attempt.id,
+        operation=attempt.operation,
+        request=attempt.request,
+        idempotency_key=attempt.idempotency_key,
+        run_id=seg.run_id,
+        epoch=seg.epoch,
+        send_deadline_us=deadline_us,
+        deadline_monotonic_us=started_us + (deadline_us - now_us),
+        clock=seg.runtime.clock,
+    )
+
+
+def send_and_settle(
+    seg: Segment,
+    attempt: Attempt,
+    adapter: Adapter,
+    started_us: int,
+    hidden: list[Secret] | None = None,
+) -> Attempt:
+    """Send through the one send path, then settle. ``hidden``: the request's
+    secrets, when the caller already knows them (otherwise it is searched)."""
+    if attempt.send_deadline_us is None or attempt.dispatched_at_us is None:
+        raise StateError(f"attempt {attempt.id} has no dispatch commit; nothing is sent")
+    seg.runtime.crash("dispatch.after")
+    req = order(
+        seg,
+        attempt,
+        deadline_us=attempt.send_deadline_us,
+        now_us=attempt.dispatched_at_us,
+        started_us=started_us,
+    )
+    if hidden is None:
+        hidden = list(secret.found(attempt.request))
+    report = send(adapter, req, hidden)
+    seg.runtime.crash("settlement.before")
+    try:
+        try:
+            with seg.runtime.db.transaction(gate=seg.mission_id) as tx:
+                settled = _settle_live(seg, tx, attempt, report)
+        except AmountOverflow as exc:  # a valid cost the ledger's sums cannot take (A9)
+            settled = _unaddable(seg, attempt, report, exc)
+    except Exception as exc:  # A4: an unrecordable settlement is an uncertainty
+        raise unrecorded(attempt.id, report, exc) from exc
+    seg.runtime.crash("settlement.after")
+    return settled
+
+
+def _unaddable(seg: Segment, attempt: Attempt, report: Report, exc: AmountOverflow) -> Attempt:
+    """A report whose cost the ledger cannot add settles nothing (A9): the
+    attempt is UNKNOWN with its hold, the report is kept as evidence and an
+    incident asks a person (whose resolution must fit the ledger)."""
+    with seg.runtime.db.transaction(gate=seg.mission_id) as tx:
+        settlement.mark_unknown(
+            tx,
+            attempt,
+            f"the reported cost cannot be added to the ledger ({exc.message})",
+            actor=seg.principal,
+            segment=seg.segment_id,
+            epoch=seg.epoch,
+        )
+        settlement.record_evidence(
+            tx, attempt, report.evidence, actor=seg.principal, epoch=seg.epoch, settled=False
+        )
+        outcome = report.evidence.outcome
+        open_incident(
+            tx,
+            seg.mission_id,
+            "amount_overflow",
+            {
+                "actual": None if outcome is None else dict(outcome.cost),
+                "receipt": None if outcome is None else outcome.receipt,
+                **exc.details,
+            },
+            actor=seg.principal,
+            run_id=seg.run_id,
+            attempt_id=attempt.id,
+            epoch=seg.epoch,
+        )
+        return load(tx, attempt.id)
+
+
+def _settle_live(seg: Segment, tx: Tx, attempt: Attempt, report: Report) -> Attempt:
+    """Settle what the live send reported (it was DISPATCHED by this executor)."""
+    units = seg.budget_units
+    if units is None:
+        raise StateError(f"attempt {attempt.id} is settled without its dispatch commit")
+    evidence = report.evidence
+    kw: dict[str, Any] = {
+        "units": units,
+        "actor": seg.principal,
+        "segment": seg.segment_id,
+        "epoch": seg.epoch,
+    }
+    if not evidence.conclusive:
+        marked = settlement.mark_unknown(
+            tx,
+            attempt,
+            report.reason or "outcome unknown",
+            actor=seg.principal,
+            segment=seg.segment_id,
+            epoch=seg.epoch,
+        )
+        if report.keep:  # all there is of a report the store cannot hold (A9)
+            settlement.record_evidence(
+                tx, attempt, evidence, actor=seg.principal, epoch=seg.epoch, settled=False
+            )
+        if marked:
+            return changed(attempt, status=AttemptStatus.UNKNOWN, reason=report.reason)
+        return load(tx, attempt.id)
+    not_applied = evidence.verdict == "not_applied"
+    reason = report.reason if not_applied else None
+    if not settlement.settle_by_evidence(
+        tx,
+        attempt,
+        evidence,
+        reason=reason,
+        from_statuses=(AttemptStatus.DISPATCHED,),
+        answered=True,
+        **kw,
+    ):
+        settlement.record_late(
+            tx,
+            load(tx, attempt.id),
+            evidence,
+            source=f"late settlement (epoch {seg.epoch})",
+            may_settle=True,
+            **kw,
+        )
+        return load(tx, attempt.id)
+    if not_applied:  # the proof is kept as evidence (A3)
+        settlement.record_evidence(
+            tx, attempt, evidence, actor=seg.principal, epoch=seg.epoch, settled=True
+        )
+    o = evidence.outcome
+    return changed(
+        attempt,
+        status=AttemptStatus.FAILED if o is None else AttemptStatus(o.status),
+        actual={} if o is None else dict(o.cost),
+        result=None if o is None else o.result,
+        receipt=None if o is None else o.receipt,
+        price_source=(o.price_source if o is not None else None) or attempt.price_source,
+        reason=reason if reason is not None else attempt.reason,
+        settled_at_us=tx.now_us,
+        answered=True,
+    )
+
+
+def replay(seg: Segment, attempt: Attempt, adapter: Adapter) -> Evidence | None:
+    """A8: send an uncertain ``idempotent_keyed`` attempt again, with its own key.
+
+    A replay is a send: it goes through the one send path after a commit
+    that checks, under the mission's gate, this executor's epoch and lease,
+    that the attempt is *still* unresolved (UNKNOWN, or DISPATCHED by an
+    earlier epoch), that the run may send (active, waiting or needing
+    intervention; not paused, stopping or ended), the principal's authority,
+    and the target's dedupe window. Returns the replay's evidence, or
+    ``None`` when no replay was sent (a person decides then).
+    """
+    op = adapter.operations.get(attempt.operation)
+    if op is None or op.effect is not EffectClass.IDEMPOTENT_KEYED:
+        return None
+    window_us = seconds_us(op.dedupe_window_seconds or 0)
+    started = seg.runtime.clock.monotonic_us()
+    try:
+        with seg.runtime.db.transaction(gate=seg.mission_id) as tx:
+            sendable = _commit_replay(seg, tx, attempt.id, window_us)
+    except Fenced:
+        return None  # an executor that no longer owns the run sends nothing (R7)
+    if sendable is None:
+        return None
+    attempt, deadline, now = sendable
+    hidden = list(secret.found(attempt.request))
+    req = order(seg, attempt, deadline_us=deadline, now_us=now, started_us=started)
+    report = send(adapter, req, hidden)
+    found = report.evidence
+    if found.verdict == "applied":
+        return Evidence("applied", found.outcome, {"replay": True}, source="same-key replay")
+    # Refused before sending, lost, or unrecordable: it proves nothing about the first send.
+    detail = {"replay": True, "replay_reason": report.reason, "report": found.detail}
+    return Evidence("indeterminate", None, detail, source="same-key replay")
+
+
+def _commit_replay(
+    seg: Segment, tx: Tx, attempt_id: str, window_us: int
+) -> tuple[Attempt, int, int] | None:
+    """The replay's dispatch commit (A2 + "still unresolved"); ``None``: no send."""
+    row = seg.own(tx)
+    attempt = load(tx, attempt_id)
+    if attempt.run_id != seg.run_id or secret.missing(attempt.request):
+        return None  # a secret this process cannot have (S3): a person decides
+    unresolved = attempt.status is AttemptStatus.UNKNOWN or (
+        attempt.status is AttemptStatus.DISPATCHED and attempt.dispatched_epoch != seg.epoch
+    )
+    if not unresolved or RunStatus(row["status"]) not in _REPLAYABLE:
+        return None
+    contract = seg.runtime.authority.contract(tx, seg.mission_id, row["contract_version"])
+    if not contract.allows(seg.principal, Right.RUN, attempt.scope):
+        return None
+    sent_at = attempt.dispatched_at_us or attempt.prepared_at_us
+    if tx.now_us - sent_at > window_us:
+        return None
+    deadline = seg.send_deadline(tx.now_us)
+    tx.audit(
+        attempt.mission_id,
+        "attempt.replayed",
+        attempt.id,
+        actor=seg.principal,
+        segment=seg.segment_id,
+        epoch=seg.epoch,
+        payload={"idempotency_key": attempt.idempotency_key, "send_deadline_us": deadline},
+    )
+    return attempt, deadline, tx.now_us
