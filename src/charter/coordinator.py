@@ -14,9 +14,9 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from charter import approvals, recovery, runs, secret, settlement
+from charter import approvals, recovery, runs, secret, settlement, takeover
 from charter.adapters import Adapter, Evidence, Outcome
-from charter.attempts import Attempt, AttemptStatus, list_attempts, load
+from charter.attempts import Attempt, AttemptStatus, load
 from charter.clock import seconds_us
 from charter.contracts import RESUME_STRICTNESS, Contract, ResumeMode
 from charter.errors import (
@@ -24,9 +24,7 @@ from charter.errors import (
     LeaseHeld,
     NeedsIntervention,
     NotApplied,
-    NotAuthorized,
     RunTerminal,
-    SegmentReused,
     StateError,
 )
 from charter.evidence import Report, recordable
@@ -65,127 +63,7 @@ class Coordinator:
         of older owners UNKNOWN keeping every hold (R4). Reads only the store:
         nothing is sent and nothing resumes (R6).
         """
-        with self._db.transaction() as tx:
-            tx.lock_mission(runs.load(tx, run_id).mission_id)
-            run = runs.load(tx, run_id)
-            contract = self._contract(tx, run.mission_id)
-            if run.status.terminal:
-                return recovery.build(tx, run, contract, [])
-            used = tx.one(
-                "SELECT 1 AS x FROM segments WHERE run_id = ? AND segment_id = ?",
-                run_id,
-                segment_id,
-            )
-            if used:
-                raise SegmentReused(
-                    f"segment {segment_id!r} was already used by run {run_id}; every "
-                    "continuation needs a new segment ID",
-                    run_id=run_id,
-                    segment_id=segment_id,
-                )
-            if by is not None:
-                self._authority.vouch(tx, by, mission_id=run.mission_id, entity=run_id)
-            actor = by.name if by is not None else f"segment:{segment_id}"
-            if run.lease_expires_us > tx.now_us:
-                if not force:
-                    raise LeaseHeld(
-                        f"run {run_id} is owned by segment {run.owner_segment} until its lease "
-                        f"expires in {(run.lease_expires_us - tx.now_us) / 1e6:.1f}s; wait, or "
-                        "force the takeover (audited) if that owner is known dead",
-                        run_id=run_id,
-                        lease_expires_us=run.lease_expires_us,
-                    )
-                if by is None:
-                    raise NotAuthorized(
-                        "forcing a takeover needs an authenticated principal with 'stop'"
-                    )
-                self._authority.authorize(tx, by, run.mission_id, Right.STOP, entity=run_id)
-            epoch = run.epoch + 1
-            expires = tx.now_us + seconds_us(self._runtime.config.lease_seconds)
-            tx.run(
-                "UPDATE runs SET epoch = ?, owner_segment = ?, owner_claim = NULL, "
-                "lease_expires_us = ?, recoveries = recoveries + 1, updated_at_us = ? "
-                "WHERE id = ? AND epoch = ?",
-                epoch,
-                segment_id,
-                expires,
-                tx.now_us,
-                run_id,
-                run.epoch,
-            )
-            tx.run(
-                "INSERT INTO segments (run_id, segment_id, epoch, started_at_us, forced) "
-                "VALUES (?, ?, ?, ?, ?)",
-                run_id,
-                segment_id,
-                epoch,
-                tx.now_us,
-                int(force),
-            )
-            tx.audit(
-                run.mission_id,
-                "run.recovered",
-                run_id,
-                actor=actor,
-                segment=segment_id,
-                epoch=epoch,
-                before=str(run.epoch),
-                after=str(epoch),
-                payload={"previous_segment": run.owner_segment, "forced": force},
-            )
-            voided: list[str] = []
-            uncertain = 0
-            for a in _unresolved(tx, run_id):
-                if a.status is AttemptStatus.PREPARED and a.admitted_epoch < epoch:
-                    settlement.void(
-                        tx,
-                        a,
-                        f"fenced by recovery (epoch {epoch})",
-                        actor=actor,
-                        segment=segment_id,
-                        epoch=epoch,
-                    )
-                    voided.append(a.id)
-                elif a.status is AttemptStatus.DISPATCHED:
-                    settlement.mark_unknown(
-                        tx, a, "owner lost", actor=actor, segment=segment_id, epoch=epoch
-                    )
-                    uncertain += 1
-                elif a.status is AttemptStatus.UNKNOWN:
-                    uncertain += 1
-            ending = runs.load(tx, run_id).status.ending  # a void may have ended a stop
-            expired = approvals.renew_expired(
-                tx, run_id, actor=actor, epoch=epoch, ask_again=not ending
-            )
-            crashed = tx.all(
-                "SELECT node_id, execution, crashes FROM node_executions WHERE run_id = ? "
-                "AND status = 'running'",
-                run_id,
-            )
-            tx.run(
-                "UPDATE node_executions SET crashes = crashes + 1 WHERE run_id = ? "
-                "AND status = 'running'",
-                run_id,
-            )
-            run = runs.load(tx, run_id)
-            reason = None
-            if run.recoveries > contract.max_recoveries:
-                reason = (
-                    f"recovered {run.recoveries} times, more than the contract's limit "
-                    f"of {contract.max_recoveries}"
-                )
-            elif any(r["crashes"] + 1 >= contract.max_node_crashes for r in crashed):
-                reason = f"a node crashed its process {contract.max_node_crashes} times in a row"
-            elif uncertain:
-                reason = f"{uncertain} attempt(s) with uncertain outcome"
-            # A stopping run stays stopping: its people asked for it to end, and the
-            # recovery state already names what they must settle first (N5).
-            if reason is not None and not (run.status.terminal or run.status is RunStatus.STOPPING):
-                runs.set_status(
-                    tx, run, RunStatus.NEEDS_INTERVENTION, reason, actor=actor, segment=segment_id
-                )
-                run = runs.load(tx, run_id)
-            return recovery.build(tx, run, contract, voided, expired)
+        return takeover.recover(self._runtime, run_id, segment_id, force=force, by=by)
 
     def state(self, run_id: str) -> RecoveryState:
         """The recovery state without taking ownership (a read)."""
@@ -652,10 +530,6 @@ class Coordinator:
 
     def _contract(self, tx: Tx, mission_id: str) -> Contract:
         return self._authority.current(tx, mission_id)
-
-
-def _unresolved(tx: Tx, run_id: str) -> list[Attempt]:
-    return list_attempts(tx, run_id=run_id, unresolved=True)
 
 
 def _settled_meanwhile(attempt: Attempt) -> AttemptAlreadySettled:

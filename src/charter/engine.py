@@ -15,9 +15,8 @@ from typing import Any
 
 from charter import approvals as approvals_mod
 from charter import attempts as attempts_mod
-from charter import audit, ledger, missions, runs, settlement
+from charter import audit, ledger, missions, runner, runs, settlement
 from charter import incidents as incidents_mod
-from charter import nodes as nodes_mod
 from charter.amounts import is_amount
 from charter.approvals import Approval, ApprovalStatus
 from charter.attempts import Attempt
@@ -388,7 +387,7 @@ class Engine:
                 input_json=recorded["input"] if input_json is None else input_json,
                 linked_from=from_run,
             )
-            inherited = nodes_mod.inherit(tx, from_run, run_id)
+            inherited = runner.inherit(tx, from_run, run_id)
             tx.audit(
                 old.mission_id,
                 "run.linked",

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from charter import calls, dispatch, nodes
+from charter import calls, dispatch, runner
 from charter.adapters import Adapter, Evidence
 from charter.admission import admission
 from charter.attempts import Attempt, Effect
@@ -139,11 +139,11 @@ class Executor(Segment):
                 raise StateError(f"{row['plan']} is not a charter.Plan")
         value = input if input is not None or row["input"] is None else json.loads(row["input"])
         try:
-            return nodes.execute(self, plan, value)
+            return runner.execute(self, plan, value)
         except Blocked:
             self.release()
             raise
 
     def finish(self, status: RunStatus = RunStatus.COMPLETED, reason: str | None = None) -> None:
         """End the run (fenced); refused while any attempt of the run is unresolved."""
-        nodes.finish(self, status, reason)
+        runner.finish(self, status, reason)

@@ -1,0 +1,177 @@
+"""Recovery's takeover (R1-R6): a new segment becomes the run's owner.
+
+It reads and fences, in one transaction under the mission's gate (the store's
+clock read with the gate, F1): it refuses a segment ID the run has used and a
+live lease unless forced by a principal with ``stop``; it increments the epoch;
+it voids PREPARED attempts of older epochs and marks DISPATCHED ones UNKNOWN,
+keeping every hold; and it says whether the run needs a person. It never
+dispatches and never resumes (R6).
+"""
+
+from __future__ import annotations
+
+from charter import approvals, runs, settlement
+from charter.attempts import AttemptStatus, list_attempts
+from charter.clock import seconds_us
+from charter.contracts import Contract
+from charter.errors import LeaseHeld, NotAuthorized, SegmentReused
+from charter.principals import Principal, Right
+from charter.recovery import RecoveryState, build
+from charter.runs import Run, RunStatus
+from charter.runtime import Runtime
+from charter.storage import Tx
+
+
+def recover(
+    runtime: Runtime,
+    run_id: str,
+    segment_id: str,
+    *,
+    force: bool = False,
+    by: Principal | None = None,
+) -> RecoveryState:
+    """See :meth:`charter.coordinator.Coordinator.recover`."""
+    with runtime.db.read() as tx:
+        mission_id = runs.load(tx, run_id).mission_id
+    with runtime.db.transaction(gate=mission_id) as tx:
+        run = runs.load(tx, run_id)
+        contract = runtime.authority.current(tx, run.mission_id)
+        if run.status.terminal:
+            return build(tx, run, contract, [])
+        actor = _may_take(runtime, tx, run, segment_id, force=force, by=by)
+        epoch = _take(runtime, tx, run, segment_id, actor=actor, force=force)
+        voided, uncertain = _fence(tx, run_id, epoch, actor=actor, segment=segment_id)
+        ending = runs.load(tx, run_id).status.ending  # a void may have ended a stop
+        expired = approvals.renew_expired(
+            tx, run_id, actor=actor, epoch=epoch, ask_again=not ending
+        )
+        run = _assess(tx, run_id, contract, uncertain, actor=actor, segment=segment_id)
+        return build(tx, run, contract, voided, expired)
+
+
+def _may_take(
+    runtime: Runtime, tx: Tx, run: Run, segment_id: str, *, force: bool, by: Principal | None
+) -> str:
+    """R1: a new segment, and the owner's lease expired (or a forced takeover by a
+    principal with ``stop``); the actor to record."""
+    used = tx.one(
+        "SELECT 1 AS x FROM segments WHERE run_id = ? AND segment_id = ?", run.id, segment_id
+    )
+    if used:
+        raise SegmentReused(
+            f"segment {segment_id!r} was already used by run {run.id}; every "
+            "continuation needs a new segment ID",
+            run_id=run.id,
+            segment_id=segment_id,
+        )
+    if by is not None:
+        runtime.authority.vouch(tx, by, mission_id=run.mission_id, entity=run.id)
+    if run.lease_expires_us > tx.now_us:
+        if not force:
+            raise LeaseHeld(
+                f"run {run.id} is owned by segment {run.owner_segment} until its lease "
+                f"expires in {(run.lease_expires_us - tx.now_us) / 1e6:.1f}s; wait, or "
+                "force the takeover (audited) if that owner is known dead",
+                run_id=run.id,
+                lease_expires_us=run.lease_expires_us,
+            )
+        if by is None:
+            raise NotAuthorized("forcing a takeover needs an authenticated principal with 'stop'")
+        runtime.authority.authorize(tx, by, run.mission_id, Right.STOP, entity=run.id)
+    return by.name if by is not None else f"segment:{segment_id}"
+
+
+def _take(runtime: Runtime, tx: Tx, run: Run, segment_id: str, *, actor: str, force: bool) -> int:
+    """R2: the epoch moves on and the segment owns the run, idle (no executor
+    holds it until a resume); the new epoch."""
+    epoch = run.epoch + 1
+    expires = tx.now_us + seconds_us(runtime.config.lease_seconds)
+    tx.run(
+        "UPDATE runs SET epoch = ?, owner_segment = ?, owner_claim = NULL, "
+        "lease_expires_us = ?, recoveries = recoveries + 1, updated_at_us = ? "
+        "WHERE id = ? AND epoch = ?",
+        epoch,
+        segment_id,
+        expires,
+        tx.now_us,
+        run.id,
+        run.epoch,
+    )
+    tx.run(
+        "INSERT INTO segments (run_id, segment_id, epoch, started_at_us, forced) "
+        "VALUES (?, ?, ?, ?, ?)",
+        run.id,
+        segment_id,
+        epoch,
+        tx.now_us,
+        int(force),
+    )
+    tx.audit(
+        run.mission_id,
+        "run.recovered",
+        run.id,
+        actor=actor,
+        segment=segment_id,
+        epoch=epoch,
+        before=str(run.epoch),
+        after=str(epoch),
+        payload={"previous_segment": run.owner_segment, "forced": force},
+    )
+    return epoch
+
+
+def _fence(tx: Tx, run_id: str, epoch: int, *, actor: str, segment: str) -> tuple[list[str], int]:
+    """R3, R4: older PREPARED attempts voided, DISPATCHED ones UNKNOWN with their
+    holds; the voided IDs and how many attempts are uncertain."""
+    voided: list[str] = []
+    uncertain = 0
+    for a in list_attempts(tx, run_id=run_id, unresolved=True):
+        if a.status is AttemptStatus.PREPARED and a.admitted_epoch < epoch:
+            settlement.void(
+                tx,
+                a,
+                f"fenced by recovery (epoch {epoch})",
+                actor=actor,
+                segment=segment,
+                epoch=epoch,
+            )
+            voided.append(a.id)
+        elif a.status is AttemptStatus.DISPATCHED:
+            settlement.mark_unknown(tx, a, "owner lost", actor=actor, segment=segment, epoch=epoch)
+            uncertain += 1
+        elif a.status is AttemptStatus.UNKNOWN:
+            uncertain += 1
+    return voided, uncertain
+
+
+def _assess(
+    tx: Tx, run_id: str, contract: Contract, uncertain: int, *, actor: str, segment: str
+) -> Run:
+    """R6: a run recovered too often, a node that crashed its process too often, or
+    uncertain attempts need a person; a stopping run stays stopping (N5)."""
+    crashed = tx.all(
+        "SELECT node_id, execution, crashes FROM node_executions WHERE run_id = ? "
+        "AND status = 'running'",
+        run_id,
+    )
+    tx.run(
+        "UPDATE node_executions SET crashes = crashes + 1 WHERE run_id = ? AND status = 'running'",
+        run_id,
+    )
+    run = runs.load(tx, run_id)
+    reason = None
+    if run.recoveries > contract.max_recoveries:
+        reason = (
+            f"recovered {run.recoveries} times, more than the contract's limit "
+            f"of {contract.max_recoveries}"
+        )
+    elif any(r["crashes"] + 1 >= contract.max_node_crashes for r in crashed):
+        reason = f"a node crashed its process {contract.max_node_crashes} times in a row"
+    elif uncertain:
+        reason = f"{uncertain} attempt(s) with uncertain outcome"
+    # A stopping run stays stopping: its people asked for it to end, and the
+    # recovery state already names what they must settle first (N5).
+    if reason is not None and not (run.status.terminal or run.status is RunStatus.STOPPING):
+        runs.set_status(tx, run, RunStatus.NEEDS_INTERVENTION, reason, actor=actor, segment=segment)
+        run = runs.load(tx, run_id)
+    return run
