@@ -10,7 +10,6 @@ stopped or exhausted stands in the way, under the engine's resume policy.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -27,7 +26,14 @@ from charter.errors import (
     RunTerminal,
     StateError,
 )
-from charter.evidence import Report, recordable
+from charter.evidence import (
+    Report,
+    conclusive_rows,
+    from_row,
+    record,
+    recordable,
+    settled_by,
+)
 from charter.executor import Executor
 from charter.principals import Principal, Right
 from charter.recovery import RecoveryState
@@ -146,9 +152,7 @@ class Coordinator:
                         actor=actor,
                         reason="evidence settled automatically (evidence_settles=auto)",
                     )
-                settlement.record_evidence(
-                    tx, current, evidence, actor=actor, epoch=None, settled=settle
-                )
+                record(tx, current, evidence, actor=actor, epoch=None, settled=settle)
         if settled_meanwhile:
             raise _settled_meanwhile(current)
         return evidence
@@ -222,11 +226,7 @@ class Coordinator:
                 tx, by, attempt.mission_id, Right.RESOLVE, attempt.scope, entity=attempt_id
             )
             self._check_reconcilable(tx, attempt)
-            rows = tx.all(
-                "SELECT * FROM evidence WHERE attempt_id = ? AND verdict != "
-                "'indeterminate' ORDER BY recorded_at_us DESC, id DESC",
-                attempt_id,
-            )
+            rows = conclusive_rows(tx, attempt_id)
             if evidence_id is not None:
                 rows = [r for r in rows if r["id"] == evidence_id]
             if not rows:
@@ -236,7 +236,7 @@ class Coordinator:
                     attempt_id=attempt_id,
                 )
             row = rows[0]
-            evidence = _evidence_from_row(row)
+            evidence = from_row(row)
             if not self._apply(
                 tx,
                 attempt,
@@ -246,7 +246,7 @@ class Coordinator:
                 reason=f"confirmed evidence {row['id']}",
             ):
                 raise _settled_meanwhile(attempt)
-            tx.run("UPDATE evidence SET settled = 1 WHERE id = ?", row["id"])
+            settled_by(tx, row["id"])
             return load(tx, attempt_id)
 
     def resolve(
@@ -288,7 +288,7 @@ class Coordinator:
             verdict: Literal["applied", "not_applied", "indeterminate"] = (
                 "indeterminate" if status is AttemptStatus.WRITTEN_OFF else "applied"
             )
-            record = Evidence(
+            kept = Evidence(
                 verdict, applied if verdict == "applied" else None, detail, source="person"
             )
             if not settlement.settle(
@@ -307,7 +307,7 @@ class Coordinator:
                 from_statuses=(AttemptStatus.DISPATCHED, AttemptStatus.UNKNOWN),
             ):
                 raise _settled_meanwhile(attempt)
-            settlement.record_evidence(tx, attempt, record, actor=by.name, epoch=None, settled=True)
+            record(tx, attempt, kept, actor=by.name, epoch=None, settled=True)
             return load(tx, attempt_id)
 
     def _apply(
@@ -550,12 +550,3 @@ def _settles(evidence: Evidence) -> bool:
         and evidence.outcome is not None
         and (evidence.outcome.receipt is not None)
     )
-
-
-def _evidence_from_row(row: Mapping[str, Any]) -> Evidence:
-    outcome = None
-    if row["outcome"] is not None:
-        o = json.loads(row["outcome"])
-        outcome = Outcome(o["status"], o["result"], o["cost"], o["receipt"], o["price_source"])
-    detail = None if row["detail"] is None else json.loads(row["detail"])
-    return Evidence(row["verdict"], outcome, detail, source=row["source"])

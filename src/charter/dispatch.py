@@ -31,7 +31,7 @@ from charter.errors import (
     NotApplied,
     StateError,
 )
-from charter.evidence import Report, garbage, recordable, unrecorded
+from charter.evidence import Report, garbage, record, recordable, unrecorded
 from charter.incidents import open_incident
 from charter.ownership import Segment
 from charter.principals import Right
@@ -339,9 +339,7 @@ def _unaddable(seg: Segment, attempt: Attempt, report: Report, exc: AmountOverfl
             segment=seg.segment_id,
             epoch=seg.epoch,
         )
-        settlement.record_evidence(
-            tx, attempt, report.evidence, actor=seg.principal, epoch=seg.epoch, settled=False
-        )
+        record(tx, attempt, report.evidence, actor=seg.principal, epoch=seg.epoch, settled=False)
         outcome = report.evidence.outcome
         open_incident(
             tx,
@@ -382,9 +380,7 @@ def _settle_live(seg: Segment, tx: Tx, attempt: Attempt, report: Report) -> Atte
             epoch=seg.epoch,
         )
         if report.keep:  # all there is of a report the store cannot hold (A9)
-            settlement.record_evidence(
-                tx, attempt, evidence, actor=seg.principal, epoch=seg.epoch, settled=False
-            )
+            record(tx, attempt, evidence, actor=seg.principal, epoch=seg.epoch, settled=False)
         if marked:
             return changed(attempt, status=AttemptStatus.UNKNOWN, reason=report.reason)
         return load(tx, attempt.id)
@@ -409,9 +405,7 @@ def _settle_live(seg: Segment, tx: Tx, attempt: Attempt, report: Report) -> Atte
         )
         return load(tx, attempt.id)
     if not_applied:  # the proof is kept as evidence (A3)
-        settlement.record_evidence(
-            tx, attempt, evidence, actor=seg.principal, epoch=seg.epoch, settled=True
-        )
+        record(tx, attempt, evidence, actor=seg.principal, epoch=seg.epoch, settled=True)
     o = evidence.outcome
     return changed(
         attempt,

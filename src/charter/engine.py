@@ -16,6 +16,7 @@ from typing import Any
 from charter import approvals as approvals_mod
 from charter import attempts as attempts_mod
 from charter import audit, ledger, missions, runner, runs, settlement
+from charter import evidence as evidence_mod
 from charter import incidents as incidents_mod
 from charter.amounts import is_amount
 from charter.approvals import Approval, ApprovalStatus
@@ -560,15 +561,10 @@ class Engine:
             )
 
     def evidence(self, attempt_id: str) -> list[dict[str, Any]]:
+        """Everything on record about an attempt's outcome, as stored, oldest first."""
         with self._db.read() as tx:
             attempts_mod.load(tx, attempt_id)
-            return [
-                dict(r)
-                for r in tx.all(
-                    "SELECT * FROM evidence WHERE attempt_id = ? ORDER BY recorded_at_us, id",
-                    attempt_id,
-                )
-            ]
+            return [dict(r) for r in evidence_mod.rows(tx, attempt_id)]
 
     # -- ledger (L0-L2) ---------------------------------------------------------------
     def balances(self, mission_id: str) -> dict[str, ledger.Balance]:

@@ -25,8 +25,11 @@ from typing import Any
 
 from charter import secret
 from charter.adapters import Evidence, Outcome
+from charter.attempts import Attempt
 from charter.errors import AdapterError, SettlementUnrecorded
+from charter.hashing import canonical
 from charter.secret import Secret
+from charter.storage import Row, Tx
 
 
 def _text(value: Any) -> Any:
@@ -120,4 +123,100 @@ def garbage(raw: str, problem: str, secrets: list[Secret]) -> Report:
         Evidence.indeterminate({"unrecordable_report": text, "problem": problem}),
         f"the adapter's report cannot be recorded ({problem}); kept as evidence text",
         keep=True,
+    )
+
+
+# -- the evidence table: one writer, one reader ------------------------------------------
+
+
+def record(
+    tx: Tx,
+    attempt: Attempt,
+    evidence: Evidence,
+    *,
+    actor: str,
+    epoch: int | None,
+    settled: bool,
+) -> str:
+    """Store evidence, immutable, with the epoch it came from (F2, R7)."""
+    evidence_id = tx.ids.new("evd")
+    outcome = evidence.outcome
+    outcome_json = (
+        None
+        if outcome is None
+        else canonical(
+            {
+                "status": outcome.status,
+                "result": outcome.result,
+                "cost": dict(outcome.cost),
+                "receipt": outcome.receipt,
+                "price_source": outcome.price_source,
+            }
+        )
+    )
+    tx.run(
+        "INSERT INTO evidence (id, attempt_id, mission_id, source, verdict, outcome, detail, "
+        "epoch, actor, recorded_at_us, settled) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        evidence_id,
+        attempt.id,
+        attempt.mission_id,
+        evidence.source,
+        evidence.verdict,
+        outcome_json,
+        None if evidence.detail is None else canonical(evidence.detail),
+        epoch,
+        actor,
+        tx.now_us,
+        1 if settled else 0,
+    )
+    tx.audit(
+        attempt.mission_id,
+        "evidence.recorded",
+        attempt.id,
+        actor=actor,
+        epoch=epoch,
+        payload={
+            "evidence_id": evidence_id,
+            "source": evidence.source,
+            "verdict": evidence.verdict,
+            "outcome": None if outcome_json is None else json.loads(outcome_json),
+            "detail": evidence.detail,
+        },
+    )
+    return evidence_id
+
+
+def from_row(row: Row) -> Evidence:
+    """Evidence as :func:`record` stored it."""
+    outcome = None
+    if row["outcome"] is not None:
+        o = json.loads(row["outcome"])
+        outcome = Outcome(o["status"], o["result"], o["cost"], o["receipt"], o["price_source"])
+    detail = None if row["detail"] is None else json.loads(row["detail"])
+    return Evidence(row["verdict"], outcome, detail, source=row["source"])
+
+
+def conclusive(tx: Tx, attempt_id: str) -> list[Evidence]:
+    """The attempt's conclusive evidence on record (applied or not applied)."""
+    return [from_row(r) for r in conclusive_rows(tx, attempt_id)]
+
+
+def conclusive_rows(tx: Tx, attempt_id: str) -> list[Row]:
+    """The rows of :func:`conclusive`, newest first (a person confirms one by its id)."""
+    return tx.all(
+        "SELECT * FROM evidence WHERE attempt_id = ? AND verdict != 'indeterminate' "
+        "ORDER BY recorded_at_us DESC, id DESC",
+        attempt_id,
+    )
+
+
+def settled_by(tx: Tx, evidence_id: str) -> None:
+    """Mark recorded evidence as the one a person confirmed to settle its attempt."""
+    tx.run("UPDATE evidence SET settled = 1 WHERE id = ?", evidence_id)
+
+
+def rows(tx: Tx, attempt_id: str) -> list[Row]:
+    """Everything on record about an attempt's outcome, oldest first."""
+    return tx.all(
+        "SELECT * FROM evidence WHERE attempt_id = ? ORDER BY recorded_at_us, id", attempt_id
     )

@@ -9,7 +9,6 @@ is told so by the return value.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -17,6 +16,7 @@ from charter import attempts, ledger, runs
 from charter.adapters import Evidence
 from charter.attempts import Attempt, AttemptStatus
 from charter.errors import StateError
+from charter.evidence import conclusive, record
 from charter.hashing import canonical
 from charter.incidents import open_incident
 from charter.runs import RunStatus
@@ -303,63 +303,6 @@ def mark_unknown(
     return bool(changed)
 
 
-def record_evidence(
-    tx: Tx,
-    attempt: Attempt,
-    evidence: Evidence,
-    *,
-    actor: str,
-    epoch: int | None,
-    settled: bool,
-) -> str:
-    """Store evidence, immutable, with the epoch it came from (F2, R7)."""
-    evidence_id = tx.ids.new("evd")
-    outcome = evidence.outcome
-    outcome_json = (
-        None
-        if outcome is None
-        else canonical(
-            {
-                "status": outcome.status,
-                "result": outcome.result,
-                "cost": dict(outcome.cost),
-                "receipt": outcome.receipt,
-                "price_source": outcome.price_source,
-            }
-        )
-    )
-    tx.run(
-        "INSERT INTO evidence (id, attempt_id, mission_id, source, verdict, outcome, detail, "
-        "epoch, actor, recorded_at_us, settled) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        evidence_id,
-        attempt.id,
-        attempt.mission_id,
-        evidence.source,
-        evidence.verdict,
-        outcome_json,
-        _dump(evidence.detail),
-        epoch,
-        actor,
-        tx.now_us,
-        1 if settled else 0,
-    )
-    tx.audit(
-        attempt.mission_id,
-        "evidence.recorded",
-        attempt.id,
-        actor=actor,
-        epoch=epoch,
-        payload={
-            "evidence_id": evidence_id,
-            "source": evidence.source,
-            "verdict": evidence.verdict,
-            "outcome": None if outcome_json is None else json.loads(outcome_json),
-            "detail": evidence.detail,
-        },
-    )
-    return evidence_id
-
-
 def record_late(
     tx: Tx,
     current: Attempt,
@@ -402,7 +345,7 @@ def record_late(
         _conflicts(current, evidence) or _above_hold(current, evidence)
     ):
         _incident(tx, current, evidence, actor, epoch, recorded=current.status.value)
-    record_evidence(
+    record(
         tx,
         current,
         Evidence(evidence.verdict, evidence.outcome, evidence.detail, source=source),
@@ -435,15 +378,12 @@ def _incident(
     )
 
 
-def _disputed(tx: Tx, current: Attempt, evidence: Evidence) -> bool:
-    """Whether conclusive evidence on record contradicts ``evidence``."""
-    mine = None if evidence.outcome is None else evidence.outcome.status
-    for r in tx.all(
-        "SELECT verdict, outcome FROM evidence WHERE attempt_id = ? AND verdict != 'indeterminate'",
-        current.id,
-    ):
-        theirs = None if r["outcome"] is None else json.loads(r["outcome"])["status"]
-        if r["verdict"] != evidence.verdict or theirs != mine:
+def _disputed(tx: Tx, current: Attempt, found: Evidence) -> bool:
+    """Whether conclusive evidence on record contradicts ``found``."""
+    mine = None if found.outcome is None else found.outcome.status
+    for recorded in conclusive(tx, current.id):
+        theirs = None if recorded.outcome is None else recorded.outcome.status
+        if recorded.verdict != found.verdict or theirs != mine:
             return True
     return False
 
