@@ -98,18 +98,12 @@ def check_effect(seg: Segment, tx: Tx, effect: Effect) -> None:
 
 
 def check_stop(seg: Segment, tx: Tx, contract: Contract, row: Row, call: Call) -> None:
-    stop = contract.stop_conditions
-    why = None
-    if stop.deadline_us is not None and tx.now_us >= stop.deadline_us:
-        why = "the contract's deadline has passed"
-    elif stop.max_attempts is not None and row["attempts_admitted"] >= stop.max_attempts:
-        why = f"the contract's limit of {stop.max_attempts} attempts is reached"
-    elif (
-        stop.max_failed_attempts is not None and row["attempts_failed"] >= stop.max_failed_attempts
-    ):
-        why = f"the contract's limit of {stop.max_failed_attempts} failed attempts is reached"
-    if why is None:
+    held = contract.stop_conditions.holding(
+        now_us=tx.now_us, admitted=row["attempts_admitted"], failed=row["attempts_failed"]
+    )
+    if not held:
         return
+    why = held[0][1]
     seg.set_status(tx, row, RunStatus.STOPPING, f"stop condition: {why}")
     settlement.void_prepared(
         tx, seg.run_id, "run stopping", actor=seg.principal, segment=seg.segment_id, epoch=seg.epoch

@@ -72,6 +72,29 @@ class StopConditions:
     max_failed_attempts: int | None = None
     deadline_us: int | None = None
 
+    def holding(self, *, now_us: int, admitted: int, failed: int) -> list[tuple[str, str]]:
+        """The conditions that hold now, each as ``(label, why)``: the one place
+        they are judged, for admission (A1) and for the assessment (R5, R9)."""
+        held = []
+        if self.deadline_us is not None and now_us >= self.deadline_us:
+            held.append(("deadline passed", "the contract's deadline has passed"))
+        if self.max_attempts is not None and admitted >= self.max_attempts:
+            held.append(
+                (
+                    "max_attempts reached",
+                    f"the contract's limit of {self.max_attempts} attempts is reached",
+                )
+            )
+        if self.max_failed_attempts is not None and failed >= self.max_failed_attempts:
+            held.append(
+                (
+                    "max_failed_attempts reached",
+                    f"the contract's limit of {self.max_failed_attempts} failed attempts "
+                    "is reached",
+                )
+            )
+        return held
+
 
 @dataclass(frozen=True)
 class Contract:

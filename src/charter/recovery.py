@@ -16,6 +16,7 @@ from charter import ledger
 from charter.approvals import ApprovalStatus, list_approvals
 from charter.attempts import Attempt, AttemptStatus, list_attempts
 from charter.contracts import Contract
+from charter.errors import NotFound
 from charter.principals import Right
 from charter.runs import Run
 from charter.storage import Tx
@@ -109,18 +110,14 @@ def assess(tx: Tx, run: Run, contract: Contract) -> dict[str, Any]:
     counts = tx.one(
         "SELECT attempts_admitted, attempts_failed FROM missions WHERE id = ?", run.mission_id
     )
-    assert open_incidents is not None and counts is not None
-    stop = contract.stop_conditions
-    stops: list[str] = []
-    if stop.deadline_us is not None and tx.now_us >= stop.deadline_us:
-        stops.append("deadline passed")
-    if stop.max_attempts is not None and counts["attempts_admitted"] >= stop.max_attempts:
-        stops.append("max_attempts reached")
-    if (
-        stop.max_failed_attempts is not None
-        and counts["attempts_failed"] >= stop.max_failed_attempts
-    ):
-        stops.append("max_failed_attempts reached")
+    if open_incidents is None or counts is None:
+        raise NotFound(f"no mission {run.mission_id!r} in this store", mission_id=run.mission_id)
+    stops = [
+        label
+        for label, _ in contract.stop_conditions.holding(
+            now_us=tx.now_us, admitted=counts["attempts_admitted"], failed=counts["attempts_failed"]
+        )
+    ]
     return {
         "allowance": {
             u: {
