@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "credential":
-        from charter.principals import new_credential
+        from charter.principals import new_credential  # noqa: PLC0415 - loaded when run, so `charter --help` starts fast
 
         credential, digest = new_credential(args.name)
         _emit(
@@ -332,12 +332,12 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 0
     if args.command == "demo":
-        from charter.demo import run_demo
+        from charter.demo import run_demo  # noqa: PLC0415 - loaded when run, so `charter --help` starts fast
 
         return run_demo(store=args.store, as_json=args.json)
-    from charter.cli_commands import HANDLERS
-    from charter.config import EngineConfig
-    from charter.engine import Engine
+    from charter.cli_commands import HANDLERS  # noqa: PLC0415 - loaded when run, so `charter --help` starts fast
+    from charter.config import EngineConfig  # noqa: PLC0415 - loaded when run, so `charter --help` starts fast
+    from charter.engine import Engine  # noqa: PLC0415 - loaded when run, so `charter --help` starts fast
 
     config = EngineConfig.from_file(args.config) if args.config else EngineConfig.discover()
     with Engine.open(args.store, config=config, create=False) as engine:

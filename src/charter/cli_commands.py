@@ -13,6 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from charter import RunStatus
+from charter.errors import AuditError, AuthenticationError, RunTerminal, StateError
+
 if TYPE_CHECKING:
     from charter.engine import Engine
     from charter.principals import Principal
@@ -21,7 +24,6 @@ Handler = Callable[["Engine", argparse.Namespace], Any]
 
 
 def _principal(engine: Engine) -> Principal:
-    from charter.errors import AuthenticationError
 
     credential = os.environ.get("CHARTER_CREDENTIAL")
     path = os.environ.get("CHARTER_CREDENTIAL_FILE")
@@ -111,8 +113,6 @@ def _attempts(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _recover(engine: Engine, args: argparse.Namespace) -> Any:
-    from charter import RunStatus
-    from charter.errors import RunTerminal
 
     by = _principal(engine) if args.force else None
     state = engine.coordinator.recover(args.run, args.segment, force=args.force, by=by).to_dict()
@@ -210,7 +210,6 @@ def _stop(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _link(engine: Engine, args: argparse.Namespace) -> Any:
-    from charter.errors import StateError
 
     if engine.coordinator.state(args.run).plan is None:
         raise StateError(
@@ -284,7 +283,6 @@ def _ledger(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _audit(engine: Engine, args: argparse.Namespace) -> Any:
-    from charter.errors import AuditError
 
     results = engine.verify_audit(args.mission)
     rows = [v.to_dict() for v in results]

@@ -14,6 +14,7 @@ from charter.errors import ConfigError, SchemaError, StoreNotFound
 from charter.ids import IdFactory
 from charter.storage.database import Database, Driver, Prefetched, Row, Tx
 from charter.storage.schema import LATEST, MIGRATIONS
+from charter.storage.sqlite import SQLiteDriver
 
 DEFAULT_PATH = Path(".charter") / "charter.db"
 
@@ -37,12 +38,11 @@ def _sqlite_path(url: str | None) -> Path | None:
 
 def _driver(url: str | None, path: Path | None, busy_timeout: float) -> Driver:
     if path is None:
-        from charter.storage.postgres import PostgresDriver
+        # psycopg is an optional extra: only a PostgreSQL store imports it.
+        from charter.storage.postgres import PostgresDriver  # noqa: PLC0415
 
         assert url is not None
         return PostgresDriver(url, busy_timeout=busy_timeout)
-    from charter.storage.sqlite import SQLiteDriver
-
     return SQLiteDriver(path, busy_timeout=busy_timeout)
 
 
