@@ -134,9 +134,9 @@ class _ImportVisitor(ast.NodeVisitor):
                 package.pop()
             package = package[: len(package) - (node.level - 1)]
             base = ".".join([*package, *([base] if base else [])])
-        for alias in node.names:
-            submodule = f"{base}.{alias.name}"
-            self._add(submodule if submodule in self.mods else base, node.lineno)
+        targets = {f"{base}.{alias.name}" for alias in node.names}
+        for target in sorted({name if name in self.mods else base for name in targets}):
+            self._add(target, node.lineno)
 
     def visit_Call(self, node: ast.Call) -> None:
         """``importlib.import_module("charter.x")`` and ``__import__`` with a literal name."""
