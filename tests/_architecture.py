@@ -86,6 +86,17 @@ def _owning(name: str, mods: Mapping[str, Module]) -> str | None:
     return None
 
 
+def _from(module: Module, node: ast.ImportFrom) -> str:
+    """The dotted name ``from ... import`` reads from, relative levels resolved."""
+    if not node.level:
+        return node.module or ""
+    package = module.name.split(".")
+    if not module.is_package:
+        package.pop()
+    package = package[: len(package) - (node.level - 1)]
+    return ".".join([*package, *([node.module] if node.module else [])])
+
+
 class _ImportVisitor(ast.NodeVisitor):
     """Collects every import of one module, with where it sits."""
 
@@ -127,13 +138,7 @@ class _ImportVisitor(ast.NodeVisitor):
             self._add(alias.name, node.lineno)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        base = node.module or ""
-        if node.level:
-            package = self.module.name.split(".")
-            if not self.module.is_package:
-                package.pop()
-            package = package[: len(package) - (node.level - 1)]
-            base = ".".join([*package, *([base] if base else [])])
+        base = _from(self.module, node)
         targets = {f"{base}.{alias.name}" for alias in node.names}
         for target in sorted({name if name in self.mods else base for name in targets}):
             self._add(target, node.lineno)
@@ -202,7 +207,7 @@ def knots(edges: Mapping[str, Mapping[str, object]]) -> list[list[str]]:
     return sorted(found)
 
 
-def cycles(edges: Mapping[str, Mapping[str, object]], limit: int = 10_000) -> list[list[str]]:
+def cycles(edges: Mapping[str, Mapping[str, object]], limit: int) -> list[list[str]]:
     """Elementary cycles, each once, starting from its smallest module; at most ``limit``."""
     found: list[list[str]] = []
 
@@ -274,9 +279,9 @@ def _strings(tree: ast.Module) -> Iterator[tuple[int, str]]:
             yield node.lineno, node.value
         elif isinstance(node, ast.JoinedStr):
             text = "".join(
-                part.value if isinstance(part, ast.Constant) else "_" for part in node.values
+                str(part.value) if isinstance(part, ast.Constant) else "_" for part in node.values
             )
-            yield node.lineno, str(text)
+            yield node.lineno, text
 
 
 def may_hold_sql(module: Module) -> bool:
@@ -387,11 +392,11 @@ def private_reaches(module: Module, mods: Mapping[str, Module]) -> list[tuple[in
                 reach = isinstance(name, str) and _private(name) and name not in defined
                 if reach and not _own(args[0]):
                     found.append((node.lineno, ast.unparse(node)))
-        elif isinstance(node, ast.ImportFrom) and _owning(node.module or "", mods) is not None:
+        elif isinstance(node, ast.ImportFrom) and _owning(_from(module, node), mods):
             found.extend(
-                (node.lineno, f"from {node.module} import {alias.name}")
+                (node.lineno, f"from {_from(module, node)} import {alias.name}")
                 for alias in node.names
-                if node.level == 0 and _private(alias.name)
+                if _private(alias.name)
             )
     return sorted(found)
 
@@ -399,7 +404,7 @@ def private_reaches(module: Module, mods: Mapping[str, Module]) -> list[tuple[in
 # -- figures ---------------------------------------------------------------------------
 
 
-def figures(floors: Mapping[str, int]) -> str:
+def figures(floors: Mapping[str, int], max_module: int, max_function: int) -> str:
     """The numbers a restructure reports, before and after."""
     mods = modules()
     sizes = sorted(module.lines for module in mods.values())
@@ -412,17 +417,18 @@ def figures(floors: Mapping[str, int]) -> str:
     unplaced = [name for name in mods if floor_of(name, floors) is None]
     rows = [
         f"modules: {len(mods)}, lines median {statistics.median(sizes):g}, max {sizes[-1]}",
-        f"modules over 600 lines: {sum(size > 600 for size in sizes)}",
-        "longest functions: "
-        + ", ".join(f"{name} {lines} ({where})" for name, (lines, where) in longest),
-        f"functions over 80 lines: {sum(lines > 80 for lines, _ in lengths.values())}",
-        f"SQL-owning modules: {len(sql)}, SQL literals {sum(sql.values())}: "
-        + ", ".join(f"{name} {count}" for name, count in sorted(sql.items())),
+        f"modules over {max_module} lines: {sum(size > max_module for size in sizes)}",
+        "longest functions:",
+        *(f"  {lines} lines: {name} ({where})" for name, (lines, where) in longest),
+        f"functions over {max_function} lines: "
+        f"{sum(lines > max_function for lines, _ in lengths.values())}",
+        f"SQL-owning modules: {len(sql)}, SQL literals {sum(sql.values())}:",
+        *(f"  {count} in {name}" for name, count in sorted(sql.items())),
         f"SQL-owning modules outside storage/ and store.py: "
         f"{sum(not may_hold_sql(mods[name]) for name in sql)}",
         f"import arrows: {sum(len(targets) for targets in edges.values())}"
         f" (import statements {len(arrows)})",
-        f"cycles: {len(cycles(edges))} in {len(knots(edges))} knot(s): "
+        f"cycles: {len(cycles(edges, 10_000))} in {len(knots(edges))} knot(s): "
         + "; ".join(", ".join(knot) for knot in knots(edges)),
         f"arrows up a floor: {len({(a.source, a.target) for a, _, _ in up_arrows(arrows, floors)})}"
         f" (import statements {len(up_arrows(arrows, floors))}), among placed modules",
@@ -434,6 +440,6 @@ def figures(floors: Mapping[str, int]) -> str:
 
 
 if __name__ == "__main__":
-    from test_architecture import FLOORS
+    from test_architecture import FLOORS, MAX_FUNCTION_LINES, MAX_MODULE_LINES
 
-    print(figures(FLOORS))
+    print(figures(FLOORS, MAX_MODULE_LINES, MAX_FUNCTION_LINES))
