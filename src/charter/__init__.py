@@ -52,6 +52,8 @@ from charter.errors import (
     StateError,
     StoreBusy,
     StoreError,
+    StoreNotFound,
+    UsageError,
 )
 from charter.secret import Secret
 
@@ -151,7 +153,9 @@ __all__ = [
     "StateError",
     "StoreBusy",
     "StoreError",
+    "StoreNotFound",
     "SystemClock",
+    "UsageError",
     "__version__",
     "hash_secret",
     "new_credential",

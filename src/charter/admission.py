@@ -15,7 +15,7 @@ an exhausted allowance pauses it) keep that change.
 
 from __future__ import annotations
 
-from charter import approvals, attempts, ledger, runs, settlement
+from charter import approvals, attempts, ledger, settlement
 from charter.adapters import EffectClass
 from charter.approvals import ApprovalStatus
 from charter.attempts import Attempt, AttemptStatus, Effect, changed, idempotency_key_for
@@ -108,7 +108,7 @@ def check_stop(seg: Segment, tx: Tx, contract: Contract, row: Row, call: Call) -
     settlement.void_prepared(
         tx, seg.run_id, "run stopping", actor=seg.principal, segment=seg.segment_id, epoch=seg.epoch
     )
-    runs.conclude_stop(tx, seg.run_id, actor=seg.principal, segment=seg.segment_id)
+    settlement.conclude_stop(tx, seg.run_id, actor=seg.principal, segment=seg.segment_id)
     raise tx.refused(
         AdmissionRefused(f"stop condition holds: {why}; the run is stopping", stop_condition=why),
         mission_id=seg.mission_id,

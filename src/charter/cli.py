@@ -22,12 +22,12 @@ import json
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
-from charter.errors import Blocked, CharterError, Fenced, UsageError
+from charter import Blocked, CharterError, Fenced, UsageError
 
-if TYPE_CHECKING:
-    from charter.storage.paging import Position
+#: Where a listing's page starts: after (time in µs, id) of the last row shown.
+Position = tuple[int, str]
 
 #: The codes of the signals a command can end in, besides every ``CharterError.code``.
 SIGNAL_CODES: dict[type[BaseException], str] = {Fenced: "fenced", Blocked: "blocked"}
@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "credential":
-        from charter.principals import new_credential  # noqa: PLC0415 - loaded when run, so `charter --help` starts fast
+        from charter import new_credential  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
 
         credential, digest = new_credential(args.name)
         _emit(
@@ -332,12 +332,11 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 0
     if args.command == "demo":
-        from charter.demo import run_demo  # noqa: PLC0415 - loaded when run, so `charter --help` starts fast
+        from charter.demo import run_demo  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
 
         return run_demo(store=args.store, as_json=args.json)
-    from charter.cli_commands import HANDLERS  # noqa: PLC0415 - loaded when run, so `charter --help` starts fast
-    from charter.config import EngineConfig  # noqa: PLC0415 - loaded when run, so `charter --help` starts fast
-    from charter.engine import Engine  # noqa: PLC0415 - loaded when run, so `charter --help` starts fast
+    from charter import Engine, EngineConfig  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
+    from charter.cli_commands import HANDLERS  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
 
     config = EngineConfig.from_file(args.config) if args.config else EngineConfig.discover()
     with Engine.open(args.store, config=config, create=False) as engine:

@@ -33,9 +33,11 @@ from charter.errors import ConfigError
 
 if TYPE_CHECKING:
     from charter.adapters import Adapter
-    from charter.recovery import RecoveryState
 
-ResumeRule = Callable[["RecoveryState"], bool]
+#: A resume rule is called with the run's :class:`~charter.recovery.RecoveryState`
+#: (a read-only view; the recovery room sits above configuration, so the type
+#: is not named here) and says whether the run may continue.
+ResumeRule = Callable[[Any], bool]
 
 _KEYS = {
     "store",

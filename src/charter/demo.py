@@ -16,24 +16,30 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from charter.adapters import (
+from charter import (
+    Blocked,
+    Context,
     Dispatch,
     EffectClass,
+    Engine,
+    EngineConfig,
     Estimate,
     Evidence,
+    Executor,
+    NotApplied,
     Operation,
     Outcome,
+    Plan,
+    Principal,
     RecordedAttempt,
+    Secret,
+    new_credential,
+    node,
 )
-from charter.config import EngineConfig
-from charter.engine import Engine
-from charter.errors import Blocked, NotApplied
-from charter.nodes import Context, Plan, node
-from charter.principals import new_credential
-from charter.secret import Secret
 
 USD = 1_000_000  # the ledger counts micro-dollars
 
@@ -182,16 +188,15 @@ def build_plan(
 
 
 def run_demo(store: str | None = None, *, as_json: bool = False) -> int:
+    """Run the example mission on ``store``; 0 when it completed with a clean ledger and audit."""
     agent_cred, agent_digest = new_credential("agent")
     ops_cred, ops_digest = new_credential("ops")
     config = EngineConfig(credentials={"agent": agent_digest, "ops": ops_digest})
-    llm_target, pay_target, mail_target = Target(), Target(), Target()
+    targets = {"llm": Target(), "payments": Target(), "mail": Target()}
     api_key = f"sk_demo_{secrets.token_hex(8)}"
-    llm, payments, mail = (
-        ModelAdapter(llm_target),
-        PaymentsAdapter(pay_target, api_key),
-        MailAdapter(mail_target),
-    )
+    llm = ModelAdapter(targets["llm"])
+    payments = PaymentsAdapter(targets["payments"], api_key)
+    mail = MailAdapter(targets["mail"])
     plan = build_plan(llm, payments, mail, Secret(api_key, name="payments-key"))
     say: list[str] = []
 
@@ -202,91 +207,116 @@ def run_demo(store: str | None = None, *, as_json: bool = False) -> int:
 
     with Engine.open(store, config=config) as engine:
         agent, ops = engine.authenticate(agent_cred), engine.authenticate(ops_cred)
-        mission = engine.create_mission(
-            {
-                "objective": "Book a team offsite for 12 people",
-                "principals": {
-                    "agent": {"run": ["llm.*", "payments.*", "mail.*"]},
-                    "ops": ["approve", "resolve", "raise_limit", "stop", "run"],
-                },
-                "allowance": {"usd": 1 * USD, "calls": 10},
-                "approvals": {"required": ["payments.charge"], "ttl_seconds": 3600},
-            },
-            by=ops,
-            name="offsite",
-        )
+        mission = _mission(engine, ops)
         log(f"mission {mission}: allowance 1.00 USD, 10 calls; payments need approval")
         ex = engine.start_run(mission, by=agent, segment_id="seg-1", plan=plan, input={"size": 12})
-        run_id = ex.run_id
-        coordinator = engine.coordinator
-        segment = "seg-1"
-        for _ in range(5):
-            try:
-                ex.execute(plan)
-                break
-            except Blocked as blocked:
-                log(f"run blocked: {blocked.reason}")
-            pending = engine.approvals(run_id=run_id, pending=True)
-            for approval in pending:
-                engine.approve(approval.id, by=ops)
-                log(f"ops approved {approval.scope} ({approval.id})")
-            for attempt in engine.attempts(run_id=run_id, unresolved=True):
-                if attempt.status.value != "unknown":
-                    continue
-                evidence = coordinator.reconcile(attempt.id, mail)
-                log(
-                    f"reconciled {attempt.scope} {attempt.id}: evidence {evidence.verdict} "
-                    f"(hold kept: {attempt.estimate})"
-                )
-                coordinator.confirm(attempt.id, by=ops)
-                log(f"ops confirmed the evidence: {attempt.id} settled")
-            ex = coordinator.resume(run_id, segment, by=ops)
-            log(f"resumed run {run_id} as {segment} (epoch {ex.epoch})")
-        run = engine.run(run_id)
-        attempts = engine.attempts(run_id=run_id)
-        balances = engine.balances(mission)
-        problems = engine.check_ledger(mission)
-        chains = engine.verify_audit(mission)
-        sends = {
-            "llm": len(llm_target.received),
-            "payments": len(pay_target.received),
-            "mail": len(mail_target.received),
-        }
-        log(f"\nrun {run_id}: {run.status.value}, epoch {run.epoch}")
-        log(f"{'ATTEMPT':32} {'SCOPE':16} {'STATUS':10} {'HOLD':>22} {'ACTUAL':>22}")
-        for a in attempts:
-            log(
-                f"{a.id:32} {a.scope:16} {a.status.value:10} {json.dumps(a.estimate):>22} "
-                f"{json.dumps(a.actual):>22}"
-            )
-        log(f"\n{'UNIT':6} {'LIMIT':>10} {'AVAILABLE':>10} {'HELD':>8} {'SPENT':>8} {'OVERRUN':>8}")
-        for unit, b in balances.items():
-            log(f"{unit:6} {b.limit:>10} {b.available:>10} {b.held:>8} {b.spent:>8} {b.overrun:>8}")
-        log(f"\nsends received by each target: {sends}")
-        [charge] = [a for a in attempts if a.scope == "payments.charge"]
-        log(f"the payments API key, as the store holds it: {charge.request['api_key']}")
-        log(
-            f"ledger check: {problems or 'ok'}; audit chain: "
-            f"{'verified' if all(c.ok for c in chains) else 'BROKEN'} "
-            f"({chains[0].events} events)"
+        _drive(engine, ex, plan, ops=ops, mail=mail, log=log)
+        return _report(
+            engine,
+            mission,
+            ex.run_id,
+            targets=targets,
+            log=log,
+            say=say if as_json else None,
         )
-        if as_json:
-            print(
-                json.dumps(
-                    {
-                        "mission_id": mission,
-                        "run_id": run_id,
-                        "status": run.status.value,
-                        "attempts": [a.to_dict() for a in attempts],
-                        "balances": {u: b.__dict__ for u, b in balances.items()},
-                        "sends": sends,
-                        "ledger_problems": problems,
-                        "audit_ok": all(c.ok for c in chains),
-                        "log": say,
-                    },
-                    indent=2,
-                    default=str,
-                )
+
+
+def _mission(engine: Engine, ops: Principal) -> str:
+    return engine.create_mission(
+        {
+            "objective": "Book a team offsite for 12 people",
+            "principals": {
+                "agent": {"run": ["llm.*", "payments.*", "mail.*"]},
+                "ops": ["approve", "resolve", "raise_limit", "stop", "run"],
+            },
+            "allowance": {"usd": 1 * USD, "calls": 10},
+            "approvals": {"required": ["payments.charge"], "ttl_seconds": 3600},
+        },
+        by=ops,
+        name="offsite",
+    )
+
+
+def _drive(
+    engine: Engine,
+    ex: Executor,
+    plan: Plan,
+    *,
+    ops: Principal,
+    mail: MailAdapter,
+    log: Callable[[str], None],
+) -> None:
+    """Run the plan; each time it blocks, act as ops would: approve, reconcile and
+    confirm what is uncertain, then resume the segment."""
+    run_id, coordinator = ex.run_id, engine.coordinator
+    for _ in range(5):
+        try:
+            ex.execute(plan)
+            return
+        except Blocked as blocked:
+            log(f"run blocked: {blocked.reason}")
+        for approval in engine.approvals(run_id=run_id, pending=True):
+            engine.approve(approval.id, by=ops)
+            log(f"ops approved {approval.scope} ({approval.id})")
+        for attempt in engine.attempts(run_id=run_id, unresolved=True):
+            if attempt.status.value != "unknown":
+                continue
+            evidence = coordinator.reconcile(attempt.id, mail)
+            log(
+                f"reconciled {attempt.scope} {attempt.id}: evidence {evidence.verdict} "
+                f"(hold kept: {attempt.estimate})"
             )
-        ok = run.status.value == "completed" and not problems and all(c.ok for c in chains)
-        return 0 if ok else 1
+            coordinator.confirm(attempt.id, by=ops)
+            log(f"ops confirmed the evidence: {attempt.id} settled")
+        ex = coordinator.resume(run_id, ex.segment_id, by=ops)
+        log(f"resumed run {run_id} as {ex.segment_id} (epoch {ex.epoch})")
+
+
+def _report(
+    engine: Engine,
+    mission: str,
+    run_id: str,
+    *,
+    targets: dict[str, Target],
+    log: Callable[[str], None],
+    say: list[str] | None,
+) -> int:
+    """Print what happened (as JSON when ``say`` collects the log); the exit status."""
+    run = engine.run(run_id)
+    attempts = engine.attempts(run_id=run_id)
+    balances = engine.balances(mission)
+    problems = engine.check_ledger(mission)
+    chains = engine.verify_audit(mission)
+    sends = {name: len(target.received) for name, target in targets.items()}
+    log(f"\nrun {run_id}: {run.status.value}, epoch {run.epoch}")
+    log(f"{'ATTEMPT':32} {'SCOPE':16} {'STATUS':10} {'HOLD':>22} {'ACTUAL':>22}")
+    for a in attempts:
+        log(
+            f"{a.id:32} {a.scope:16} {a.status.value:10} {json.dumps(a.estimate):>22} "
+            f"{json.dumps(a.actual):>22}"
+        )
+    log(f"\n{'UNIT':6} {'LIMIT':>10} {'AVAILABLE':>10} {'HELD':>8} {'SPENT':>8} {'OVERRUN':>8}")
+    for unit, b in balances.items():
+        log(f"{unit:6} {b.limit:>10} {b.available:>10} {b.held:>8} {b.spent:>8} {b.overrun:>8}")
+    log(f"\nsends received by each target: {sends}")
+    [charge] = [a for a in attempts if a.scope == "payments.charge"]
+    log(f"the payments API key, as the store holds it: {charge.request['api_key']}")
+    audit_ok = all(c.ok for c in chains)
+    log(
+        f"ledger check: {problems or 'ok'}; audit chain: "
+        f"{'verified' if audit_ok else 'BROKEN'} ({chains[0].events} events)"
+    )
+    if say is not None:
+        report = {
+            "mission_id": mission,
+            "run_id": run_id,
+            "status": run.status.value,
+            "attempts": [a.to_dict() for a in attempts],
+            "balances": {u: b.__dict__ for u, b in balances.items()},
+            "sends": sends,
+            "ledger_problems": problems,
+            "audit_ok": audit_ok,
+            "log": say,
+        }
+        print(json.dumps(report, indent=2, default=str))
+    return 0 if run.status.value == "completed" and not problems and audit_ok else 1

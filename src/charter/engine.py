@@ -23,7 +23,7 @@ from charter.approvals import Approval, ApprovalStatus
 from charter.attempts import Attempt
 from charter.audit import Verification
 from charter.authority import Authority
-from charter.clock import Clock, SystemClock, seconds_us
+from charter.clock import Clock, SystemClock
 from charter.config import EngineConfig
 from charter.contracts import Contract
 from charter.coordinator import Coordinator
@@ -267,8 +267,9 @@ class Engine:
                     actor=by.name,
                     payload={"right": "run"},
                 )
-            run_id, expires, claim = self._insert_run(
+            run_id, expires, claim = runs.insert(
                 tx,
+                lease_seconds=self.config.lease_seconds,
                 mission_id=mission_id,
                 principal=by.name,
                 segment_id=segment_id,
@@ -296,46 +297,6 @@ class Engine:
             lease_expires_us=expires,
             claim=claim,
         )
-
-    def _insert_run(
-        self,
-        tx: Tx,
-        *,
-        mission_id: str,
-        principal: str,
-        segment_id: str,
-        plan: str | None,
-        input_json: str | None,
-        linked_from: str | None,
-    ) -> tuple[str, int, str]:
-        """A new active run owned by its first segment (epoch 1), held by the
-        executor about to be returned; its ID, lease end and that executor's claim."""
-        run_id = tx.ids.new("run")
-        claim = tx.ids.new("clm")
-        expires = tx.now_us + seconds_us(self.config.lease_seconds)
-        tx.run(
-            "INSERT INTO runs (id, mission_id, principal, status, epoch, owner_segment, "
-            "owner_claim, lease_expires_us, created_at_us, updated_at_us, plan, input, "
-            "linked_from) VALUES (?, ?, ?, 'active', 1, ?, ?, ?, ?, ?, ?, ?, ?)",
-            run_id,
-            mission_id,
-            principal,
-            segment_id,
-            claim,
-            expires,
-            tx.now_us,
-            tx.now_us,
-            plan,
-            input_json,
-            linked_from,
-        )
-        tx.run(
-            "INSERT INTO segments (run_id, segment_id, epoch, started_at_us) VALUES (?, ?, 1, ?)",
-            run_id,
-            segment_id,
-            tx.now_us,
-        )
-        return run_id, expires, claim
 
     def new_linked_run(
         self,
@@ -379,8 +340,9 @@ class Engine:
                 )
             recorded = tx.one("SELECT plan, input FROM runs WHERE id = ?", from_run)
             assert recorded is not None
-            run_id, expires, claim = self._insert_run(
+            run_id, expires, claim = runs.insert(
                 tx,
+                lease_seconds=self.config.lease_seconds,
                 mission_id=old.mission_id,
                 principal=old.principal,
                 segment_id=segment_id,

@@ -149,7 +149,8 @@ def build(
     row = tx.one(
         "SELECT n_succeeded, n_failed, n_written_off, n_voided FROM runs WHERE id = ?", run.id
     )
-    assert row is not None
+    if row is None:
+        raise NotFound(f"no run {run.id!r} in this store", run_id=run.id)
     counts = {
         status: row[f"n_{status}"]
         for status in ("succeeded", "failed", "written_off", "voided")
@@ -170,6 +171,27 @@ def build(
         )
     ]
     plan_row = tx.one("SELECT plan FROM runs WHERE id = ?", run.id)
+    waits = _waits(tx, run, expired)
+    actions = _next_actions(run, voided, unresolved, nodes, counts)
+    return RecoveryState(
+        run=run,
+        contract_version=tx.one(
+            "SELECT contract_version FROM missions WHERE id = ?", run.mission_id
+        )["contract_version"],  # type: ignore[index]
+        contract=contract,
+        plan=None if plan_row is None else plan_row["plan"],
+        nodes=nodes,
+        attempts=unresolved,
+        voided=voided,
+        settled_counts=counts,
+        waits=waits,
+        assessment=assess(tx, run, contract),
+        next_actions=actions,
+    )
+
+
+def _waits(tx: Tx, run: Run, expired: list[str] | None) -> list[dict[str, Any]]:
+    """The run's approvals: lapsed ones flagged, pending ones that renew a lapsed one."""
     waits = []
     retired = set(expired or ())
     for w in list_approvals(tx, run_id=run.id):
@@ -188,6 +210,17 @@ def build(
                 w.request_hash,
             )
             waits.append({**w.to_dict(), "expired": False, "renews": renews is not None})
+    return waits
+
+
+def _next_actions(
+    run: Run,
+    voided: list[str],
+    unresolved: list[Attempt],
+    nodes: list[dict[str, Any]],
+    counts: dict[str, int],
+) -> list[NextAction]:
+    """R5: the next safe action per item of the recovery state."""
     actions: list[NextAction] = []
     if run.status.terminal:
         actions.append(NextAction("run", run.id, "run_terminal", NEXT_ACTIONS["run_terminal"]))
@@ -217,18 +250,4 @@ def build(
             )
     if any(counts.get(s) for s in ("succeeded", "failed", "written_off")):
         actions.append(NextAction("attempts", "settled", "settled", NEXT_ACTIONS["settled"]))
-    return RecoveryState(
-        run=run,
-        contract_version=tx.one(
-            "SELECT contract_version FROM missions WHERE id = ?", run.mission_id
-        )["contract_version"],  # type: ignore[index]
-        contract=contract,
-        plan=None if plan_row is None else plan_row["plan"],
-        nodes=nodes,
-        attempts=unresolved,
-        voided=voided,
-        settled_counts=counts,
-        waits=waits,
-        assessment=assess(tx, run, contract),
-        next_actions=actions,
-    )
+    return actions

@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import Any
 
 from charter import approvals
-from charter.attempts import count_unresolved
+from charter.clock import seconds_us
 from charter.errors import NotFound, RunTerminal, StateError
 from charter.storage import Row, Tx
 from charter.storage.paging import Position, page
@@ -193,18 +193,42 @@ def change_status(
         approvals.withdraw(tx, run_id, actor=actor)
 
 
-def conclude_stop(tx: Tx, run_id: str, *, actor: str, segment: str | None = None) -> bool:
-    """A STOPPING run with nothing left in flight becomes STOPPED (N5).
-
-    Stopping means no new admissions while what was sent settles; once the
-    last attempt of the run is settled, resolved or voided there is nothing
-    left to wait for, so whoever settled it ends the run, with the reason it
-    was stopped for. Returns whether the run was ended.
-    """
-    run = load(tx, run_id)
-    if run.status is not RunStatus.STOPPING:
-        return False
-    if count_unresolved(tx, run_id):
-        return False
-    set_status(tx, run, RunStatus.STOPPED, run.status_reason, actor=actor, segment=segment)
-    return True
+def insert(
+    tx: Tx,
+    *,
+    lease_seconds: float,
+    mission_id: str,
+    principal: str,
+    segment_id: str,
+    plan: str | None,
+    input_json: str | None,
+    linked_from: str | None,
+) -> tuple[str, int, str]:
+    """A new active run owned by its first segment (epoch 1), held by the
+    executor about to be returned; its ID, lease end and that executor's claim."""
+    run_id = tx.ids.new("run")
+    claim = tx.ids.new("clm")
+    expires = tx.now_us + seconds_us(lease_seconds)
+    tx.run(
+        "INSERT INTO runs (id, mission_id, principal, status, epoch, owner_segment, "
+        "owner_claim, lease_expires_us, created_at_us, updated_at_us, plan, input, "
+        "linked_from) VALUES (?, ?, ?, 'active', 1, ?, ?, ?, ?, ?, ?, ?, ?)",
+        run_id,
+        mission_id,
+        principal,
+        segment_id,
+        claim,
+        expires,
+        tx.now_us,
+        tx.now_us,
+        plan,
+        input_json,
+        linked_from,
+    )
+    tx.run(
+        "INSERT INTO segments (run_id, segment_id, epoch, started_at_us) VALUES (?, ?, 1, ?)",
+        run_id,
+        segment_id,
+        tx.now_us,
+    )
+    return run_id, expires, claim

@@ -14,7 +14,7 @@ from typing import Any
 
 from charter import attempts, ledger, runs
 from charter.adapters import Evidence
-from charter.attempts import Attempt, AttemptStatus
+from charter.attempts import Attempt, AttemptStatus, count_unresolved
 from charter.errors import StateError
 from charter.evidence import conclusive, record
 from charter.hashing import canonical
@@ -35,7 +35,13 @@ _COUNT = {
 
 
 def _count(tx: Tx, status: AttemptStatus, attempt: Attempt) -> None:
+    """The run's settled counts, and the mission's failures (a stop condition, A1)."""
     tx.write(_COUNT[status], attempt.run_id)
+    if status is AttemptStatus.FAILED:
+        tx.write(
+            "UPDATE missions SET attempts_failed = attempts_failed + 1 WHERE id = ?",
+            attempt.mission_id,
+        )
 
 
 def _run_status(tx: Tx, attempt: Attempt) -> Prefetched:
@@ -50,7 +56,11 @@ def _conclude(
     """The attempt left the run's in-flight set: a stopping run may now be stopped (N5)."""
     row = run.row
     if row is not None and row["status"] == RunStatus.STOPPING.value:
-        runs.conclude_stop(tx, attempt.run_id, actor=actor, segment=segment)
+        conclude_stop(tx, attempt.run_id, actor=actor, segment=segment)
+
+
+def _marks(statuses: tuple[AttemptStatus, ...]) -> str:
+    return ", ".join("?" for _ in statuses)
 
 
 def _dump(value: Any) -> str | None:
@@ -74,26 +84,20 @@ def settle(
     from_statuses: tuple[AttemptStatus, ...],
     answered: bool = False,
 ) -> bool:
-    """Settle ``attempt`` if it is still in one of ``from_statuses``.
-
+    """Settle ``attempt`` if it is still in one of ``from_statuses``; else change
+    nothing and return ``False``. Spends up to the hold and releases the rest;
+    a cost above the hold or in an unbudgeted unit opens an incident (L5).
     ``answered``: the send's own answer settles it, so its sender saw the outcome.
-
-    Spends up to the hold and releases the rest; an actual above the hold is
-    recorded in full and opens an ``overrun`` incident with the raw receipt
-    (L5); a cost in a unit the contract does not budget is kept on the attempt
-    and opens an ``unbudgeted_cost`` incident. Returns ``False`` (and changes
-    nothing) if the attempt was no longer in ``from_statuses``.
     """
     if not status.settled:
         raise StateError(f"{status.value} is not a settlement")
     tx.lock_mission(attempt.mission_id)
     price_source = price_source or attempt.price_source  # L8: entries always name a source
-    marks = ", ".join("?" for _ in from_statuses)
     run = _run_status(tx, attempt)
     changed = tx.run(
         "UPDATE attempts SET status = ?, actual = ?, result = ?, receipt = ?, "
         "price_source = COALESCE(?, price_source), reason = COALESCE(?, reason), answered = ? "
-        f"WHERE id = ? AND status IN ({marks})",
+        f"WHERE id = ? AND status IN ({_marks(from_statuses)})",
         status.value,
         canonical(dict(actual)),
         _dump(result),
@@ -113,40 +117,17 @@ def settle(
     ledger.record(
         tx, attempt.mission_id, attempt.id, ledger.settle(attempt.estimate, budgeted), price_source
     )
-    overruns = {
-        u: {"hold": attempt.estimate.get(u, 0), "actual": a}
-        for u, a in budgeted.items()
-        if a > attempt.estimate.get(u, 0)
-    }
-    if overruns:
-        open_incident(
-            tx,
-            attempt.mission_id,
-            "overrun",
-            {"units": overruns, "receipt": receipt, "price_source": price_source},
-            actor=actor,
-            run_id=attempt.run_id,
-            attempt_id=attempt.id,
-            epoch=epoch,
-        )
-    unbudgeted = {u: a for u, a in actual.items() if u not in units and a}
-    if unbudgeted:
-        open_incident(
-            tx,
-            attempt.mission_id,
-            "unbudgeted_cost",
-            {"actual": unbudgeted, "receipt": receipt},
-            actor=actor,
-            run_id=attempt.run_id,
-            attempt_id=attempt.id,
-            epoch=epoch,
-        )
+    _incidents(
+        tx,
+        attempt,
+        actual,
+        units,
+        receipt=receipt,
+        price_source=price_source,
+        actor=actor,
+        epoch=epoch,
+    )
     _count(tx, status, attempt)
-    if status is AttemptStatus.FAILED:
-        tx.write(
-            "UPDATE missions SET attempts_failed = attempts_failed + 1 WHERE id = ?",
-            attempt.mission_id,
-        )
     tx.audit(
         attempt.mission_id,
         "attempt.settled",
@@ -166,6 +147,47 @@ def settle(
     )
     _conclude(tx, attempt, run, actor=actor, segment=segment)
     return True
+
+
+def _incidents(
+    tx: Tx,
+    attempt: Attempt,
+    actual: Mapping[str, int],
+    units: Collection[str],
+    *,
+    receipt: Any,
+    price_source: str | None,
+    actor: str,
+    epoch: int | None,
+) -> None:
+    """L5: a cost above the hold is recorded in full and opens an ``overrun``
+    incident with the raw receipt; a cost in a unit the contract does not budget
+    opens an ``unbudgeted_cost`` one. Nothing is edited to make them fit."""
+    budgeted = {u: a for u, a in actual.items() if u in units}
+    overruns = {
+        u: {"hold": attempt.estimate.get(u, 0), "actual": a}
+        for u, a in budgeted.items()
+        if a > attempt.estimate.get(u, 0)
+    }
+    found = []
+    if overruns:
+        found.append(
+            ("overrun", {"units": overruns, "receipt": receipt, "price_source": price_source})
+        )
+    unbudgeted = {u: a for u, a in actual.items() if u not in units and a}
+    if unbudgeted:
+        found.append(("unbudgeted_cost", {"actual": unbudgeted, "receipt": receipt}))
+    for kind, details in found:
+        open_incident(
+            tx,
+            attempt.mission_id,
+            kind,
+            details,
+            actor=actor,
+            run_id=attempt.run_id,
+            attempt_id=attempt.id,
+            epoch=epoch,
+        )
 
 
 def settle_by_evidence(
@@ -404,3 +426,20 @@ def _above_hold(recorded: Attempt, evidence: Evidence) -> bool:
     if o is None or recorded.status is not AttemptStatus.WRITTEN_OFF:
         return False
     return any(a > recorded.estimate.get(u, 0) for u, a in o.cost.items())
+
+
+def conclude_stop(tx: Tx, run_id: str, *, actor: str, segment: str | None = None) -> bool:
+    """A STOPPING run with nothing left in flight becomes STOPPED (N5).
+
+    Stopping means no new admissions while what was sent settles; once the
+    last attempt of the run is settled, resolved or voided there is nothing
+    left to wait for, so whoever settled it ends the run, with the reason it
+    was stopped for. Returns whether the run was ended.
+    """
+    run = runs.load(tx, run_id)
+    if run.status is not RunStatus.STOPPING:
+        return False
+    if count_unresolved(tx, run_id):
+        return False
+    runs.set_status(tx, run, RunStatus.STOPPED, run.status_reason, actor=actor, segment=segment)
+    return True
