@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import charter
+from _raw import RawStore
 from charter.clock import Clock
 from charter.testing import ManualClock, RecordingAdapter, SkewedClock, credential
 
@@ -128,6 +129,15 @@ def store_url(tmp_path: Path, backend: str) -> Iterator[str]:
 def store_address(store_url: str) -> str:
     """The store's URL for tests that only hand it to another process (any backend)."""
     return store_url
+
+
+@pytest.fixture
+def raw(store_address: str, backend: str) -> Iterator[RawStore]:
+    """The store seen from outside, through its driver (see ``_raw.py``): for tests
+    that tamper with rows or inspect them on purpose, on either backend."""
+    store = RawStore(store_address, backend)
+    yield store
+    store.close()
 
 
 @pytest.fixture

@@ -54,6 +54,7 @@ from charter.errors import (
     StoreError,
 )
 from charter.executor import Executor
+from charter.node_reads import JournalEntry, NodeExecution
 from charter.nodes import Context, Node, Plan, node
 from charter.principals import Principal, Right, hash_secret, new_credential
 from charter.runs import Run, RunStatus
@@ -89,10 +90,12 @@ __all__ = [
     "Evidence",
     "Executor",
     "Fenced",
+    "JournalEntry",
     "LeaseHeld",
     "ManualClock",
     "NeedsIntervention",
     "Node",
+    "NodeExecution",
     "NonDeterminismError",
     "NotApplied",
     "NotAuthorized",

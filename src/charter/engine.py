@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from charter import approvals as approvals_mod
 from charter import attempts as attempts_mod
-from charter import audit, ledger, missions, runs, settlement
+from charter import audit, ledger, missions, node_reads, runs, settlement
 from charter import incidents as incidents_mod
 from charter import nodes as nodes_mod
 from charter.amounts import is_amount
@@ -36,6 +36,7 @@ from charter.errors import (
 from charter.executor import Executor
 from charter.ids import IdFactory
 from charter.missions import ContractCache, Mission
+from charter.node_reads import JournalEntry, NodeExecution
 from charter.principals import Authenticator, Principal, Right
 from charter.runs import Run, RunStatus
 from charter.storage import Database, Tx, open_database
@@ -626,6 +627,25 @@ class Engine:
                     attempt_id,
                 )
             ]
+
+    # -- nodes and their journal (N1, A6) ----------------------------------------------
+    def node_executions(self, run_id: str) -> list[NodeExecution]:
+        """A run's node executions by node, then execution: what ran, how it ended,
+        each checked result with its hash (N1); an unknown run is
+        :class:`~charter.errors.NotFound`. Lets an operator (or a test) see a run's
+        progress on any store without reading its tables."""
+        with self._db.read() as tx:
+            runs.load(tx, run_id)
+            return node_reads.node_executions(tx, run_id)
+
+    def journal(self, run_id: str, node_id: str | None = None) -> list[JournalEntry]:
+        """The nondeterministic values a run's nodes (or one node) recorded, by node,
+        execution and position: what a replay returns instead of asking again (A6).
+        An unknown run is :class:`~charter.errors.NotFound`; a node that journaled
+        nothing has an empty journal."""
+        with self._db.read() as tx:
+            runs.load(tx, run_id)
+            return node_reads.journal(tx, run_id, node_id)
 
     # -- ledger (L0-L2) ---------------------------------------------------------------
     def balances(self, mission_id: str) -> dict[str, ledger.Balance]:
