@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from datetime import UTC, datetime
@@ -44,14 +45,15 @@ def test_N1_node_executions_read_every_execution_with_its_checked_result_and_has
 
     now = clock.now_us()
     first, second, stamp = engine.node_executions(run_id)
-    assert first == charter.NodeExecution(
+    assert first.error is not None and "failed its check" in first.error
+    assert dataclasses.replace(first, error=None) == charter.NodeExecution(
         run_id=run_id,
         node_id="pick",
         execution=1,
         status="failed",
         result=None,
         result_hash=None,
-        error="_CheckFailed: node pick result failed its check",
+        error=None,
         started_epoch=1,
         crashes=0,
         started_at_us=now,
@@ -113,7 +115,8 @@ def test_N4_a_linked_runs_node_executions_name_the_execution_they_continue(
     with pytest.raises(KeyError):
         first.execute(plan)
     (failed,) = [n for n in engine.node_executions(first.run_id) if n.node_id == "stamp"]
-    assert (failed.status, failed.error) == ("failed", "KeyError: 'fix me'")
+    assert failed.status == "failed"
+    assert failed.error is not None and "fix me" in failed.error
 
     follow = engine.new_linked_run(first.run_id, reviewed_by=who.alice, segment_id="seg-2")
     carried = engine.node_executions(follow.run_id)
