@@ -181,7 +181,8 @@ def populated(
     setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch, store_address: str, backend: str
 ) -> dict[str, Any]:
     """A mission with a run holding one settled and one UNKNOWN attempt, on the test's
-    store (the configuration names it: on SQLite, the same ``charter.db``)."""
+    store (the configuration names it: on SQLite, the same ``charter.db``). The run's
+    lease stays live for the test however slow the machine (a minute, not a second)."""
     import charter
 
     monkeypatch.setenv("CHARTER_TEST_OUTBOX", setup["env"]["CHARTER_TEST_OUTBOX"])
@@ -190,6 +191,7 @@ def populated(
     toml.write_text(
         toml.read_text()
         .replace('store = "charter.db"', f"store = {json.dumps(store_address)}")
+        .replace("lease_seconds = 1\n", "lease_seconds = 60\n")
         .replace("[adapters]", f'mallory = "{mallory_digest}"\n[adapters]')
     )
     config = charter.EngineConfig.from_file(toml)
