@@ -3,8 +3,9 @@
 Every test that takes ``engine`` runs once per backend: the embedded SQLite
 store, and PostgreSQL when ``CHARTER_TEST_POSTGRES_URL`` names a server (under
 ``CI=true`` it must: ``.ci/run`` starts one). Each PostgreSQL test gets a schema
-of its own. A test that asks for ``store_url`` itself reads the SQLite file
-directly (tampering, pragmas, raw rows) and runs on SQLite only.
+of its own. A test that tampers with or inspects rows on purpose takes ``raw``
+(the store's own client, either backend); one that asks for ``store_url`` itself
+is about the SQLite file (its bytes, pragmas, write lock) and runs on SQLite only.
 """
 
 from __future__ import annotations
