@@ -70,6 +70,23 @@ class RawStore:
             out[name] = sorted(rows, key=repr)
         return out
 
+    def dump(self) -> dict[str, Any]:
+        """The whole store as data, audit log included: its schema (tables, columns,
+        indexes) and every table's rows, sorted. Equal dumps, an unchanged store."""
+        if self.backend == "sqlite":
+            schema = self.rows("SELECT type, name, sql FROM sqlite_master ORDER BY type, name")
+        else:
+            schema = self.rows(
+                "SELECT table_name, column_name, data_type, is_nullable, column_default "
+                "FROM information_schema.columns WHERE table_schema = current_schema() "
+                "ORDER BY table_name, ordinal_position"
+            ) + self.rows(
+                "SELECT indexname, indexdef FROM pg_indexes "
+                "WHERE schemaname = current_schema() ORDER BY indexname"
+            )
+        rows = {t: sorted(map(repr, self.rows(f"SELECT * FROM {t}"))) for t in self.tables()}
+        return {"schema": schema, "rows": rows}
+
     def events(self, chain: str | None = None) -> list[dict[str, Any]]:
         if chain is None:
             return self.rows("SELECT * FROM audit_events ORDER BY mission_id, seq")

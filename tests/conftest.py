@@ -3,8 +3,9 @@
 Every test that takes ``engine`` runs once per backend: the embedded SQLite
 store, and PostgreSQL when ``CHARTER_TEST_POSTGRES_URL`` names a server (under
 ``CI=true`` it must: ``.ci/run`` starts one). Each PostgreSQL test gets a schema
-of its own. A test that asks for ``store_url`` itself reads the SQLite file
-directly (tampering, pragmas, raw rows) and runs on SQLite only.
+of its own. A test that tampers with or inspects rows on purpose takes ``raw``
+(the store's own client, either backend); one that asks for ``store_url`` itself
+is about the SQLite file (its bytes, pragmas, write lock) and runs on SQLite only.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 
 import charter
+from _raw import RawStore
 from charter.clock import Clock
 from charter.testing import ManualClock, RecordingAdapter, SkewedClock, credential
 
@@ -128,6 +130,15 @@ def store_url(tmp_path: Path, backend: str) -> Iterator[str]:
 def store_address(store_url: str) -> str:
     """The store's URL for tests that only hand it to another process (any backend)."""
     return store_url
+
+
+@pytest.fixture
+def raw(store_address: str, backend: str) -> Iterator[RawStore]:
+    """The store seen from outside, through its driver (see ``_raw.py``): for tests
+    that tamper with rows or inspect them on purpose, on either backend."""
+    store = RawStore(store_address, backend)
+    yield store
+    store.close()
 
 
 @pytest.fixture

@@ -89,6 +89,7 @@ FLOORS: dict[str, int] = {
     # runs them) and the recovery room (the state, the takeover, the coordinator)
     "charter.plans": 9,
     "charter.nodes": 9,
+    "charter.node_reads": 9,
     "charter.runner": 9,
     "charter.executor": 9,
     "charter.recovery": 9,
@@ -256,6 +257,7 @@ SQL_NOT_YET_IN_A_STORE: dict[str, int] = {
     "charter.incidents": 4,
     "charter.ledger": 5,
     "charter.missions": 8,
+    "charter.node_reads": 2,
     "charter.nodes": 3,
     "charter.ownership": 5,
     "charter.recovery": 7,

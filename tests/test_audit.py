@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,13 +42,6 @@ TAMPERABLE = (
 
 
 # -- the store, seen from outside ------------------------------------------------------
-
-
-@pytest.fixture
-def raw(store_address: str, backend: str) -> Iterator[RawStore]:
-    store = RawStore(store_address, backend)
-    yield store
-    store.close()
 
 
 def verdict(engine: charter.Engine, chain: str) -> charter.audit.Verification:

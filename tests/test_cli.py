@@ -167,9 +167,9 @@ def test_cli_errors_are_one_line_and_change_nothing(setup: dict[str, Any]) -> No
 # -- bad input for every command: a typed error, one line, exit 1, nothing changed -------------
 
 
-def _snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+def _snapshot(populated: dict[str, Any]) -> dict[str, list[tuple[Any, ...]]]:
     """Every table but the audit log (refusals are audited, by design)."""
-    store = RawStore(str(db), "sqlite")
+    store = RawStore(populated["store"], populated["backend"])
     try:
         return store.state()
     finally:
@@ -177,15 +177,22 @@ def _snapshot(db: Path) -> dict[str, list[tuple[Any, ...]]]:
 
 
 @pytest.fixture
-def populated(setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """A mission with a run holding one settled and one UNKNOWN attempt."""
+def populated(
+    setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch, store_address: str, backend: str
+) -> dict[str, Any]:
+    """A mission with a run holding one settled and one UNKNOWN attempt, on the test's
+    store (the configuration names it: on SQLite, the same ``charter.db``). The run's
+    lease stays live for the test however slow the machine (a minute, not a second)."""
     import charter
 
     monkeypatch.setenv("CHARTER_TEST_OUTBOX", setup["env"]["CHARTER_TEST_OUTBOX"])
     mallory, mallory_digest = credential("mallory")
     toml = setup["dir"] / "charter.toml"
     toml.write_text(
-        toml.read_text().replace("[adapters]", f'mallory = "{mallory_digest}"\n[adapters]')
+        toml.read_text()
+        .replace('store = "charter.db"', f"store = {json.dumps(store_address)}")
+        .replace("lease_seconds = 1\n", "lease_seconds = 60\n")
+        .replace("[adapters]", f'mallory = "{mallory_digest}"\n[adapters]')
     )
     config = charter.EngineConfig.from_file(toml)
     with charter.Engine.open(config=config) as engine:
@@ -210,6 +217,8 @@ def populated(setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> dict[st
         unknown = ex.attempt(lost, "send", {"n": 2}, effect_key="b")
     return {
         **setup,
+        "store": store_address,
+        "backend": backend,
         "mallory": mallory,
         "mission": mission,
         "run": ex.run_id,
@@ -332,8 +341,7 @@ def test_cli_bad_input_is_a_typed_one_line_error_and_changes_nothing(
 ) -> None:
     args, who, code = BAD[case]
     args = [a.format(**populated) for a in args]
-    db = populated["dir"] / "charter.db"
-    before = _snapshot(db)
+    before = _snapshot(populated)
     env = dict(populated["env"])
     if who is not None:
         env["CHARTER_CREDENTIAL"] = populated[who]
@@ -353,7 +361,7 @@ def test_cli_bad_input_is_a_typed_one_line_error_and_changes_nothing(
         text=True,
         timeout=60,
     )
-    assert _snapshot(db) == before
+    assert _snapshot(populated) == before
     exit_code = 2 if code == "usage_error" else 1  # the command line itself is wrong: 2
     assert plain.returncode == exit_code and as_json.returncode == exit_code
     assert len(plain.stderr.strip().splitlines()) == 1 and plain.stderr.startswith("error: ")
@@ -432,7 +440,7 @@ def test_cli_global_option_means_the_same_before_or_after_the_command(
     """Broken: an option written before the command is dropped, so the command runs on
     ./.charter/ (creating it) or prints a table instead of JSON."""
     given = {
-        "--store": ["--store", str(populated["dir"] / "charter.db")],
+        "--store": ["--store", populated["store"]],
         "--config": ["--config", str(populated["dir"] / "charter.toml")],
         "--json": ["--json"],
     }
@@ -450,7 +458,7 @@ def test_cli_global_option_means_the_same_before_or_after_the_command(
 def test_cli_global_option_given_twice_with_different_values_is_a_usage_error(
     populated: dict[str, Any], cli: Callable[..., tuple[int, Any]], option: str
 ) -> None:
-    value = str(populated["dir"] / ("charter.db" if option == "--store" else "charter.toml"))
+    value = populated["store"] if option == "--store" else str(populated["dir"] / "charter.toml")
     code, out = cli(option, value, "missions", option, value + ".other", "--json")
     assert code == 2 and out["error"]["code"] == "usage_error"
     assert option in out["error"]["message"]
@@ -535,9 +543,8 @@ def test_R5_cli_recover_of_a_terminal_run_takes_nothing_over_and_says_so(
             populated["unknown"], by=ops, outcome="written_off", evidence="no answer"
         )
         assert engine.run(populated["run"]).status.terminal
-    db = populated["dir"] / "charter.db"
-    before = _snapshot(db)
-    store = ["--store", str(db)]
+    before = _snapshot(populated)
+    store = ["--store", populated["store"]]
     code, out = cli("recover", populated["run"], "--segment", "s10", *store, "--json")
     assert code == 1
     error = out["error"]
@@ -545,7 +552,7 @@ def test_R5_cli_recover_of_a_terminal_run_takes_nothing_over_and_says_so(
     assert (error["run_id"], error["status"], error["epoch"]) == (populated["run"], "stopped", 1)
     code, text = cli("recover", populated["run"], "--segment", "s11", *store)
     assert code == 1 and "nothing was taken over" in text and "recovered as" not in text
-    assert _snapshot(db) == before
+    assert _snapshot(populated) == before
 
 
 #: Bad paging values: each a usage error (exit 2) before the store is read.
@@ -564,7 +571,7 @@ BAD_PAGING = {
 def test_cli_bad_paging_values_are_usage_errors(
     populated: dict[str, Any], cli: Callable[..., tuple[int, Any]], bad: str
 ) -> None:
-    store = ["--store", str(populated["dir"] / "charter.db")]
+    store = ["--store", populated["store"]]
     code, out = cli("attempts", *BAD_PAGING[bad], *store, "--json")
     assert code == 2 and out["error"]["code"] == "usage_error", out
     code, text = cli("attempts", *BAD_PAGING[bad], *store)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -14,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import charter
+from _raw import RawStore
 from charter.contracts import Contract, amendment_needs, scope_matches
 from charter.principals import Right
 from charter.testing import RecordingAdapter
@@ -151,7 +150,7 @@ def test_contract_json_that_does_not_parse_to_a_contract_is_refused_naming_a_fie
 
 @pytest.mark.parametrize("case", [c for c in MALFORMED if MALFORMED[c][0] is not None])
 def test_create_mission_with_a_malformed_contract_creates_nothing(
-    case: str, engine: charter.Engine, who: Principals, store_url: str
+    case: str, engine: charter.Engine, who: Principals, raw: RawStore
 ) -> None:
     data, _ = MALFORMED[case]
     alice = who.alice
@@ -160,25 +159,25 @@ def test_create_mission_with_a_malformed_contract_creates_nothing(
         engine.create_mission(data, by=alice)
     assert "field" in info.value.details
     assert engine.missions() == before
-    assert _rows(store_url, "missions") == []
-    assert _rows(store_url, "contract_versions") == []
-    assert _rows(store_url, "allowances") == []
-    assert _rows(store_url, "audit_events") == []
+    assert raw.rows("SELECT * FROM missions") == []
+    assert raw.rows("SELECT * FROM contract_versions") == []
+    assert raw.rows("SELECT * FROM allowances") == []
+    assert raw.rows("SELECT * FROM audit_events") == []
 
 
 def test_create_mission_refuses_a_creator_who_is_not_a_principal(
-    engine: charter.Engine, who: Principals, store_url: str
+    engine: charter.Engine, who: Principals, raw: RawStore
 ) -> None:
     with pytest.raises(charter.ContractError) as info:
         engine.create_mission(default_contract(), by=who.mallory)
     assert info.value.details["field"] == "principals"
     assert engine.missions() == []
-    assert _rows(store_url, "audit_events") == []
+    assert raw.rows("SELECT * FROM audit_events") == []
 
 
 @pytest.mark.parametrize("limit", [2**63, 2**64 + 5])
 def test_an_allowance_the_store_cannot_hold_is_a_contract_error(
-    limit: int, engine: charter.Engine, who: Principals, store_url: str
+    limit: int, engine: charter.Engine, who: Principals
 ) -> None:
     with pytest.raises(charter.ContractError) as info:
         engine.create_mission(_with(allowance={"usd": limit}), by=who.alice)
@@ -192,17 +191,6 @@ def test_the_largest_storable_allowance_is_accepted(
     mission = engine.create_mission(_with(allowance={"usd": 2**63 - 1}), by=who.alice)
     assert engine.balances(mission)["usd"].available == 2**63 - 1
     assert engine.check_ledger(mission) == []
-
-
-@contextmanager
-def _connect(path: str) -> Iterator[sqlite3.Connection]:
-    with closing(sqlite3.connect(path)) as con:
-        yield con
-
-
-def _rows(path: str, table: str) -> list[tuple[Any, ...]]:
-    with _connect(path) as con:
-        return [tuple(r) for r in con.execute(f"SELECT * FROM {table}")]
 
 
 # -- serialisation --------------------------------------------------------------------------
@@ -320,20 +308,20 @@ def test_the_same_contract_has_the_same_digest_whatever_the_key_order() -> None:
 # -- versions ----------------------------------------------------------------------------------
 
 
-def _versions(store_url: str, mission: str) -> list[tuple[Any, ...]]:
-    with _connect(store_url) as con:
-        return [
-            tuple(r)
-            for r in con.execute(
-                "SELECT version, digest, reason, created_by FROM contract_versions "
-                "WHERE mission_id = ? ORDER BY version",
-                (mission,),
-            )
-        ]
+def _versions(raw: RawStore, mission: str) -> list[tuple[Any, ...]]:
+    """A mission's contract versions as stored: (version, digest, reason, created_by)."""
+    return [
+        tuple(r.values())
+        for r in raw.rows(
+            "SELECT version, digest, reason, created_by FROM contract_versions "
+            "WHERE mission_id = ? ORDER BY version",
+            mission,
+        )
+    ]
 
 
 def test_the_creator_amends_a_contract_into_an_audited_new_version(
-    engine: charter.Engine, who: Principals, mission: str, store_url: str
+    engine: charter.Engine, who: Principals, mission: str, raw: RawStore
 ) -> None:
     amended = _with(objective="narrower", allowance={"usd": 500_000, "calls": 100})
     version = engine.amend_contract(mission, amended, by=who.alice, reason="narrow the budget")
@@ -342,7 +330,7 @@ def test_the_creator_amends_a_contract_into_an_audited_new_version(
     assert engine.contract(mission) == Contract.from_dict(amended)
     assert engine.contract(mission, 1) == Contract.from_dict(default_contract())
     digest = Contract.from_dict(amended).digest()
-    assert _versions(store_url, mission) == [
+    assert _versions(raw, mission) == [
         (1, Contract.from_dict(default_contract()).digest(), "created", "alice"),
         (2, digest, "narrow the budget", "alice"),
     ]
@@ -365,9 +353,9 @@ def test_the_creator_amends_a_contract_into_an_audited_new_version(
 
 
 def test_someone_else_cannot_amend_the_contract(
-    engine: charter.Engine, who: Principals, mission: str, store_url: str
+    engine: charter.Engine, who: Principals, mission: str, raw: RawStore
 ) -> None:
-    before = _versions(store_url, mission)
+    before = _versions(raw, mission)
     events = engine.audit_events(mission)
     for name in ("bob", "agent", "mallory"):
         with pytest.raises(charter.NotAuthorized) as info:
@@ -378,7 +366,7 @@ def test_someone_else_cannot_amend_the_contract(
                 reason="take over",
             )
         assert info.value.details["principal"] == name
-    assert _versions(store_url, mission) == before
+    assert _versions(raw, mission) == before
     assert engine.mission(mission).contract_version == 1
     assert engine.contract(mission) == Contract.from_dict(default_contract())
     refusals = engine.audit_events(mission)[len(events) :]
@@ -390,9 +378,9 @@ def test_someone_else_cannot_amend_the_contract(
 
 
 def test_a_version_cannot_drop_an_allowance_unit(
-    engine: charter.Engine, who: Principals, mission: str, store_url: str
+    engine: charter.Engine, who: Principals, mission: str, raw: RawStore
 ) -> None:
-    before = _versions(store_url, mission)
+    before = _versions(raw, mission)
     events = engine.audit_events(mission)
     balances = engine.balances(mission)
     with pytest.raises(charter.ContractError) as info:
@@ -400,25 +388,25 @@ def test_a_version_cannot_drop_an_allowance_unit(
             mission, _with(allowance={"usd": 1_000_000}), by=who.alice, reason="no more calls"
         )
     assert info.value.details["field"] == "allowance"
-    assert _versions(store_url, mission) == before
+    assert _versions(raw, mission) == before
     assert engine.audit_events(mission) == events
     assert engine.balances(mission) == balances
 
 
 def test_a_malformed_amendment_changes_nothing(
-    engine: charter.Engine, who: Principals, mission: str, store_url: str
+    engine: charter.Engine, who: Principals, mission: str, raw: RawStore
 ) -> None:
-    before = _versions(store_url, mission)
+    before = _versions(raw, mission)
     with pytest.raises(charter.ContractError) as info:
         engine.amend_contract(
             mission, _with(allowance={"usd": 1.5, "calls": 1}), by=who.alice, reason="typo"
         )
     assert info.value.details["field"] == "allowance.usd"
-    assert _versions(store_url, mission) == before
+    assert _versions(raw, mission) == before
 
 
 def test_raise_limit_makes_a_new_version_that_only_raises(
-    engine: charter.Engine, who: Principals, mission: str, store_url: str
+    engine: charter.Engine, who: Principals, mission: str, raw: RawStore
 ) -> None:
     assert engine.raise_limit(mission, "usd", 3_000_000, by=who.alice) == 2
     assert engine.contract(mission).allowance["usd"] == 3_000_000
@@ -431,7 +419,7 @@ def test_raise_limit_makes_a_new_version_that_only_raises(
     for amount in not_integers:
         with pytest.raises(charter.ContractError):
             engine.raise_limit(mission, "usd", amount, by=who.alice)
-    assert [v[0] for v in _versions(store_url, mission)] == [1, 2]
+    assert [v[0] for v in _versions(raw, mission)] == [1, 2]
     assert engine.check_ledger(mission) == []
 
 
@@ -670,7 +658,6 @@ def test_a_revoked_run_right_refuses_the_next_admission(
     who: Principals,
     mission: str,
     adapter: RecordingAdapter,
-    store_url: str,
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     first = ex.attempt(adapter, "write", {"n": 1}, effect_key="before")

@@ -1,6 +1,7 @@
 """Crash behaviour proven by killing and pausing real processes (A2, F1-F3, R1-R4, L0-L6).
 
-A child process (``_crash_child.py``) owns a run on a SQLite store and is killed
+A child process (``_crash_child.py``) owns a run on the test's store (SQLite or
+PostgreSQL, whichever the test runs on) and is killed
 with SIGKILL at each durable boundary of the attempt path, or paused while this
 process takes its run over. This process plays the outside world: a real HTTP
 target on 127.0.0.1 that records every send it receives, by idempotency key.
@@ -132,7 +133,7 @@ class Target:
 @dataclass
 class World:
     engine: charter.Engine
-    store: Path
+    store: str
     mission: str
     credentials: dict[str, str]
     digests: dict[str, str]
@@ -144,7 +145,7 @@ class World:
 
     def child_config(self, **scenario: Any) -> Path:
         config = {
-            "store": str(self.store),
+            "store": self.store,
             "digests": self.digests,
             "credential": self.credentials["agent"],
             "mission_id": self.mission,
@@ -158,16 +159,17 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
+def world(tmp_path: Path, store_address: str) -> Iterator[World]:
+    """The store (the real clock is its clock: the server's on PostgreSQL), a
+    mission on it and the target."""
     pairs = {name: credential(name) for name in ("agent", "alice")}
     credentials = {name: c for name, (c, _) in pairs.items()}
     digests = {name: d for name, (_, d) in pairs.items()}
-    store = tmp_path / "charter.db"
     target = Target()
-    engine = charter.Engine.open(str(store), config=charter.EngineConfig(credentials=digests))
+    engine = charter.Engine.open(store_address, config=charter.EngineConfig(credentials=digests))
     try:
         mission = engine.create_mission(CONTRACT, by=engine.authenticate(credentials["alice"]))
-        yield World(engine, store, mission, credentials, digests, target, tmp_path)
+        yield World(engine, store_address, mission, credentials, digests, target, tmp_path)
     finally:
         engine.close()
         target.close()
@@ -694,7 +696,9 @@ def test_F2_a_late_settlement_after_a_persons_resolution(
     assert_store_holds(world)
 
 
-def test_F3_no_send_is_possible_at_the_instant_another_owner_may_take_over(tmp_path: Path) -> None:
+def test_F3_no_send_is_possible_at_the_instant_another_owner_may_take_over(
+    store_address: str,
+) -> None:
     """F3 at the boundary: the send deadline ends no later than the lease, exclusively.
 
     The lease counts as expired at ``lease_expires_us`` (``recover`` may take the run
@@ -707,10 +711,9 @@ def test_F3_no_send_is_possible_at_the_instant_another_owner_may_take_over(tmp_p
         lease_seconds=LEASE_SECONDS,
         send_deadline_seconds=LEASE_SECONDS,
     )
-    store = str(tmp_path / "boundary.db")
     with (
-        charter.Engine.open(store, config=config, clock=clock) as old,
-        charter.Engine.open(store, config=config, clock=clock) as new,
+        charter.Engine.open(store_address, config=config, clock=clock) as old,
+        charter.Engine.open(store_address, config=config, clock=clock) as new,
     ):
         mission = old.create_mission(CONTRACT, by=old.authenticate(pairs["alice"][0]))
         ex = old.start_run(mission, by=old.authenticate(pairs["agent"][0]), segment_id="seg-1")

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,27 +24,6 @@ from conftest import Principals, default_contract
 APPROVAL_CONTRACT = default_contract(approvals={"required": ["recorder.charge"]})
 
 
-@contextmanager
-def connect(path: str) -> Iterator[sqlite3.Connection]:
-    with closing(sqlite3.connect(path, isolation_level=None)) as con:
-        con.row_factory = sqlite3.Row
-        yield con
-
-
-def state(path: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every table except the audit log, rows sorted: the recorded state."""
-    store = RawStore(path, "sqlite")
-    try:
-        return store.state()
-    finally:
-        store.close()
-
-
-def all_events(path: str) -> list[dict[str, Any]]:
-    with connect(path) as con:
-        return [dict(r) for r in con.execute("SELECT * FROM audit_events ORDER BY mission_id, seq")]
-
-
 def secret_of(credential: str) -> str:
     return credential.partition(":")[2]
 
@@ -58,7 +35,7 @@ def secret_of(credential: str) -> str:
 class Scene:
     engine: charter.Engine
     who: Principals
-    store_url: str
+    raw: RawStore
     mission: str
     run: str
     approval: str
@@ -68,7 +45,7 @@ class Scene:
 
 @pytest.fixture
 def scene(
-    engine: charter.Engine, who: Principals, adapter: RecordingAdapter, store_url: str
+    engine: charter.Engine, who: Principals, adapter: RecordingAdapter, raw: RawStore
 ) -> Scene:
     """A running mission with an uncertain attempt, a pending approval and an open incident."""
     mission = engine.create_mission(APPROVAL_CONTRACT, by=who.alice)
@@ -88,9 +65,7 @@ def scene(
     )
     ex.attempt(adapter, "write", {"n": 1}, effect_key="w1")
     (incident,) = engine.incidents(mission, open_only=True)
-    return Scene(
-        engine, who, store_url, mission, ex.run_id, approval.id, incident["id"], unknown.id
-    )
+    return Scene(engine, who, raw, mission, ex.run_id, approval.id, incident["id"], unknown.id)
 
 
 Decision = Callable[[Scene, Any], object]
@@ -129,7 +104,7 @@ DECISIONS: dict[str, tuple[str, Decision]] = {
 
 
 def test_P1_the_right_credential_authenticates(
-    engine: charter.Engine, creds: tuple[dict[str, str], dict[str, str]], store_url: str
+    engine: charter.Engine, creds: tuple[dict[str, str], dict[str, str]], raw: RawStore
 ) -> None:
     for name, credential in creds[0].items():
         principal = engine.authenticate(credential)
@@ -139,7 +114,7 @@ def test_P1_the_right_credential_authenticates(
     assert engine.authenticate(creds[0]["alice"] + "\n").name == "alice"
     mission = engine.create_mission(default_contract(), by=engine.authenticate(creds[0]["alice"]))
     assert engine.mission(mission).created_by == "alice"
-    assert all_events(store_url)[0]["mission_id"] == mission  # no refusal recorded
+    assert raw.events()[0]["mission_id"] == mission  # no refusal recorded
     assert engine.audit_events("engine") == []
 
 
@@ -184,10 +159,10 @@ def test_P1_a_bad_credential_is_refused_and_audited(
     case: str,
     engine: charter.Engine,
     creds: tuple[dict[str, str], dict[str, str]],
-    store_url: str,
+    raw: RawStore,
 ) -> None:
     credential, recorded_as = _bad_credentials(creds[0])[case]
-    before = state(store_url)
+    before = raw.state()
     with pytest.raises(charter.AuthenticationError) as info:
         engine.authenticate(credential)
     assert info.value.code == "unauthenticated"
@@ -196,8 +171,8 @@ def test_P1_a_bad_credential_is_refused_and_audited(
     (event,) = engine.audit_events("engine")
     assert event["kind"] == "auth.refused"
     assert event["actor"] == recorded_as
-    assert [e["mission_id"] for e in all_events(store_url)] == ["engine"]
-    assert state(store_url) == before
+    assert [e["mission_id"] for e in raw.events()] == ["engine"]
+    assert raw.state() == before
     (verification,) = engine.verify_audit("engine")
     assert verification.ok
     # The refusal says nothing secret, in the error or in the audit log (S3).
@@ -223,10 +198,10 @@ def test_P1_every_refusal_is_a_new_event(
 
 
 def test_P1_an_engine_without_a_credential_for_a_principal_refuses_it(
-    tmp_path: Path, creds: tuple[dict[str, str], dict[str, str]]
+    store_address: str, creds: tuple[dict[str, str], dict[str, str]]
 ) -> None:
     config = charter.EngineConfig(credentials={"bob": creds[1]["bob"]})
-    with charter.Engine.open(str(tmp_path / "other.db"), config=config) as other:
+    with charter.Engine.open(store_address, config=config) as other:
         with pytest.raises(charter.AuthenticationError) as info:
             other.authenticate(creds[0]["alice"])
         # Not configured here, so recorded only by digest (S3).
@@ -269,18 +244,18 @@ def test_P1_a_forged_or_foreign_principal_is_refused_on_every_decision(
 ) -> None:
     name, act = DECISIONS[decision]
     forged = _forge(how, name, make_engine, creds, scene.who)
-    before_state, before_events = state(scene.store_url), all_events(scene.store_url)
+    before_state, before_events = scene.raw.state(), scene.raw.events()
     with pytest.raises(charter.AuthenticationError) as info:
         act(scene, forged)
     assert info.value.code == "unauthenticated"
-    assert state(scene.store_url) == before_state
-    new = [e for e in all_events(scene.store_url) if e not in before_events]
+    assert scene.raw.state() == before_state
+    new = [e for e in scene.raw.events() if e not in before_events]
     assert [(e["kind"], e["actor"]) for e in new] == [("auth.refused", name)]
     assert new[0]["mission_id"] in (scene.mission, "engine")
     assert all(v.ok for v in scene.engine.verify_audit())
     # The same decision by the authenticated principal goes through.
     act(scene, getattr(scene.who, name))
-    assert state(scene.store_url) != before_state
+    assert scene.raw.state() != before_state
 
 
 # -- authenticated, but not authorised ------------------------------------------------------
@@ -309,13 +284,13 @@ def test_P1_a_principal_without_the_right_is_refused_and_audited(
     decision: str, name: str, scene: Scene
 ) -> None:
     _, act = DECISIONS[decision]
-    before_state, before_events = state(scene.store_url), all_events(scene.store_url)
+    before_state, before_events = scene.raw.state(), scene.raw.events()
     with pytest.raises(charter.NotAuthorized) as info:
         act(scene, getattr(scene.who, name))
     assert info.value.code == "not_authorized"
     assert info.value.details["principal"] == name
-    assert state(scene.store_url) == before_state
-    new = [e for e in all_events(scene.store_url) if e not in before_events]
+    assert scene.raw.state() == before_state
+    new = [e for e in scene.raw.events() if e not in before_events]
     assert [(e["mission_id"], e["kind"], e["actor"]) for e in new] == [
         (scene.mission, "authorization.refused", name)
     ]
@@ -323,7 +298,7 @@ def test_P1_a_principal_without_the_right_is_refused_and_audited(
 
 
 def test_P1_an_approver_needs_the_right_on_the_effects_scope(
-    engine: charter.Engine, who: Principals, adapter: RecordingAdapter, store_url: str
+    engine: charter.Engine, who: Principals, adapter: RecordingAdapter
 ) -> None:
     contract = default_contract(
         approvals={"required": ["recorder.charge"]},
@@ -353,7 +328,7 @@ def test_P1_every_decision_records_the_authenticated_identity(
     engine: charter.Engine,
     who: Principals,
     scene: Scene,
-    store_url: str,
+    raw: RawStore,
 ) -> None:
     def last(kind: str) -> dict[str, Any]:
         return [e for e in engine.audit_events(scene.mission) if e["kind"] == kind][-1]
@@ -385,24 +360,16 @@ def test_P1_every_decision_records_the_authenticated_identity(
     other = engine.create_mission(default_contract(), by=who.alice)
     assert [e["actor"] for e in engine.audit_events(other)] == ["alice", "alice"]
 
-    with connect(store_url) as con:
-        approval = con.execute(
-            "SELECT decided_by FROM approvals WHERE id = ?", (scene.approval,)
-        ).fetchone()
-        incident = con.execute(
-            "SELECT closed_by FROM incidents WHERE id = ?", (scene.incident,)
-        ).fetchone()
-        versions = con.execute(
-            "SELECT version, created_by FROM contract_versions WHERE mission_id = ? "
-            "ORDER BY version",
-            (scene.mission,),
-        ).fetchall()
-        runs = con.execute(
-            "SELECT id, principal FROM runs WHERE mission_id = ?", (scene.mission,)
-        ).fetchall()
+    (approval,) = raw.rows("SELECT decided_by FROM approvals WHERE id = ?", scene.approval)
+    (incident,) = raw.rows("SELECT closed_by FROM incidents WHERE id = ?", scene.incident)
+    versions = raw.rows(
+        "SELECT version, created_by FROM contract_versions WHERE mission_id = ? ORDER BY version",
+        scene.mission,
+    )
+    runs = raw.rows("SELECT id, principal FROM runs WHERE mission_id = ?", scene.mission)
     assert approval["decided_by"] == "bob"
     assert incident["closed_by"] == "alice"
-    assert [tuple(v) for v in versions] == [(1, "alice"), (2, "alice"), (3, "alice")]
+    assert [tuple(v.values()) for v in versions] == [(1, "alice"), (2, "alice"), (3, "alice")]
     assert {r["principal"] for r in runs} == {"agent"}
     assert engine.mission(other).created_by == "alice"
     assert all(v.ok for v in engine.verify_audit())

@@ -446,7 +446,7 @@ def engine_status(engine: charter.Engine, attempt_id: str) -> AttemptStatus:
 
 @pytest.mark.parametrize("skew", [-20.0, 20.0], ids=["worker-behind", "worker-ahead"])
 def test_F3_the_engine_checks_the_deadline_itself_before_calling_the_adapter(
-    store_url: str,
+    store_address: str,
     creds: tuple[dict[str, str], dict[str, str]],
     who: Principals,
     clock: ManualClock,
@@ -461,7 +461,11 @@ def test_F3_the_engine_checks_the_deadline_itself_before_calling_the_adapter(
 
     config = charter.EngineConfig(credentials=creds[1], lease_seconds=LEASE)
     with charter.Engine.open(
-        store_url, config=config, clock=SkewedClock(clock, skew), store_clock=clock, crash_hook=hook
+        store_address,
+        config=config,
+        clock=SkewedClock(clock, skew),
+        store_clock=clock,
+        crash_hook=hook,
     ) as engine:
         people = {n: engine.authenticate(c) for n, c in creds[0].items()}
         mission = engine.create_mission(default_contract(), by=people["alice"])

@@ -1,4 +1,9 @@
-"""The store: recorded migrations, SQLite settings, bounded busy waits, typed errors, config."""
+"""The store: recorded migrations, SQLite settings, bounded busy waits, typed errors, config.
+
+Migrations and "nothing changed" are checked through the store's own client on
+both backends (``_raw.py``); what is about SQLite itself (its file, WAL, pragmas,
+its write lock) runs on SQLite only.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ from typing import Any
 import pytest
 
 import charter
+from _raw import RawStore
+from charter.storage.dialect import postgresql as postgresql_dialect
 from charter.storage.dialect import sqlite as sqlite_dialect
 from charter.storage.schema import LATEST, MIGRATIONS
 from charter.testing import ManualClock, RecordingAdapter
@@ -26,31 +33,13 @@ from conftest import Principals, default_contract, stored
 HOLDER = Path(__file__).with_name("_hold_write_lock.py")
 
 
-@contextmanager
-def connect(path: str | Path) -> Iterator[sqlite3.Connection]:
-    with closing(sqlite3.connect(str(path), isolation_level=None)) as con:
-        yield con
-
-
-def dump(path: str | Path) -> list[str]:
-    """The whole store, schema and rows, as SQL text."""
-    with connect(path) as con:
-        return list(con.iterdump())
-
-
-def tables(path: str | Path) -> set[str]:
-    with connect(path) as con:
-        return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-
-
-def migrations(path: str | Path) -> list[tuple[Any, ...]]:
-    with connect(path) as con:
-        return [
-            tuple(r)
-            for r in con.execute(
-                "SELECT version, name, applied_at_us FROM schema_migrations ORDER BY version"
-            )
-        ]
+def migrations(raw: RawStore) -> list[tuple[Any, ...]]:
+    return [
+        tuple(r.values())
+        for r in raw.rows(
+            "SELECT version, name, applied_at_us FROM schema_migrations ORDER BY version"
+        )
+    ]
 
 
 def pragma(engine: charter.Engine, name: str) -> Any:
@@ -65,9 +54,9 @@ def pragma(engine: charter.Engine, name: str) -> Any:
 
 
 def test_migrations_are_recorded_with_their_versions(
-    engine: charter.Engine, store_url: str, clock: ManualClock
+    engine: charter.Engine, raw: RawStore, clock: ManualClock
 ) -> None:
-    assert migrations(store_url) == [(v, name, clock.now_us()) for v, name, _ in MIGRATIONS]
+    assert migrations(raw) == [(v, name, clock.now_us()) for v, name, _ in MIGRATIONS]
     assert [v for v, _, _ in MIGRATIONS] == list(range(1, LATEST + 1))
     assert {
         "missions",
@@ -83,100 +72,98 @@ def test_migrations_are_recorded_with_their_versions(
         "audit_events",
         "node_executions",
         "journal",
-    } <= tables(store_url)
+    } <= set(raw.tables())
 
 
 def test_reopening_a_store_is_idempotent(
     make_engine: Callable[..., charter.Engine],
-    store_url: str,
+    raw: RawStore,
     clock: ManualClock,
     creds: tuple[dict[str, str], dict[str, str]],
 ) -> None:
     first = make_engine()
     mission = first.create_mission(default_contract(), by=first.authenticate(creds[0]["alice"]))
     first.close()
-    before = dump(store_url)
+    before = raw.dump()
     for _ in range(3):
         clock.advance(60)
         again = make_engine()
         assert [m.id for m in again.missions()] == [mission]
         again.close()
-    assert dump(store_url) == before
+    assert raw.dump() == before
 
 
-def _build_version_1(path: Path) -> None:
+def _build_version_1(raw: RawStore) -> None:
     """A store as the first migration left it."""
-    dialect = sqlite_dialect()
     version, name, statements = MIGRATIONS[0]
-    with connect(path) as con:
-        con.execute("PRAGMA journal_mode=WAL")
-        con.execute(
-            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
-            "applied_at_us BIGINT NOT NULL)"
-        )
-        for statement in statements:
-            con.execute(dialect.sql(statement))
-        con.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, 42))
+    if raw.backend == "sqlite":
+        raw.execute("PRAGMA journal_mode=WAL")
+    _new_migrations_table(raw)
+    dialect = sqlite_dialect() if raw.backend == "sqlite" else postgresql_dialect()
+    for statement in statements:  # DDL: no placeholders to rewrite twice
+        raw.execute(dialect.sql(statement))
+    raw.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", version, name, 42)
+
+
+def _new_migrations_table(raw: RawStore) -> None:
+    raw.execute(
+        "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+        "applied_at_us BIGINT NOT NULL)"
+    )
 
 
 def test_an_older_store_is_migrated_forward(
-    make_engine: Callable[..., charter.Engine], store_url: str, clock: ManualClock
+    make_engine: Callable[..., charter.Engine], raw: RawStore, clock: ManualClock
 ) -> None:
-    _build_version_1(Path(store_url))
-    assert "node_executions" not in tables(store_url)
+    _build_version_1(raw)
+    assert "node_executions" not in raw.tables()
     make_engine()
-    assert [(v, at) for v, _, at in migrations(store_url)] == [
+    assert [(v, at) for v, _, at in migrations(raw)] == [
         (1, 42),
         *((v, clock.now_us()) for v in range(2, LATEST + 1)),
     ]
-    assert {"node_executions", "journal"} <= tables(store_url)
+    assert {"node_executions", "journal"} <= set(raw.tables())
 
 
 def test_a_failing_migration_leaves_the_store_at_its_previous_version(
-    make_engine: Callable[..., charter.Engine], store_url: str
+    make_engine: Callable[..., charter.Engine], raw: RawStore
 ) -> None:
-    _build_version_1(Path(store_url))
-    with connect(store_url) as con:  # something in the way of migration 2
-        con.execute("CREATE TABLE journal (x INTEGER)")
-    before = dump(store_url)
+    _build_version_1(raw)
+    raw.execute("CREATE TABLE journal (x INTEGER)")  # something in the way of migration 2
+    before = raw.dump()
     with pytest.raises(charter.StoreError):
         make_engine()
-    assert dump(store_url) == before
-    assert "node_executions" not in tables(store_url)  # the whole migration rolled back
+    assert raw.dump() == before
+    assert "node_executions" not in raw.tables()  # the whole migration rolled back
 
 
 def test_a_store_newer_than_this_charter_is_refused_and_left_untouched(
     make_engine: Callable[..., charter.Engine],
-    store_url: str,
+    raw: RawStore,
     creds: tuple[dict[str, str], dict[str, str]],
 ) -> None:
     engine = make_engine()
     engine.create_mission(default_contract(), by=engine.authenticate(creds[0]["alice"]))
     engine.close()
-    with connect(store_url) as con:
-        con.execute("INSERT INTO schema_migrations VALUES (?, 'from the future', 1)", (LATEST + 1,))
-    before = dump(store_url)
+    raw.execute("INSERT INTO schema_migrations VALUES (?, 'from the future', 1)", LATEST + 1)
+    before = raw.dump()
     with pytest.raises(charter.SchemaError) as info:
         make_engine()
     assert info.value.code == "schema_error"
     assert isinstance(info.value, charter.StoreError)
-    assert dump(store_url) == before
+    assert raw.dump() == before
 
 
 def test_a_newer_store_gets_none_of_this_charters_tables(
-    make_engine: Callable[..., charter.Engine], store_url: str
+    make_engine: Callable[..., charter.Engine], raw: RawStore
 ) -> None:
-    with connect(store_url) as con:
-        con.execute(
-            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
-            "applied_at_us BIGINT NOT NULL)"
-        )
-        con.execute("INSERT INTO schema_migrations VALUES (?, 'rewritten', 1)", (LATEST + 7,))
-    before = dump(store_url)
+    _new_migrations_table(raw)
+    raw.execute("INSERT INTO schema_migrations VALUES (?, 'rewritten', 1)", LATEST + 7)
+    before = raw.dump()
     with pytest.raises(charter.SchemaError):
         make_engine()
-    assert dump(store_url) == before
-    assert tables(store_url) == {"schema_migrations"}
+    assert raw.dump() == before
+    assert raw.tables() == ["schema_migrations"]
 
 
 # -- SQLite settings --------------------------------------------------------------------------
@@ -190,7 +177,7 @@ def test_sqlite_runs_in_wal_with_full_sync(
     assert pragma(engine, "synchronous") == 2  # FULL
     assert pragma(engine, "foreign_keys") == 1
     assert pragma(engine, "busy_timeout") == 200
-    with connect(store_url) as con:  # WAL is a property of the file, seen by everyone
+    with closing(sqlite3.connect(store_url)) as con:  # WAL is a property of the file
         assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
@@ -227,6 +214,7 @@ def _timed_busy(action: Callable[[], object]) -> tuple[charter.StoreBusy, float]
 def test_a_held_write_lock_gives_store_busy_after_a_bounded_wait(
     make_engine: Callable[..., charter.Engine],
     store_url: str,
+    raw: RawStore,
     creds: tuple[dict[str, str], dict[str, str]],
     adapter: RecordingAdapter,
 ) -> None:
@@ -235,7 +223,7 @@ def test_a_held_write_lock_gives_store_busy_after_a_bounded_wait(
     agent = engine.authenticate(creds[0]["agent"])
     mission = engine.create_mission(default_contract(), by=alice)
     ex = engine.start_run(mission, by=agent, segment_id="seg-1")
-    before = dump(store_url)
+    before = raw.dump()
     writes: list[Callable[[], object]] = [
         lambda: engine.create_mission(default_contract(), by=alice),
         lambda: ex.attempt(adapter, "write", {"n": 1}, effect_key="w1"),
@@ -252,7 +240,7 @@ def test_a_held_write_lock_gives_store_busy_after_a_bounded_wait(
         assert [m.id for m in engine.missions()] == [mission]
         assert engine.run(ex.run_id).status is charter.RunStatus.ACTIVE
     assert adapter.sent == []  # nothing was sent that is not written down
-    assert dump(store_url) == before
+    assert raw.dump() == before
     assert engine.check_ledger(mission) == []
     assert all(v.ok for v in engine.verify_audit())
     # The store serves again once the lock is gone.
@@ -316,18 +304,18 @@ def test_an_unknown_id_is_not_found_and_changes_nothing(
     engine: charter.Engine,
     who: Principals,
     mission: str,
-    store_url: str,
+    raw: RawStore,
 ) -> None:
     adapter = RecordingAdapter()
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     key, lookup = UNKNOWN[case]
-    before = dump(store_url)
+    before = raw.dump()
     with pytest.raises(charter.NotFound) as info:
         lookup(engine, who, mission, ex, adapter)
     assert info.value.code == "not_found"
     assert key in info.value.details
     assert info.value.to_dict()["code"] == "not_found"
-    assert dump(store_url) == before
+    assert raw.dump() == before
     assert adapter.sent == []
 
 
@@ -388,8 +376,9 @@ def test_a_sqlite_url_and_a_bare_path_open_the_same_kind_of_store(tmp_path: Path
     by_path = tmp_path / "b" / "c" / "via-path.db"
     with charter.Engine.open(str(by_path)) as engine:
         assert engine.missions() == []
-    assert migrations(by_url)[-1][0] == LATEST
-    assert migrations(by_path)[-1][0] == LATEST
+    for path in (by_url, by_path):
+        with closing(RawStore(str(path), "sqlite")) as raw:
+            assert migrations(raw)[-1][0] == LATEST
 
 
 @pytest.mark.parametrize("kind", ["directory", "not a database"])

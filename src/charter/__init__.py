@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from charter.contracts import Contract
     from charter.engine import Engine
     from charter.executor import Executor
+    from charter.node_reads import JournalEntry, NodeExecution
     from charter.nodes import Context, Node, Plan, node
     from charter.principals import Principal, Right, hash_secret, new_credential
     from charter.runs import Run, RunStatus
@@ -76,6 +77,8 @@ _LAZY = {
     "Contract": "charter.contracts",
     "Engine": "charter.engine",
     "Executor": "charter.executor",
+    "JournalEntry": "charter.node_reads",
+    "NodeExecution": "charter.node_reads",
     "Context": "charter.nodes",
     "Node": "charter.nodes",
     "Plan": "charter.nodes",
@@ -128,10 +131,12 @@ __all__ = [
     "Evidence",
     "Executor",
     "Fenced",
+    "JournalEntry",
     "LeaseHeld",
     "ManualClock",
     "NeedsIntervention",
     "Node",
+    "NodeExecution",
     "NonDeterminismError",
     "NotApplied",
     "NotAuthorized",

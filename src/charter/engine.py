@@ -15,7 +15,7 @@ from typing import Any
 
 from charter import approvals as approvals_mod
 from charter import attempts as attempts_mod
-from charter import audit, ledger, missions, runner, runs, settlement
+from charter import audit, ledger, missions, node_reads, runner, runs, settlement
 from charter import evidence as evidence_mod
 from charter import incidents as incidents_mod
 from charter.amounts import is_amount
@@ -39,6 +39,7 @@ from charter.executor import Executor
 from charter.hashing import ENGINE_CHAIN, canonical
 from charter.ids import IdFactory
 from charter.missions import Mission
+from charter.node_reads import JournalEntry, NodeExecution
 from charter.nodes import Plan
 from charter.principals import Authenticator, Principal, Right
 from charter.runs import Run, RunStatus
@@ -527,6 +528,25 @@ class Engine:
         with self._db.read() as tx:
             attempts_mod.load(tx, attempt_id)
             return [dict(r) for r in evidence_mod.rows(tx, attempt_id)]
+
+    # -- nodes and their journal (N1, A6) ----------------------------------------------
+    def node_executions(self, run_id: str) -> list[NodeExecution]:
+        """A run's node executions by node, then execution: what ran, how it ended,
+        each checked result with its hash (N1); an unknown run is
+        :class:`~charter.errors.NotFound`. Lets an operator (or a test) see a run's
+        progress on any store without reading its tables."""
+        with self._db.read() as tx:
+            runs.load(tx, run_id)
+            return node_reads.node_executions(tx, run_id)
+
+    def journal(self, run_id: str, node_id: str | None = None) -> list[JournalEntry]:
+        """The nondeterministic values a run's nodes (or one node) recorded, by node,
+        execution and position: what a replay returns instead of asking again (A6).
+        An unknown run is :class:`~charter.errors.NotFound`; a node that journaled
+        nothing has an empty journal."""
+        with self._db.read() as tx:
+            runs.load(tx, run_id)
+            return node_reads.journal(tx, run_id, node_id)
 
     # -- ledger (L0-L2) ---------------------------------------------------------------
     def balances(self, mission_id: str) -> dict[str, ledger.Balance]:
