@@ -19,7 +19,7 @@ from charter import approvals, attempts, ledger, settlement
 from charter.adapters import EffectClass
 from charter.approvals import ApprovalStatus
 from charter.attempts import Attempt, AttemptStatus, Effect, changed, idempotency_key_for
-from charter.authority import denied
+from charter.authority import require
 from charter.calls import Call
 from charter.contracts import Contract
 from charter.errors import (
@@ -204,17 +204,17 @@ def admit(seg: Segment, tx: Tx, call: Call, effect: Effect, *, dispatch: bool = 
     row = seg.own(tx)
     contract = seg.runtime.authority.contract(tx, seg.mission_id, row["contract_version"])
     _check_active(seg, tx, row, call)
-    if not contract.allows(seg.principal, Right.RUN, call.scope):
-        raise denied(
-            tx,
-            seg.principal,
-            Right.RUN,
-            call.scope,
-            mission_id=seg.mission_id,
-            entity=seg.run_id,
-            why=f"under contract v{row['contract_version']}",
-            kind="admission.refused",
-        )
+    require(
+        tx,
+        contract,
+        seg.principal,
+        Right.RUN,
+        call.scope,
+        mission_id=seg.mission_id,
+        entity=seg.run_id,
+        why=f"under contract v{row['contract_version']}",
+        kind="admission.refused",
+    )
     check_stop(seg, tx, contract, row, call)
     check_allowance(seg, tx, contract, row, call)
     if effect.followed(row["linked_from"]):

@@ -85,6 +85,26 @@ class Authority:
         return contract
 
 
+def require(
+    tx: Tx,
+    contract: Contract,
+    principal: str,
+    right: Right,
+    scope: str,
+    *,
+    mission_id: str,
+    entity: str,
+    why: str,
+    kind: str,
+) -> None:
+    """Refuse (audited, see :func:`denied`) unless ``contract`` grants ``right`` on
+    ``scope`` to ``principal``: for checks made where the contract is already read."""
+    if not contract.allows(principal, right, scope):
+        raise denied(
+            tx, principal, right, scope, mission_id=mission_id, entity=entity, why=why, kind=kind
+        )
+
+
 def denied(
     tx: Tx,
     principal: str,

@@ -19,7 +19,7 @@ from charter import admission, approvals, calls, secret, settlement
 from charter.adapters import Adapter, Dispatch, EffectClass, Evidence, Outcome
 from charter.approvals import ApprovalStatus
 from charter.attempts import Attempt, AttemptStatus, Effect, changed, load
-from charter.authority import denied
+from charter.authority import require
 from charter.calls import REQUEST_JSON, Call, request_hash
 from charter.clock import seconds_us
 from charter.contracts import Contract
@@ -119,17 +119,17 @@ def _commit_dispatch(
         raise StateError(f"run {seg.run_id} is {status.value}; nothing is dispatched")
     contract = seg.runtime.authority.contract(tx, seg.mission_id, row["contract_version"])
     seg.budget_units = frozenset(contract.allowance)
-    if not contract.allows(seg.principal, Right.RUN, attempt.scope):
-        raise denied(
-            tx,
-            seg.principal,
-            Right.RUN,
-            attempt.scope,
-            mission_id=seg.mission_id,
-            entity=attempt.id,
-            why="any more: it was revoked after admission",
-            kind="dispatch.refused",
-        )
+    require(
+        tx,
+        contract,
+        seg.principal,
+        Right.RUN,
+        attempt.scope,
+        mission_id=seg.mission_id,
+        entity=attempt.id,
+        why="any more: it was revoked after admission",
+        kind="dispatch.refused",
+    )
     if contract.approvals.requires(attempt.scope) and not _approved(seg, tx, contract, attempt):
         return changed(attempt, status=AttemptStatus.VOIDED, reason="approval denied")
     deadline = seg.send_deadline(tx.now_us)
