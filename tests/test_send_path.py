@@ -582,3 +582,28 @@ def test_F2_a_fenced_executor_writes_nothing_off(
     (attempt,) = engine.attempts(mission_id=mission)
     assert attempt.status is AttemptStatus.UNKNOWN  # not written off by the fenced executor
     assert len(adapter.sent) == 1
+
+
+def test_A8_a_replay_is_sent_under_the_run_principals_current_authority(
+    engine: charter.Engine,
+    who: Principals,
+    mission: str,
+    adapter: RecordingAdapter,
+    clock: ManualClock,
+) -> None:
+    """Decided: reconcile needs no principal of its own to look up, but its replay
+    is a send made as the run's owner, so it needs that principal's ``run`` right
+    under the current contract; revoked, nothing is sent and a person decides."""
+    lost = _recovered_unknown(engine, who, mission, adapter, clock)
+    adapter.evidence[lost.id] = Evidence.indeterminate({"lookup": "nothing"})
+    revoked = default_contract()
+    revoked["principals"] = {**revoked["principals"], "agent": {"run": ["recorder.read"]}}
+    engine.amend_contract(mission, revoked, by=who.alice, reason="agent may only read now")
+
+    evidence = engine.coordinator.reconcile(lost.id, adapter, segment_id="seg-2")
+
+    assert evidence.verdict == "indeterminate"
+    assert [s.attempt_id for s in adapter.sent] == [lost.id]  # no replay
+    assert engine.attempt(lost.id).status is AttemptStatus.UNKNOWN
+    kinds = [e["kind"] for e in engine.audit_events(mission)]
+    assert "attempt.replayed" not in kinds and "evidence.recorded" in kinds
