@@ -58,9 +58,8 @@ FLOORS: dict[str, int] = {
     # the transaction layer, and what an adapter needs (the protocol and the adapters)
     "charter.storage": 1,
     "charter.adapters": 1,
-    # the ledger room: accounts and incidents
+    # the ledger room: accounts (pure arithmetic), incidents, its store
     "charter.ledger": 2,
-    "charter.incidents": 2,
     "charter.artifacts": 2,
     # the contracts room (principals, missions, authority) and the audit room
     "charter.contracts": 3,
@@ -254,8 +253,6 @@ SQL_NOT_YET_IN_A_STORE: dict[str, int] = {
     "charter.engine": 7,
     "charter.evidence": 4,
     "charter.executor": 1,
-    "charter.incidents": 4,
-    "charter.ledger": 5,
     "charter.missions": 8,
     "charter.node_reads": 2,
     "charter.nodes": 3,

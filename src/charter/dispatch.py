@@ -32,7 +32,7 @@ from charter.errors import (
     StateError,
 )
 from charter.evidence import Report, garbage, record, recordable, unrecorded
-from charter.incidents import open_incident
+from charter.ledger.incidents import open_incident
 from charter.ownership import Segment
 from charter.principals import Right
 from charter.runs import RunStatus

@@ -17,7 +17,6 @@ from charter import approvals as approvals_mod
 from charter import attempts as attempts_mod
 from charter import audit, ledger, missions, node_reads, runner, runs, settlement
 from charter import evidence as evidence_mod
-from charter import incidents as incidents_mod
 from charter.amounts import is_amount
 from charter.approvals import Approval, ApprovalStatus
 from charter.attempts import Attempt
@@ -38,6 +37,7 @@ from charter.errors import (
 from charter.executor import Executor
 from charter.hashing import ENGINE_CHAIN, canonical
 from charter.ids import IdFactory
+from charter.ledger import incidents as incidents_mod
 from charter.missions import Mission
 from charter.node_reads import JournalEntry, NodeExecution
 from charter.nodes import Plan

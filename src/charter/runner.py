@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from charter.attempts import count_unresolved
 from charter.errors import Blocked, CharterError, NonDeterminismError, StateError
 from charter.hashing import digest
-from charter.incidents import open_incident
+from charter.ledger.incidents import open_incident
 from charter.nodes import Context, Node, NodeFn, Plan
 from charter.ownership import Segment
 from charter.runs import RunStatus

@@ -18,7 +18,7 @@ from charter.attempts import Attempt, AttemptStatus, count_unresolved
 from charter.errors import StateError
 from charter.evidence import conclusive, record
 from charter.hashing import canonical
-from charter.incidents import open_incident
+from charter.ledger.incidents import open_incident
 from charter.runs import RunStatus
 from charter.storage import Prefetched, Tx
 

@@ -16,24 +16,23 @@ overrun     available -> spent      settlement above the hold (L5)
 reduce      available -> limit      a limit lowered
 ==========  ======================  =====================================
 
-This module only *computes* moves; the store applies them and the cached
-balances in one transaction. :func:`from_entries` rebuilds balances from entries.
+This module only *computes* moves, as pure arithmetic; :mod:`charter.ledger.store`
+applies them and the cached balances in one transaction and rebuilds balances
+from entries.
 
-Amounts are integers in [0, 2^63 - 1] (A9): :func:`is_amount` is the one range
+Amounts are integers in [0, 2^63 - 1] (A9): :func:`charter.amounts.is_amount` is the one range
 check for a single amount (a limit, an estimate, an actual cost), and
-:func:`record` refuses moves whose sums with the recorded balances would leave
+:func:`check_sums` refuses moves whose sums with the recorded balances would leave
 that range, with :class:`~charter.errors.AmountOverflow`, before writing.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 
 from charter.amounts import MAX_AMOUNT
 from charter.errors import AmountOverflow
-from charter.storage.database import Tx
 
 ACCOUNTS = ("available", "held", "spent")
 
@@ -117,60 +116,7 @@ def balances(moves: Iterable[Move]) -> dict[str, Balance]:
     return out
 
 
-# -- the ledger in the store -----------------------------------------------------
-
-
-def record(
-    tx: Tx,
-    mission_id: str,
-    attempt_id: str | None,
-    moves: list[Move],
-    price_source: str | None,
-) -> None:
-    """Append entries and update cached balances in the caller's transaction.
-
-    Refuses (:class:`AmountOverflow`, nothing written by this call) moves whose
-    sums with the cached balances would leave the range the ledger holds (A9).
-    Only an overrun (it adds to ``spent + held`` beyond any hold) or a higher
-    limit can: a hold is bounded by what is available (L3), a spend moves held
-    to spent and a release lowers held. So admissions and settlements within
-    their holds pay no read.
-    """
-    if not moves:
-        return
-    change = balances(moves)
-    if any(d.overrun > 0 or d.limit > 0 for d in change.values()):
-        _check_sums(cached(tx, mission_id), change)
-    tx.many(
-        "INSERT INTO ledger_entries (mission_id, unit, attempt_id, kind, source, target, "
-        "amount, price_source, at_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [
-            (
-                mission_id,
-                m.unit,
-                attempt_id,
-                m.kind,
-                m.source,
-                m.target,
-                m.amount,
-                price_source,
-                tx.now_us,
-            )
-            for m in moves
-        ],
-    )
-    tx.many(
-        "UPDATE allowances SET limit_amount = limit_amount + ?, available = available + ?, "
-        "held = held + ?, spent = spent + ?, overrun = overrun + ? "
-        "WHERE mission_id = ? AND unit = ?",
-        [
-            (d.limit, d.available, d.held, d.spent, d.overrun, mission_id, unit)
-            for unit, d in balances(moves).items()
-        ],
-    )
-
-
-def _check_sums(current: Mapping[str, Balance], change: Mapping[str, Balance]) -> None:
+def check_sums(current: Mapping[str, Balance], change: Mapping[str, Balance]) -> None:
     """Refuse a change that takes a balance out of the ledger's range (A9).
 
     ``limit``, ``held``, ``spent``, ``overrun`` and ``spent + held`` stay in
@@ -200,48 +146,3 @@ def _check_sums(current: Mapping[str, Balance], change: Mapping[str, Balance]) -
                     account=account,
                     amount=amount,
                 )
-
-
-def cached(tx: Tx, mission_id: str) -> dict[str, Balance]:
-    rows = tx.all(
-        "SELECT unit, limit_amount, available, held, spent, overrun FROM allowances "
-        "WHERE mission_id = ? ORDER BY unit",
-        mission_id,
-    )
-    return {
-        r["unit"]: Balance(r["limit_amount"], r["available"], r["held"], r["spent"], r["overrun"])
-        for r in rows
-    }
-
-
-def from_entries(tx: Tx, mission_id: str) -> dict[str, Balance]:
-    rows = tx.all(
-        "SELECT unit, kind, source, target, amount FROM ledger_entries WHERE mission_id = ? "
-        "ORDER BY id",
-        mission_id,
-    )
-    return balances(Move(r["unit"], r["kind"], r["source"], r["target"], r["amount"]) for r in rows)
-
-
-def problems(tx: Tx, mission_id: str) -> list[str]:
-    """Check L0, L1 and L2 for one mission; an empty list means the ledger holds."""
-    out: list[str] = []
-    cache = cached(tx, mission_id)
-    rebuilt = from_entries(tx, mission_id)
-    holds: dict[str, int] = {}
-    for r in tx.all(
-        # Through the runs, so the partial index of open attempts serves it.
-        "SELECT estimate FROM attempts WHERE run_id IN (SELECT id FROM runs WHERE mission_id = ?) "
-        "AND status IN ('prepared', 'dispatched', 'unknown')",
-        mission_id,
-    ):
-        for unit, amount in json.loads(r["estimate"]).items():
-            holds[unit] = holds.get(unit, 0) + amount
-    for unit, bal in cache.items():
-        if bal.available + bal.held + bal.spent != bal.limit:
-            out.append(f"L0 {unit}: available+held+spent != limit ({bal})")
-        if bal.held != holds.get(unit, 0):
-            out.append(f"L1 {unit}: held {bal.held} != open holds {holds.get(unit, 0)}")
-        if rebuilt.get(unit, Balance()) != bal:
-            out.append(f"L2 {unit}: cached {bal} != rebuilt from entries {rebuilt.get(unit)}")
-    return out

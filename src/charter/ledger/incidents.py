@@ -7,12 +7,12 @@ nothing new.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from charter.errors import NotFound, StateError
+from charter.ledger import store
 from charter.storage import Tx
-from charter.storage.paging import Position, page
+from charter.storage.paging import Position
 
 
 def open_incident(
@@ -26,17 +26,10 @@ def open_incident(
     attempt_id: str | None = None,
     epoch: int | None = None,
 ) -> str:
+    """Record an anomaly and its audit event; it stays open until a person closes it."""
     incident_id = tx.ids.new("inc")
-    tx.run(
-        "INSERT INTO incidents (id, mission_id, run_id, attempt_id, kind, detail, status, "
-        "opened_at_us) VALUES (?, ?, ?, ?, ?, ?, 'open', ?)",
-        incident_id,
-        mission_id,
-        run_id,
-        attempt_id,
-        kind,
-        json.dumps(detail, sort_keys=True),
-        tx.now_us,
+    store.insert_incident(
+        tx, incident_id, mission_id, kind, detail, run_id=run_id, attempt_id=attempt_id
     )
     tx.audit(
         mission_id,
@@ -51,12 +44,10 @@ def open_incident(
 
 
 def load(tx: Tx, incident_id: str) -> dict[str, Any]:
-    row = tx.one("SELECT * FROM incidents WHERE id = ?", incident_id)
-    if row is None:
+    found = store.incident(tx, incident_id)
+    if found is None:
         raise NotFound(f"no incident {incident_id!r} in this store", incident_id=incident_id)
-    out = dict(row)
-    out["detail"] = json.loads(out["detail"])
-    return out
+    return found
 
 
 def close_incident(tx: Tx, incident_id: str, *, by: str, note: str) -> dict[str, Any]:
@@ -65,15 +56,7 @@ def close_incident(tx: Tx, incident_id: str, *, by: str, note: str) -> dict[str,
         raise StateError(f"incident {incident_id} is already closed", incident_id=incident_id)
     if not note.strip():
         raise StateError("closing an incident needs a note saying why it is safe to go on")
-    closed = tx.run(
-        "UPDATE incidents SET status = 'closed', closed_at_us = ?, closed_by = ?, close_note = ? "
-        "WHERE id = ? AND status = 'open'",
-        tx.now_us,
-        by,
-        note,
-        incident_id,
-    )
-    if not closed:  # closed by someone else meanwhile
+    if not store.close(tx, incident_id, by=by, note=note):  # closed by someone else meanwhile
         raise StateError(f"incident {incident_id} is already closed", incident_id=incident_id)
     tx.audit(
         incident["mission_id"],
@@ -95,9 +78,4 @@ def list_incidents(
     limit: int | None = None,
     after: Position | None = None,
 ) -> list[dict[str, Any]]:
-    where = ["mission_id = ?", *(["status = 'open'"] if open_only else [])]
-    sql, args = page(
-        "SELECT * FROM incidents", where, [mission_id], key="opened_at_us", after=after, limit=limit
-    )
-    rows = tx.all(sql, *args)
-    return [{**dict(r), "detail": json.loads(r["detail"])} for r in rows]
+    return store.incidents(tx, mission_id, open_only=open_only, limit=limit, after=after)
