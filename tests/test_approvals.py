@@ -15,8 +15,8 @@ import pytest
 
 import charter
 from charter.adapters import Dispatch, Outcome
-from charter.approvals import Approval, ApprovalStatus, effect_id
 from charter.testing import ManualClock, RecordingAdapter
+from charter.waits.approvals import Approval, ApprovalStatus, effect_id
 from conftest import Principals, default_contract
 from conftest import stored as stored_with_runs
 

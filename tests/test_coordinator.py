@@ -23,10 +23,10 @@ import pytest
 import charter
 from charter import AttemptStatus, RunStatus
 from charter.adapters import Dispatch, EffectClass, Evidence, Operation, Outcome
-from charter.approvals import ApprovalStatus
 from charter.coordinator import Resolution
 from charter.recovery import NEXT_ACTIONS, RecoveryState
 from charter.testing import ManualClock, RecordingAdapter
+from charter.waits.approvals import ApprovalStatus
 from conftest import Principals, default_contract, stored
 
 Creds = tuple[dict[str, str], dict[str, str]]

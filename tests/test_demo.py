@@ -46,7 +46,7 @@ DECIDING = (
     "calls",
     "settlement",
     "coordinator",
-    "approvals",
+    "waits/approvals",
     "admission",
     "nodes",
 )

@@ -23,9 +23,9 @@ import pytest
 import charter
 from charter import AttemptStatus, RunStatus
 from charter.adapters import Dispatch, Outcome
-from charter.approvals import ApprovalStatus
 from charter.clock import MICROS, SystemClock
 from charter.testing import RecordingAdapter
+from charter.waits.approvals import ApprovalStatus
 from conftest import Principals, default_contract, stored
 
 

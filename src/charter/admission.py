@@ -15,9 +15,8 @@ an exhausted allowance pauses it) keep that change.
 
 from __future__ import annotations
 
-from charter import approvals, attempts, ledger, settlement
+from charter import attempts, ledger, settlement
 from charter.adapters import EffectClass
-from charter.approvals import ApprovalStatus
 from charter.attempts import Attempt, AttemptStatus, Effect, changed, idempotency_key_for
 from charter.authority import require
 from charter.calls import Call
@@ -34,6 +33,8 @@ from charter.ownership import Segment
 from charter.principals import Right
 from charter.runs import RunStatus
 from charter.storage import Row, Tx
+from charter.waits import approvals
+from charter.waits.approvals import ApprovalStatus
 
 #: Statuses whose effect is, or may be, performed: a retry never follows them
 #: unless the effect only reads (A4, A7).

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from charter import approvals, recovery, runs, secret, settlement, takeover
+from charter import recovery, runs, secret, settlement, takeover
 from charter.adapters import Adapter, Evidence, Outcome
 from charter.attempts import Attempt, AttemptStatus, load
 from charter.clock import seconds_us
@@ -40,6 +40,7 @@ from charter.recovery import RecoveryState
 from charter.runs import Run, RunStatus
 from charter.runtime import Runtime
 from charter.storage import Tx
+from charter.waits import approvals
 
 Resolution = Literal["succeeded", "failed", "written_off"]
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from charter import admission, approvals, calls, secret, settlement
+from charter import admission, calls, secret, settlement
 from charter.adapters import Adapter, Dispatch, EffectClass, Evidence, Outcome
-from charter.approvals import ApprovalStatus
 from charter.attempts import Attempt, AttemptStatus, Effect, changed, load
 from charter.authority import require
 from charter.calls import REQUEST_JSON, Call, request_hash
@@ -38,6 +37,8 @@ from charter.principals import Right
 from charter.runs import RunStatus
 from charter.secret import Secret
 from charter.storage import Tx
+from charter.waits import approvals
+from charter.waits.approvals import ApprovalStatus
 
 #: Run statuses in which a same-key replay may be sent: a replay can perform the
 #: effect for the first time, so a paused, stopping or ended run sends none.

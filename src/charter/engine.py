@@ -13,12 +13,10 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from charter import approvals as approvals_mod
 from charter import attempts as attempts_mod
 from charter import audit, ledger, missions, node_reads, runner, runs, settlement
 from charter import evidence as evidence_mod
 from charter.amounts import is_amount
-from charter.approvals import Approval, ApprovalStatus
 from charter.attempts import Attempt
 from charter.audit import Verification
 from charter.authority import Authority
@@ -46,6 +44,8 @@ from charter.runs import Run, RunStatus
 from charter.runtime import Runtime
 from charter.storage import Database, Tx, open_database
 from charter.storage.paging import Position
+from charter.waits import approvals as approvals_mod
+from charter.waits.approvals import Approval, ApprovalStatus
 
 
 class Engine:

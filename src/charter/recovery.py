@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from charter import ledger
-from charter.approvals import ApprovalStatus, list_approvals
 from charter.attempts import Attempt, AttemptStatus, list_attempts
 from charter.contracts import Contract
 from charter.errors import NotFound
 from charter.principals import Right
 from charter.runs import Run
 from charter.storage import Tx
+from charter.waits.approvals import ApprovalStatus, list_approvals
 
 #: The recovery table (DESIGN §4): last durable phase -> next safe action.
 NEXT_ACTIONS = {

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from charter import approvals
 from charter.clock import seconds_us
 from charter.errors import NotFound, RunTerminal, StateError
 from charter.storage import Row, Tx
 from charter.storage.paging import Position, page
+from charter.waits import approvals
 
 
 class RunStatus(StrEnum):

@@ -10,7 +10,7 @@ dispatches and never resumes (R6).
 
 from __future__ import annotations
 
-from charter import approvals, runs, settlement
+from charter import runs, settlement
 from charter.attempts import AttemptStatus, list_attempts
 from charter.clock import seconds_us
 from charter.contracts import Contract
@@ -20,6 +20,7 @@ from charter.recovery import RecoveryState, build
 from charter.runs import Run, RunStatus
 from charter.runtime import Runtime
 from charter.storage import Tx
+from charter.waits import approvals
 
 
 def recover(

@@ -10,69 +10,34 @@ stays PREPARED with its hold. A denial voids the attempt.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
-
 from charter.contracts import Contract
 from charter.errors import NotFound, StateError
 from charter.principals import Right
-from charter.storage import Row, Tx
-from charter.storage.paging import Position, page
+from charter.storage import Tx
+from charter.storage.paging import Position
+from charter.waits import store
+from charter.waits.model import Approval, ApprovalStatus, effect_id
 
-
-class ApprovalStatus(StrEnum):
-    PENDING = "pending"
-    APPROVED = "approved"
-    DENIED = "denied"
-    EXPIRED = "expired"
-    SUPERSEDED = "superseded"  # the approver lost the right before dispatch
-    WITHDRAWN = "withdrawn"  # the run stopped: nothing will be sent under it
-
-
-def effect_id(run_id: str, node_id: str, execution: int, effect_key: str) -> str:
-    return f"{run_id}/{node_id}/{execution}/{effect_key}"
-
-
-@dataclass(frozen=True)
-class Approval:
-    id: str
-    mission_id: str
-    run_id: str
-    effect_id: str
-    scope: str
-    request_hash: str
-    status: ApprovalStatus
-    requested_at_us: int
-    decided_by: str | None
-    decided_at_us: int | None
-    expires_at_us: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "status": self.status.value}
-
-
-def _from_row(r: Row) -> Approval:
-    return Approval(
-        r["id"],
-        r["mission_id"],
-        r["run_id"],
-        r["effect_id"],
-        r["scope"],
-        r["request_hash"],
-        ApprovalStatus(r["status"]),
-        r["requested_at_us"],
-        r["decided_by"],
-        r["decided_at_us"],
-        r["expires_at_us"],
-    )
+__all__ = [
+    "Approval",
+    "ApprovalStatus",
+    "decide",
+    "effect_id",
+    "latest",
+    "list_approvals",
+    "load",
+    "renew_expired",
+    "request",
+    "standing",
+    "withdraw",
+]
 
 
 def load(tx: Tx, approval_id: str) -> Approval:
-    row = tx.one("SELECT * FROM approvals WHERE id = ?", approval_id)
-    if row is None:
+    found = store.approval(tx, approval_id)
+    if found is None:
         raise NotFound(f"no approval {approval_id!r} in this store", approval_id=approval_id)
-    return _from_row(row)
+    return found
 
 
 def latest(tx: Tx, effect: str, request_hash: str) -> Approval | None:
@@ -82,13 +47,7 @@ def latest(tx: Tx, effect: str, request_hash: str) -> Approval | None:
     opened, so at most one approval per effect and request is ever standing;
     the query does not depend on timestamps (two may share a microsecond).
     """
-    row = tx.one(
-        "SELECT * FROM approvals WHERE effect_id = ? AND request_hash = ? "
-        "AND status IN ('pending', 'approved', 'denied')",
-        effect,
-        request_hash,
-    )
-    return None if row is None else _from_row(row)
+    return store.standing(tx, effect, request_hash)
 
 
 def list_approvals(
@@ -99,17 +58,7 @@ def list_approvals(
     limit: int | None = None,
     after: Position | None = None,
 ) -> list[Approval]:
-    where: list[str] = []
-    params: list[Any] = []
-    if run_id is not None:
-        where.append("run_id = ?")
-        params.append(run_id)
-    if pending:
-        where.append("status = 'pending'")
-    sql, args = page(
-        "SELECT * FROM approvals", where, params, key="requested_at_us", after=after, limit=limit
-    )
-    return [_from_row(r) for r in tx.all(sql, *args)]
+    return store.approvals(tx, run_id=run_id, pending=pending, limit=limit, after=after)
 
 
 def request(
@@ -124,16 +73,14 @@ def request(
     epoch: int | None,
 ) -> str:
     approval_id = tx.ids.new("apr")
-    tx.run(
-        "INSERT INTO approvals (id, mission_id, run_id, effect_id, scope, request_hash, status, "
-        "requested_at_us) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?)",
+    store.insert(
+        tx,
         approval_id,
-        mission_id,
-        run_id,
-        effect,
-        scope,
-        request_hash,
-        tx.now_us,
+        mission_id=mission_id,
+        run_id=run_id,
+        effect=effect,
+        scope=scope,
+        request_hash=request_hash,
     )
     tx.audit(
         mission_id,
@@ -148,7 +95,7 @@ def request(
 
 
 def _retire(tx: Tx, a: Approval, status: ApprovalStatus, actor: str) -> None:
-    tx.run("UPDATE approvals SET status = ? WHERE id = ?", status.value, a.id)
+    store.set_status(tx, a.id, status)
     tx.audit(
         a.mission_id,
         "approval." + status.value,
@@ -222,17 +169,7 @@ def renew_expired(
         if a.expires_at_us > tx.now_us:
             continue
         _retire(tx, a, ApprovalStatus.EXPIRED, actor)
-        run_id_, node_id, execution, effect_key = a.effect_id.split("/", 3)
-        sent = tx.one(
-            "SELECT 1 AS x FROM attempts WHERE run_id = ? AND node_id = ? AND execution = ? "
-            "AND effect_key = ? AND request_hash = ? AND dispatched_epoch IS NOT NULL",
-            run_id_,
-            node_id,
-            int(execution),
-            effect_key,
-            a.request_hash,
-        )
-        if sent is None and ask_again:
+        if ask_again and not store.effect_sent(tx, a.effect_id, a.request_hash):
             retired.append(a.id)
             request(
                 tx,
@@ -258,16 +195,9 @@ def decide(
         )
     status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
     expires = tx.now_us + ttl_seconds * 1_000_000 if approve else None
-    decided = tx.run(
-        "UPDATE approvals SET status = ?, decided_by = ?, decided_at_us = ?, expires_at_us = ? "
-        "WHERE id = ? AND status = 'pending'",
-        status.value,
-        by,
-        tx.now_us,
-        expires,
-        approval.id,
-    )
-    if not decided:  # another approver decided it meanwhile
+    if not store.decide(
+        tx, approval.id, status, by=by, expires_at_us=expires
+    ):  # another approver decided it meanwhile
         raise StateError(
             f"approval {approval.id} was decided by someone else meanwhile",
             approval_id=approval.id,
