@@ -236,16 +236,16 @@ def admit(seg: Segment, tx: Tx, call: Call, effect: Effect, *, dispatch: bool = 
         )
     attempt = _record(seg, tx, call, effect, dispatch and standing is ApprovalStatus.APPROVED)
     if standing is ApprovalStatus.DENIED:
-        settlement.void(
-            tx,
-            attempt,
-            "approval denied",
-            actor=seg.principal,
-            segment=seg.segment_id,
-            epoch=seg.epoch,
-        )
-        attempt = changed(attempt, status=AttemptStatus.VOIDED, reason="approval denied")
+        attempt = void_denied(seg, tx, attempt)
     return attempt
+
+
+def void_denied(seg: Segment, tx: Tx, attempt: Attempt) -> Attempt:
+    """W2: a denied effect is never sent; its attempt is voided and its hold released."""
+    settlement.void(
+        tx, attempt, "approval denied", actor=seg.principal, segment=seg.segment_id, epoch=seg.epoch
+    )
+    return changed(attempt, status=AttemptStatus.VOIDED, reason="approval denied")
 
 
 def _check_active(seg: Segment, tx: Tx, row: Row, call: Call) -> None:

@@ -172,14 +172,7 @@ def _approved(seg: Segment, tx: Tx, contract: Contract, attempt: Attempt) -> boo
         epoch=seg.epoch,
     )
     if standing is ApprovalStatus.DENIED:
-        settlement.void(
-            tx,
-            attempt,
-            "approval denied",
-            actor=seg.principal,
-            segment=seg.segment_id,
-            epoch=seg.epoch,
-        )
+        admission.void_denied(seg, tx, attempt)
         return False
     if standing is not ApprovalStatus.APPROVED:
         raise tx.refused(
