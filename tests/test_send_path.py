@@ -58,6 +58,30 @@ def write_lock_held(backend: str, store: str, mission: str) -> Iterator[None]:
         con.execute("ROLLBACK")
 
 
+def never_answers(send: Dispatch) -> Outcome:
+    """A target whose answer never arrives."""
+    raise TimeoutError("lost")
+
+
+def applied_then_busy(
+    backend: str, store: str, mission: str, *, let_go_after: float | None = None
+) -> tuple[Callable[[Dispatch], Outcome], list[Any]]:
+    """A target that applies the effect while another worker takes the lock its
+    settlement needs (and lets go after ``let_go_after`` seconds, if given); the
+    script and the locks it holds, for the test to release."""
+    holding: list[Any] = []
+
+    def script(send: Dispatch) -> Outcome:
+        held = write_lock_held(backend, store, mission)
+        held.__enter__()
+        holding.append(held)
+        if let_go_after is not None:
+            threading.Timer(let_go_after, held.__exit__, (None, None, None)).start()
+        return Outcome.succeeded({"paid": True}, cost={"usd": 5_000, "calls": 1}, receipt="r-1")
+
+    return script, holding
+
+
 # -- A4: a settlement that cannot be committed is an uncertainty ------------------------
 
 
@@ -74,18 +98,10 @@ def test_A4_a_settlement_the_busy_store_refuses_leaves_the_attempt_unresolved(
     engine = make_engine(busy_timeout_seconds=0.5)
     who = Principals(who.credentials, who.digests, engine)
     mission = engine.create_mission(default_contract(), by=who.alice)
-    holding: list[Any] = []
-
-    def applied_then_busy(send: Dispatch) -> Outcome:
-        # The target applies the effect; meanwhile another worker takes the lock
-        # and keeps it longer than the busy timeout, then lets go.
-        held = write_lock_held(backend, store_address, mission)
-        held.__enter__()
-        holding.append(held)
-        threading.Timer(0.8, held.__exit__, (None, None, None)).start()
-        return Outcome.succeeded({"paid": True}, cost={"usd": 5_000, "calls": 1}, receipt="r-1")
-
-    adapter.script["write"] = applied_then_busy
+    # The other worker keeps the lock longer than the busy timeout, then lets go.
+    adapter.script["write"], _ = applied_then_busy(
+        backend, store_address, mission, let_go_after=0.8
+    )
 
     @charter.node(retries=1)
     def pay(ctx: charter.Context, value: Any) -> Any:
@@ -114,15 +130,7 @@ def test_A4_a_direct_caller_gets_settlement_unrecorded_and_cannot_retry_the_effe
     engine = make_engine(busy_timeout_seconds=0.3)
     who = Principals(who.credentials, who.digests, engine)
     mission = engine.create_mission(default_contract(), by=who.alice)
-    holding: list[Any] = []
-
-    def applied_then_busy(send: Dispatch) -> Outcome:
-        held = write_lock_held(backend, store_address, mission)
-        held.__enter__()
-        holding.append(held)
-        return Outcome.succeeded({"paid": True}, cost={"usd": 5_000, "calls": 1})
-
-    adapter.script["write"] = applied_then_busy
+    adapter.script["write"], holding = applied_then_busy(backend, store_address, mission)
     ex = start(engine, who, mission)
     try:
         with pytest.raises(charter.SettlementUnrecorded) as info:
@@ -228,7 +236,7 @@ def test_A4_no_admission_while_an_earlier_execution_left_the_effect_unresolved(
 ) -> None:
     """Broken A4: the unresolved check looked at the current node execution only, so
     a new execution admitted an effect whose earlier attempt was UNKNOWN."""
-    adapter.script["write"] = lambda send: (_ for _ in ()).throw(TimeoutError("lost"))
+    adapter.script["write"] = never_answers
     ex = start(engine, who, mission)
     lost = ex.attempt(adapter, "write", {"to": "x"}, effect_key="k", node_id="n", execution=1)
     assert lost.status is AttemptStatus.UNKNOWN
@@ -304,7 +312,7 @@ def test_A4_a_changed_request_for_a_settled_effect_in_a_new_execution_needs_a_pe
 def _recovered_unknown(
     engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter, clock: Any
 ) -> charter.Attempt:
-    adapter.script["charge"] = lambda send: (_ for _ in ()).throw(TimeoutError("lost"))
+    adapter.script["charge"] = never_answers
     ex = start(engine, who, mission)
     lost = ex.attempt(adapter, "charge", {"amount": 1}, effect_key="c")
     clock.advance(LEASE + 1)
