@@ -61,11 +61,8 @@ FLOORS: dict[str, int] = {
     # the ledger room: accounts (pure arithmetic), incidents, its store
     "charter.ledger": 2,
     "charter.artifacts": 2,
-    # the contracts room (principals, missions, authority) and the audit room
+    # the contracts room (contract, principals, missions, authority) and the audit room
     "charter.contracts": 3,
-    "charter.principals": 3,
-    "charter.missions": 3,
-    "charter.authority": 3,
     "charter.audit": 3,
     # the waits room (a package: model, approvals, store)
     "charter.waits": 4,
@@ -75,36 +72,27 @@ FLOORS: dict[str, int] = {
     "charter.runtime": 6,
     # the runs room: run records and ownership (fencing)
     "charter.runs": 7,
-    "charter.ownership": 7,
     # the attempts room: calls, admission, the one send path, evidence, settlement
     "charter.attempts": 8,
-    "charter.calls": 8,
-    "charter.admission": 8,
-    "charter.dispatch": 8,
-    "charter.evidence": 8,
-    "charter.settlement": 8,
-    # the plans room (nodes, their context, the runner and the executor that
-    # runs them) and the recovery room (the state, the takeover, the coordinator)
+    # the plans room (nodes, their context, the runner, the journal) and the
+    # recovery room (the state, the takeover)
     "charter.plans": 9,
-    "charter.nodes": 9,
-    "charter.node_reads": 9,
-    "charter.runner": 9,
-    "charter.executor": 9,
     "charter.recovery": 9,
-    "charter.takeover": 9,
-    "charter.coordinator": 9,
+    # orchestration: the executor runs a segment, the coordinator recovers and
+    # resumes (it hands runs to an executor), the engine is the facade over both
     "charter.engine": 10,
+    "charter.engine.executor": 10,
+    "charter.engine.coordinator": 11,
+    "charter.engine.engine": 12,
     # the face: charter/__init__.py only
-    "charter": 11,
+    "charter": 13,
     # Clients of the face. charter.testing is one too: users' test suites import
     # it, nothing inside the engine may, and it helps only with what the face offers.
-    "charter.cli": 12,
-    "charter.cli_commands": 12,
-    "charter.demo": 12,
-    "charter.__main__": 12,
-    "charter.server": 12,
-    "charter.integrations": 12,
-    "charter.testing": 12,
+    "charter.cli": 14,
+    "charter.__main__": 14,
+    "charter.server": 14,
+    "charter.integrations": 14,
+    "charter.testing": 14,
 }
 
 MAX_MODULE_LINES = 600
@@ -243,23 +231,23 @@ def test_importing_loads_no_store(name: str) -> None:
 #: entry above what its module holds must be lowered; so the list only shrinks,
 #: until each room owns its tables through a store.py (never 2, not done yet).
 SQL_NOT_YET_IN_A_STORE: dict[str, int] = {
-    "charter.admission": 2,
-    "charter.attempts": 5,
-    "charter.audit": 4,
-    "charter.coordinator": 3,
-    "charter.dispatch": 1,
-    "charter.engine": 7,
-    "charter.evidence": 4,
-    "charter.executor": 1,
-    "charter.missions": 8,
-    "charter.node_reads": 2,
-    "charter.nodes": 3,
-    "charter.ownership": 5,
-    "charter.recovery": 7,
-    "charter.runner": 10,
-    "charter.runs": 5,
-    "charter.settlement": 7,
-    "charter.takeover": 5,
+    "charter.attempts.admission": 2,
+    "charter.attempts.attempt": 5,
+    "charter.audit.chain": 4,
+    "charter.engine.coordinator": 3,
+    "charter.attempts.dispatch": 1,
+    "charter.engine.engine": 7,
+    "charter.attempts.evidence": 4,
+    "charter.engine.executor": 1,
+    "charter.contracts.missions": 8,
+    "charter.plans.journal": 2,
+    "charter.plans.nodes": 3,
+    "charter.runs.ownership": 5,
+    "charter.recovery.state": 7,
+    "charter.plans.runner": 10,
+    "charter.runs.run": 5,
+    "charter.attempts.settlement": 7,
+    "charter.recovery.takeover": 5,
 }
 
 

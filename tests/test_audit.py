@@ -44,7 +44,7 @@ TAMPERABLE = (
 # -- the store, seen from outside ------------------------------------------------------
 
 
-def verdict(engine: charter.Engine, chain: str) -> charter.audit.Verification:
+def verdict(engine: charter.Engine, chain: str) -> charter.audit.chain.Verification:
     (result,) = engine.verify_audit(chain)
     return result
 
@@ -806,7 +806,7 @@ def test_S1_verification_reads_a_chain_a_page_at_a_time(
     """What verification holds does not grow with the chain: no read of the log
     returns more than a page of events, and a break past the first page is
     found where it is."""
-    monkeypatch.setattr(charter.audit, "PAGE", 4)
+    monkeypatch.setattr(charter.audit.chain, "PAGE", 4)
     pages: list[int] = []
     read = charter.storage.Tx.all
 

@@ -16,8 +16,8 @@ import pytest
 import _cli_mission
 import charter
 from _raw import RawStore
-from charter import cli as cli_mod
-from charter.cli import main
+from charter.cli import app as cli_mod
+from charter.cli.app import main
 from charter.storage import Tx
 from charter.testing import RecordingAdapter, credential
 from conftest import default_contract

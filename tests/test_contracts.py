@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 import charter
 from _raw import RawStore
-from charter.contracts import Contract, amendment_needs, scope_matches
-from charter.principals import Right
+from charter.contracts.contract import Contract, amendment_needs, scope_matches
+from charter.contracts.principals import Right
 from charter.testing import RecordingAdapter
 from conftest import Principals, default_contract, stored
 

@@ -23,8 +23,8 @@ import pytest
 import charter
 from charter import AttemptStatus, RunStatus
 from charter.adapters import Dispatch, EffectClass, Evidence, Operation, Outcome
-from charter.coordinator import Resolution
-from charter.recovery import NEXT_ACTIONS, RecoveryState
+from charter.engine.coordinator import Resolution
+from charter.recovery.state import NEXT_ACTIONS, RecoveryState
 from charter.testing import ManualClock, RecordingAdapter
 from charter.waits.approvals import ApprovalStatus
 from conftest import Principals, default_contract, stored

@@ -32,7 +32,7 @@ import charter
 from _crash_child import HttpTarget
 from charter import AttemptStatus, RunStatus
 from charter.clock import SystemClock
-from charter.coordinator import Resolution
+from charter.engine.coordinator import Resolution
 from charter.testing import ManualClock, RecordingAdapter, credential
 
 CHILD = Path(__file__).with_name("_crash_child.py")

@@ -39,16 +39,16 @@ def test_the_demo_mission_completes_sending_each_effect_once(
 
 #: Where sending and settling are decided: none may rely on ``assert``.
 DECIDING = (
-    "executor",
-    "dispatch",
-    "evidence",
-    "ownership",
-    "calls",
-    "settlement",
-    "coordinator",
+    "engine/executor",
+    "attempts/dispatch",
+    "attempts/evidence",
+    "runs/ownership",
+    "attempts/calls",
+    "attempts/settlement",
+    "engine/coordinator",
     "waits/approvals",
-    "admission",
-    "nodes",
+    "attempts/admission",
+    "plans/nodes",
 )
 
 

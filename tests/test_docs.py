@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from charter.cli import COMMANDS, _parser
+from charter.cli.app import COMMANDS, _parser
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

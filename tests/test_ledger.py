@@ -38,8 +38,8 @@ from hypothesis.stateful import (
 
 import charter
 from charter import AttemptStatus, Dispatch, NotApplied, Outcome, RunStatus
-from charter.contracts import Contract
-from charter.executor import Executor
+from charter.contracts.contract import Contract
+from charter.engine.executor import Executor
 from charter.ledger import Balance
 from charter.testing import ManualClock, RecordingAdapter
 from conftest import NAMES, Principals, default_contract, stored

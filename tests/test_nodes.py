@@ -33,7 +33,7 @@ from _raw import RawStore
 from charter import AttemptStatus, RunStatus
 from charter.adapters import Dispatch, Outcome
 from charter.clock import MICROS, SystemClock
-from charter.recovery import NEXT_ACTIONS
+from charter.recovery.state import NEXT_ACTIONS
 from charter.testing import ManualClock, RecordingAdapter
 from conftest import Principals, default_contract
 

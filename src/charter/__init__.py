@@ -58,37 +58,37 @@ from charter.errors import (
 from charter.secret import Secret
 
 if TYPE_CHECKING:
-    from charter.attempts import Attempt, AttemptStatus
+    from charter.attempts.attempt import Attempt, AttemptStatus
     from charter.config import EngineConfig
-    from charter.contracts import Contract
-    from charter.engine import Engine
-    from charter.executor import Executor
-    from charter.node_reads import JournalEntry, NodeExecution
-    from charter.nodes import Context, Node, Plan, node
-    from charter.principals import Principal, Right, hash_secret, new_credential
-    from charter.runs import Run, RunStatus
+    from charter.contracts.contract import Contract
+    from charter.contracts.principals import Principal, Right, hash_secret, new_credential
+    from charter.engine.engine import Engine
+    from charter.engine.executor import Executor
+    from charter.plans.journal import JournalEntry, NodeExecution
+    from charter.plans.nodes import Context, Node, Plan, node
+    from charter.runs.run import Run, RunStatus
 
 #: Names whose modules load the store, imported on first use: ``import
 #: charter.adapters`` (an adapter, ``charter.testing``) never loads the engine.
 _LAZY = {
-    "Attempt": "charter.attempts",
-    "AttemptStatus": "charter.attempts",
+    "Attempt": "charter.attempts.attempt",
+    "AttemptStatus": "charter.attempts.attempt",
     "EngineConfig": "charter.config",
-    "Contract": "charter.contracts",
-    "Engine": "charter.engine",
-    "Executor": "charter.executor",
-    "JournalEntry": "charter.node_reads",
-    "NodeExecution": "charter.node_reads",
-    "Context": "charter.nodes",
-    "Node": "charter.nodes",
-    "Plan": "charter.nodes",
-    "node": "charter.nodes",
-    "Principal": "charter.principals",
-    "Right": "charter.principals",
-    "hash_secret": "charter.principals",
-    "new_credential": "charter.principals",
-    "Run": "charter.runs",
-    "RunStatus": "charter.runs",
+    "Contract": "charter.contracts.contract",
+    "Engine": "charter.engine.engine",
+    "Executor": "charter.engine.executor",
+    "JournalEntry": "charter.plans.journal",
+    "NodeExecution": "charter.plans.journal",
+    "Context": "charter.plans.nodes",
+    "Node": "charter.plans.nodes",
+    "Plan": "charter.plans.nodes",
+    "node": "charter.plans.nodes",
+    "Principal": "charter.contracts.principals",
+    "Right": "charter.contracts.principals",
+    "hash_secret": "charter.contracts.principals",
+    "new_credential": "charter.contracts.principals",
+    "Run": "charter.runs.run",
+    "RunStatus": "charter.runs.run",
 }
 
 

@@ -1,5 +1,5 @@
 """``python -m charter`` runs the command line."""
 
-from charter.cli import main
+from charter.cli.app import main
 
 raise SystemExit(main())

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from charter.contracts import RESUME_STRICTNESS, ResumeMode
+from charter.contracts.contract import RESUME_STRICTNESS, ResumeMode
 from charter.errors import ConfigError
 
 if TYPE_CHECKING:
     from charter.adapters import Adapter
 
-#: A resume rule is called with the run's :class:`~charter.recovery.RecoveryState`
+#: A resume rule is called with the run's :class:`~charter.recovery.state.RecoveryState`
 #: (a read-only view; the recovery room sits above configuration, so the type
 #: is not named here) and says whether the run may continue.
 ResumeRule = Callable[[Any], bool]

@@ -1,6 +1,6 @@
 """What the engine's parts share, handed down to them, never reached up for.
 
-An :class:`~charter.engine.Engine` builds one :class:`Runtime` and gives it to
+An :class:`~charter.engine.engine.Engine` builds one :class:`Runtime` and gives it to
 every executor and to its coordinator: the store, the configuration, the
 clocks, authority, randomness and the crash hook (the seams tests control).
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from charter.authority import Authority
 from charter.clock import Clock
 from charter.config import EngineConfig
+from charter.contracts.authority import Authority
 from charter.crashpoints import CrashHook
 from charter.storage import Database
 

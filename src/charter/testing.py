@@ -26,8 +26,8 @@ from charter.adapters import (
     RecordedAttempt,
 )
 from charter.clock import ManualClock, SkewedClock
+from charter.contracts.principals import new_credential as credential
 from charter.crashpoints import POINTS, CrashHook
-from charter.principals import new_credential as credential
 
 __all__ = [
     "POINTS",

@@ -277,7 +277,7 @@ MIGRATIONS.append(
 )
 
 #: A chain's head on the row that keeps it (S1): the last event's ``seq`` and hash,
-#: and how many first events were hashed before this version (see charter.audit).
+#: and how many first events were hashed before this version (see charter.audit.chain).
 _HEAD_COLUMNS = (
     "audit_seq BIGINT NOT NULL DEFAULT 0",
     "audit_hash TEXT",

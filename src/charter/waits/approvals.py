@@ -10,9 +10,9 @@ stays PREPARED with its hold. A denial voids the attempt.
 
 from __future__ import annotations
 
-from charter.contracts import Contract
+from charter.contracts.contract import Contract
+from charter.contracts.principals import Right
 from charter.errors import NotFound, StateError
-from charter.principals import Right
 from charter.storage import Tx
 from charter.storage.paging import Position
 from charter.waits import store

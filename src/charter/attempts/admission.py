@@ -15,12 +15,15 @@ an exhausted allowance pauses it) keep that change.
 
 from __future__ import annotations
 
-from charter import attempts, ledger, settlement
+from charter import ledger
 from charter.adapters import EffectClass
-from charter.attempts import Attempt, AttemptStatus, Effect, changed, idempotency_key_for
-from charter.authority import require
-from charter.calls import Call
-from charter.contracts import Contract
+from charter.attempts import attempt as attempts
+from charter.attempts import settlement
+from charter.attempts.attempt import Attempt, AttemptStatus, Effect, changed, idempotency_key_for
+from charter.attempts.calls import Call
+from charter.contracts.authority import require
+from charter.contracts.contract import Contract
+from charter.contracts.principals import Right
 from charter.errors import (
     AdmissionRefused,
     AllowanceExceeded,
@@ -29,9 +32,8 @@ from charter.errors import (
     StoreConflict,
 )
 from charter.hashing import canonical
-from charter.ownership import Segment
-from charter.principals import Right
-from charter.runs import RunStatus
+from charter.runs.ownership import Segment
+from charter.runs.run import RunStatus
 from charter.storage import Row, Tx
 from charter.waits import approvals
 from charter.waits.approvals import ApprovalStatus

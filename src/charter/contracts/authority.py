@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from charter import missions
-from charter.contracts import Contract
+from charter.contracts import missions
+from charter.contracts.contract import Contract
+from charter.contracts.missions import ContractCache
+from charter.contracts.principals import Authenticator, Principal, Right
 from charter.errors import AuthenticationError, NotAuthorized
 from charter.hashing import ENGINE_CHAIN
-from charter.missions import ContractCache
-from charter.principals import Authenticator, Principal, Right
 from charter.storage import Tx
 from charter.storage.database import Refused
 

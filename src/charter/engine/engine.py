@@ -13,18 +13,24 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from charter import attempts as attempts_mod
-from charter import audit, ledger, missions, node_reads, runner, runs, settlement
-from charter import evidence as evidence_mod
+from charter import ledger
 from charter.amounts import is_amount
-from charter.attempts import Attempt
-from charter.audit import Verification
-from charter.authority import Authority
+from charter.attempts import attempt as attempts_mod
+from charter.attempts import evidence as evidence_mod
+from charter.attempts import settlement
+from charter.attempts.attempt import Attempt
+from charter.audit import chain as audit
+from charter.audit.chain import Verification
 from charter.clock import Clock, SystemClock
 from charter.config import EngineConfig
-from charter.contracts import Contract
-from charter.coordinator import Coordinator
+from charter.contracts import missions
+from charter.contracts.authority import Authority
+from charter.contracts.contract import Contract
+from charter.contracts.missions import Mission
+from charter.contracts.principals import Authenticator, Principal, Right
 from charter.crashpoints import CrashHook
+from charter.engine.coordinator import Coordinator
+from charter.engine.executor import Executor
 from charter.errors import (
     AuthenticationError,
     ContractError,
@@ -32,15 +38,15 @@ from charter.errors import (
     RunTerminal,
     StateError,
 )
-from charter.executor import Executor
 from charter.hashing import ENGINE_CHAIN, canonical
 from charter.ids import IdFactory
 from charter.ledger import incidents as incidents_mod
-from charter.missions import Mission
-from charter.node_reads import JournalEntry, NodeExecution
-from charter.nodes import Plan
-from charter.principals import Authenticator, Principal, Right
-from charter.runs import Run, RunStatus
+from charter.plans import journal as node_reads
+from charter.plans import runner
+from charter.plans.journal import JournalEntry, NodeExecution
+from charter.plans.nodes import Plan
+from charter.runs import run as runs
+from charter.runs.run import Run, RunStatus
 from charter.runtime import Runtime
 from charter.storage import Database, Tx, open_database
 from charter.storage.paging import Position

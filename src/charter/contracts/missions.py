@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from charter import ledger
-from charter.contracts import Contract, amendment_needs
+from charter.contracts.contract import Contract, amendment_needs
 from charter.errors import ContractError, NotAuthorized, NotFound
 from charter.storage import Tx
 from charter.storage.database import Refused
@@ -120,7 +120,7 @@ def amend(
 
     Only the mission's creator amends, and only with, for each change that
     widens what anyone may do, the right that change would need on its own,
-    under ``current`` (P2, :func:`~charter.contracts.amendment_needs`);
+    under ``current`` (P2, :func:`~charter.contracts.contract.amendment_needs`);
     narrowing needs no right. A refusal lists every missing right, is audited
     and changes nothing else.
     """

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, overload
 
-from charter import calls, dispatch
 from charter.adapters import Adapter, EffectClass
-from charter.attempts import (
+from charter.attempts import calls, dispatch
+from charter.attempts.attempt import (
     Attempt,
     AttemptStatus,
     Lineage,
@@ -46,8 +46,8 @@ from charter.errors import (
     SettlementUnrecorded,
     StateError,
 )
-from charter.ownership import Segment
-from charter.runs import RunStatus
+from charter.runs.ownership import Segment
+from charter.runs.run import RunStatus
 
 NodeFn = Callable[["Context", Any], Any]
 

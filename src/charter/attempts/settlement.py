@@ -12,14 +12,16 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from charter import attempts, ledger, runs
+from charter import ledger
 from charter.adapters import Evidence
-from charter.attempts import Attempt, AttemptStatus, count_unresolved
+from charter.attempts import attempt as attempts
+from charter.attempts.attempt import Attempt, AttemptStatus, count_unresolved
+from charter.attempts.evidence import conclusive, record
 from charter.errors import StateError
-from charter.evidence import conclusive, record
 from charter.hashing import canonical
 from charter.ledger.incidents import open_incident
-from charter.runs import RunStatus
+from charter.runs import run as runs
+from charter.runs.run import RunStatus
 from charter.storage import Prefetched, Tx
 
 #: Per-run counters of settled attempts (R5 reports them without scanning history).

@@ -1,6 +1,6 @@
 """The one evidence format (A3, A8, A9, S3): what an adapter reports, as recorded.
 
-Whatever a send (:func:`charter.dispatch.send`) or a lookup reports becomes a
+Whatever a send (:func:`charter.attempts.dispatch.send`) or a lookup reports becomes a
 :class:`Report`:
 
 - an :class:`~charter.adapters.Outcome` is evidence the effect was applied;
@@ -25,7 +25,7 @@ from typing import Any
 
 from charter import secret
 from charter.adapters import Evidence, Outcome
-from charter.attempts import Attempt
+from charter.attempts.attempt import Attempt
 from charter.errors import AdapterError, SettlementUnrecorded
 from charter.hashing import canonical
 from charter.secret import Secret

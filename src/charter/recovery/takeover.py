@@ -10,14 +10,15 @@ dispatches and never resumes (R6).
 
 from __future__ import annotations
 
-from charter import runs, settlement
-from charter.attempts import AttemptStatus, list_attempts
+from charter.attempts import settlement
+from charter.attempts.attempt import AttemptStatus, list_attempts
 from charter.clock import seconds_us
-from charter.contracts import Contract
+from charter.contracts.contract import Contract
+from charter.contracts.principals import Principal, Right
 from charter.errors import LeaseHeld, NotAuthorized, SegmentReused
-from charter.principals import Principal, Right
-from charter.recovery import RecoveryState, build
-from charter.runs import Run, RunStatus
+from charter.recovery.state import RecoveryState, build
+from charter.runs import run as runs
+from charter.runs.run import Run, RunStatus
 from charter.runtime import Runtime
 from charter.storage import Tx
 from charter.waits import approvals
@@ -31,7 +32,7 @@ def recover(
     force: bool = False,
     by: Principal | None = None,
 ) -> RecoveryState:
-    """See :meth:`charter.coordinator.Coordinator.recover`."""
+    """See :meth:`charter.engine.coordinator.Coordinator.recover`."""
     with runtime.db.read() as tx:
         mission_id = runs.load(tx, run_id).mission_id
     with runtime.db.transaction(gate=mission_id) as tx:

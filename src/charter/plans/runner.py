@@ -16,13 +16,13 @@ import json
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from charter.attempts import count_unresolved
+from charter.attempts.attempt import count_unresolved
 from charter.errors import Blocked, CharterError, NonDeterminismError, StateError
 from charter.hashing import digest
 from charter.ledger.incidents import open_incident
-from charter.nodes import Context, Node, NodeFn, Plan
-from charter.ownership import Segment
-from charter.runs import RunStatus
+from charter.plans.nodes import Context, Node, NodeFn, Plan
+from charter.runs.ownership import Segment
+from charter.runs.run import RunStatus
 from charter.storage import Row, Tx
 
 T = TypeVar("T")

@@ -332,11 +332,11 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 0
     if args.command == "demo":
-        from charter.demo import run_demo  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
+        from charter.cli.demo import run_demo  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
 
         return run_demo(store=args.store, as_json=args.json)
     from charter import Engine, EngineConfig  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
-    from charter.cli_commands import HANDLERS  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
+    from charter.cli.commands import HANDLERS  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
 
     config = EngineConfig.from_file(args.config) if args.config else EngineConfig.discover()
     with Engine.open(args.store, config=config, create=False) as engine:

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from charter import ledger
-from charter.attempts import Attempt, AttemptStatus, list_attempts
-from charter.contracts import Contract
+from charter.attempts.attempt import Attempt, AttemptStatus, list_attempts
+from charter.contracts.contract import Contract
+from charter.contracts.principals import Right
 from charter.errors import NotFound
-from charter.principals import Right
-from charter.runs import Run
+from charter.runs.run import Run
 from charter.storage import Tx
 from charter.waits.approvals import ApprovalStatus, list_approvals
 

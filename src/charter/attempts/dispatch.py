@@ -7,7 +7,7 @@ status, the principal's authority and that the attempt is still PREPARED (a
 live dispatch) or still unresolved (a replay); then :func:`send`, which checks
 the deadline on this process's monotonic clock one last time and calls the
 adapter once; then the settlement of what it reported, in one transaction
-(:mod:`charter.evidence` is the format). A settlement that cannot be committed
+(:mod:`charter.attempts.evidence` is the format). A settlement that cannot be committed
 is an uncertainty (A4): the attempt stays DISPATCHED and nothing is retried.
 """
 
@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from charter import admission, calls, secret, settlement
+from charter import secret
 from charter.adapters import Adapter, Dispatch, EffectClass, Evidence, Outcome
-from charter.attempts import Attempt, AttemptStatus, Effect, changed, load
-from charter.authority import require
-from charter.calls import REQUEST_JSON, Call, request_hash
+from charter.attempts import admission, calls, settlement
+from charter.attempts.attempt import Attempt, AttemptStatus, Effect, changed, load
+from charter.attempts.calls import REQUEST_JSON, Call, request_hash
+from charter.attempts.evidence import Report, garbage, record, recordable, unrecorded
 from charter.clock import seconds_us
-from charter.contracts import Contract
+from charter.contracts.authority import require
+from charter.contracts.contract import Contract
+from charter.contracts.principals import Right
 from charter.errors import (
     AdapterError,
     AmountOverflow,
@@ -30,11 +33,9 @@ from charter.errors import (
     NotApplied,
     StateError,
 )
-from charter.evidence import Report, garbage, record, recordable, unrecorded
 from charter.ledger.incidents import open_incident
-from charter.ownership import Segment
-from charter.principals import Right
-from charter.runs import RunStatus
+from charter.runs.ownership import Segment
+from charter.runs.run import RunStatus
 from charter.secret import Secret
 from charter.storage import Tx
 from charter.waits import approvals

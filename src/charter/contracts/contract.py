@@ -26,8 +26,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from charter.amounts import is_amount
+from charter.contracts.principals import Right
 from charter.errors import ContractError
-from charter.principals import Right
 
 ResumeMode = Literal["automatic", "rules", "human"]
 #: From least to most restrictive; a contract may only move right (R9).

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import contextlib
 
-from charter import runs
 from charter.clock import seconds_us
 from charter.errors import CharterError, Fenced
-from charter.runs import RunStatus
+from charter.runs import run as runs
+from charter.runs.run import RunStatus
 from charter.runtime import Runtime
 from charter.storage import Row, Tx
 

@@ -1,7 +1,7 @@
 """The ``charter`` commands that work on a store: one handler per command.
 
 Each handler takes the open engine and the parsed command line and returns the
-JSON-able data and the readable text of its answer; :mod:`charter.cli` parses,
+JSON-able data and the readable text of its answer; :mod:`charter.cli.app` parses,
 opens the store, prints, and turns errors into exit statuses.
 """
 
@@ -13,12 +13,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from charter import RunStatus
-from charter.errors import AuditError, AuthenticationError, RunTerminal, StateError
+from charter import AuditError, AuthenticationError, RunStatus, RunTerminal, StateError
 
 if TYPE_CHECKING:
-    from charter.engine import Engine
-    from charter.principals import Principal
+    from charter import Engine, Principal
 
 Handler = Callable[["Engine", argparse.Namespace], Any]
 

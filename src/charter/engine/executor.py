@@ -1,22 +1,22 @@
 """The executor: the owner of one segment of a run, as its users hold it.
 
 An :class:`Executor` is what ``Engine.start_run`` (and, after a crash,
-``Coordinator.resume``) hands back. It is a :class:`~charter.ownership.Segment`
+``Coordinator.resume``) hands back. It is a :class:`~charter.runs.ownership.Segment`
 (epoch, claim, lease: fencing) with the attempt path and the plan runner as
 methods, each written once in its own room:
 
-1. **admission** (A1, :mod:`charter.admission`): authority under the current
+1. **admission** (A1, :mod:`charter.attempts.admission`): authority under the current
    contract, run status, stop conditions and the allowance, checked and held
    in one transaction (L3);
-2. **dispatch commit** (A2, :mod:`charter.dispatch`): DISPATCHED is committed
+2. **dispatch commit** (A2, :mod:`charter.attempts.dispatch`): DISPATCHED is committed
    *before* the adapter is called, conditioned on this executor's epoch,
    claim and unexpired lease, and on a valid approval when one is required
    (W2). When no approval wait comes between them, admission and dispatch
    share one transaction and the attempt still records both phases;
-3. **send** (:func:`charter.dispatch.send`): the one send path, for a live
+3. **send** (:func:`charter.attempts.dispatch.send`): the one send path, for a live
    dispatch and a same-key replay alike (A5, A8, F3);
-4. **settlement** (:mod:`charter.settlement`, in the format of
-   :mod:`charter.evidence`): a result settles the hold; a proven
+4. **settlement** (:mod:`charter.attempts.settlement`, in the format of
+   :mod:`charter.attempts.evidence`): a result settles the hold; a proven
    non-application is FAILED; any other exception, a timeout or a lost
    response is UNKNOWN and keeps its hold (A3, L4).
 
@@ -29,16 +29,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from charter import calls, dispatch, runner
 from charter.adapters import Adapter, Evidence
-from charter.admission import admission
-from charter.attempts import Attempt, Effect
-from charter.calls import Call
+from charter.attempts import calls, dispatch
+from charter.attempts.admission import admission
+from charter.attempts.attempt import Attempt, Effect
+from charter.attempts.calls import Call
 from charter.config import import_path
 from charter.errors import Blocked, NotFound, StateError
-from charter.nodes import Plan
-from charter.ownership import Segment
-from charter.runs import RunStatus
+from charter.plans import runner
+from charter.plans.nodes import Plan
+from charter.runs.ownership import Segment
+from charter.runs.run import RunStatus
 
 
 class Executor(Segment):
@@ -116,7 +117,7 @@ class Executor(Segment):
 
     def replay(self, attempt: Attempt, adapter: Adapter) -> Evidence | None:
         """A8: send an uncertain ``idempotent_keyed`` attempt again with its own key
-        (see :func:`charter.dispatch.replay`); ``None`` when nothing was sent."""
+        (see :func:`charter.attempts.dispatch.replay`); ``None`` when nothing was sent."""
         return dispatch.replay(self, attempt, adapter)
 
     def execute(self, plan: Plan | None = None, input: Any = None) -> Any:

@@ -13,11 +13,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from charter import recovery, runs, secret, settlement, takeover
+from charter import secret
 from charter.adapters import Adapter, Evidence, Outcome
-from charter.attempts import Attempt, AttemptStatus, load
+from charter.attempts import settlement
+from charter.attempts.attempt import Attempt, AttemptStatus, load
+from charter.attempts.evidence import (
+    Report,
+    conclusive_rows,
+    from_row,
+    record,
+    recordable,
+    settled_by,
+)
 from charter.clock import seconds_us
-from charter.contracts import RESUME_STRICTNESS, Contract, ResumeMode
+from charter.contracts.contract import RESUME_STRICTNESS, Contract, ResumeMode
+from charter.contracts.principals import Principal, Right
+from charter.engine.executor import Executor
 from charter.errors import (
     AttemptAlreadySettled,
     LeaseHeld,
@@ -26,18 +37,11 @@ from charter.errors import (
     RunTerminal,
     StateError,
 )
-from charter.evidence import (
-    Report,
-    conclusive_rows,
-    from_row,
-    record,
-    recordable,
-    settled_by,
-)
-from charter.executor import Executor
-from charter.principals import Principal, Right
-from charter.recovery import RecoveryState
-from charter.runs import Run, RunStatus
+from charter.recovery import state as recovery
+from charter.recovery import takeover
+from charter.recovery.state import RecoveryState
+from charter.runs import run as runs
+from charter.runs.run import Run, RunStatus
 from charter.runtime import Runtime
 from charter.storage import Tx
 from charter.waits import approvals

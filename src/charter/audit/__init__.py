@@ -1,0 +1,4 @@
+"""The audit room (S1): the hash-chained event log, one chain per mission.
+
+:mod:`~charter.audit.chain` verifies the chains and reads their heads.
+"""

@@ -1,0 +1,1 @@
+"""The ``charter`` command and the demo: clients of the public face only."""

@@ -1,0 +1,8 @@
+"""The contracts room (P1, P2): contracts, principals, missions and authority.
+
+:mod:`~charter.contracts.contract` parses and checks a contract (pure),
+:mod:`~charter.contracts.principals` names who acts and with which rights,
+:mod:`~charter.contracts.missions` keeps missions and their versioned
+contracts, and :mod:`~charter.contracts.authority` is the one place a
+decision by a person is authorised.
+"""
