@@ -21,24 +21,14 @@ from charter.errors import StateError
 from charter.hashing import canonical
 from charter.ledger.incidents import open_incident
 from charter.runs import run as runs
+from charter.runs import store as run_store
 from charter.runs.run import RunStatus
 from charter.storage import Prefetched, Tx
-
-#: Per-run counters of settled attempts (R5 reports them without scanning history).
-_COUNT = {
-    status: f"UPDATE runs SET n_{status.value} = n_{status.value} + 1 WHERE id = ?"
-    for status in (
-        AttemptStatus.SUCCEEDED,
-        AttemptStatus.FAILED,
-        AttemptStatus.WRITTEN_OFF,
-        AttemptStatus.VOIDED,
-    )
-}
 
 
 def _count(tx: Tx, status: AttemptStatus, attempt: Attempt) -> None:
     """The run's settled counts, and the mission's failures (a stop condition, A1)."""
-    tx.write(_COUNT[status], attempt.run_id)
+    run_store.count_settled(tx, attempt.run_id, status.value)
     if status is AttemptStatus.FAILED:
         tx.write(
             "UPDATE missions SET attempts_failed = attempts_failed + 1 WHERE id = ?",
@@ -49,7 +39,7 @@ def _count(tx: Tx, status: AttemptStatus, attempt: Attempt) -> None:
 def _run_status(tx: Tx, attempt: Attempt) -> Prefetched:
     """The run's status, read under the gate and sent with the decisive update
     (no round trip of its own): settling the last attempt of a stopping run ends it."""
-    return tx.prefetch("SELECT status FROM runs WHERE id = ?", attempt.run_id)
+    return run_store.status_ahead(tx, attempt.run_id)
 
 
 def _conclude(

@@ -14,14 +14,18 @@ Chains begun before schema 6 keep their first events as they were hashed then
 (without the mission's id, from an all-zero genesis): an audit log is never
 rehashed. Their row says how many (:class:`ChainHead`); later events are
 hashed the current way.
+
+This module checks chains; :mod:`~charter.audit.store` reads them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from charter.audit import store
+from charter.audit.model import ChainHead
 from charter.hashing import (
     ENGINE_CHAIN,
     HASHED_FIELDS,
@@ -30,11 +34,10 @@ from charter.hashing import (
     digest,
     event_hash,
     genesis,
-    head_table,
 )
 
 if TYPE_CHECKING:
-    from charter.storage import Row, Tx
+    from charter.storage import Tx
 
 
 #: How many events verification holds at a time, whatever the chain's length.
@@ -59,18 +62,6 @@ class Verification:
             "broken_at": self.broken_at,
             "problem": self.problem,
         }
-
-
-@dataclass(frozen=True)
-class ChainHead:
-    """A chain's head as its row records it: the last event's ``seq`` and ``hash``
-    (``0`` and ``None`` for an empty chain), and how many of its first events were
-    hashed the pre-6 way (``legacy``: the length of the chain when the store was
-    upgraded; ``0`` for chains begun since)."""
-
-    seq: int
-    hash: str | None
-    legacy: int
 
 
 def _problem(
@@ -129,53 +120,14 @@ def verify_events(
     return Verification(chain, count, True)
 
 
-# -- reading chains from the store -------------------------------------------------
+# -- checking chains in the store ---------------------------------------------------
 
 
 def chains(tx: Tx) -> list[str]:
-    """Every chain to verify: each mission's, the engine's, and any events
-    filed under an id that has no head (found by skipping from one chain to the
-    next on the log's key, without reading the events)."""
-    rows = tx.all(
-        "WITH RECURSIVE c(id) AS ("
-        "SELECT MIN(mission_id) FROM audit_events UNION ALL "
-        "SELECT (SELECT MIN(mission_id) FROM audit_events WHERE mission_id > c.id) "
-        "FROM c WHERE c.id IS NOT NULL) "
-        "SELECT id FROM c WHERE id IS NOT NULL "
-        "UNION SELECT id FROM missions UNION SELECT id FROM audit_chains"
-    )
-    return sorted({r["id"] for r in rows} | {ENGINE_CHAIN})
-
-
-def head(tx: Tx, chain: str) -> ChainHead | None:
-    """``chain``'s recorded head, ``None`` if no row keeps one."""
-    row = tx.one(
-        f"SELECT audit_seq, audit_hash, audit_legacy_seq FROM {head_table(chain)} WHERE id = ?",
-        chain,
-    )
-    if row is None:
-        return None
-    return ChainHead(row["audit_seq"], row["audit_hash"], row["audit_legacy_seq"])
-
-
-def events(tx: Tx, chain: str, page: int) -> Iterator[Row]:
-    """``chain``'s events in order, read ``page`` at a time (keyed on ``seq``), so
-    a chain of any length is checked in bounded memory."""
-    rows = tx.all(
-        "SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq LIMIT ?", chain, page
-    )
-    while rows:
-        yield from rows
-        if len(rows) < page:
-            return
-        rows = tx.all(
-            "SELECT * FROM audit_events WHERE mission_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-            chain,
-            rows[-1]["seq"],
-            page,
-        )
+    """Every chain to verify: those the store holds, and the engine's always."""
+    return sorted(store.chain_ids(tx) | {ENGINE_CHAIN})
 
 
 def verify(tx: Tx, chain: str) -> Verification:
     """Check ``chain`` end to end against its recorded head."""
-    return verify_events(chain, events(tx, chain, PAGE), head(tx, chain))
+    return verify_events(chain, store.events(tx, chain, PAGE), store.head(tx, chain))

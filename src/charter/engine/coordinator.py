@@ -41,6 +41,7 @@ from charter.recovery import state as recovery
 from charter.recovery import takeover
 from charter.recovery.state import RecoveryState
 from charter.runs import run as runs
+from charter.runs import store as run_store
 from charter.runs.run import Run, RunStatus
 from charter.runtime import Runtime
 from charter.storage import Tx
@@ -441,12 +442,8 @@ class Coordinator:
         go of its claim) or its lease expired, the new executor takes the claim
         and any older executor of the segment is fenced at its next write.
         """
-        held = tx.one("SELECT owner_claim FROM runs WHERE id = ?", run.id)
-        if (
-            held is not None
-            and held["owner_claim"] is not None
-            and (run.lease_expires_us > tx.now_us and not force)
-        ):
+        held = run_store.owner_claim(tx, run.id)
+        if held is not None and (run.lease_expires_us > tx.now_us and not force):
             raise tx.refused(
                 LeaseHeld(
                     f"segment {segment_id!r} of run {run.id} is being executed by another "
@@ -463,21 +460,14 @@ class Coordinator:
                 payload={"segment": segment_id, "reason": "segment_held"},
             )
         claim = tx.ids.new("clm")
-        tx.run(
-            "UPDATE runs SET owner_claim = ? WHERE id = ? AND epoch = ?", claim, run.id, run.epoch
-        )
+        run_store.hold(tx, run.id, run.epoch, claim)
         if run.status is not RunStatus.ACTIVE:
             runs.set_status(
                 tx, run, RunStatus.ACTIVE, f"resumed ({mode})", actor=actor, segment=segment_id
             )
         # The owner continues: its lease starts afresh (same owner, same epoch).
         expires = tx.now_us + seconds_us(self._runtime.config.lease_seconds)
-        tx.run(
-            "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ?",
-            expires,
-            run.id,
-            run.epoch,
-        )
+        run_store.restart_lease(tx, run.id, run.epoch, expires)
         tx.audit(
             run.mission_id,
             "run.resumed",

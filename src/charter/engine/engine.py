@@ -20,6 +20,7 @@ from charter.attempts import evidence as evidence_mod
 from charter.attempts import settlement
 from charter.attempts.attempt import Attempt
 from charter.audit import chain as audit
+from charter.audit import store as audit_store
 from charter.audit.chain import Verification
 from charter.clock import Clock, SystemClock
 from charter.config import EngineConfig
@@ -41,11 +42,13 @@ from charter.errors import (
 from charter.hashing import ENGINE_CHAIN, canonical
 from charter.ids import IdFactory
 from charter.ledger import incidents as incidents_mod
+from charter.ledger import store as ledger_store
 from charter.plans import journal as node_reads
 from charter.plans import runner
 from charter.plans.journal import JournalEntry, NodeExecution
 from charter.plans.nodes import Plan
 from charter.runs import run as runs
+from charter.runs import store as run_store
 from charter.runs.run import Run, RunStatus
 from charter.runtime import Runtime
 from charter.storage import Database, Tx, open_database
@@ -230,15 +233,13 @@ class Engine:
 
     def _unpause(self, tx: Tx, mission_id: str, actor: str) -> None:
         """Paused runs become active again once nothing keeps the mission paused (L7)."""
-        if tx.one(
-            "SELECT 1 AS x FROM incidents WHERE mission_id = ? AND status = 'open'", mission_id
-        ):
+        if ledger_store.any_open(tx, mission_id):
             return
         if tx.one(
             "SELECT 1 AS x FROM allowances WHERE mission_id = ? AND available < 0", mission_id
         ):
             return
-        for run in runs.list_runs(tx, mission_id):
+        for run in run_store.list_runs(tx, mission_id):
             if run.status is RunStatus.PAUSED:
                 runs.set_status(tx, run, RunStatus.ACTIVE, "unpaused", actor=actor)
 
@@ -336,16 +337,16 @@ class Engine:
                     run_id=from_run,
                     status=old.status.value,
                 )
-            follower = tx.one("SELECT id FROM runs WHERE linked_from = ?", from_run)
+            follower = run_store.follower(tx, from_run)
             if follower is not None:
                 # Two followers would each send what the old run left unsent.
                 raise StateError(
-                    f"run {from_run} is already followed by run {follower['id']}; link from "
+                    f"run {from_run} is already followed by run {follower}; link from "
                     "the last run of the chain",
                     run_id=from_run,
-                    followed_by=follower["id"],
+                    followed_by=follower,
                 )
-            recorded = tx.one("SELECT plan, input FROM runs WHERE id = ?", from_run)
+            recorded = run_store.recorded_plan(tx, from_run)
             assert recorded is not None
             run_id, expires, claim = runs.insert(
                 tx,
@@ -498,7 +499,7 @@ class Engine:
         with self._db.read() as tx:
             if mission_id is not None:
                 missions.load(tx, mission_id)
-            return runs.list_runs(tx, mission_id, limit=limit, after=after)
+            return run_store.list_runs(tx, mission_id, limit=limit, after=after)
 
     def attempt(self, attempt_id: str) -> Attempt:
         with self._db.read() as tx:
@@ -564,12 +565,7 @@ class Engine:
     def ledger_entries(self, mission_id: str) -> list[dict[str, Any]]:
         with self._db.read() as tx:
             missions.load(tx, mission_id)
-            return [
-                dict(r)
-                for r in tx.all(
-                    "SELECT * FROM ledger_entries WHERE mission_id = ? ORDER BY id", mission_id
-                )
-            ]
+            return ledger_store.entries(tx, mission_id)
 
     def check_ledger(self, mission_id: str) -> list[str]:
         """Problems with L0/L1/L2 for the mission; empty when the ledger holds."""
@@ -590,9 +586,4 @@ class Engine:
 
     def audit_events(self, mission_id: str) -> list[dict[str, Any]]:
         with self._db.read() as tx:
-            return [
-                dict(r)
-                for r in tx.all(
-                    "SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", mission_id
-                )
-            ]
+            return audit_store.all_events(tx, mission_id)

@@ -38,6 +38,7 @@ from charter.config import import_path
 from charter.errors import Blocked, NotFound, StateError
 from charter.plans import runner
 from charter.plans.nodes import Plan
+from charter.runs import store as run_store
 from charter.runs.ownership import Segment
 from charter.runs.run import RunStatus
 
@@ -129,7 +130,7 @@ class Executor(Segment):
         run, so its segment can be resumed at once (F1).
         """
         with self.runtime.db.read() as tx:
-            row = tx.one("SELECT plan, input FROM runs WHERE id = ?", self.run_id)
+            row = run_store.recorded_plan(tx, self.run_id)
         if row is None:
             raise NotFound(f"no run {self.run_id!r} in this store", run_id=self.run_id)
         if plan is None:

@@ -87,6 +87,14 @@ def from_entries(tx: Tx, mission_id: str) -> dict[str, Balance]:
     return balances(Move(r["unit"], r["kind"], r["source"], r["target"], r["amount"]) for r in rows)
 
 
+def entries(tx: Tx, mission_id: str) -> list[dict[str, Any]]:
+    """The mission's ledger entries, in the order they were written."""
+    return [
+        dict(r)
+        for r in tx.all("SELECT * FROM ledger_entries WHERE mission_id = ? ORDER BY id", mission_id)
+    ]
+
+
 def problems(tx: Tx, mission_id: str) -> list[str]:
     """Check L0, L1 and L2 for one mission; an empty list means the ledger holds."""
     out: list[str] = []
@@ -169,6 +177,23 @@ def incidents(
         "SELECT * FROM incidents", where, [mission_id], key="opened_at_us", after=after, limit=limit
     )
     return [_incident(r) for r in tx.all(sql, *args)]
+
+
+def any_open(tx: Tx, mission_id: str) -> bool:
+    """Whether an incident of the mission is open (it keeps the mission paused, L7)."""
+    found = tx.one(
+        "SELECT 1 AS x FROM incidents WHERE mission_id = ? AND status = 'open'", mission_id
+    )
+    return found is not None
+
+
+def count_open(tx: Tx, mission_id: str) -> int:
+    row = tx.one(
+        "SELECT COUNT(*) AS n FROM incidents WHERE mission_id = ? AND status = 'open'",
+        mission_id,
+    )
+    assert row is not None  # a count answers one row
+    return int(row["n"])
 
 
 def _incident(row: Row) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from charter.errors import (
     SettlementUnrecorded,
     StateError,
 )
+from charter.runs import store as run_store
 from charter.runs.ownership import Segment
 from charter.runs.run import RunStatus
 
@@ -371,5 +372,5 @@ _RETRY = object()
 def _suspended(ex: Segment) -> bool:
     """Whether the run has left ``active`` (the refusal itself may have paused it)."""
     with ex.runtime.db.read() as tx:
-        row = tx.one("SELECT status FROM runs WHERE id = ?", ex.run_id)
-    return row is None or row["status"] != "active"
+        status = run_store.status(tx, ex.run_id)
+    return status is not RunStatus.ACTIVE

@@ -17,8 +17,11 @@ from charter.attempts.attempt import Attempt, AttemptStatus, list_attempts
 from charter.contracts.contract import Contract
 from charter.contracts.principals import Right
 from charter.errors import NotFound
+from charter.ledger import store as ledger_store
+from charter.runs import store as run_store
 from charter.runs.run import Run
 from charter.storage import Tx
+from charter.waits import store as waits_store
 from charter.waits.approvals import ApprovalStatus, list_approvals
 
 #: The recovery table (DESIGN §4): last durable phase -> next safe action.
@@ -103,14 +106,11 @@ class RecoveryState:
 def assess(tx: Tx, run: Run, contract: Contract) -> dict[str, Any]:
     """The run's standing against its contract: what would stop it going on."""
     balances = ledger.cached(tx, run.mission_id)
-    open_incidents = tx.one(
-        "SELECT COUNT(*) AS n FROM incidents WHERE mission_id = ? AND status = 'open'",
-        run.mission_id,
-    )
+    open_incidents = ledger_store.count_open(tx, run.mission_id)
     counts = tx.one(
         "SELECT attempts_admitted, attempts_failed FROM missions WHERE id = ?", run.mission_id
     )
-    if open_incidents is None or counts is None:
+    if counts is None:
         raise NotFound(f"no mission {run.mission_id!r} in this store", mission_id=run.mission_id)
     stops = [
         label
@@ -130,7 +130,7 @@ def assess(tx: Tx, run: Run, contract: Contract) -> dict[str, Any]:
             for u, b in balances.items()
         },
         "exhausted": sorted(u for u, b in balances.items() if b.exhausted),
-        "open_incidents": open_incidents["n"],
+        "open_incidents": open_incidents,
         "stop_conditions": stops,
         "authority": contract.allows(run.principal, Right.RUN, "*")
         or bool(contract.principals.get(run.principal, {}).get(Right.RUN)),
@@ -146,16 +146,10 @@ def build(
 ) -> RecoveryState:
     """The recovery state; ``expired`` names approvals this recovery retired (W2)."""
     unresolved = list_attempts(tx, run_id=run.id, unresolved=True)
-    row = tx.one(
-        "SELECT n_succeeded, n_failed, n_written_off, n_voided FROM runs WHERE id = ?", run.id
-    )
-    if row is None:
+    settled = run_store.settled_counts(tx, run.id)
+    if settled is None:
         raise NotFound(f"no run {run.id!r} in this store", run_id=run.id)
-    counts = {
-        status: row[f"n_{status}"]
-        for status in ("succeeded", "failed", "written_off", "voided")
-        if row[f"n_{status}"]
-    }
+    counts = {status: n for status, n in settled.items() if n}
     nodes = [
         {
             "node_id": r["node_id"],
@@ -170,7 +164,7 @@ def build(
             run.id,
         )
     ]
-    plan_row = tx.one("SELECT plan FROM runs WHERE id = ?", run.id)
+    plan = run_store.plan_ref(tx, run.id)
     waits = _waits(tx, run, expired)
     actions = _next_actions(run, voided, unresolved, nodes, counts)
     return RecoveryState(
@@ -179,7 +173,7 @@ def build(
             "SELECT contract_version FROM missions WHERE id = ?", run.mission_id
         )["contract_version"],  # type: ignore[index]
         contract=contract,
-        plan=None if plan_row is None else plan_row["plan"],
+        plan=plan,
         nodes=nodes,
         attempts=unresolved,
         voided=voided,
@@ -203,13 +197,8 @@ def _waits(tx: Tx, run: Run, expired: list[str] | None) -> list[dict[str, Any]]:
         if lapsed:
             waits.append({**w.to_dict(), "expired": True, "renews": False})
         elif w.status is ApprovalStatus.PENDING:
-            renews = tx.one(
-                "SELECT 1 AS x FROM approvals WHERE effect_id = ? AND request_hash = ? "
-                "AND status = 'expired'",
-                w.effect_id,
-                w.request_hash,
-            )
-            waits.append({**w.to_dict(), "expired": False, "renews": renews is not None})
+            renews = waits_store.expired(tx, w.effect_id, w.request_hash)
+            waits.append({**w.to_dict(), "expired": False, "renews": renews})
     return waits
 
 

@@ -18,6 +18,7 @@ from charter.contracts.principals import Principal, Right
 from charter.errors import LeaseHeld, NotAuthorized, SegmentReused
 from charter.recovery.state import RecoveryState, build
 from charter.runs import run as runs
+from charter.runs import store as run_store
 from charter.runs.run import Run, RunStatus
 from charter.runtime import Runtime
 from charter.storage import Tx
@@ -56,10 +57,7 @@ def _may_take(
 ) -> str:
     """R1: a new segment, and the owner's lease expired (or a forced takeover by a
     principal with ``stop``); the actor to record."""
-    used = tx.one(
-        "SELECT 1 AS x FROM segments WHERE run_id = ? AND segment_id = ?", run.id, segment_id
-    )
-    if used:
+    if run_store.segment_used(tx, run.id, segment_id):
         raise SegmentReused(
             f"segment {segment_id!r} was already used by run {run.id}; every "
             "continuation needs a new segment ID",
@@ -88,25 +86,14 @@ def _take(runtime: Runtime, tx: Tx, run: Run, segment_id: str, *, actor: str, fo
     holds it until a resume); the new epoch."""
     epoch = run.epoch + 1
     expires = tx.now_us + seconds_us(runtime.config.lease_seconds)
-    tx.run(
-        "UPDATE runs SET epoch = ?, owner_segment = ?, owner_claim = NULL, "
-        "lease_expires_us = ?, recoveries = recoveries + 1, updated_at_us = ? "
-        "WHERE id = ? AND epoch = ?",
-        epoch,
-        segment_id,
-        expires,
-        tx.now_us,
+    run_store.take_over(
+        tx,
         run.id,
-        run.epoch,
-    )
-    tx.run(
-        "INSERT INTO segments (run_id, segment_id, epoch, started_at_us, forced) "
-        "VALUES (?, ?, ?, ?, ?)",
-        run.id,
-        segment_id,
-        epoch,
-        tx.now_us,
-        int(force),
+        from_epoch=run.epoch,
+        epoch=epoch,
+        segment_id=segment_id,
+        lease_expires_us=expires,
+        forced=force,
     )
     tx.audit(
         run.mission_id,

@@ -6,7 +6,7 @@ measured by the store's clock. Every write an executor makes is checked here
 first (:meth:`Segment.own`), under the mission's gate and in the same
 transaction: an executor whose run was taken over, whose segment another
 executor resumed, or whose lease expired is :class:`~charter.errors.Fenced`
-and must send nothing more.
+and must send nothing more. Its statements are in :mod:`~charter.runs.store`.
 """
 
 from __future__ import annotations
@@ -16,22 +16,10 @@ import contextlib
 from charter.clock import seconds_us
 from charter.errors import CharterError, Fenced
 from charter.runs import run as runs
+from charter.runs import store
 from charter.runs.run import RunStatus
 from charter.runtime import Runtime
 from charter.storage import Row, Tx
-
-_OWNER_SQL = (
-    "SELECT r.status, r.epoch, r.owner_segment, r.owner_claim, r.lease_expires_us, r.linked_from, "
-    "m.contract_version, "
-    "m.attempts_admitted, m.attempts_failed, "
-    "(SELECT COUNT(*) FROM incidents i WHERE i.mission_id = r.mission_id "
-    "AND i.status = 'open') AS open_incidents, "
-    # "unit:amount,..." (units are plain names): one statement, one round trip.
-    "(SELECT {group_concat}(a.unit || ':' || a.available, ',') FROM allowances a "
-    "WHERE a.mission_id = r.mission_id) AS available "
-    # No row locks: the caller holds the mission's gate.
-    "FROM missions m JOIN runs r ON m.id = r.mission_id WHERE r.id = ?"
-)
 
 
 class Segment:
@@ -79,7 +67,7 @@ class Segment:
         """Check ownership in ``tx`` (under the mission's gate) and return the run's
         standing; renew the lease if half of it is used."""
         tx.lock_mission(self.mission_id)
-        row = tx.one(_OWNER_SQL, self.run_id)
+        row = store.standing(tx, self.run_id)
         if row is None:
             raise self.fenced("the run no longer exists", -1)
         if row["epoch"] != self.epoch or row["owner_segment"] != self.segment_id:
@@ -91,12 +79,7 @@ class Segment:
         lease_us = seconds_us(self.runtime.config.lease_seconds)
         if row["lease_expires_us"] - tx.now_us < lease_us // 2:
             self.lease_expires_us = tx.now_us + lease_us
-            tx.write(
-                "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ?",
-                self.lease_expires_us,
-                self.run_id,
-                self.epoch,
-            )
+            store.extend_lease(tx, self.run_id, self.epoch, self.lease_expires_us)
             self._audit_lease(tx, row["lease_expires_us"], self.lease_expires_us)
         else:
             self.lease_expires_us = row["lease_expires_us"]
@@ -107,21 +90,18 @@ class Segment:
         lease_us = seconds_us(self.runtime.config.lease_seconds)
         with self.runtime.db.transaction(gate=self.mission_id) as tx:
             expires = tx.now_us + lease_us
-            changed = tx.run(
-                "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ? "
-                "AND owner_segment = ? AND COALESCE(owner_claim, '') = ? "
-                "AND lease_expires_us > ?",
-                expires,
+            renewed = store.renew_lease(
+                tx,
                 self.run_id,
-                self.epoch,
-                self.segment_id,
-                self.claim or "",
-                tx.now_us,
+                epoch=self.epoch,
+                segment_id=self.segment_id,
+                claim=self.claim,
+                expires_us=expires,
             )
-            if not changed:
-                row = tx.one("SELECT epoch FROM runs WHERE id = ?", self.run_id)
+            if not renewed:
+                epoch = store.current_epoch(tx, self.run_id)
                 raise self.fenced(
-                    "its lease expired or the run was taken over", row["epoch"] if row else -1
+                    "its lease expired or the run was taken over", -1 if epoch is None else epoch
                 )
             self._audit_lease(tx, self.lease_expires_us, expires)
         self.lease_expires_us = expires
@@ -177,11 +157,5 @@ class Segment:
         as a crashed one does."""
         with contextlib.suppress(CharterError):
             with self.runtime.db.transaction(gate=self.mission_id) as tx:
-                tx.run(
-                    "UPDATE runs SET owner_claim = NULL WHERE id = ? AND epoch = ? "
-                    "AND owner_claim = ?",
-                    self.run_id,
-                    self.epoch,
-                    self.claim,
-                )
+                store.release(tx, self.run_id, self.epoch, self.claim)
             self.claim = None

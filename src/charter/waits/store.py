@@ -62,6 +62,17 @@ def approvals(
     return [from_row(r) for r in tx.all(sql, *args)]
 
 
+def expired(tx: Tx, effect: str, request_hash: str) -> bool:
+    """Whether an approval of the effect and request expired (a pending one renews it)."""
+    found = tx.one(
+        "SELECT 1 AS x FROM approvals WHERE effect_id = ? AND request_hash = ? "
+        "AND status = 'expired'",
+        effect,
+        request_hash,
+    )
+    return found is not None
+
+
 def insert(
     tx: Tx,
     approval_id: str,

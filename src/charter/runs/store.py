@@ -1,0 +1,281 @@
+"""The runs room's tables: every statement on ``runs`` and ``segments`` (F1, F2, N4).
+
+:mod:`~charter.runs.run` says what a status change means and
+:mod:`~charter.runs.ownership` decides who may write; both write through here.
+"""
+
+from __future__ import annotations
+
+from charter.runs.model import Run, RunStatus
+from charter.storage import Prefetched, Row, Tx
+from charter.storage.paging import Position, page
+
+_COLUMNS = (
+    "id, mission_id, principal, status, status_reason, epoch, owner_segment, "
+    "lease_expires_us, recoveries, linked_from, created_at_us, updated_at_us"
+)
+
+#: What a run counts of its settled attempts, by attempt status (R5 reports
+#: them without scanning history): each has its ``n_<status>`` column.
+SETTLED = ("succeeded", "failed", "written_off", "voided")
+
+_COUNT = {s: f"UPDATE runs SET n_{s} = n_{s} + 1 WHERE id = ?" for s in SETTLED}
+
+_STANDING = (
+    "SELECT r.status, r.epoch, r.owner_segment, r.owner_claim, r.lease_expires_us, r.linked_from, "
+    "m.contract_version, "
+    "m.attempts_admitted, m.attempts_failed, "
+    "(SELECT COUNT(*) FROM incidents i WHERE i.mission_id = r.mission_id "
+    "AND i.status = 'open') AS open_incidents, "
+    # "unit:amount,..." (units are plain names): one statement, one round trip.
+    "(SELECT {group_concat}(a.unit || ':' || a.available, ',') FROM allowances a "
+    "WHERE a.mission_id = r.mission_id) AS available "
+    # No row locks: the caller holds the mission's gate.
+    "FROM missions m JOIN runs r ON m.id = r.mission_id WHERE r.id = ?"
+)
+
+_SET_LEASE = "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ?"
+
+
+def from_row(r: Row) -> Run:
+    return Run(
+        r["id"],
+        r["mission_id"],
+        r["principal"],
+        RunStatus(r["status"]),
+        r["status_reason"],
+        r["epoch"],
+        r["owner_segment"],
+        r["lease_expires_us"],
+        r["recoveries"],
+        r["linked_from"],
+        r["created_at_us"],
+        r["updated_at_us"],
+    )
+
+
+# -- records -------------------------------------------------------------------------
+
+
+def run(tx: Tx, run_id: str) -> Run | None:
+    row = tx.one(f"SELECT {_COLUMNS} FROM runs WHERE id = ?", run_id)
+    return None if row is None else from_row(row)
+
+
+def list_runs(
+    tx: Tx,
+    mission_id: str | None = None,
+    *,
+    limit: int | None = None,
+    after: Position | None = None,
+) -> list[Run]:
+    where, params = ([], []) if mission_id is None else (["mission_id = ?"], [mission_id])
+    sql, args = page(
+        f"SELECT {_COLUMNS} FROM runs", where, params, key="created_at_us", after=after, limit=limit
+    )
+    return [from_row(r) for r in tx.all(sql, *args)]
+
+
+def insert(
+    tx: Tx,
+    run_id: str,
+    *,
+    mission_id: str,
+    principal: str,
+    segment_id: str,
+    claim: str,
+    lease_expires_us: int,
+    plan: str | None,
+    input_json: str | None,
+    linked_from: str | None,
+) -> None:
+    """A new active run at epoch 1 and its first segment."""
+    tx.run(
+        "INSERT INTO runs (id, mission_id, principal, status, epoch, owner_segment, "
+        "owner_claim, lease_expires_us, created_at_us, updated_at_us, plan, input, "
+        "linked_from) VALUES (?, ?, ?, 'active', 1, ?, ?, ?, ?, ?, ?, ?, ?)",
+        run_id,
+        mission_id,
+        principal,
+        segment_id,
+        claim,
+        lease_expires_us,
+        tx.now_us,
+        tx.now_us,
+        plan,
+        input_json,
+        linked_from,
+    )
+    tx.run(
+        "INSERT INTO segments (run_id, segment_id, epoch, started_at_us) VALUES (?, ?, 1, ?)",
+        run_id,
+        segment_id,
+        tx.now_us,
+    )
+
+
+def change_status(
+    tx: Tx, run_id: str, before: RunStatus, after: RunStatus, reason: str | None
+) -> bool:
+    """Move a run from ``before`` to ``after``; ``False`` if it was no longer ``before``."""
+    return bool(
+        tx.run(
+            "UPDATE runs SET status = ?, status_reason = ?, updated_at_us = ? "
+            "WHERE id = ? AND status = ?",
+            after.value,
+            reason,
+            tx.now_us,
+            run_id,
+            before.value,
+        )
+    )
+
+
+def status(tx: Tx, run_id: str) -> RunStatus | None:
+    row = tx.one("SELECT status FROM runs WHERE id = ?", run_id)
+    return None if row is None else RunStatus(row["status"])
+
+
+def status_ahead(tx: Tx, run_id: str) -> Prefetched:
+    """The run's status as a read sent ahead: it travels with the next statement."""
+    return tx.prefetch("SELECT status FROM runs WHERE id = ?", run_id)
+
+
+def follower(tx: Tx, run_id: str) -> str | None:
+    """The run linked from ``run_id``, if one was started (N4)."""
+    row = tx.one("SELECT id FROM runs WHERE linked_from = ?", run_id)
+    return None if row is None else str(row["id"])
+
+
+def recorded_plan(tx: Tx, run_id: str) -> Row | None:
+    """The plan reference and input (JSON) recorded on the run, so another
+    process can resume it: ``plan`` and ``input``, each possibly ``None``."""
+    return tx.one("SELECT plan, input FROM runs WHERE id = ?", run_id)
+
+
+def plan_ref(tx: Tx, run_id: str) -> str | None:
+    row = tx.one("SELECT plan FROM runs WHERE id = ?", run_id)
+    plan: str | None = None if row is None else row["plan"]
+    return plan
+
+
+def count_settled(tx: Tx, run_id: str, outcome: str) -> None:
+    """Count one more attempt of the run settled as ``outcome`` (one of :data:`SETTLED`)."""
+    tx.write(_COUNT[outcome], run_id)
+
+
+def settled_counts(tx: Tx, run_id: str) -> dict[str, int] | None:
+    """The run's settled attempts by status (every one of :data:`SETTLED`)."""
+    row = tx.one(
+        "SELECT n_succeeded, n_failed, n_written_off, n_voided FROM runs WHERE id = ?", run_id
+    )
+    return None if row is None else {outcome: row[f"n_{outcome}"] for outcome in SETTLED}
+
+
+# -- ownership (F1, F2) --------------------------------------------------------------
+
+
+def standing(tx: Tx, run_id: str) -> Row | None:
+    """What its owner checks before every write: the run's owner, epoch, claim
+    and lease, with the mission's contract version, counters, open incidents and
+    available amounts (``unit:amount,...``), in one round trip. It reads the
+    missions', allowances' and incidents' tables too."""
+    return tx.one(_STANDING, run_id)
+
+
+def current_epoch(tx: Tx, run_id: str) -> int | None:
+    row = tx.one("SELECT epoch FROM runs WHERE id = ?", run_id)
+    return None if row is None else int(row["epoch"])
+
+
+def extend_lease(tx: Tx, run_id: str, epoch: int, expires_us: int) -> None:
+    """Move the lease's end, sent with the next statement (no round trip of its own)."""
+    tx.write(_SET_LEASE, expires_us, run_id, epoch)
+
+
+def restart_lease(tx: Tx, run_id: str, epoch: int, expires_us: int) -> None:
+    """Move the lease's end now (a resume: the owner's lease starts afresh)."""
+    tx.run(_SET_LEASE, expires_us, run_id, epoch)
+
+
+def renew_lease(
+    tx: Tx, run_id: str, *, epoch: int, segment_id: str, claim: str | None, expires_us: int
+) -> bool:
+    """Extend a live lease held by this segment and claim; ``False`` if the lease
+    expired or the run was taken over or claimed by another executor meanwhile."""
+    return bool(
+        tx.run(
+            "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ? "
+            "AND owner_segment = ? AND COALESCE(owner_claim, '') = ? "
+            "AND lease_expires_us > ?",
+            expires_us,
+            run_id,
+            epoch,
+            segment_id,
+            claim or "",
+            tx.now_us,
+        )
+    )
+
+
+def owner_claim(tx: Tx, run_id: str) -> str | None:
+    """The claim of the executor holding the run; ``None`` when none holds it."""
+    row = tx.one("SELECT owner_claim FROM runs WHERE id = ?", run_id)
+    held: str | None = None if row is None else row["owner_claim"]
+    return held
+
+
+def hold(tx: Tx, run_id: str, epoch: int, claim: str) -> None:
+    """Make ``claim`` the one executor holding the run at ``epoch``."""
+    tx.run("UPDATE runs SET owner_claim = ? WHERE id = ? AND epoch = ?", claim, run_id, epoch)
+
+
+def release(tx: Tx, run_id: str, epoch: int, claim: str | None) -> None:
+    """Let go of the run if ``claim`` still holds it at ``epoch``."""
+    tx.run(
+        "UPDATE runs SET owner_claim = NULL WHERE id = ? AND epoch = ? AND owner_claim = ?",
+        run_id,
+        epoch,
+        claim,
+    )
+
+
+def segment_used(tx: Tx, run_id: str, segment_id: str) -> bool:
+    row = tx.one(
+        "SELECT 1 AS x FROM segments WHERE run_id = ? AND segment_id = ?", run_id, segment_id
+    )
+    return row is not None
+
+
+def take_over(
+    tx: Tx,
+    run_id: str,
+    *,
+    from_epoch: int,
+    epoch: int,
+    segment_id: str,
+    lease_expires_us: int,
+    forced: bool,
+) -> None:
+    """A new segment owns the run at ``epoch``, idle (no executor holds it), and
+    the segment is recorded so its ID is never used again (R1, R2)."""
+    tx.run(
+        "UPDATE runs SET epoch = ?, owner_segment = ?, owner_claim = NULL, "
+        "lease_expires_us = ?, recoveries = recoveries + 1, updated_at_us = ? "
+        "WHERE id = ? AND epoch = ?",
+        epoch,
+        segment_id,
+        lease_expires_us,
+        tx.now_us,
+        run_id,
+        from_epoch,
+    )
+    tx.run(
+        "INSERT INTO segments (run_id, segment_id, epoch, started_at_us, forced) "
+        "VALUES (?, ?, ?, ?, ?)",
+        run_id,
+        segment_id,
+        epoch,
+        tx.now_us,
+        int(forced),
+    )
