@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from charter import ledger
-from charter.attempts.attempt import Attempt, AttemptStatus, list_attempts
+from charter.attempts.model import Attempt, AttemptStatus
+from charter.attempts.store import list_attempts
 from charter.contracts.contract import Contract
 from charter.contracts.principals import Right
 from charter.errors import NotFound
