@@ -231,20 +231,18 @@ def test_importing_loads_no_store(name: str) -> None:
 #: entry above what its module holds must be lowered; so the list only shrinks,
 #: until each room owns its tables through a store.py (never 2, not done yet).
 SQL_NOT_YET_IN_A_STORE: dict[str, int] = {
-    "charter.attempts.admission": 1,
     "charter.attempts.attempt": 1,
     "charter.audit.chain": 4,
     "charter.engine.coordinator": 3,
-    "charter.engine.engine": 6,
+    "charter.engine.engine": 5,
     "charter.engine.executor": 1,
-    "charter.contracts.missions": 8,
     "charter.plans.journal": 2,
     "charter.plans.nodes": 3,
     "charter.runs.ownership": 5,
-    "charter.recovery.state": 7,
+    "charter.recovery.state": 5,
     "charter.plans.runner": 10,
     "charter.runs.run": 5,
-    "charter.attempts.settlement": 3,
+    "charter.attempts.settlement": 2,
     "charter.recovery.takeover": 5,
 }
 

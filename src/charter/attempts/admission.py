@@ -21,6 +21,7 @@ from charter.attempts import attempt as attempts
 from charter.attempts import settlement, store
 from charter.attempts.calls import Call
 from charter.attempts.model import Attempt, AttemptStatus, Effect, changed, idempotency_key_for
+from charter.contracts import store as contracts_store
 from charter.contracts.authority import require
 from charter.contracts.contract import Contract
 from charter.contracts.principals import Right
@@ -301,10 +302,7 @@ def _record(seg: Segment, tx: Tx, call: Call, effect: Effect, dispatch_now: bool
     ledger.record(
         tx, seg.mission_id, attempt.id, ledger.hold(attempt.estimate), attempt.price_source
     )
-    tx.write(
-        "UPDATE missions SET attempts_admitted = attempts_admitted + 1 WHERE id = ?",
-        seg.mission_id,
-    )
+    contracts_store.count_admitted(tx, seg.mission_id)
     _audit_prepared(seg, tx, call, effect, attempt)
     if dispatch_now:
         audit_dispatched(seg, tx, attempt)

@@ -18,6 +18,7 @@ from charter.adapters import Evidence
 from charter.attempts import store
 from charter.attempts.evidence import record
 from charter.attempts.model import Attempt, AttemptStatus
+from charter.contracts import store as contracts_store
 from charter.errors import StateError
 from charter.ledger.incidents import open_incident
 from charter.runs import run as runs
@@ -40,10 +41,7 @@ def _count(tx: Tx, status: AttemptStatus, attempt: Attempt) -> None:
     """The run's settled counts, and the mission's failures (a stop condition, A1)."""
     tx.write(_COUNT[status], attempt.run_id)
     if status is AttemptStatus.FAILED:
-        tx.write(
-            "UPDATE missions SET attempts_failed = attempts_failed + 1 WHERE id = ?",
-            attempt.mission_id,
-        )
+        contracts_store.count_failed(tx, attempt.mission_id)
 
 
 def _run_status(tx: Tx, attempt: Attempt) -> Prefetched:

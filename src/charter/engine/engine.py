@@ -25,7 +25,7 @@ from charter.config import EngineConfig
 from charter.contracts import missions
 from charter.contracts.authority import Authority
 from charter.contracts.contract import Contract
-from charter.contracts.missions import Mission
+from charter.contracts.model import Mission
 from charter.contracts.principals import Authenticator, Principal, Right
 from charter.crashpoints import CrashHook
 from charter.engine.coordinator import Coordinator
@@ -40,6 +40,7 @@ from charter.errors import (
 from charter.hashing import ENGINE_CHAIN, canonical
 from charter.ids import IdFactory
 from charter.ledger import incidents as incidents_mod
+from charter.ledger import store as ledger_store
 from charter.plans import journal as node_reads
 from charter.plans import runner
 from charter.plans.journal import JournalEntry, NodeExecution
@@ -233,9 +234,7 @@ class Engine:
             "SELECT 1 AS x FROM incidents WHERE mission_id = ? AND status = 'open'", mission_id
         ):
             return
-        if tx.one(
-            "SELECT 1 AS x FROM allowances WHERE mission_id = ? AND available < 0", mission_id
-        ):
+        if ledger_store.overdrawn(tx, mission_id):
             return
         for run in runs.list_runs(tx, mission_id):
             if run.status is RunStatus.PAUSED:

@@ -15,6 +15,7 @@ from typing import Any
 from charter import ledger
 from charter.attempts.model import Attempt, AttemptStatus
 from charter.attempts.store import list_attempts
+from charter.contracts import store as contracts_store
 from charter.contracts.contract import Contract
 from charter.contracts.principals import Right
 from charter.errors import NotFound
@@ -108,15 +109,13 @@ def assess(tx: Tx, run: Run, contract: Contract) -> dict[str, Any]:
         "SELECT COUNT(*) AS n FROM incidents WHERE mission_id = ? AND status = 'open'",
         run.mission_id,
     )
-    counts = tx.one(
-        "SELECT attempts_admitted, attempts_failed FROM missions WHERE id = ?", run.mission_id
-    )
+    counts = contracts_store.counts(tx, run.mission_id)
     if open_incidents is None or counts is None:
         raise NotFound(f"no mission {run.mission_id!r} in this store", mission_id=run.mission_id)
     stops = [
         label
         for label, _ in contract.stop_conditions.holding(
-            now_us=tx.now_us, admitted=counts["attempts_admitted"], failed=counts["attempts_failed"]
+            now_us=tx.now_us, admitted=counts[0], failed=counts[1]
         )
     ]
     return {
@@ -174,11 +173,12 @@ def build(
     plan_row = tx.one("SELECT plan FROM runs WHERE id = ?", run.id)
     waits = _waits(tx, run, expired)
     actions = _next_actions(run, voided, unresolved, nodes, counts)
+    version = contracts_store.contract_version(tx, run.mission_id)
+    if version is None:
+        raise NotFound(f"no mission {run.mission_id!r} in this store", mission_id=run.mission_id)
     return RecoveryState(
         run=run,
-        contract_version=tx.one(
-            "SELECT contract_version FROM missions WHERE id = ?", run.mission_id
-        )["contract_version"],  # type: ignore[index]
+        contract_version=version,
         contract=contract,
         plan=None if plan_row is None else plan_row["plan"],
         nodes=nodes,
