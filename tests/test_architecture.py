@@ -20,6 +20,7 @@ names that are public standard-library API (``namedtuple._replace``,
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -278,6 +279,37 @@ def test_sql_ratchet_is_current() -> None:
         if len(found.get(name, [])) < count
     ]
     _fail_on(offences, "stale SQL_NOT_YET_IN_A_STORE entries")
+
+
+#: Table -> the one module that writes it (never 2: each table has one owner).
+#: Any store may read it, joined with its own; a table not listed is not checked
+#: yet. storage/ is not a writer here: its migrations backfill columns and its
+#: transactions keep the audit chain's head on the mission row.
+TABLE_OWNERS: dict[str, str] = {
+    "allowances": "charter.ledger.store",
+    "approvals": "charter.waits.store",
+    "attempts": "charter.attempts.store",
+    "contract_versions": "charter.contracts.store",
+    "evidence": "charter.attempts.store",
+    "incidents": "charter.ledger.store",
+    "ledger_entries": "charter.ledger.store",
+    "missions": "charter.contracts.store",
+}
+
+_WRITE = re.compile(r"^(?:INSERT INTO|UPDATE|DELETE FROM) (\w+)")
+
+
+def test_each_table_is_written_by_its_owner_only() -> None:
+    """Only a table's owner module inserts, updates or deletes its rows (never 2)."""
+    offences = [
+        f"{module.where}:{line}: {text} (the owner of {table} is {TABLE_OWNERS[table]})"
+        for module in modules().values()
+        if not _in(module.name, "charter.storage")
+        for line, text in sql_literals(module)
+        for table in _WRITE.findall(text)
+        if table in TABLE_OWNERS and module.name != TABLE_OWNERS[table]
+    ]
+    _fail_on(offences, "writes to a table outside its owner module")
 
 
 # -- sizes -------------------------------------------------------------------------------
