@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 import charter
 from charter.adapters import Dispatch, Estimate, Outcome
-from charter.attempts.attempt import idempotency_key_for
 from charter.attempts.calls import request_hash
+from charter.attempts.model import idempotency_key_for
 from charter.clock import seconds_us
 from charter.testing import ManualClock, RecordingAdapter
 from conftest import Principals, default_contract

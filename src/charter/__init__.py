@@ -58,7 +58,7 @@ from charter.errors import (
 from charter.secret import Secret
 
 if TYPE_CHECKING:
-    from charter.attempts.attempt import Attempt, AttemptStatus
+    from charter.attempts.model import Attempt, AttemptStatus
     from charter.config import EngineConfig
     from charter.contracts.contract import Contract
     from charter.contracts.principals import Principal, Right, hash_secret, new_credential
@@ -71,8 +71,8 @@ if TYPE_CHECKING:
 #: Names whose modules load the store, imported on first use: ``import
 #: charter.adapters`` (an adapter, ``charter.testing``) never loads the engine.
 _LAZY = {
-    "Attempt": "charter.attempts.attempt",
-    "AttemptStatus": "charter.attempts.attempt",
+    "Attempt": "charter.attempts.model",
+    "AttemptStatus": "charter.attempts.model",
     "EngineConfig": "charter.config",
     "Contract": "charter.contracts.contract",
     "Engine": "charter.engine.engine",

@@ -18,9 +18,10 @@ from __future__ import annotations
 from charter import ledger
 from charter.adapters import EffectClass
 from charter.attempts import attempt as attempts
-from charter.attempts import settlement
-from charter.attempts.attempt import Attempt, AttemptStatus, Effect, changed, idempotency_key_for
+from charter.attempts import settlement, store
 from charter.attempts.calls import Call
+from charter.attempts.model import Attempt, AttemptStatus, Effect, changed, idempotency_key_for
+from charter.contracts import store as contracts_store
 from charter.contracts.authority import require
 from charter.contracts.contract import Contract
 from charter.contracts.principals import Right
@@ -31,7 +32,6 @@ from charter.errors import (
     StateError,
     StoreConflict,
 )
-from charter.hashing import canonical
 from charter.runs.ownership import Segment
 from charter.runs.run import RunStatus
 from charter.storage import Row, Tx
@@ -54,7 +54,7 @@ def check_effect(seg: Segment, tx: Tx, effect: Effect) -> None:
     of the effect, FAILED or VOIDED.
     """
     lines = attempts.lineage(tx, seg.run_id, effect.node_id, effect.execution)
-    rows = attempts.effect_attempts(tx, lines, effect.node_id, effect.key)
+    rows = store.effect_attempts(tx, lines, effect.node_id, effect.key)
     for r in rows:
         if (r.run_id, r.execution, r.generation) == (
             seg.run_id,
@@ -179,15 +179,6 @@ def check_allowance(seg: Segment, tx: Tx, contract: Contract, row: Row, call: Ca
     )
 
 
-_INSERT_ATTEMPT = (
-    "INSERT INTO attempts (id, mission_id, run_id, node_id, execution, effect_key, generation, "
-    "adapter, operation, effect_class, status, principal, admitted_epoch, dispatched_epoch, "
-    "idempotency_key, request_hash, request, estimate, price_source, retry_of, "
-    "send_deadline_us, prepared_at_us, dispatched_at_us) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-
-
 def admission(seg: Segment, call: Call, effect: Effect, *, dispatch: bool = True) -> Attempt:
     """The admission transaction; a repeat of an effect's generation is reported
     as such, and records nothing."""
@@ -307,39 +298,11 @@ def _record(seg: Segment, tx: Tx, call: Call, effect: Effect, dispatch_now: bool
         settled_at_us=None,
         generation=effect.generation,
     )
-    tx.write(
-        _INSERT_ATTEMPT,
-        attempt.id,
-        attempt.mission_id,
-        attempt.run_id,
-        effect.node_id,
-        effect.execution,
-        effect.key,
-        effect.generation,
-        attempt.adapter,
-        attempt.operation,
-        attempt.effect_class,
-        attempt.status.value,
-        attempt.principal,
-        seg.epoch,
-        attempt.dispatched_epoch,
-        attempt.idempotency_key,
-        attempt.request_hash,
-        call.request_json,
-        canonical(attempt.estimate),
-        attempt.price_source,
-        effect.retry_of,
-        deadline,
-        now,
-        attempt.dispatched_at_us,
-    )
+    store.insert(tx, attempt, call.request_json)
     ledger.record(
         tx, seg.mission_id, attempt.id, ledger.hold(attempt.estimate), attempt.price_source
     )
-    tx.write(
-        "UPDATE missions SET attempts_admitted = attempts_admitted + 1 WHERE id = ?",
-        seg.mission_id,
-    )
+    contracts_store.count_admitted(tx, seg.mission_id)
     _audit_prepared(seg, tx, call, effect, attempt)
     if dispatch_now:
         audit_dispatched(seg, tx, attempt)

@@ -17,10 +17,10 @@ from typing import Any
 
 from charter import secret
 from charter.adapters import Adapter, Dispatch, EffectClass, Evidence, Outcome
-from charter.attempts import admission, calls, settlement
-from charter.attempts.attempt import Attempt, AttemptStatus, Effect, changed, load
+from charter.attempts import admission, calls, settlement, store
 from charter.attempts.calls import REQUEST_JSON, Call, request_hash
 from charter.attempts.evidence import Report, garbage, record, recordable, unrecorded
+from charter.attempts.model import Attempt, AttemptStatus, Effect, changed
 from charter.clock import seconds_us
 from charter.contracts.authority import require
 from charter.contracts.contract import Contract
@@ -91,7 +91,7 @@ def _commit_dispatch(
     seg: Segment, tx: Tx, attempt_id: str, adapter: Adapter, request: Any
 ) -> Attempt:
     row = seg.own(tx)
-    attempt = load(tx, attempt_id)
+    attempt = store.load(tx, attempt_id)
     if attempt.run_id != seg.run_id:
         raise StateError(f"attempt {attempt_id} belongs to run {attempt.run_id}, not {seg.run_id}")
     if request is not None:
@@ -135,15 +135,8 @@ def _commit_dispatch(
     if contract.approvals.requires(attempt.scope) and not _approved(seg, tx, contract, attempt):
         return changed(attempt, status=AttemptStatus.VOIDED, reason="approval denied")
     deadline = seg.send_deadline(tx.now_us)
-    done = tx.run(
-        "UPDATE attempts SET status = 'dispatched', dispatched_epoch = ?, "
-        "dispatched_at_us = ?, send_deadline_us = ? WHERE id = ? AND status = 'prepared'",
-        seg.epoch,
-        tx.now_us,
-        deadline,
-        attempt.id,
-    )
-    if not done:  # voided concurrently: it must never be sent
+    # Not PREPARED any more: voided concurrently, it must never be sent.
+    if not store.mark_dispatched(tx, attempt.id, epoch=seg.epoch, deadline_us=deadline):
         raise StateError(f"attempt {attempt.id} is no longer PREPARED; nothing is sent")
     attempt = changed(
         attempt,
@@ -350,7 +343,7 @@ def _unaddable(seg: Segment, attempt: Attempt, report: Report, exc: AmountOverfl
             attempt_id=attempt.id,
             epoch=seg.epoch,
         )
-        return load(tx, attempt.id)
+        return store.load(tx, attempt.id)
 
 
 def _settle_live(seg: Segment, tx: Tx, attempt: Attempt, report: Report) -> Attempt:
@@ -378,7 +371,7 @@ def _settle_live(seg: Segment, tx: Tx, attempt: Attempt, report: Report) -> Atte
             record(tx, attempt, evidence, actor=seg.principal, epoch=seg.epoch, settled=False)
         if marked:
             return changed(attempt, status=AttemptStatus.UNKNOWN, reason=report.reason)
-        return load(tx, attempt.id)
+        return store.load(tx, attempt.id)
     not_applied = evidence.verdict == "not_applied"
     reason = report.reason if not_applied else None
     if not settlement.settle_by_evidence(
@@ -392,13 +385,13 @@ def _settle_live(seg: Segment, tx: Tx, attempt: Attempt, report: Report) -> Atte
     ):
         settlement.record_late(
             tx,
-            load(tx, attempt.id),
+            store.load(tx, attempt.id),
             evidence,
             source=f"late settlement (epoch {seg.epoch})",
             may_settle=True,
             **kw,
         )
-        return load(tx, attempt.id)
+        return store.load(tx, attempt.id)
     if not_applied:  # the proof is kept as evidence (A3)
         record(tx, attempt, evidence, actor=seg.principal, epoch=seg.epoch, settled=True)
     o = evidence.outcome
@@ -455,7 +448,7 @@ def _commit_replay(
 ) -> tuple[Attempt, int, int] | None:
     """The replay's dispatch commit (A2 + "still unresolved"); ``None``: no send."""
     row = seg.own(tx)
-    attempt = load(tx, attempt_id)
+    attempt = store.load(tx, attempt_id)
     if attempt.run_id != seg.run_id or secret.missing(attempt.request):
         return None  # a secret this process cannot have (S3): a person decides
     unresolved = attempt.status is AttemptStatus.UNKNOWN or (

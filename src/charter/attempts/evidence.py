@@ -14,6 +14,8 @@ Whatever a send (:func:`charter.attempts.dispatch.send`) or a lookup reports bec
 Everything in a report is what will be recorded: serialised as it will be
 stored, and with every secret of the request scrubbed from that final text
 (S3), so there is one format for everything an adapter tells the engine.
+:func:`record` is the one writer of evidence; :mod:`charter.attempts.store`
+holds the evidence table's statements and reads it back.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from typing import Any
 
 from charter import secret
 from charter.adapters import Evidence, Outcome
-from charter.attempts.attempt import Attempt
+from charter.attempts import store
+from charter.attempts.model import Attempt
 from charter.errors import AdapterError, SettlementUnrecorded
 from charter.hashing import canonical
 from charter.secret import Secret
-from charter.storage import Row, Tx
+from charter.storage import Tx
 
 
 def _text(value: Any) -> Any:
@@ -126,7 +129,7 @@ def garbage(raw: str, problem: str, secrets: list[Secret]) -> Report:
     )
 
 
-# -- the evidence table: one writer, one reader ------------------------------------------
+# -- recording: the one writer of evidence ------------------------------------------------
 
 
 def record(
@@ -154,20 +157,8 @@ def record(
             }
         )
     )
-    tx.run(
-        "INSERT INTO evidence (id, attempt_id, mission_id, source, verdict, outcome, detail, "
-        "epoch, actor, recorded_at_us, settled) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        evidence_id,
-        attempt.id,
-        attempt.mission_id,
-        evidence.source,
-        evidence.verdict,
-        outcome_json,
-        None if evidence.detail is None else canonical(evidence.detail),
-        epoch,
-        actor,
-        tx.now_us,
-        1 if settled else 0,
+    store.insert_evidence(
+        tx, evidence_id, attempt, evidence, outcome_json, actor=actor, epoch=epoch, settled=settled
     )
     tx.audit(
         attempt.mission_id,
@@ -184,39 +175,3 @@ def record(
         },
     )
     return evidence_id
-
-
-def from_row(row: Row) -> Evidence:
-    """Evidence as :func:`record` stored it."""
-    outcome = None
-    if row["outcome"] is not None:
-        o = json.loads(row["outcome"])
-        outcome = Outcome(o["status"], o["result"], o["cost"], o["receipt"], o["price_source"])
-    detail = None if row["detail"] is None else json.loads(row["detail"])
-    return Evidence(row["verdict"], outcome, detail, source=row["source"])
-
-
-def conclusive(tx: Tx, attempt_id: str) -> list[Evidence]:
-    """The attempt's conclusive evidence on record (applied or not applied)."""
-    return [from_row(r) for r in conclusive_rows(tx, attempt_id)]
-
-
-def conclusive_rows(tx: Tx, attempt_id: str) -> list[Row]:
-    """The rows of :func:`conclusive`, newest first (a person confirms one by its id)."""
-    return tx.all(
-        "SELECT * FROM evidence WHERE attempt_id = ? AND verdict != 'indeterminate' "
-        "ORDER BY recorded_at_us DESC, id DESC",
-        attempt_id,
-    )
-
-
-def settled_by(tx: Tx, evidence_id: str) -> None:
-    """Mark recorded evidence as the one a person confirmed to settle its attempt."""
-    tx.run("UPDATE evidence SET settled = 1 WHERE id = ?", evidence_id)
-
-
-def rows(tx: Tx, attempt_id: str) -> list[Row]:
-    """Everything on record about an attempt's outcome, oldest first."""
-    return tx.all(
-        "SELECT * FROM evidence WHERE attempt_id = ? ORDER BY recorded_at_us, id", attempt_id
-    )

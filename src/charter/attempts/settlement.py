@@ -1,7 +1,8 @@
 """Transitions that end or suspend an attempt's hold: settle, void, mark unknown.
 
-Each function runs inside the caller's transaction and writes the attempt row,
-its ledger entries and its audit event together. Every one is conditional on
+Each function runs inside the caller's transaction and writes the attempt row
+(through :mod:`charter.attempts.store`), its ledger entries and its audit event
+together. Every one is conditional on
 the attempt's current status (``WHERE status IN ...``), so a hold is resolved
 exactly once (L6) even when two processes race: the loser changes nothing and
 is told so by the return value.
@@ -14,11 +15,11 @@ from typing import Any
 
 from charter import ledger
 from charter.adapters import Evidence
-from charter.attempts import attempt as attempts
-from charter.attempts.attempt import Attempt, AttemptStatus, count_unresolved
-from charter.attempts.evidence import conclusive, record
+from charter.attempts import store
+from charter.attempts.evidence import record
+from charter.attempts.model import Attempt, AttemptStatus
+from charter.contracts import store as contracts_store
 from charter.errors import StateError
-from charter.hashing import canonical
 from charter.ledger.incidents import open_incident
 from charter.runs import run as runs
 from charter.runs import store as run_store
@@ -30,10 +31,7 @@ def _count(tx: Tx, status: AttemptStatus, attempt: Attempt) -> None:
     """The run's settled counts, and the mission's failures (a stop condition, A1)."""
     run_store.count_settled(tx, attempt.run_id, status.value)
     if status is AttemptStatus.FAILED:
-        tx.write(
-            "UPDATE missions SET attempts_failed = attempts_failed + 1 WHERE id = ?",
-            attempt.mission_id,
-        )
+        contracts_store.count_failed(tx, attempt.mission_id)
 
 
 def _run_status(tx: Tx, attempt: Attempt) -> Prefetched:
@@ -49,14 +47,6 @@ def _conclude(
     row = run.row
     if row is not None and row["status"] == RunStatus.STOPPING.value:
         conclude_stop(tx, attempt.run_id, actor=actor, segment=segment)
-
-
-def _marks(statuses: tuple[AttemptStatus, ...]) -> str:
-    return ", ".join("?" for _ in statuses)
-
-
-def _dump(value: Any) -> str | None:
-    return None if value is None else canonical(value)
 
 
 def settle(
@@ -86,25 +76,22 @@ def settle(
     tx.lock_mission(attempt.mission_id)
     price_source = price_source or attempt.price_source  # L8: entries always name a source
     run = _run_status(tx, attempt)
-    changed = tx.run(
-        "UPDATE attempts SET status = ?, actual = ?, result = ?, receipt = ?, "
-        "price_source = COALESCE(?, price_source), reason = COALESCE(?, reason), answered = ? "
-        f"WHERE id = ? AND status IN ({_marks(from_statuses)})",
-        status.value,
-        canonical(dict(actual)),
-        _dump(result),
-        _dump(receipt),
-        price_source,
-        reason,
-        int(answered),
+    if not store.settle(
+        tx,
         attempt.id,
-        *(s.value for s in from_statuses),
-    )
-    if not changed:
+        status,
+        actual=actual,
+        result=result,
+        receipt=receipt,
+        price_source=price_source,
+        reason=reason,
+        answered=answered,
+        from_statuses=from_statuses,
+    ):
         return False
     # Stamped after the decisive update, so the store's clock (read with the
     # gate, in the same round trip on PostgreSQL) is not waited for first.
-    tx.write("UPDATE attempts SET settled_at_us = ? WHERE id = ?", tx.now_us, attempt.id)
+    store.stamp_settled(tx, attempt.id)
     budgeted = {u: a for u, a in actual.items() if u in units}
     ledger.record(
         tx, attempt.mission_id, attempt.id, ledger.settle(attempt.estimate, budgeted), price_source
@@ -244,14 +231,7 @@ def void(
     """VOIDED releases exactly its hold, and only if never DISPATCHED (L6)."""
     tx.lock_mission(attempt.mission_id)
     run = _run_status(tx, attempt)
-    changed = tx.run(
-        "UPDATE attempts SET status = 'voided', reason = ?, settled_at_us = ? "
-        "WHERE id = ? AND status = 'prepared'",
-        reason,
-        tx.now_us,
-        attempt.id,
-    )
-    if not changed:
+    if not store.void(tx, attempt.id, reason):
         return False
     ledger.record(
         tx, attempt.mission_id, attempt.id, ledger.release(attempt.estimate), attempt.price_source
@@ -278,7 +258,7 @@ def void_prepared(
     """Void every PREPARED attempt of a run that is stopping: never sent, so
     nothing to wait for; each releases exactly its hold (L6). Returns their IDs."""
     voided = []
-    for a in attempts.list_attempts(tx, run_id=run_id, unresolved=True):
+    for a in store.list_attempts(tx, run_id=run_id, unresolved=True):
         if a.status is AttemptStatus.PREPARED and void(
             tx, a, reason, actor=actor, segment=segment, epoch=epoch
         ):
@@ -297,11 +277,7 @@ def mark_unknown(
 ) -> bool:
     """DISPATCHED -> UNKNOWN, keeping 100% of the hold (A3, L4)."""
     tx.lock_mission(attempt.mission_id)
-    changed = tx.run(
-        "UPDATE attempts SET status = 'unknown', reason = ? WHERE id = ? AND status = 'dispatched'",
-        reason,
-        attempt.id,
-    )
+    changed = store.mark_unknown(tx, attempt.id, reason)
     if changed:
         tx.audit(
             attempt.mission_id,
@@ -314,7 +290,7 @@ def mark_unknown(
             after="unknown",
             payload={"reason": reason},
         )
-    return bool(changed)
+    return changed
 
 
 def record_late(
@@ -395,7 +371,7 @@ def _incident(
 def _disputed(tx: Tx, current: Attempt, found: Evidence) -> bool:
     """Whether conclusive evidence on record contradicts ``found``."""
     mine = None if found.outcome is None else found.outcome.status
-    for recorded in conclusive(tx, current.id):
+    for recorded in store.conclusive(tx, current.id):
         theirs = None if recorded.outcome is None else recorded.outcome.status
         if recorded.verdict != found.verdict or theirs != mine:
             return True
@@ -431,7 +407,7 @@ def conclude_stop(tx: Tx, run_id: str, *, actor: str, segment: str | None = None
     run = runs.load(tx, run_id)
     if run.status is not RunStatus.STOPPING:
         return False
-    if count_unresolved(tx, run_id):
+    if store.count_unresolved(tx, run_id):
         return False
     runs.set_status(tx, run, RunStatus.STOPPED, run.status_reason, actor=actor, segment=segment)
     return True

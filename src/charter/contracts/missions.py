@@ -4,42 +4,24 @@ A mission lives across runs. Its contract is stored as versions; the mission row
 points at the current one. Creating a mission funds its allowance accounts from
 the contract's limits; a new version with different limits moves the difference
 (``fund``/``reduce`` entries), so the ledger always explains the limit (L0).
-An amendment is a new version its author's rights must cover (P2).
+An amendment is a new version its author's rights must cover (P2). The records
+are in :mod:`charter.contracts.model`; :mod:`charter.contracts.store` reads and
+writes them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from charter import ledger
+from charter.contracts import store
 from charter.contracts.contract import Contract, amendment_needs
+from charter.contracts.model import Mission
 from charter.errors import ContractError, NotAuthorized, NotFound
+from charter.ledger import store as ledger_store
 from charter.storage import Tx
 from charter.storage.database import Refused
-from charter.storage.paging import Position, page
-
-
-@dataclass(frozen=True)
-class Mission:
-    id: str
-    name: str
-    created_by: str
-    created_at_us: int
-    contract_version: int
-    attempts_admitted: int
-    attempts_failed: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "created_by": self.created_by,
-            "created_at_us": self.created_at_us,
-            "contract_version": self.contract_version,
-            "attempts_admitted": self.attempts_admitted,
-            "attempts_failed": self.attempts_failed,
-        }
+from charter.storage.paging import Position
 
 
 class ContractCache:
@@ -52,62 +34,37 @@ class ContractCache:
         key = (mission_id, version)
         contract = self._by_version.get(key)
         if contract is None:
-            row = tx.one(
-                "SELECT body FROM contract_versions WHERE mission_id = ? AND version = ?",
-                mission_id,
-                version,
-            )
-            if row is None:
+            body = store.contract_body(tx, mission_id, version)
+            if body is None:
                 raise NotFound(
                     f"mission {mission_id!r} has no contract version {version}",
                     mission_id=mission_id,
                     version=version,
                 )
-            contract = Contract.from_json(row["body"])
+            contract = Contract.from_json(body)
             self._by_version[key] = contract
         return contract
 
 
 def load(tx: Tx, mission_id: str) -> Mission:
-    row = tx.one(
-        "SELECT id, name, created_by, created_at_us, contract_version, attempts_admitted, "
-        "attempts_failed FROM missions WHERE id = ?",
-        mission_id,
-    )
-    if row is None:
+    mission = store.mission(tx, mission_id)
+    if mission is None:
         raise NotFound(
             f"no mission {mission_id!r} in this store; list missions with `charter missions`",
             mission_id=mission_id,
         )
-    return Mission(*(row[k] for k in row.keys()))  # noqa: SIM118 - sqlite3.Row has keys()
+    return mission
 
 
 def list_missions(
     tx: Tx, *, limit: int | None = None, after: Position | None = None
 ) -> list[Mission]:
-    sql, args = page(
-        "SELECT id, name, created_by, created_at_us, contract_version, attempts_admitted, "
-        "attempts_failed FROM missions",
-        [],
-        [],
-        key="created_at_us",
-        after=after,
-        limit=limit,
-    )
-    rows = tx.all(sql, *args)
-    return [Mission(*(r[k] for k in r.keys())) for r in rows]  # noqa: SIM118
+    return store.missions(tx, limit=limit, after=after)
 
 
 def create(tx: Tx, contract: Contract, *, name: str, by: str) -> str:
     mission_id = tx.ids.new("msn")
-    tx.run(
-        "INSERT INTO missions (id, name, created_by, created_at_us, contract_version) "
-        "VALUES (?, ?, ?, ?, 0)",
-        mission_id,
-        name,
-        by,
-        tx.now_us,
-    )
+    store.insert(tx, mission_id, name=name, by=by)
     tx.audit(mission_id, "mission.created", mission_id, actor=by, payload={"name": name})
     add_version(tx, mission_id, contract, reason="created", by=by, previous=None)
     return mission_id
@@ -188,32 +145,17 @@ def add_version(
 ) -> int:
     """Record a new contract version, fund allowance changes, audit the change."""
     tx.lock_mission(mission_id)
-    row = tx.one("SELECT contract_version FROM missions WHERE id = ?", mission_id)
-    if row is None:
+    current = store.contract_version(tx, mission_id)
+    if current is None:
         raise NotFound(f"no mission {mission_id!r} in this store", mission_id=mission_id)
-    version: int = row["contract_version"] + 1
-    tx.run(
-        "INSERT INTO contract_versions (mission_id, version, body, digest, reason, created_by, "
-        "created_at_us) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        mission_id,
-        version,
-        contract.canonical_json(),
-        contract.digest(),
-        reason,
-        by,
-        tx.now_us,
-    )
-    tx.run("UPDATE missions SET contract_version = ? WHERE id = ?", version, mission_id)
+    version = current + 1
+    store.insert_version(tx, mission_id, version, contract, reason=reason, by=by)
+    store.set_contract_version(tx, mission_id, version)
     old_limits = dict(previous.allowance) if previous else {}
     moves: list[ledger.Move] = []
     for unit, limit in contract.allowance.items():
         if unit not in old_limits:
-            tx.run(
-                "INSERT INTO allowances (mission_id, unit, limit_amount, available, held, spent, "
-                "overrun) VALUES (?, ?, 0, 0, 0, 0, 0)",
-                mission_id,
-                unit,
-            )
+            ledger_store.open_account(tx, mission_id, unit)
         moves += ledger.fund(unit, limit - old_limits.get(unit, 0))
     ledger.record(tx, mission_id, None, moves, f"contract v{version}")
     tx.audit(

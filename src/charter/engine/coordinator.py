@@ -16,15 +16,9 @@ from typing import Any, Literal
 from charter import secret
 from charter.adapters import Adapter, Evidence, Outcome
 from charter.attempts import settlement
-from charter.attempts.attempt import Attempt, AttemptStatus, load
-from charter.attempts.evidence import (
-    Report,
-    conclusive_rows,
-    from_row,
-    record,
-    recordable,
-    settled_by,
-)
+from charter.attempts.evidence import Report, record, recordable
+from charter.attempts.model import Attempt, AttemptStatus
+from charter.attempts.store import conclusive_rows, evidence_from_row, load, settled_by
 from charter.clock import seconds_us
 from charter.contracts.contract import RESUME_STRICTNESS, Contract, ResumeMode
 from charter.contracts.principals import Principal, Right
@@ -242,7 +236,7 @@ class Coordinator:
                     attempt_id=attempt_id,
                 )
             row = rows[0]
-            evidence = from_row(row)
+            evidence = evidence_from_row(row)
             if not self._apply(
                 tx,
                 attempt,

@@ -15,10 +15,9 @@ from typing import Any
 
 from charter import ledger
 from charter.amounts import is_amount
-from charter.attempts import attempt as attempts_mod
-from charter.attempts import evidence as evidence_mod
 from charter.attempts import settlement
-from charter.attempts.attempt import Attempt
+from charter.attempts import store as attempts_store
+from charter.attempts.model import Attempt
 from charter.audit import chain as audit
 from charter.audit import store as audit_store
 from charter.audit.chain import Verification
@@ -27,7 +26,7 @@ from charter.config import EngineConfig
 from charter.contracts import missions
 from charter.contracts.authority import Authority
 from charter.contracts.contract import Contract
-from charter.contracts.missions import Mission
+from charter.contracts.model import Mission
 from charter.contracts.principals import Authenticator, Principal, Right
 from charter.crashpoints import CrashHook
 from charter.engine.coordinator import Coordinator
@@ -235,9 +234,7 @@ class Engine:
         """Paused runs become active again once nothing keeps the mission paused (L7)."""
         if ledger_store.any_open(tx, mission_id):
             return
-        if tx.one(
-            "SELECT 1 AS x FROM allowances WHERE mission_id = ? AND available < 0", mission_id
-        ):
+        if ledger_store.overdrawn(tx, mission_id):
             return
         for run in run_store.list_runs(tx, mission_id):
             if run.status is RunStatus.PAUSED:
@@ -395,15 +392,11 @@ class Engine:
                 raise RunTerminal(f"run {run_id} is already {run.status.value}")
             if run.status is RunStatus.STOPPING:
                 return run  # already stopping, for the reason it was first stopped for
-            unresolved = tx.one(
-                "SELECT COUNT(*) AS n FROM attempts WHERE run_id = ? "
-                "AND status IN ('dispatched', 'unknown')",
-                run_id,
-            )
+            in_flight = attempts_store.count_in_flight(tx, run_id)
             settlement.void_prepared(
                 tx, run_id, "run stopped", actor=by.name, segment=None, epoch=run.epoch
             )
-            status = RunStatus.STOPPING if unresolved and unresolved["n"] else RunStatus.STOPPED
+            status = RunStatus.STOPPING if in_flight else RunStatus.STOPPED
             runs.set_status(tx, run, status, reason, actor=by.name)
             return runs.load(tx, run_id)
 
@@ -503,7 +496,7 @@ class Engine:
 
     def attempt(self, attempt_id: str) -> Attempt:
         with self._db.read() as tx:
-            return attempts_mod.load(tx, attempt_id)
+            return attempts_store.load(tx, attempt_id)
 
     def attempts(
         self,
@@ -521,7 +514,7 @@ class Engine:
                 runs.load(tx, run_id)
             if mission_id is not None:
                 missions.load(tx, mission_id)
-            return attempts_mod.list_attempts(
+            return attempts_store.list_attempts(
                 tx,
                 run_id=run_id,
                 mission_id=mission_id,
@@ -533,8 +526,8 @@ class Engine:
     def evidence(self, attempt_id: str) -> list[dict[str, Any]]:
         """Everything on record about an attempt's outcome, as stored, oldest first."""
         with self._db.read() as tx:
-            attempts_mod.load(tx, attempt_id)
-            return [dict(r) for r in evidence_mod.rows(tx, attempt_id)]
+            attempts_store.load(tx, attempt_id)
+            return [dict(r) for r in attempts_store.evidence_rows(tx, attempt_id)]
 
     # -- nodes and their journal (N1, A6) ----------------------------------------------
     def node_executions(self, run_id: str) -> list[NodeExecution]:

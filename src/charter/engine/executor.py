@@ -32,8 +32,8 @@ from typing import Any
 from charter.adapters import Adapter, Evidence
 from charter.attempts import calls, dispatch
 from charter.attempts.admission import admission
-from charter.attempts.attempt import Attempt, Effect
 from charter.attempts.calls import Call
+from charter.attempts.model import Attempt, Effect
 from charter.config import import_path
 from charter.errors import Blocked, NotFound, StateError
 from charter.plans import runner

@@ -1,7 +1,8 @@
 """The ledger room's tables: entries, cached balances, incidents (L0-L7).
 
-Every statement on ``ledger_entries``, ``allowances``' balances and
-``incidents`` is here; :mod:`charter.ledger.accounts` computes the moves and
+Every statement on ``ledger_entries``, ``allowances`` (a mission's accounts,
+opened with its contract, and their cached balances) and ``incidents`` is
+here; :mod:`charter.ledger.accounts` computes the moves and
 :mod:`charter.ledger.incidents` says what an incident means.
 """
 
@@ -63,6 +64,24 @@ def record(
             (d.limit, d.available, d.held, d.spent, d.overrun, mission_id, unit)
             for unit, d in balances(moves).items()
         ],
+    )
+
+
+def open_account(tx: Tx, mission_id: str, unit: str) -> None:
+    """A unit's account at zero; a ``fund`` move then sets its limit (L0)."""
+    tx.run(
+        "INSERT INTO allowances (mission_id, unit, limit_amount, available, held, spent, "
+        "overrun) VALUES (?, ?, 0, 0, 0, 0, 0)",
+        mission_id,
+        unit,
+    )
+
+
+def overdrawn(tx: Tx, mission_id: str) -> bool:
+    """Whether any unit of the mission has less than nothing available (L7)."""
+    return (
+        tx.one("SELECT 1 AS x FROM allowances WHERE mission_id = ? AND available < 0", mission_id)
+        is not None
     )
 
 

@@ -16,7 +16,7 @@ import json
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from charter.attempts.attempt import count_unresolved
+from charter.attempts.store import count_unresolved
 from charter.errors import Blocked, CharterError, NonDeterminismError, StateError
 from charter.hashing import digest
 from charter.ledger.incidents import open_incident

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from charter import ledger
-from charter.attempts.attempt import Attempt, AttemptStatus, list_attempts
+from charter.attempts.model import Attempt, AttemptStatus
+from charter.attempts.store import list_attempts
+from charter.contracts import store as contracts_store
 from charter.contracts.contract import Contract
 from charter.contracts.principals import Right
 from charter.errors import NotFound
@@ -107,15 +109,13 @@ def assess(tx: Tx, run: Run, contract: Contract) -> dict[str, Any]:
     """The run's standing against its contract: what would stop it going on."""
     balances = ledger.cached(tx, run.mission_id)
     open_incidents = ledger_store.count_open(tx, run.mission_id)
-    counts = tx.one(
-        "SELECT attempts_admitted, attempts_failed FROM missions WHERE id = ?", run.mission_id
-    )
+    counts = contracts_store.counts(tx, run.mission_id)
     if counts is None:
         raise NotFound(f"no mission {run.mission_id!r} in this store", mission_id=run.mission_id)
     stops = [
         label
         for label, _ in contract.stop_conditions.holding(
-            now_us=tx.now_us, admitted=counts["attempts_admitted"], failed=counts["attempts_failed"]
+            now_us=tx.now_us, admitted=counts[0], failed=counts[1]
         )
     ]
     return {
@@ -167,11 +167,12 @@ def build(
     plan = run_store.plan_ref(tx, run.id)
     waits = _waits(tx, run, expired)
     actions = _next_actions(run, voided, unresolved, nodes, counts)
+    version = contracts_store.contract_version(tx, run.mission_id)
+    if version is None:
+        raise NotFound(f"no mission {run.mission_id!r} in this store", mission_id=run.mission_id)
     return RecoveryState(
         run=run,
-        contract_version=tx.one(
-            "SELECT contract_version FROM missions WHERE id = ?", run.mission_id
-        )["contract_version"],  # type: ignore[index]
+        contract_version=version,
         contract=contract,
         plan=plan,
         nodes=nodes,

@@ -11,7 +11,8 @@ dispatches and never resumes (R6).
 from __future__ import annotations
 
 from charter.attempts import settlement
-from charter.attempts.attempt import AttemptStatus, list_attempts
+from charter.attempts.model import AttemptStatus
+from charter.attempts.store import list_attempts
 from charter.clock import seconds_us
 from charter.contracts.contract import Contract
 from charter.contracts.principals import Principal, Right

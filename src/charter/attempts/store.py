@@ -1,0 +1,341 @@
+"""The attempts room's tables: every statement on ``attempts`` and ``evidence``.
+
+The records are in :mod:`charter.attempts.model` and the evidence format in
+:mod:`charter.attempts.evidence`; this module maps them to rows. The attempt
+path is measured statement by statement, so each function sends one statement
+(:func:`effect_attempts` one per node execution), and writes whose result is
+not needed are deferred (:meth:`~charter.storage.Tx.write`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from charter import secret
+from charter.adapters import Evidence, Outcome
+from charter.attempts.model import Attempt, AttemptStatus, Lineage
+from charter.errors import NotFound
+from charter.hashing import canonical
+from charter.storage import Row, Tx
+from charter.storage.paging import Position, page
+
+# -- attempts ------------------------------------------------------------------------------
+
+
+def _json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _dump(value: Any) -> str | None:
+    return None if value is None else canonical(value)
+
+
+def _request(text: str) -> Any:
+    """A recorded request; its secrets come back knowing only their names (S3)."""
+    request = json.loads(text)
+    return secret.rebuild(request) if f'"{secret.MARK}"' in text else request
+
+
+def from_row(r: Row) -> Attempt:
+    return Attempt(
+        id=r["id"],
+        mission_id=r["mission_id"],
+        run_id=r["run_id"],
+        node_id=r["node_id"],
+        execution=r["execution"],
+        effect_key=r["effect_key"],
+        adapter=r["adapter"],
+        operation=r["operation"],
+        effect_class=r["effect_class"],
+        status=AttemptStatus(r["status"]),
+        principal=r["principal"],
+        admitted_epoch=r["admitted_epoch"],
+        dispatched_epoch=r["dispatched_epoch"],
+        idempotency_key=r["idempotency_key"],
+        request_hash=r["request_hash"],
+        request=_request(r["request"]),
+        estimate=_json(r["estimate"]),
+        actual=_json(r["actual"]),
+        result=_json(r["result"]),
+        receipt=_json(r["receipt"]),
+        price_source=r["price_source"],
+        retry_of=r["retry_of"],
+        reason=r["reason"],
+        send_deadline_us=r["send_deadline_us"],
+        prepared_at_us=r["prepared_at_us"],
+        dispatched_at_us=r["dispatched_at_us"],
+        settled_at_us=r["settled_at_us"],
+        generation=r["generation"],
+        answered=bool(r["answered"]),
+    )
+
+
+def load(tx: Tx, attempt_id: str) -> Attempt:
+    row = tx.one("SELECT * FROM attempts WHERE id = ?", attempt_id)
+    if row is None:
+        raise NotFound(
+            f"no attempt {attempt_id!r} in this store; list them with `charter attempts`",
+            attempt_id=attempt_id,
+        )
+    return from_row(row)
+
+
+def count_unresolved(tx: Tx, run_id: str) -> int:
+    """How many attempts of the run are PREPARED, DISPATCHED or UNKNOWN (through
+    the partial index: the cost follows what is unresolved, not history)."""
+    row = tx.one(
+        "SELECT COUNT(*) AS n FROM attempts WHERE run_id = ? "
+        "AND status IN ('prepared', 'dispatched', 'unknown')",
+        run_id,
+    )
+    return 0 if row is None else int(row["n"])
+
+
+def count_in_flight(tx: Tx, run_id: str) -> int:
+    """How many attempts of the run were sent and are not settled (DISPATCHED or
+    UNKNOWN): what a stopping run waits for (N5)."""
+    row = tx.one(
+        "SELECT COUNT(*) AS n FROM attempts WHERE run_id = ? "
+        "AND status IN ('dispatched', 'unknown')",
+        run_id,
+    )
+    return 0 if row is None else int(row["n"])
+
+
+def list_attempts(
+    tx: Tx,
+    *,
+    run_id: str | None = None,
+    mission_id: str | None = None,
+    unresolved: bool = False,
+    limit: int | None = None,
+    after: Position | None = None,
+) -> list[Attempt]:
+    where: list[str] = []
+    params: list[Any] = []
+    if run_id is not None:
+        where.append("run_id = ?")
+        params.append(run_id)
+    if mission_id is not None:
+        where.append("mission_id = ?")
+        params.append(mission_id)
+    if unresolved:
+        where.append("status IN ('prepared', 'dispatched', 'unknown')")
+    sql, args = page(
+        "SELECT * FROM attempts", where, params, key="prepared_at_us", after=after, limit=limit
+    )
+    return [from_row(r) for r in tx.all(sql, *args)]
+
+
+def effect_attempts(
+    tx: Tx, lines: Lineage, node_id: str, key: str, *, newest: bool = False
+) -> list[Attempt]:
+    """Every attempt of one effect (A4), newest first: by node execution, each one
+    read through the store's unique index, so the cost follows the number of
+    executions, not of effects. ``newest`` stops at the first execution that has any."""
+    out: list[Attempt] = []
+    for run_id, top in lines:
+        for execution in range(top, min(top, 1) - 1, -1):
+            rows = tx.all(
+                "SELECT * FROM attempts WHERE run_id = ? AND node_id = ? AND execution = ? "
+                "AND effect_key = ? ORDER BY generation DESC",
+                run_id,
+                node_id,
+                execution,
+                key,
+            )
+            out += [from_row(r) for r in rows]
+            if newest and out:
+                return out
+    return out
+
+
+_INSERT_ATTEMPT = (
+    "INSERT INTO attempts (id, mission_id, run_id, node_id, execution, effect_key, generation, "
+    "adapter, operation, effect_class, status, principal, admitted_epoch, dispatched_epoch, "
+    "idempotency_key, request_hash, request, estimate, price_source, retry_of, "
+    "send_deadline_us, prepared_at_us, dispatched_at_us) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def insert(tx: Tx, attempt: Attempt, request_json: str) -> None:
+    """Record an admitted attempt; ``request_json`` is its request as recorded,
+    secrets by name only (S3), where ``attempt.request`` still holds them."""
+    tx.write(
+        _INSERT_ATTEMPT,
+        attempt.id,
+        attempt.mission_id,
+        attempt.run_id,
+        attempt.node_id,
+        attempt.execution,
+        attempt.effect_key,
+        attempt.generation,
+        attempt.adapter,
+        attempt.operation,
+        attempt.effect_class,
+        attempt.status.value,
+        attempt.principal,
+        attempt.admitted_epoch,
+        attempt.dispatched_epoch,
+        attempt.idempotency_key,
+        attempt.request_hash,
+        request_json,
+        canonical(attempt.estimate),
+        attempt.price_source,
+        attempt.retry_of,
+        attempt.send_deadline_us,
+        attempt.prepared_at_us,
+        attempt.dispatched_at_us,
+    )
+
+
+def mark_dispatched(tx: Tx, attempt_id: str, *, epoch: int, deadline_us: int | None) -> bool:
+    """The dispatch commit's write (A2); ``False`` if the attempt is no longer PREPARED."""
+    return bool(
+        tx.run(
+            "UPDATE attempts SET status = 'dispatched', dispatched_epoch = ?, "
+            "dispatched_at_us = ?, send_deadline_us = ? WHERE id = ? AND status = 'prepared'",
+            epoch,
+            tx.now_us,
+            deadline_us,
+            attempt_id,
+        )
+    )
+
+
+def _marks(statuses: tuple[AttemptStatus, ...]) -> str:
+    return ", ".join("?" for _ in statuses)
+
+
+def settle(
+    tx: Tx,
+    attempt_id: str,
+    status: AttemptStatus,
+    *,
+    actual: Mapping[str, int],
+    result: Any,
+    receipt: Any,
+    price_source: str | None,
+    reason: str | None,
+    answered: bool,
+    from_statuses: tuple[AttemptStatus, ...],
+) -> bool:
+    """Record a settlement if the attempt is still in one of ``from_statuses``
+    (L6: a hold is resolved once); ``False`` if it was not."""
+    return bool(
+        tx.run(
+            "UPDATE attempts SET status = ?, actual = ?, result = ?, receipt = ?, "
+            "price_source = COALESCE(?, price_source), reason = COALESCE(?, reason), "
+            f"answered = ? WHERE id = ? AND status IN ({_marks(from_statuses)})",
+            status.value,
+            canonical(dict(actual)),
+            _dump(result),
+            _dump(receipt),
+            price_source,
+            reason,
+            int(answered),
+            attempt_id,
+            *(s.value for s in from_statuses),
+        )
+    )
+
+
+def stamp_settled(tx: Tx, attempt_id: str) -> None:
+    """The settlement's time, written after the decisive update so that reading
+    the store's clock does not delay it."""
+    tx.write("UPDATE attempts SET settled_at_us = ? WHERE id = ?", tx.now_us, attempt_id)
+
+
+def void(tx: Tx, attempt_id: str, reason: str) -> bool:
+    """VOIDED, only if never dispatched (L6); ``False`` if it was no longer PREPARED."""
+    return bool(
+        tx.run(
+            "UPDATE attempts SET status = 'voided', reason = ?, settled_at_us = ? "
+            "WHERE id = ? AND status = 'prepared'",
+            reason,
+            tx.now_us,
+            attempt_id,
+        )
+    )
+
+
+def mark_unknown(tx: Tx, attempt_id: str, reason: str) -> bool:
+    """DISPATCHED -> UNKNOWN (A3); ``False`` if it was no longer DISPATCHED."""
+    return bool(
+        tx.run(
+            "UPDATE attempts SET status = 'unknown', reason = ? "
+            "WHERE id = ? AND status = 'dispatched'",
+            reason,
+            attempt_id,
+        )
+    )
+
+
+# -- evidence: immutable, one row per report -----------------------------------------------
+
+
+def insert_evidence(
+    tx: Tx,
+    evidence_id: str,
+    attempt: Attempt,
+    evidence: Evidence,
+    outcome_json: str | None,
+    *,
+    actor: str,
+    epoch: int | None,
+    settled: bool,
+) -> None:
+    tx.run(
+        "INSERT INTO evidence (id, attempt_id, mission_id, source, verdict, outcome, detail, "
+        "epoch, actor, recorded_at_us, settled) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        evidence_id,
+        attempt.id,
+        attempt.mission_id,
+        evidence.source,
+        evidence.verdict,
+        outcome_json,
+        None if evidence.detail is None else canonical(evidence.detail),
+        epoch,
+        actor,
+        tx.now_us,
+        1 if settled else 0,
+    )
+
+
+def evidence_from_row(row: Row) -> Evidence:
+    """Evidence as :func:`insert_evidence` stored it."""
+    outcome = None
+    if row["outcome"] is not None:
+        o = json.loads(row["outcome"])
+        outcome = Outcome(o["status"], o["result"], o["cost"], o["receipt"], o["price_source"])
+    detail = None if row["detail"] is None else json.loads(row["detail"])
+    return Evidence(row["verdict"], outcome, detail, source=row["source"])
+
+
+def conclusive(tx: Tx, attempt_id: str) -> list[Evidence]:
+    """The attempt's conclusive evidence on record (applied or not applied)."""
+    return [evidence_from_row(r) for r in conclusive_rows(tx, attempt_id)]
+
+
+def conclusive_rows(tx: Tx, attempt_id: str) -> list[Row]:
+    """The rows of :func:`conclusive`, newest first (a person confirms one by its id)."""
+    return tx.all(
+        "SELECT * FROM evidence WHERE attempt_id = ? AND verdict != 'indeterminate' "
+        "ORDER BY recorded_at_us DESC, id DESC",
+        attempt_id,
+    )
+
+
+def settled_by(tx: Tx, evidence_id: str) -> None:
+    """Mark recorded evidence as the one a person confirmed to settle its attempt."""
+    tx.run("UPDATE evidence SET settled = 1 WHERE id = ?", evidence_id)
+
+
+def evidence_rows(tx: Tx, attempt_id: str) -> list[Row]:
+    """Everything on record about an attempt's outcome, oldest first."""
+    return tx.all(
+        "SELECT * FROM evidence WHERE attempt_id = ? ORDER BY recorded_at_us, id", attempt_id
+    )

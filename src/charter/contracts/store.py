@@ -1,0 +1,113 @@
+"""The contracts room's tables: every statement on ``missions`` and ``contract_versions``.
+
+A mission's allowance accounts (``allowances``) are the ledger's: their rows
+are opened and moved by :mod:`charter.ledger.store`.
+"""
+
+from __future__ import annotations
+
+from charter.contracts.contract import Contract
+from charter.contracts.model import Mission
+from charter.storage import Row, Tx
+from charter.storage.paging import Position, page
+
+# -- missions ------------------------------------------------------------------------------
+
+
+def from_row(row: Row) -> Mission:
+    return Mission(*(row[k] for k in row.keys()))  # noqa: SIM118 - sqlite3.Row has keys()
+
+
+def mission(tx: Tx, mission_id: str) -> Mission | None:
+    row = tx.one(
+        "SELECT id, name, created_by, created_at_us, contract_version, attempts_admitted, "
+        "attempts_failed FROM missions WHERE id = ?",
+        mission_id,
+    )
+    return None if row is None else from_row(row)
+
+
+def missions(tx: Tx, *, limit: int | None, after: Position | None) -> list[Mission]:
+    sql, args = page(
+        "SELECT id, name, created_by, created_at_us, contract_version, attempts_admitted, "
+        "attempts_failed FROM missions",
+        [],
+        [],
+        key="created_at_us",
+        after=after,
+        limit=limit,
+    )
+    return [from_row(r) for r in tx.all(sql, *args)]
+
+
+def insert(tx: Tx, mission_id: str, *, name: str, by: str) -> None:
+    """A new mission, at contract version 0 until its first version is added."""
+    tx.run(
+        "INSERT INTO missions (id, name, created_by, created_at_us, contract_version) "
+        "VALUES (?, ?, ?, ?, 0)",
+        mission_id,
+        name,
+        by,
+        tx.now_us,
+    )
+
+
+def contract_version(tx: Tx, mission_id: str) -> int | None:
+    """The mission's current contract version; ``None`` if there is no such mission."""
+    row = tx.one("SELECT contract_version FROM missions WHERE id = ?", mission_id)
+    return None if row is None else int(row["contract_version"])
+
+
+def set_contract_version(tx: Tx, mission_id: str, version: int) -> None:
+    tx.run("UPDATE missions SET contract_version = ? WHERE id = ?", version, mission_id)
+
+
+def count_admitted(tx: Tx, mission_id: str) -> None:
+    """One more attempt admitted: the count stop conditions read (A1)."""
+    tx.write(
+        "UPDATE missions SET attempts_admitted = attempts_admitted + 1 WHERE id = ?",
+        mission_id,
+    )
+
+
+def count_failed(tx: Tx, mission_id: str) -> None:
+    """One more attempt settled FAILED: the count stop conditions read (A1)."""
+    tx.write(
+        "UPDATE missions SET attempts_failed = attempts_failed + 1 WHERE id = ?",
+        mission_id,
+    )
+
+
+def counts(tx: Tx, mission_id: str) -> tuple[int, int] | None:
+    """The mission's attempts admitted and failed; ``None`` if there is no such mission."""
+    row = tx.one("SELECT attempts_admitted, attempts_failed FROM missions WHERE id = ?", mission_id)
+    return None if row is None else (row["attempts_admitted"], row["attempts_failed"])
+
+
+# -- contract versions: immutable ----------------------------------------------------------
+
+
+def contract_body(tx: Tx, mission_id: str, version: int) -> str | None:
+    """A version's contract as stored (canonical JSON); ``None`` if there is none."""
+    row = tx.one(
+        "SELECT body FROM contract_versions WHERE mission_id = ? AND version = ?",
+        mission_id,
+        version,
+    )
+    return None if row is None else str(row["body"])
+
+
+def insert_version(
+    tx: Tx, mission_id: str, version: int, contract: Contract, *, reason: str, by: str
+) -> None:
+    tx.run(
+        "INSERT INTO contract_versions (mission_id, version, body, digest, reason, created_by, "
+        "created_at_us) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        mission_id,
+        version,
+        contract.canonical_json(),
+        contract.digest(),
+        reason,
+        by,
+        tx.now_us,
+    )
