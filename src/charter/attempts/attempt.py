@@ -20,6 +20,7 @@ from typing import Any
 
 from charter import secret
 from charter.errors import NotFound
+from charter.plans import store as plans_store
 from charter.storage import Row, Tx
 from charter.storage.paging import Position, page
 
@@ -280,15 +281,10 @@ def lineage(tx: Tx, run_id: str, node_id: str, execution: int) -> Lineage:
     top = execution
     while run is not None:
         out.append((run, top))
-        link = tx.one(
-            "SELECT inherited_run, inherited_execution FROM node_executions WHERE run_id = ? "
-            "AND node_id = ? AND execution = 1",
-            run,
-            node_id,
-        )
-        if link is None or link["inherited_run"] is None:
+        link = plans_store.inherited(tx, run, node_id)
+        if link is None:
             break
-        run, top = str(link["inherited_run"]), int(link["inherited_execution"])
+        run, top = link
     return out
 
 

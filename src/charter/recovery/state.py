@@ -17,6 +17,7 @@ from charter.attempts.attempt import Attempt, AttemptStatus, list_attempts
 from charter.contracts.contract import Contract
 from charter.contracts.principals import Right
 from charter.errors import NotFound
+from charter.plans import store as plans_store
 from charter.runs.run import Run
 from charter.storage import Tx
 from charter.waits.approvals import ApprovalStatus, list_approvals
@@ -164,11 +165,7 @@ def build(
             "crashes": r["crashes"],
             "result_hash": r["result_hash"],
         }
-        for r in tx.all(
-            "SELECT node_id, execution, status, crashes, result_hash FROM node_executions "
-            "WHERE run_id = ? ORDER BY started_at_us, node_id, execution",
-            run.id,
-        )
+        for r in plans_store.recovery_view(tx, run.id)
     ]
     plan_row = tx.one("SELECT plan FROM runs WHERE id = ?", run.id)
     waits = _waits(tx, run, expired)
