@@ -75,6 +75,11 @@ FLOORS: dict[str, int] = {
     "charter.runs": 7,
     # the attempts room: calls, admission, the one send path, evidence, settlement
     "charter.attempts": 8,
+    # The plans room's store and the records it maps rows to sit on the attempts
+    # floor: the attempts room walks an effect's lineage through node executions
+    # (N4), and the store needs nothing above storage and the basics.
+    "charter.plans.store": 8,
+    "charter.plans.journal": 8,
     # the plans room (nodes, their context, the runner, the journal) and the
     # recovery room (the state, the takeover)
     "charter.plans": 9,
@@ -227,46 +232,15 @@ def test_importing_loads_no_store(name: str) -> None:
 # -- SQL ---------------------------------------------------------------------------------
 
 
-#: The SQL not yet moved into its room's store.py, by module: a ratchet. A module
-#: may hold no more than its count here, one not listed none at all, and an
-#: entry above what its module holds must be lowered; so the list only shrinks,
-#: until each room owns its tables through a store.py (never 2, not done yet).
-SQL_NOT_YET_IN_A_STORE: dict[str, int] = {
-    "charter.placeholder": 0,
-}
-
-
-def _sql_by_module() -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {}
-    for module in modules().values():
-        if not may_hold_sql(module):
-            texts = [f"{module.where}:{line}: {text}" for line, text in sql_literals(module)]
-            if texts:
-                found[module.name] = texts
-    return found
-
-
 def test_no_sql_outside_storage_and_store_modules() -> None:
-    """SQL lives in storage/ and each room's store.py (never 2), apart from the
-    modules still listed in SQL_NOT_YET_IN_A_STORE, each within its count."""
+    """SQL lives in storage/ and each room's store.py (never 2)."""
     offences = [
-        f"{name}: {len(texts)} SQL literals (allowed {SQL_NOT_YET_IN_A_STORE.get(name, 0)}):\n    "
-        + "\n    ".join(texts)
-        for name, texts in sorted(_sql_by_module().items())
-        if len(texts) > SQL_NOT_YET_IN_A_STORE.get(name, 0)
+        f"{module.where}:{line}: {text}"
+        for module in modules().values()
+        if not may_hold_sql(module)
+        for line, text in sql_literals(module)
     ]
-    _fail_on(offences, "modules with SQL outside storage/ and store.py")
-
-
-def test_sql_ratchet_is_current() -> None:
-    """Each SQL_NOT_YET_IN_A_STORE entry is exactly what its module still holds."""
-    found = _sql_by_module()
-    offences = [
-        f"{name}: listed {count}, holds {len(found.get(name, []))}: lower the entry"
-        for name, count in sorted(SQL_NOT_YET_IN_A_STORE.items())
-        if len(found.get(name, [])) < count
-    ]
-    _fail_on(offences, "stale SQL_NOT_YET_IN_A_STORE entries")
+    _fail_on(offences, "SQL literals outside storage/ and store.py")
 
 
 #: Table -> the one module that writes it (never 2: each table has one owner).
@@ -282,6 +256,11 @@ TABLE_OWNERS: dict[str, str] = {
     "incidents": "charter.ledger.store",
     "ledger_entries": "charter.ledger.store",
     "missions": "charter.contracts.store",
+    "runs": "charter.runs.store",
+    "segments": "charter.runs.store",
+    "node_executions": "charter.plans.store",
+    "journal": "charter.plans.store",
+    "audit_events": "charter.audit.store",
 }
 
 _WRITE = re.compile(r"^(?:INSERT INTO|UPDATE|DELETE FROM) (\w+)")

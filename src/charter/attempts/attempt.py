@@ -1,12 +1,14 @@
 """The lineage of a node's executions: where the earlier tries of its effects live (A4, N4).
 
-It reads ``node_executions``, the plans room's table; the attempts themselves
-are in :mod:`charter.attempts.model` (records) and :mod:`charter.attempts.store`.
+It reads ``node_executions`` through the plans room's store; the attempts
+themselves are in :mod:`charter.attempts.model` (records) and
+:mod:`charter.attempts.store`.
 """
 
 from __future__ import annotations
 
 from charter.attempts.model import Lineage
+from charter.plans import store as plans_store
 from charter.storage import Tx
 
 
@@ -19,13 +21,8 @@ def lineage(tx: Tx, run_id: str, node_id: str, execution: int) -> Lineage:
     top = execution
     while run is not None:
         out.append((run, top))
-        link = tx.one(
-            "SELECT inherited_run, inherited_execution FROM node_executions WHERE run_id = ? "
-            "AND node_id = ? AND execution = 1",
-            run,
-            node_id,
-        )
-        if link is None or link["inherited_run"] is None:
+        link = plans_store.inherited(tx, run, node_id)
+        if link is None:
             break
-        run, top = str(link["inherited_run"]), int(link["inherited_execution"])
+        run, top = link
     return out

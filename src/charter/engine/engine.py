@@ -42,8 +42,8 @@ from charter.hashing import ENGINE_CHAIN, canonical
 from charter.ids import IdFactory
 from charter.ledger import incidents as incidents_mod
 from charter.ledger import store as ledger_store
-from charter.plans import journal as node_reads
 from charter.plans import runner
+from charter.plans import store as node_reads
 from charter.plans.journal import JournalEntry, NodeExecution
 from charter.plans.nodes import Plan
 from charter.runs import run as runs

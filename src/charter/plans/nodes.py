@@ -42,6 +42,7 @@ from charter.errors import (
     SettlementUnrecorded,
     StateError,
 )
+from charter.plans import store as plans_store
 from charter.runs import store as run_store
 from charter.runs.ownership import Segment
 from charter.runs.run import RunStatus
@@ -312,14 +313,7 @@ class Context:
             self._jseq += 1
             seq = self._jseq
         with self._ex.runtime.db.transaction() as tx:
-            row = tx.one(
-                "SELECT kind, value FROM journal WHERE run_id = ? AND node_id = ? "
-                "AND execution = ? AND seq = ?",
-                self.run_id,
-                self.node_id,
-                self.execution,
-                seq,
-            )
+            row = plans_store.journaled(tx, self.run_id, self.node_id, self.execution, seq)
             if row is not None:
                 if row["kind"] != kind:
                     raise NonDeterminismError(
@@ -330,15 +324,14 @@ class Context:
                 return json.loads(row["value"])
             self._ex.own(tx)  # a fenced owner records nothing (F2)
             value = make()
-            tx.run(
-                "INSERT INTO journal (run_id, node_id, execution, seq, kind, value) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+            plans_store.write_journal(
+                tx,
                 self.run_id,
                 self.node_id,
                 self.execution,
                 seq,
-                kind,
-                json.dumps(value),
+                kind=kind,
+                value=json.dumps(value),
             )
             return value
 

@@ -20,6 +20,7 @@ from charter.attempts.store import count_unresolved
 from charter.errors import Blocked, CharterError, NonDeterminismError, StateError
 from charter.hashing import digest
 from charter.ledger.incidents import open_incident
+from charter.plans import store as plans_store
 from charter.plans.nodes import Context, Node, NodeFn, Plan
 from charter.runs.ownership import Segment
 from charter.runs.run import RunStatus
@@ -61,12 +62,7 @@ _MISSING = object()
 
 def _completed(ex: Segment, node_id: str) -> Any:
     with ex.runtime.db.transaction() as tx:
-        row = tx.one(
-            "SELECT execution, result, result_hash FROM node_executions WHERE run_id = ? "
-            "AND node_id = ? AND status = 'completed'",
-            ex.run_id,
-            node_id,
-        )
+        row = plans_store.completed(tx, ex.run_id, node_id)
         if row is None:
             return _MISSING
         if digest(row["result"]) == row["result_hash"]:
@@ -133,39 +129,24 @@ def inherit(tx: Tx, from_run: str, run_id: str) -> list[dict[str, Any]]:
     attempts from their records instead of sending them again.
     """
     last: dict[str, Row] = {}
-    for r in tx.all(
-        "SELECT node_id, execution, status, result, result_hash FROM node_executions "
-        "WHERE run_id = ? ORDER BY node_id, execution",
-        from_run,
-    ):
+    for r in plans_store.executions(tx, from_run):
         last[r["node_id"]] = r
     carried = []
     for node_id, r in last.items():
         done = r["status"] == "completed"
-        tx.run(
-            "INSERT INTO node_executions (run_id, node_id, execution, status, result, "
-            "result_hash, started_epoch, started_at_us, completed_at_us, inherited_run, "
-            "inherited_execution) VALUES (?, ?, 1, ?, ?, ?, 1, ?, ?, ?, ?)",
+        plans_store.inherit(
+            tx,
             run_id,
             node_id,
-            "completed" if done else "blocked",
-            r["result"] if done else None,
-            r["result_hash"] if done else None,
-            tx.now_us,
-            tx.now_us if done else None,
-            from_run,
-            r["execution"],
+            status="completed" if done else "blocked",
+            result=r["result"] if done else None,
+            result_hash=r["result_hash"] if done else None,
+            completed_at_us=tx.now_us if done else None,
+            from_run=from_run,
+            from_execution=r["execution"],
         )
         if not done:
-            tx.run(
-                "INSERT INTO journal (run_id, node_id, execution, seq, kind, value) "
-                "SELECT ?, node_id, 1, seq, kind, value FROM journal "
-                "WHERE run_id = ? AND node_id = ? AND execution = ?",
-                run_id,
-                from_run,
-                node_id,
-                r["execution"],
-            )
+            plans_store.copy_journal(tx, run_id, from_run, node_id, r["execution"])
         carried.append(
             {"node_id": node_id, "from_execution": r["execution"], "status": r["status"]}
         )
@@ -185,31 +166,12 @@ def _start(ex: Segment, node_id: str) -> int:
     """The node execution to run: the same one after a crash, a new one after failure."""
     with ex.runtime.db.transaction() as tx:
         ex.own(tx)
-        row = tx.one(
-            "SELECT execution, status FROM node_executions WHERE run_id = ? AND node_id = ? "
-            "ORDER BY execution DESC LIMIT 1",
-            ex.run_id,
-            node_id,
-        )
+        row = plans_store.latest(tx, ex.run_id, node_id)
         if row is not None and row["status"] in ("running", "blocked"):
-            tx.run(
-                "UPDATE node_executions SET status = 'running' WHERE run_id = ? "
-                "AND node_id = ? AND execution = ?",
-                ex.run_id,
-                node_id,
-                row["execution"],
-            )
+            plans_store.resume(tx, ex.run_id, node_id, row["execution"])
             return int(row["execution"])
         execution = 1 if row is None else row["execution"] + 1
-        tx.run(
-            "INSERT INTO node_executions (run_id, node_id, execution, status, started_epoch, "
-            "started_at_us) VALUES (?, ?, ?, 'running', ?, ?)",
-            ex.run_id,
-            node_id,
-            execution,
-            ex.epoch,
-            tx.now_us,
-        )
+        plans_store.start(tx, ex.run_id, node_id, execution, ex.epoch)
         tx.audit(
             ex.mission_id,
             "node.started",
@@ -230,15 +192,7 @@ def _set_node(ex: Segment, node_id: str, execution: int, status: str, error: str
     """
     with ex.runtime.db.transaction() as tx:
         ex.own(tx)
-        tx.run(
-            "UPDATE node_executions SET status = ?, error = ? WHERE run_id = ? "
-            "AND node_id = ? AND execution = ?",
-            status,
-            error,
-            ex.run_id,
-            node_id,
-            execution,
-        )
+        plans_store.set_status(tx, ex.run_id, node_id, execution, status=status, error=error)
         tx.audit(
             ex.mission_id,
             "node." + status,
@@ -249,13 +203,7 @@ def _set_node(ex: Segment, node_id: str, execution: int, status: str, error: str
             after=status,
             payload={"execution": execution, "error": error},
         )
-        row = tx.one(
-            "SELECT COUNT(*) AS n FROM node_executions WHERE run_id = ? "
-            "AND node_id = ? AND status = 'failed'",
-            ex.run_id,
-            node_id,
-        )
-        return 0 if row is None else int(row["n"])
+        return plans_store.failures(tx, ex.run_id, node_id)
 
 
 def _complete(ex: Segment, node_id: str, execution: int, result_json: str) -> None:
@@ -263,16 +211,7 @@ def _complete(ex: Segment, node_id: str, execution: int, result_json: str) -> No
     with ex.runtime.db.transaction() as tx:
         ex.own(tx)
         h = digest(result_json)
-        tx.run(
-            "UPDATE node_executions SET status = 'completed', result = ?, result_hash = ?, "
-            "completed_at_us = ? WHERE run_id = ? AND node_id = ? AND execution = ?",
-            result_json,
-            h,
-            tx.now_us,
-            ex.run_id,
-            node_id,
-            execution,
-        )
+        plans_store.complete(tx, ex.run_id, node_id, execution, result=result_json, result_hash=h)
         tx.audit(
             ex.mission_id,
             "node.completed",

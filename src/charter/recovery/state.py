@@ -20,6 +20,7 @@ from charter.contracts.contract import Contract
 from charter.contracts.principals import Right
 from charter.errors import NotFound
 from charter.ledger import store as ledger_store
+from charter.plans import store as plans_store
 from charter.runs import store as run_store
 from charter.runs.run import Run
 from charter.storage import Tx
@@ -158,11 +159,7 @@ def build(
             "crashes": r["crashes"],
             "result_hash": r["result_hash"],
         }
-        for r in tx.all(
-            "SELECT node_id, execution, status, crashes, result_hash FROM node_executions "
-            "WHERE run_id = ? ORDER BY started_at_us, node_id, execution",
-            run.id,
-        )
+        for r in plans_store.recovery_view(tx, run.id)
     ]
     plan = run_store.plan_ref(tx, run.id)
     waits = _waits(tx, run, expired)

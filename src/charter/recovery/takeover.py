@@ -17,6 +17,7 @@ from charter.clock import seconds_us
 from charter.contracts.contract import Contract
 from charter.contracts.principals import Principal, Right
 from charter.errors import LeaseHeld, NotAuthorized, SegmentReused
+from charter.plans import store as plans_store
 from charter.recovery.state import RecoveryState, build
 from charter.runs import run as runs
 from charter.runs import store as run_store
@@ -139,15 +140,8 @@ def _assess(
 ) -> Run:
     """R6: a run recovered too often, a node that crashed its process too often, or
     uncertain attempts need a person; a stopping run stays stopping (N5)."""
-    crashed = tx.all(
-        "SELECT node_id, execution, crashes FROM node_executions WHERE run_id = ? "
-        "AND status = 'running'",
-        run_id,
-    )
-    tx.run(
-        "UPDATE node_executions SET crashes = crashes + 1 WHERE run_id = ? AND status = 'running'",
-        run_id,
-    )
+    crashed = plans_store.running(tx, run_id)
+    plans_store.count_crashes(tx, run_id)
     run = runs.load(tx, run_id)
     reason = None
     if run.recoveries > contract.max_recoveries:
