@@ -120,6 +120,7 @@ def crash(cfg: Mapping[str, Any], engine: charter.Engine, hook: ArmedKill) -> No
         "ready",
         run_id=ex.run_id,
         epoch=ex.epoch,
+        pid=os.getpid(),
         settled=settled.id,
         settled_status=settled.status.value,
         parked=parked.id,

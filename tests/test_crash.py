@@ -449,16 +449,16 @@ def test_F1_R2_R3_R4_a_process_killed_at_a_durable_boundary_is_recovered_to_a_sa
 
 
 @pytest.mark.crash
-def test_R1_F1_a_live_lease_is_taken_over_only_by_force_by_a_principal_with_stop(
-    world: World,
+def test_R1_F1_a_live_owner_s_lease_is_taken_over_only_by_force_by_a_principal_with_stop(
+    world: World, spawn: Callable[..., Child]
 ) -> None:
     engine = world.engine
-    ready = run_until_killed(world, path="two_phase", point="dispatch.after", lease_seconds=30)
+    child = spawn(pause="before_send", lease_seconds=30)
+    ready = child.expect("ready")
+    paused = child.expect("paused")
     run_id = ready["run_id"]
-    crashed = by_key(engine, run_id)["crash"]
-    assert crashed.status is AttemptStatus.DISPATCHED
 
-    # R1: the lease of the dead owner is still live.
+    # R1: the owner is alive and its lease is live.
     with pytest.raises(charter.LeaseHeld):
         engine.coordinator.recover(run_id, "seg-2")
     with pytest.raises(charter.NotAuthorized):
@@ -467,7 +467,7 @@ def test_R1_F1_a_live_lease_is_taken_over_only_by_force_by_a_principal_with_stop
         engine.coordinator.recover(run_id, "seg-2", force=True, by=world.principal("agent"))
     run = engine.run(run_id)
     assert (run.epoch, run.owner_segment) == (1, "seg-1")
-    assert engine.attempt(crashed.id).status is AttemptStatus.DISPATCHED
+    assert engine.attempt(paused["attempt_id"]).status is AttemptStatus.DISPATCHED
     assert audited(world, "run.recovered", run_id) == []
     [refusal] = audited(world, "authorization.refused", run_id)
     assert refusal["actor"] == "agent"
@@ -475,18 +475,46 @@ def test_R1_F1_a_live_lease_is_taken_over_only_by_force_by_a_principal_with_stop
     alice = world.principal("alice")
     state, unresolved = engine.coordinator.recover(run_id, "seg-2", force=True, by=alice)
     assert state.epoch == engine.run(run_id).epoch == 2
-    assert unresolved == [crashed.id]
-    assert engine.attempt(crashed.id).status is AttemptStatus.UNKNOWN
+    assert unresolved == [paused["attempt_id"]]
+    assert engine.attempt(paused["attempt_id"]).status is AttemptStatus.UNKNOWN
     assert engine.attempt(ready["parked"]).status is AttemptStatus.VOIDED
     [event] = audited(world, "run.recovered", run_id)
     assert (event["actor"], event["epoch"]) == ("alice", 2)
     assert json.loads(event["payload"])["forced"] is True
+    assert "owner_dead" not in json.loads(event["payload"])
 
     # R1: a segment ID is never used twice.
     for segment in ("seg-1", "seg-2"):
         with pytest.raises(charter.SegmentReused):
             engine.coordinator.recover(run_id, segment, force=True, by=alice)
     assert engine.run(run_id).epoch == 2
+    child.go()  # the old owner, fenced, sends nothing more
+    _assert_fenced(world, child, ready)
+    assert_store_holds(world)
+
+
+@pytest.mark.crash
+def test_R1_an_owner_killed_on_this_host_is_taken_over_at_once_without_force(
+    world: World,
+) -> None:
+    """Its process is provably gone (its pid is dead), so its lease is not waited out."""
+    engine = world.engine
+    ready = run_until_killed(world, path="two_phase", point="dispatch.after", lease_seconds=30)
+    run_id = ready["run_id"]
+    crashed = by_key(engine, run_id)["crash"]
+    before = engine.run(run_id)
+    assert before.lease_expires_us > SystemClock().now_us() + 20_000_000  # 20 s and more to go
+
+    state, unresolved = engine.coordinator.recover(run_id, "seg-2")
+
+    assert state.epoch == engine.run(run_id).epoch == 2
+    assert unresolved == [crashed.id]
+    assert engine.attempt(crashed.id).status is AttemptStatus.UNKNOWN
+    assert engine.attempt(ready["parked"]).status is AttemptStatus.VOIDED
+    [event] = audited(world, "run.recovered", run_id)
+    payload = json.loads(event["payload"])
+    assert (event["actor"], payload["forced"]) == ("segment:seg-2", False)
+    assert payload["owner_dead"]["pid"] == ready["pid"]
     assert world.target.counts() == Counter({by_key(engine, run_id)["settled"].idempotency_key: 1})
     assert_store_holds(world)
 

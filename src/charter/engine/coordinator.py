@@ -36,6 +36,7 @@ from charter.recovery import takeover
 from charter.recovery.state import RecoveryState
 from charter.runs import run as runs
 from charter.runs import store as run_store
+from charter.runs.liveness import owner_dead, process_json
 from charter.runs.run import Run, RunStatus
 from charter.runtime import Runtime
 from charter.storage import Tx
@@ -437,7 +438,12 @@ class Coordinator:
         and any older executor of the segment is fenced at its next write.
         """
         held = run_store.owner_claim(tx, run.id)
-        if held is not None and run.lease_expires_us > tx.now_us and not force:
+        if (
+            held is not None
+            and run.lease_expires_us > tx.now_us
+            and not force
+            and not owner_dead(run_store.owner_process(tx, run.id))
+        ):
             raise tx.refused(
                 LeaseHeld(
                     f"segment {segment_id!r} of run {run.id} is being executed by another "
@@ -454,7 +460,7 @@ class Coordinator:
                 payload={"segment": segment_id, "reason": "segment_held"},
             )
         claim = tx.ids.new("clm")
-        run_store.hold(tx, run.id, run.epoch, claim)
+        run_store.hold(tx, run.id, run.epoch, claim, process_json())
         if run.status is not RunStatus.ACTIVE:
             runs.set_status(
                 tx, run, RunStatus.ACTIVE, f"resumed ({mode})", actor=actor, segment=segment_id

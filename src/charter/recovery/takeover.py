@@ -10,6 +10,8 @@ dispatches and never resumes (R6).
 
 from __future__ import annotations
 
+import json
+
 from charter.attempts import settlement
 from charter.attempts.model import AttemptStatus
 from charter.attempts.store import list_attempts
@@ -21,6 +23,7 @@ from charter.plans import store as plans_store
 from charter.recovery.state import RecoveryState, build
 from charter.runs import run as runs
 from charter.runs import store as run_store
+from charter.runs.liveness import owner_dead
 from charter.runs.run import Run, RunStatus
 from charter.runtime import Runtime
 from charter.storage import Tx
@@ -43,8 +46,8 @@ def recover(
         contract = runtime.authority.current(tx, run.mission_id)
         if run.status.terminal:
             return build(tx, run, contract, [])
-        actor = _may_take(runtime, tx, run, segment_id, force=force, by=by)
-        epoch = _take(runtime, tx, run, segment_id, actor=actor, force=force)
+        actor, dead = _may_take(runtime, tx, run, segment_id, force=force, by=by)
+        epoch = _take(runtime, tx, run, segment_id, actor=actor, force=force, dead=dead)
         voided, uncertain = _fence(tx, run_id, epoch, actor=actor, segment=segment_id)
         ending = runs.load(tx, run_id).status.ending  # a void may have ended a stop
         expired = approvals.renew_expired(
@@ -56,9 +59,10 @@ def recover(
 
 def _may_take(
     runtime: Runtime, tx: Tx, run: Run, segment_id: str, *, force: bool, by: Principal | None
-) -> str:
-    """R1: a new segment, and the owner's lease expired (or a forced takeover by a
-    principal with ``stop``); the actor to record."""
+) -> tuple[str, str | None]:
+    """R1: a new segment, and the owner's lease expired, or its process is provably
+    gone (see :mod:`charter.runs.liveness`), or a forced takeover by a principal
+    with ``stop``; the actor to record, and the dead owner's process if that was why."""
     if run_store.segment_used(tx, run.id, segment_id):
         raise SegmentReused(
             f"segment {segment_id!r} was already used by run {run.id}; every "
@@ -69,6 +73,9 @@ def _may_take(
     if by is not None:
         runtime.authority.vouch(tx, by, mission_id=run.mission_id, entity=run.id)
     if run.lease_expires_us > tx.now_us:
+        holder = run_store.owner_process(tx, run.id)
+        if owner_dead(holder):
+            return (by.name if by is not None else f"segment:{segment_id}"), holder
         if not force:
             raise LeaseHeld(
                 f"run {run.id} is owned by segment {run.owner_segment} until its lease "
@@ -80,10 +87,19 @@ def _may_take(
         if by is None:
             raise NotAuthorized("forcing a takeover needs an authenticated principal with 'stop'")
         runtime.authority.authorize(tx, by, run.mission_id, Right.STOP, entity=run.id)
-    return by.name if by is not None else f"segment:{segment_id}"
+    return (by.name if by is not None else f"segment:{segment_id}"), None
 
 
-def _take(runtime: Runtime, tx: Tx, run: Run, segment_id: str, *, actor: str, force: bool) -> int:
+def _take(
+    runtime: Runtime,
+    tx: Tx,
+    run: Run,
+    segment_id: str,
+    *,
+    actor: str,
+    force: bool,
+    dead: str | None,
+) -> int:
     """R2: the epoch moves on and the segment owns the run, idle (no executor
     holds it until a resume); the new epoch."""
     epoch = run.epoch + 1
@@ -106,7 +122,11 @@ def _take(runtime: Runtime, tx: Tx, run: Run, segment_id: str, *, actor: str, fo
         epoch=epoch,
         before=str(run.epoch),
         after=str(epoch),
-        payload={"previous_segment": run.owner_segment, "forced": force},
+        payload={
+            "previous_segment": run.owner_segment,
+            "forced": force,
+            **({} if dead is None else {"owner_dead": json.loads(dead)}),
+        },
     )
     return epoch
 

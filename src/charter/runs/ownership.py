@@ -12,6 +12,7 @@ and must send nothing more. Its statements are in :mod:`~charter.runs.store`.
 from __future__ import annotations
 
 import contextlib
+import os
 
 from charter.clock import seconds_us
 from charter.errors import CharterError, Fenced
@@ -49,6 +50,9 @@ class Segment:
         self.claim = claim
         #: The units budgeted by the contract version this segment last admitted under.
         self.budget_units: frozenset[str] | None = None
+        #: The process holding the run (R1): a forked child is another process,
+        #: which must not write for a parent whose death may be proven.
+        self.pid = os.getpid()
 
     def __repr__(self) -> str:
         kind = type(self).__name__
@@ -63,9 +67,14 @@ class Segment:
             current_epoch=current_epoch,
         )
 
+    def _check_process(self) -> None:
+        if os.getpid() != self.pid:
+            raise self.fenced(f"it belongs to process {self.pid}, not to this one (a fork)", -1)
+
     def own(self, tx: Tx) -> Row:
         """Check ownership in ``tx`` (under the mission's gate) and return the run's
         standing; renew the lease if half of it is used."""
+        self._check_process()
         tx.lock_mission(self.mission_id)
         row = store.standing(tx, self.run_id)
         if row is None:
@@ -87,6 +96,7 @@ class Segment:
 
     def renew_lease(self) -> int:
         """Extend the lease (fenced by epoch and claim); returns the new expiry in µs."""
+        self._check_process()
         lease_us = seconds_us(self.runtime.config.lease_seconds)
         with self.runtime.db.transaction(gate=self.mission_id) as tx:
             expires = tx.now_us + lease_us

@@ -11,6 +11,7 @@ from __future__ import annotations
 from charter.clock import seconds_us
 from charter.errors import NotFound, RunTerminal, StateError
 from charter.runs import store
+from charter.runs.liveness import process_json
 from charter.runs.model import Run, RunStatus
 from charter.storage import Tx
 from charter.waits import approvals
@@ -113,6 +114,7 @@ def insert(
         principal=principal,
         segment_id=segment_id,
         claim=claim,
+        process=process_json(),
         lease_expires_us=expires,
         plan=plan,
         input_json=input_json,

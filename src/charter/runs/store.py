@@ -84,6 +84,7 @@ def insert(
     principal: str,
     segment_id: str,
     claim: str,
+    process: str | None,
     lease_expires_us: int,
     plan: str | None,
     input_json: str | None,
@@ -92,13 +93,14 @@ def insert(
     """A new active run at epoch 1 and its first segment."""
     tx.run(
         "INSERT INTO runs (id, mission_id, principal, status, epoch, owner_segment, "
-        "owner_claim, lease_expires_us, created_at_us, updated_at_us, plan, input, "
-        "linked_from) VALUES (?, ?, ?, 'active', 1, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "owner_claim, owner_process, lease_expires_us, created_at_us, updated_at_us, plan, "
+        "input, linked_from) VALUES (?, ?, ?, 'active', 1, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         run_id,
         mission_id,
         principal,
         segment_id,
         claim,
+        process,
         lease_expires_us,
         tx.now_us,
         tx.now_us,
@@ -225,15 +227,30 @@ def owner_claim(tx: Tx, run_id: str) -> str | None:
     return held
 
 
-def hold(tx: Tx, run_id: str, epoch: int, claim: str) -> None:
-    """Make ``claim`` the one executor holding the run at ``epoch``."""
-    tx.run("UPDATE runs SET owner_claim = ? WHERE id = ? AND epoch = ?", claim, run_id, epoch)
+def owner_process(tx: Tx, run_id: str) -> str | None:
+    """The process of the executor holding the run, as recorded (JSON); ``None`` when
+    none holds it or none was recorded."""
+    row = tx.one("SELECT owner_process FROM runs WHERE id = ?", run_id)
+    held: str | None = None if row is None else row["owner_process"]
+    return held
+
+
+def hold(tx: Tx, run_id: str, epoch: int, claim: str, process: str | None) -> None:
+    """Make ``claim``, in ``process``, the one executor holding the run at ``epoch``."""
+    tx.run(
+        "UPDATE runs SET owner_claim = ?, owner_process = ? WHERE id = ? AND epoch = ?",
+        claim,
+        process,
+        run_id,
+        epoch,
+    )
 
 
 def release(tx: Tx, run_id: str, epoch: int, claim: str | None) -> None:
     """Let go of the run if ``claim`` still holds it at ``epoch``."""
     tx.run(
-        "UPDATE runs SET owner_claim = NULL WHERE id = ? AND epoch = ? AND owner_claim = ?",
+        "UPDATE runs SET owner_claim = NULL, owner_process = NULL "
+        "WHERE id = ? AND epoch = ? AND owner_claim = ?",
         run_id,
         epoch,
         claim,
@@ -260,7 +277,7 @@ def take_over(
     """A new segment owns the run at ``epoch``, idle (no executor holds it), and
     the segment is recorded so its ID is never used again (R1, R2)."""
     tx.run(
-        "UPDATE runs SET epoch = ?, owner_segment = ?, owner_claim = NULL, "
+        "UPDATE runs SET epoch = ?, owner_segment = ?, owner_claim = NULL, owner_process = NULL, "
         "lease_expires_us = ?, recoveries = recoveries + 1, updated_at_us = ? "
         "WHERE id = ? AND epoch = ?",
         epoch,

@@ -334,4 +334,16 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        8,
+        "the process holding a run, so that its death on the same host is provable (R1)",
+        [
+            # Beside owner_claim: the OS process of the executor holding the run
+            # (host, pid, start time as JSON), set and cleared with the claim.
+            "ALTER TABLE runs ADD COLUMN owner_process TEXT",
+        ],
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
