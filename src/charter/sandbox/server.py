@@ -83,8 +83,8 @@ class Sandbox:
         self.blocked_payees = frozenset(blocked_payees)
         self._faults: list[_Armed] = []
         self._faults_lock = threading.Lock()
-        self._server = ThreadingHTTPServer((host, port), _handler(self))
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), _Handler)
+        self._server.box = self
         self._thread: threading.Thread | None = None
 
     @property
@@ -150,6 +150,11 @@ class Sandbox:
         return self.ledger.requests()
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    box: Sandbox
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
@@ -166,150 +171,152 @@ def _error(status: int, code: str, message: str, verdict: str) -> _Reply:
     return _Reply(status, {"error": {"code": code, "message": message}}, verdict)
 
 
-def _handler(box: Sandbox) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "charter-payments-sandbox/1"
+class _Handler(BaseHTTPRequestHandler):
+    """One request to the sandbox; the sandbox itself is the server's ``box``."""
 
-        def log_message(self, format: str, *args: Any) -> None:
-            """Quiet: the sandbox's record is its request log, not stderr."""
+    server: _Server
+    protocol_version = "HTTP/1.1"
+    server_version = "charter-payments-sandbox/1"
 
-        def do_POST(self) -> None:
-            path = urlsplit(self.path).path
-            with self._answering("create" if path == "/v1/payments" else "control") as reply:
-                if path == "/v1/payments":
-                    self._create(reply)
-                elif path == "/_sandbox/faults":
-                    self._arm()
-                else:
-                    raise _error(404, "not_found", f"no such endpoint {path}", "not_found")
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the sandbox's record is its request log, not stderr."""
 
-        def do_GET(self) -> None:
-            parts = urlsplit(self.path)
-            prefix = "/v1/payments/by-key/"
-            with self._answering("lookup" if parts.path.startswith(prefix) else "list") as _:
-                self._authorize()
-                if parts.path.startswith(prefix):
-                    self._lookup(unquote(parts.path[len(prefix) :]))
-                elif parts.path == "/v1/payments":
-                    refs = parse_qs(parts.query).get("reference")
-                    found = box.ledger.by_reference(refs[0]) if refs else box.ledger.payments()
-                    raise _Reply(200, {"data": [p.to_dict() for p in found]}, "listed")
-                raise _error(404, "not_found", f"no such endpoint {parts.path}", "not_found")
+    def do_POST(self) -> None:
+        path = urlsplit(self.path).path
+        with self._answering("create" if path == "/v1/payments" else "control") as reply:
+            if path == "/v1/payments":
+                self._create(reply)
+            elif path == "/_sandbox/faults":
+                self._arm()
+            else:
+                raise _error(404, "not_found", f"no such endpoint {path}", "not_found")
 
-        @contextmanager
-        def _answering(self, kind: str) -> Iterator[dict[str, Any]]:
-            """Run a handler; whatever reply it raises is logged and written."""
-            facts: dict[str, Any] = {"key": self.headers.get("Idempotency-Key")}
-            try:
-                yield facts
-            except _Reply as reply:
-                token = self.headers.get("X-Fencing-Token")
-                box.ledger.log(
-                    kind,
-                    facts["key"],
-                    token,
-                    verdict=reply.verdict,
-                    status=reply.status,
-                    now=_now(),
-                )
-                if reply.verdict != "applied_response_dropped":
-                    self._write(reply.status, reply.body, facts.get("replayed", False))
-
-        def _write(self, status: int, body: Any, replayed: bool) -> None:
-            data = json.dumps(body).encode()
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                if replayed:
-                    self.send_header("Idempotent-Replayed", "true")
-                self.end_headers()
-                self.wfile.write(data)
-            except OSError:  # the client gave up (a slow answer past its timeout)
-                self.close_connection = True
-
-        def _body(self) -> dict[str, Any]:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            try:
-                body = json.loads(raw or b"null")
-            except ValueError:
-                raise _error(400, "invalid_json", "the body is not JSON", "invalid") from None
-            if not isinstance(body, dict):
-                raise _error(400, "invalid_body", "the body must be a JSON object", "invalid")
-            return body
-
-        def _authorize(self) -> None:
-            if box.api_key is not None and self.headers.get("Authorization") != (
-                f"Bearer {box.api_key}"
-            ):
-                raise _error(401, "unauthorized", "a valid API key is required", "unauthorized")
-
-        def _create(self, facts: dict[str, Any]) -> None:
-            body = self._body()
+    def do_GET(self) -> None:
+        parts = urlsplit(self.path)
+        prefix = "/v1/payments/by-key/"
+        with self._answering("lookup" if parts.path.startswith(prefix) else "list") as _:
             self._authorize()
-            key = facts["key"]
-            if not key:
-                raise _error(400, "missing_key", "an Idempotency-Key header is required", "invalid")
-            _check_payment(body)
-            if body["payee"] in box.blocked_payees:
-                raise _error(
-                    403, "payee_blocked", "payments to this payee are blocked", "forbidden"
+            if parts.path.startswith(prefix):
+                self._lookup(unquote(parts.path[len(prefix) :]))
+            elif parts.path == "/v1/payments":
+                refs = parse_qs(parts.query).get("reference")
+                found = (
+                    self.server.box.ledger.by_reference(refs[0])
+                    if refs
+                    else self.server.box.ledger.payments()
                 )
-            fault = box._take("create")
-            if fault is not None and fault.fault == "refuse":
-                raise _error(429, "rate_limited", "too many requests; nothing applied", "refused")
-            try:
-                payment, replayed = box.ledger.create(
-                    key=key,
-                    body_hash=body_hash(body),
-                    body=body,
-                    fence=_fence(self.headers.get("X-Fencing-Token")),
-                    now=_now(),
-                )
-            except Refusal as refusal:
-                raise _error(refusal.status, refusal.code, refusal.message, refusal.code) from None
-            facts["replayed"] = replayed
-            self._misbehave(fault, payment)
-            raise _Reply(
-                200 if replayed else 201, payment.to_dict(), "replayed" if replayed else "applied"
+                raise _Reply(200, {"data": [p.to_dict() for p in found]}, "listed")
+            raise _error(404, "not_found", f"no such endpoint {parts.path}", "not_found")
+
+    @contextmanager
+    def _answering(self, kind: str) -> Iterator[dict[str, Any]]:
+        """Run a handler; whatever reply it raises is logged and written."""
+        facts: dict[str, Any] = {"key": self.headers.get("Idempotency-Key")}
+        try:
+            yield facts
+        except _Reply as reply:
+            token = self.headers.get("X-Fencing-Token")
+            self.server.box.ledger.log(
+                kind,
+                facts["key"],
+                token,
+                verdict=reply.verdict,
+                status=reply.status,
+                now=_now(),
             )
+            if reply.verdict != "applied_response_dropped":
+                self._write(reply.status, reply.body, facts.get("replayed", False))
 
-        def _misbehave(self, fault: _Armed | None, payment: Payment) -> None:
-            """After applying: lose the answer, delay it, or answer an error."""
-            if fault is None:
-                return
-            if fault.fault == "drop_after_apply":
-                self.close_connection = True
-                raise _Reply(0, None, "applied_response_dropped")
-            if fault.fault == "error_after_apply":
-                raise _error(500, "internal_error", "something went wrong", "applied_then_500")
-            if fault.fault == "slow":
-                time.sleep(fault.seconds)
+    def _write(self, status: int, body: Any, replayed: bool) -> None:
+        data = json.dumps(body).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if replayed:
+                self.send_header("Idempotent-Replayed", "true")
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:  # the client gave up (a slow answer past its timeout)
+            self.close_connection = True
 
-        def _lookup(self, key: str) -> None:
-            fault = box._take("lookup")
-            if fault is not None:
-                raise _error(503, "unavailable", "lookups are unavailable", "lookup_unavailable")
-            payment = box.ledger.lookup(key, _now())
-            if payment is None:
-                raise _error(404, "no_such_payment", "no payment with this key", "absent")
-            raise _Reply(200, payment.to_dict(), "found")
+    def _body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw or b"null")
+        except ValueError:
+            raise _error(400, "invalid_json", "the body is not JSON", "invalid") from None
+        if not isinstance(body, dict):
+            raise _error(400, "invalid_body", "the body must be a JSON object", "invalid")
+        return body
 
-        def _arm(self) -> None:
-            body = self._body()
-            try:
-                box.fault(
-                    str(body.get("fault")),
-                    times=body.get("times", 1),
-                    seconds=body.get("seconds", 0.0),
-                )
-            except SandboxError as exc:
-                raise _error(400, "invalid_fault", str(exc), "invalid") from None
-            raise _Reply(200, {"armed": body.get("fault")}, "armed")
+    def _authorize(self) -> None:
+        if self.server.box.api_key is not None and self.headers.get("Authorization") != (
+            f"Bearer {self.server.box.api_key}"
+        ):
+            raise _error(401, "unauthorized", "a valid API key is required", "unauthorized")
 
-    return Handler
+    def _create(self, facts: dict[str, Any]) -> None:
+        body = self._body()
+        self._authorize()
+        key = facts["key"]
+        if not key:
+            raise _error(400, "missing_key", "an Idempotency-Key header is required", "invalid")
+        _check_payment(body)
+        if body["payee"] in self.server.box.blocked_payees:
+            raise _error(403, "payee_blocked", "payments to this payee are blocked", "forbidden")
+        fault = self.server.box._take("create")
+        if fault is not None and fault.fault == "refuse":
+            raise _error(429, "rate_limited", "too many requests; nothing applied", "refused")
+        try:
+            payment, replayed = self.server.box.ledger.create(
+                key=key,
+                body_hash=body_hash(body),
+                body=body,
+                fence=_fence(self.headers.get("X-Fencing-Token")),
+                now=_now(),
+            )
+        except Refusal as refusal:
+            raise _error(refusal.status, refusal.code, refusal.message, refusal.code) from None
+        facts["replayed"] = replayed
+        self._misbehave(fault, payment)
+        raise _Reply(
+            200 if replayed else 201, payment.to_dict(), "replayed" if replayed else "applied"
+        )
+
+    def _misbehave(self, fault: _Armed | None, payment: Payment) -> None:
+        """After applying: lose the answer, delay it, or answer an error."""
+        if fault is None:
+            return
+        if fault.fault == "drop_after_apply":
+            self.close_connection = True
+            raise _Reply(0, None, "applied_response_dropped")
+        if fault.fault == "error_after_apply":
+            raise _error(500, "internal_error", "something went wrong", "applied_then_500")
+        if fault.fault == "slow":
+            time.sleep(fault.seconds)
+
+    def _lookup(self, key: str) -> None:
+        fault = self.server.box._take("lookup")
+        if fault is not None:
+            raise _error(503, "unavailable", "lookups are unavailable", "lookup_unavailable")
+        payment = self.server.box.ledger.lookup(key, _now())
+        if payment is None:
+            raise _error(404, "no_such_payment", "no payment with this key", "absent")
+        raise _Reply(200, payment.to_dict(), "found")
+
+    def _arm(self) -> None:
+        body = self._body()
+        try:
+            self.server.box.fault(
+                str(body.get("fault")),
+                times=body.get("times", 1),
+                seconds=body.get("seconds", 0.0),
+            )
+        except SandboxError as exc:
+            raise _error(400, "invalid_fault", str(exc), "invalid") from None
+        raise _Reply(200, {"armed": body.get("fault")}, "armed")
 
 
 def _check_payment(body: dict[str, Any]) -> None:
