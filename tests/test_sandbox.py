@@ -100,7 +100,12 @@ def test_armed_faults_answer_as_declared(
 
 @pytest.mark.parametrize(
     "body",
-    [{"fault": "explode"}, {"fault": "slow", "times": 0}, {"fault": "slow", "seconds": -1}],
+    [
+        {"fault": "explode"},
+        {"fault": "slow", "times": 0},
+        {"fault": "slow", "seconds": -1},
+        {"fault": "slow", "reference": 7},
+    ],
 )
 def test_a_bad_fault_is_refused_and_arms_nothing(box: Sandbox, body: dict[str, Any]) -> None:
     status, answer, _ = call(box.url, "POST", "/_sandbox/faults", body)
@@ -143,3 +148,20 @@ def test_the_sandbox_command_serves_until_sigterm_and_keeps_its_state(tmp_path: 
     assert status == 201
     with Sandbox(data) as again:
         assert [p["idempotency_key"] for p in again.payments()] == ["k"]
+
+
+def test_a_fault_armed_for_a_reference_waits_for_that_payment(tmp_path: Path) -> None:
+    seen: list[str] = []
+    with Sandbox(tmp_path / "s.db", on_apply=lambda p: seen.append(p["reference"])) as box:
+        box.fault("error_after_apply", reference="inv-2")
+        first = call(box.url, "POST", "/v1/payments", PAYMENT, {"Idempotency-Key": "a"})
+        second = call(
+            box.url,
+            "POST",
+            "/v1/payments",
+            {**PAYMENT, "reference": "inv-2"},
+            {"Idempotency-Key": "b"},
+        )
+        again = call(box.url, "POST", "/v1/payments", PAYMENT, {"Idempotency-Key": "a"})
+    assert (first[0], second[0], again[0]) == (201, 500, 200)
+    assert seen == ["inv-1", "inv-2"]  # each applied payment once; a replay applies nothing

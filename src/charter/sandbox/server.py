@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -53,6 +53,7 @@ class _Armed:
     fault: str
     times: int
     seconds: float
+    reference: str | None
 
 
 class SandboxError(ValueError):
@@ -75,12 +76,15 @@ class Sandbox:
         port: int = 0,
         api_key: str | None = None,
         blocked_payees: tuple[str, ...] = ("blocked",),
+        on_apply: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if host not in ("127.0.0.1", "localhost", "::1"):
             raise SandboxError(f"the sandbox listens on loopback only, not {host!r}")
         self.ledger = Ledger(path)
         self.api_key = api_key
         self.blocked_payees = frozenset(blocked_payees)
+        #: Called with each new payment once it is applied, before it is answered.
+        self.on_apply = on_apply
         self._faults: list[_Armed] = []
         self._faults_lock = threading.Lock()
         self._server = _Server((host, port), _Handler)
@@ -113,26 +117,31 @@ class Sandbox:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def fault(self, name: str, *, times: int = 1, seconds: float = 0.0) -> None:
-        """Arm a misbehaviour for the next ``times`` requests it applies to."""
+    def fault(
+        self, name: str, *, times: int = 1, seconds: float = 0.0, reference: str | None = None
+    ) -> None:
+        """Arm a misbehaviour for the next ``times`` requests it applies to (only
+        creates with this client ``reference``, if given)."""
         if name not in FAULTS:
             raise SandboxError(f"unknown fault {name!r}; known: {', '.join(sorted(FAULTS))}")
         if not isinstance(times, int) or isinstance(times, bool) or times < 1:
             raise SandboxError(f"times must be a positive whole number, got {times!r}")
         if not isinstance(seconds, int | float) or isinstance(seconds, bool) or seconds < 0:
             raise SandboxError(f"seconds must be a non-negative number, got {seconds!r}")
+        if reference is not None and not isinstance(reference, str):
+            raise SandboxError(f"reference must be a string, got {reference!r}")
         with self._faults_lock:
-            self._faults.append(_Armed(name, times, float(seconds)))
+            self._faults.append(_Armed(name, times, float(seconds), reference))
 
     def clear_faults(self) -> None:
         with self._faults_lock:
             self._faults.clear()
 
-    def _take(self, kind: str) -> _Armed | None:
-        """The armed fault for this kind of request, if any, spending one use of it."""
+    def _take(self, kind: str, reference: str | None = None) -> _Armed | None:
+        """The armed fault for this request, if any, spending one use of it."""
         with self._faults_lock:
             for armed in self._faults:
-                if FAULTS[armed.fault] == kind:
+                if FAULTS[armed.fault] == kind and armed.reference in (None, reference):
                     armed.times -= 1
                     if armed.times == 0:
                         self._faults.remove(armed)
@@ -266,7 +275,7 @@ class _Handler(BaseHTTPRequestHandler):
         _check_payment(body)
         if body["payee"] in self.server.box.blocked_payees:
             raise _error(403, "payee_blocked", "payments to this payee are blocked", "forbidden")
-        fault = self.server.box._take("create")
+        fault = self.server.box._take("create", body.get("reference"))
         if fault is not None and fault.fault == "refuse":
             raise _error(429, "rate_limited", "too many requests; nothing applied", "refused")
         try:
@@ -280,6 +289,8 @@ class _Handler(BaseHTTPRequestHandler):
         except Refusal as refusal:
             raise _error(refusal.status, refusal.code, refusal.message, refusal.code) from None
         facts["replayed"] = replayed
+        if not replayed and self.server.box.on_apply is not None:
+            self.server.box.on_apply(payment.to_dict())
         self._misbehave(fault, payment)
         raise _Reply(
             200 if replayed else 201, payment.to_dict(), "replayed" if replayed else "applied"
@@ -313,6 +324,7 @@ class _Handler(BaseHTTPRequestHandler):
                 str(body.get("fault")),
                 times=body.get("times", 1),
                 seconds=body.get("seconds", 0.0),
+                reference=body.get("reference"),
             )
         except SandboxError as exc:
             raise _error(400, "invalid_fault", str(exc), "invalid") from None
