@@ -742,3 +742,66 @@ def test_a_revoked_approver_no_longer_decides(
         engine.approve(approval.id, by=who.bob)
     (still,) = engine.approvals(pending=True)
     assert still.id == approval.id
+
+
+# -- units: how amounts are shown --------------------------------------------------------
+
+
+def test_a_unit_declares_its_scale_and_amounts_show_exactly() -> None:
+    contract = Contract.from_dict(
+        _with(
+            allowance={"usd": 50_00, "calls": 10},
+            units={"usd": {"scale": 2, "name": "USD"}},
+        )
+    )
+    assert [contract.show("usd", a) for a in (0, 5, 4_50, 1_234_56)] == [
+        "0.00 USD",
+        "0.05 USD",
+        "4.50 USD",
+        "1234.56 USD",
+    ]
+    assert contract.show("calls", 12) == "12 calls"  # undescribed: smallest steps
+    assert Contract.from_dict(contract.to_dict()) == contract
+
+
+def test_a_contract_without_units_keeps_its_digest() -> None:
+    """Versions stored before units existed must hash as they did."""
+    assert "units" not in Contract.from_dict(default_contract()).to_dict()
+
+
+@pytest.mark.parametrize(
+    "units",
+    [
+        {"yen": {"scale": 0, "name": "JPY"}},
+        {"usd": {"scale": 19, "name": "USD"}},
+        {"usd": {"scale": -1, "name": "USD"}},
+        {"usd": {"scale": 2.0, "name": "USD"}},
+        {"usd": {"scale": 2, "name": ""}},
+        {"usd": {"scale": 2}},
+        {"usd": {"scale": 2, "name": "USD", "symbol": "$"}},
+        ["usd"],
+    ],
+)
+def test_malformed_units_are_refused_and_create_nothing(
+    engine: charter.Engine, who: Principals, units: Any
+) -> None:
+    missions = engine.missions()
+    with pytest.raises(charter.ContractError) as info:
+        engine.create_mission(_with(units=units), by=who.alice)
+    assert str(info.value.details["field"]).startswith("units")
+    assert engine.missions() == missions
+
+
+def test_a_units_scale_never_changes_in_an_amendment(
+    engine: charter.Engine, who: Principals, raw: RawStore
+) -> None:
+    mission = engine.create_mission(_with(units={"usd": {"scale": 6, "name": "USD"}}), by=who.alice)
+    before = _versions(raw, mission)
+    with pytest.raises(charter.ContractError, match="cannot change"):
+        engine.amend_contract(
+            mission, _with(units={"usd": {"scale": 2, "name": "USD"}}), by=who.alice, reason="x"
+        )
+    assert _versions(raw, mission) == before
+    renamed = _with(units={"usd": {"scale": 6, "name": "US$"}})
+    assert engine.amend_contract(mission, renamed, by=who.alice, reason="rename") == 2
+    assert engine.contract(mission).show("usd", 1_500_000) == "1.500000 US$"

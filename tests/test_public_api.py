@@ -35,6 +35,7 @@ PUBLIC = [
     "JournalEntry",
     "LeaseHeld",
     "ManualClock",
+    "MissingExtra",
     "NeedsIntervention",
     "Node",
     "NodeExecution",

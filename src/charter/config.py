@@ -15,6 +15,10 @@ TOML file (``charter.toml`` or ``$CHARTER_CONFIG``)::
 
     [adapters]                       # name -> "module:factory" (for `charter reconcile`)
     payments = "myapp.adapters:payments"
+
+    [adapters.tickets]               # or an HTTP API declared here (see docs/adapters.md)
+    http = "https://tickets.example.com"
+    operations.open = { method = "POST", path = "/v1/tickets", effect = "unsafe", estimate = {} }
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from charter.adapters.http import HttpDeclaration, declare
 from charter.contracts.contract import RESUME_STRICTNESS, ResumeMode
 from charter.errors import ConfigError
 
@@ -57,8 +62,9 @@ class EngineConfig:
 
     store: str | None = None
     credentials: Mapping[str, str] = field(default_factory=dict)
-    #: Adapter name -> ``"module:factory"``; lets the CLI reconcile in a fresh process.
-    adapters: Mapping[str, str] = field(default_factory=dict)
+    #: Adapter name -> ``"module:factory"`` or an HTTP API's declaration; lets the
+    #: CLI reconcile in a fresh process.
+    adapters: Mapping[str, str | HttpDeclaration] = field(default_factory=dict)
     evidence_settles: Literal["confirm", "auto"] = "confirm"
     resume: ResumeMode = "human"
     #: Predicates consulted by ``resume`` when ``resume = "rules"``; all must pass.
@@ -104,12 +110,7 @@ class EngineConfig:
         if not isinstance(credentials, Mapping):
             raise ConfigError("[credentials] must map principal names to 'sha256:<hex>' digests")
         values["credentials"] = dict(credentials)
-        adapters = values.get("adapters", {})
-        if not isinstance(adapters, Mapping) or not all(
-            isinstance(v, str) and ":" in v for v in adapters.values()
-        ):
-            raise ConfigError("[adapters] must map adapter names to 'module:factory' paths")
-        values["adapters"] = dict(adapters)
+        values["adapters"] = _adapters(values.get("adapters", {}))
         try:
             return cls(**values)
         except TypeError as exc:
@@ -129,6 +130,8 @@ class EngineConfig:
     def load_adapter(self, name: str) -> Adapter:
         """Build the adapter configured under ``name`` (imports its module)."""
         path = self.adapters.get(name)
+        if isinstance(path, HttpDeclaration):
+            return path.build()
         if path is None:
             raise ConfigError(
                 f"no adapter {name!r} is configured; add it under [adapters] in the "
@@ -152,6 +155,24 @@ class EngineConfig:
         if local.exists():
             return cls.from_file(local)
         return cls()
+
+
+def _adapters(adapters: Any) -> dict[str, str | HttpDeclaration]:
+    """[adapters]: each name maps to a ``"module:factory"`` path or an HTTP declaration."""
+    if not isinstance(adapters, Mapping):
+        raise ConfigError("[adapters] must map adapter names to 'module:factory' paths or tables")
+    found: dict[str, str | HttpDeclaration] = {}
+    for name, value in adapters.items():
+        if isinstance(value, str) and ":" in value:
+            found[name] = value
+        elif isinstance(value, Mapping) and "http" in value:
+            found[name] = declare(name, value)
+        else:
+            raise ConfigError(
+                f"[adapters] {name!r} must be a 'module:factory' path or a table declaring "
+                'an HTTP API (http = "https://..." and its operations)'
+            )
+    return found
 
 
 def import_path(path: str) -> Any:

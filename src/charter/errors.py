@@ -6,6 +6,7 @@ message says what was wrong and what to do about it::
 
     CharterError
     ├── ConfigError                 engine configuration is unusable
+    │   └── MissingExtra            a feature's optional extra is not installed
     ├── ContractError               a contract is malformed
     ├── NotFound                    an unknown mission, run, attempt, incident
     ├── AuthenticationError         unknown or forged identity (P1)
@@ -61,6 +62,15 @@ class CharterError(Exception):
 
 class ConfigError(CharterError):
     code = "config_error"
+
+
+class MissingExtra(ConfigError, ImportError):
+    """A feature needs an optional extra that is not installed; ``extra`` names it.
+
+    Also an :class:`ImportError`, since that is what it is.
+    """
+
+    code = "missing_extra"
 
 
 class ContractError(CharterError):

@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from charter import Blocked, CharterError, Fenced, UsageError
@@ -40,6 +42,7 @@ _INT64 = 2**63 - 1  # amounts (A9) and times are 64-bit integers in the store
 COMMANDS: dict[str, str] = {
     "demo": "run the built-in example mission on the embedded SQLite store",
     "credential": "make a new credential for a principal (prints the secret once)",
+    "sandbox": "serve the payments sandbox on loopback, to run adapters and missions against",
     "missions": "list missions",
     "runs": "list runs",
     "show": "show a run: status, epoch, owner, nodes, unresolved attempts",
@@ -151,6 +154,13 @@ class _Costs(argparse.Action):
         setattr(namespace, self.dest, costs)
 
 
+def _port(text: str) -> int:
+    value = _whole(text, 0, 65_535)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"takes a port from 0 to 65535, got {text!r}")
+    return value
+
+
 def _limit(text: str) -> int:
     value = _whole(text, 1, MAX_PAGE)
     if value is None:
@@ -218,6 +228,7 @@ def _looking(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
     """The commands that only read (and ``credential``, which touches no store)."""
     cmd["credential"].add_argument("action", choices=["new"], help="'new' makes a fresh credential")
     cmd["credential"].add_argument("name", help="the principal's name")
+    _serving(cmd["sandbox"])
     _paged(cmd["missions"], "msn")
     _paged(cmd["runs"], "run").add_argument("--mission", help="only runs of this mission")
     cmd["show"].add_argument("run", help="run ID")
@@ -234,6 +245,18 @@ def _looking(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
     cmd["ledger"].add_argument("mission", help="mission ID")
     cmd["audit"].add_argument("action", choices=["verify"], help="'verify' recomputes every chain")
     cmd["audit"].add_argument("--mission", help="only this mission's chain")
+
+
+def _serving(sb: argparse.ArgumentParser) -> None:
+    """``charter sandbox``: where it listens and keeps its state."""
+    sb.add_argument("--port", type=_port, default=0, help="port on 127.0.0.1 (default: any free)")
+    sb.add_argument(
+        "--data",
+        default=".charter/sandbox.db",
+        metavar="FILE",
+        help="the sandbox's own SQLite file (default .charter/sandbox.db)",
+    )
+    sb.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request")
 
 
 def _recovering(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
@@ -331,6 +354,8 @@ def _run(args: argparse.Namespace) -> int:
             f'configure under [credentials]:  {args.name} = "{digest}"',
         )
         return 0
+    if args.command == "sandbox":
+        return _sandbox(args)
     if args.command == "demo":
         from charter.cli.demo import run_demo  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
 
@@ -342,6 +367,34 @@ def _run(args: argparse.Namespace) -> int:
     with Engine.open(args.store, config=config, create=False) as engine:
         data, text = HANDLERS[args.command](engine, args)
     _emit(args, data, text)
+    return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM stops the sandbox as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
+def _sandbox(args: argparse.Namespace) -> int:
+    """Serve until interrupted; the first line printed says where (the port may be any)."""
+    from charter.sandbox import Sandbox  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
+
+    Path(args.data).parent.mkdir(parents=True, exist_ok=True)
+    box = Sandbox(args.data, port=args.port, api_key=args.api_key)
+    where = {"url": box.url, "data": args.data}
+    print(  # one line, so a script can read where before the first request
+        json.dumps(where)
+        if args.json
+        else f"payments sandbox listening on {box.url} (state in {args.data}); Ctrl-C stops it",
+        flush=True,
+    )
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        box.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        box.stop()
     return 0
 
 

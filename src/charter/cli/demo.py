@@ -1,322 +1,375 @@
 """The built-in example mission: ``charter demo``.
 
-An agent books a team offsite on the embedded SQLite store. It calls a model
-(read-only), pays a venue (keyed by our idempotency key, needing a person's
-approval, and authorised by an API key the store never sees), and e-mails the
-team — and the e-mail's answer is lost.
-The demo shows what Charter does about each: the payment waits for approval,
-the lost e-mail stays UNKNOWN with its hold until evidence is found and a
-person confirms it, and the run then finishes without sending anything twice.
-
-The adapters here are in-process stand-ins for real targets; they keep their
-own record of what they received, which the demo prints at the end.
+An agent pays this week's invoices through a payments API (the sandbox,
+started on loopback). The agent's executor runs in a child process, which is
+SIGKILLed in the middle of a payment: the API applied it, and its answer is
+lost with the process. The demo then tells what Charter does about it: the
+recovery takes the run over at once (its owner's death is provable), keeps
+the hold of the unresolved payment, reconciles it by looking it up, an
+operator confirms the evidence, and the run finishes — paying the new payee
+only after a named person approved it — with nothing paid twice, checked
+against the sandbox's own records.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any
 
 from charter import (
     Blocked,
     Context,
-    Dispatch,
-    EffectClass,
     Engine,
     EngineConfig,
-    Estimate,
-    Evidence,
     Executor,
-    NotApplied,
-    Operation,
-    Outcome,
     Plan,
     Principal,
-    RecordedAttempt,
-    Secret,
     new_credential,
     node,
 )
+from charter.adapters.http import HttpAdapter
+from charter.sandbox import Sandbox, declaration
 
-USD = 1_000_000  # the ledger counts micro-dollars
-
-
-@dataclass
-class Target:
-    """What an outside system received, keyed by idempotency key."""
-
-    received: dict[str, Any] = field(default_factory=dict)
-
-
-class ModelAdapter:
-    """A model call: read-only; estimated at max_tokens x price (an upper bound)."""
-
-    name = "llm"
-    operations: ClassVar[dict[str, Operation]] = {"complete": Operation(EffectClass.READ_ONLY)}
-    price_per_token = 2  # micro-dollars
-
-    def __init__(self, target: Target) -> None:
-        self.target = target
-
-    def estimate(self, operation: str, request: Any) -> Estimate:
-        return Estimate(
-            {"usd": request["max_tokens"] * self.price_per_token, "calls": 1},
-            "llm/price-table-2026-11",
-        )
-
-    def dispatch(self, send: Dispatch) -> Outcome:
-        send.check_deadline()
-        self.target.received[send.idempotency_key] = send.request
-        used = 180
-        return Outcome.succeeded(
-            {"text": "The Lakeside Lodge fits 12 people on 14 March."},
-            cost={"usd": used * self.price_per_token, "calls": 1},
-            receipt={"usage": {"output_tokens": used}},
-            price_source="llm/price-table-2026-11",
-        )
-
-    def reconcile(self, attempt: RecordedAttempt) -> Evidence:
-        return Evidence.indeterminate({"reason": "model calls leave no trace to look up"})
+UNIT = "usd"
+INVOICES = (
+    {"invoice": "inv-101", "payee": "acme", "amount": 4_50},
+    {"invoice": "inv-102", "payee": "globex", "amount": 12_00},
+    {"invoice": "inv-103", "payee": "initech", "amount": 27_30},
+    {"invoice": "inv-104", "payee": "umbrella", "amount": 8_75, "new_payee": True},
+)
+CRASH_AT = "inv-103"
+APPROVER = "maria"
 
 
-class PaymentsAdapter:
-    """A payment: the target deduplicates by our idempotency key for 24 hours and
-    accepts only requests that carry its API key."""
-
-    name = "payments"
-    operations: ClassVar[dict[str, Operation]] = {
-        "charge": Operation(EffectClass.IDEMPOTENT_KEYED, dedupe_window_seconds=86_400)
-    }
-
-    def __init__(self, target: Target, api_key: str) -> None:
-        self.target = target
-        self._api_key = api_key
-
-    def estimate(self, operation: str, request: Any) -> Estimate:
-        return Estimate({"usd": request["amount"], "calls": 1}, "payments/quoted")
-
-    def dispatch(self, send: Dispatch) -> Outcome:
-        send.check_deadline()
-        if send.request["api_key"].reveal() != self._api_key:
-            raise NotApplied("the payments API refused the key before charging")
-        first = send.idempotency_key not in self.target.received
-        self.target.received.setdefault(send.idempotency_key, send.request)
-        return Outcome.succeeded(
-            {"charge_id": f"ch_{send.attempt_id[-8:]}", "deduplicated": not first},
-            cost={"usd": send.request["amount"], "calls": 1},
-            receipt={"charge_id": f"ch_{send.attempt_id[-8:]}"},
-        )
-
-    def reconcile(self, attempt: RecordedAttempt) -> Evidence:
-        if attempt.idempotency_key in self.target.received:
-            return Evidence.applied(
-                Outcome.succeeded(cost=attempt.estimate, receipt={"found": True})
-            )
-        return Evidence.not_applied({"lookup": "no charge with this key"})
+def payments_adapter(url: str) -> HttpAdapter:
+    """The sandbox's declaration, plus ``pay_new_payee``: the same call, its own scope,
+    so that the contract can require an approval for it alone."""
+    base = declaration(url, unit=UNIT)
+    ops = {**base.operations, "pay_new_payee": base.operations["pay"]}
+    return type(base)(base.name, base.base_url, ops, base.classification).build()
 
 
-class MailAdapter:
-    """E-mail: unsafe (no dedupe). The first answer is lost after the send."""
-
-    name = "mail"
-    operations: ClassVar[dict[str, Operation]] = {"send": Operation(EffectClass.UNSAFE)}
-
-    def __init__(self, target: Target) -> None:
-        self.target = target
-        self.lose_next_answer = True
-
-    def estimate(self, operation: str, request: Any) -> Estimate:
-        return Estimate({"usd": 1_000, "calls": 1}, "mail/flat-rate")
-
-    def dispatch(self, send: Dispatch) -> Outcome:
-        send.check_deadline()
-        self.target.received[send.idempotency_key] = send.request
-        if self.lose_next_answer:
-            self.lose_next_answer = False
-            raise TimeoutError("the mail server accepted the message but the answer was lost")
-        return Outcome.succeeded(
-            {"queued": True},
-            cost={"usd": 1_000, "calls": 1},
-            receipt={"message_id": send.idempotency_key},
-        )
-
-    def reconcile(self, attempt: RecordedAttempt) -> Evidence:
-        # The mail server's log is searchable by the Message-ID we sent (our key).
-        if attempt.idempotency_key in self.target.received:
-            return Evidence.applied(
-                Outcome.succeeded(
-                    {"queued": True},
-                    cost={"usd": 1_000, "calls": 1},
-                    receipt={"log_entry": f"message {attempt.idempotency_key} delivered"},
-                )
-            )
-        return Evidence.not_applied({"log": "no such message"})
-
-
-def build_plan(
-    llm: ModelAdapter, payments: PaymentsAdapter, mail: MailAdapter, api_key: Secret
-) -> Plan:
+def invoice_plan(payments: HttpAdapter) -> Plan:
     @node
-    def research(ctx: Context, team: dict[str, Any]) -> dict[str, Any]:
-        answer = ctx.attempt(
-            llm, "complete", {"prompt": f"venue for {team['size']}", "max_tokens": 400}
-        )
-        return {"venue": "Lakeside Lodge", "why": answer["text"], "size": team["size"]}
+    def pay_invoices(ctx: Context, invoices: list[dict[str, Any]]) -> list[str]:
+        paid = []
+        for inv in invoices:
+            operation = "pay_new_payee" if inv.get("new_payee") else "pay"
+            request = {
+                "amount": inv["amount"],
+                "currency": "usd",
+                "payee": inv["payee"],
+                "reference": inv["invoice"],
+            }
+            payment = ctx.attempt(payments, operation, request, key=inv["invoice"])
+            paid.append(payment["id"])
+        return paid
 
-    @node(check=lambda r: bool(r.get("charge_id")))
-    def pay(ctx: Context, plan: dict[str, Any]) -> dict[str, Any]:
-        charge = ctx.attempt(
-            payments,
-            "charge",
-            {"venue": plan["venue"], "amount": 450 * USD // 1000, "api_key": api_key},
-        )
-        return {**plan, "charge_id": charge["charge_id"]}
-
-    @node
-    def notify(ctx: Context, booking: dict[str, Any]) -> dict[str, Any]:
-        ctx.attempt(
-            mail,
-            "send",
-            {"to": "team@example.org", "subject": f"Offsite booked at {booking['venue']}"},
-        )
-        return booking
-
-    return Plan("offsite", (research, pay, notify))
+    return Plan("weekly-invoices", (pay_invoices,))
 
 
 def run_demo(store: str | None = None, *, as_json: bool = False) -> int:
-    """Run the example mission on ``store``; 0 when it completed with a clean ledger and audit."""
-    agent_cred, agent_digest = new_credential("agent")
-    ops_cred, ops_digest = new_credential("ops")
-    config = EngineConfig(credentials={"agent": agent_digest, "ops": ops_digest})
-    targets = {"llm": Target(), "payments": Target(), "mail": Target()}
-    api_key = f"sk_demo_{secrets.token_hex(8)}"
-    llm = ModelAdapter(targets["llm"])
-    payments = PaymentsAdapter(targets["payments"], api_key)
-    mail = MailAdapter(targets["mail"])
-    plan = build_plan(llm, payments, mail, Secret(api_key, name="payments-key"))
-    say: list[str] = []
+    """Run the example mission on ``store``; 0 when it completed with nothing paid twice."""
+    creds = {name: new_credential(name) for name in ("agent", "ops", APPROVER)}
+    config = EngineConfig(credentials={n: digest for n, (_, digest) in creds.items()})
+    data = _sandbox_file(store)
+    story = Story(as_json)
+    child: dict[str, subprocess.Popen[str]] = {}
 
-    def log(line: str) -> None:
-        say.append(line)
-        if not as_json:
-            print(line)
+    def crash_mid_payment(payment: dict[str, Any]) -> None:
+        if payment["reference"] == CRASH_AT and "worker" in child:
+            child["worker"].send_signal(signal.SIGKILL)
+            child["worker"].wait()
 
-    with Engine.open(store, config=config) as engine:
-        agent, ops = engine.authenticate(agent_cred), engine.authenticate(ops_cred)
-        mission = _mission(engine, ops)
-        log(f"mission {mission}: allowance 1.00 USD, 10 calls; payments need approval")
-        ex = engine.start_run(mission, by=agent, segment_id="seg-1", plan=plan, input={"size": 12})
-        _drive(engine, ex, plan, ops=ops, mail=mail, log=log)
-        return _report(
-            engine,
-            mission,
-            ex.run_id,
-            targets=targets,
-            log=log,
-            say=say if as_json else None,
+    with (
+        Sandbox(data, on_apply=crash_mid_payment) as box,
+        Engine.open(store, config=config) as engine,
+    ):
+        who = {n: engine.authenticate(cred) for n, (cred, _) in creds.items()}
+        mission = _mission(engine, who["ops"])
+        contract = engine.contract(mission)
+        story.tell(
+            "mission",
+            f"mission {mission}: pay {len(INVOICES)} invoices from an allowance of "
+            f"{contract.show(UNIT, contract.allowance[UNIT])}; "
+            f"a new payee needs {APPROVER}'s approval",
+            mission_id=mission,
+            allowance=contract.allowance[UNIT],
+            invoices=list(INVOICES),
+            sandbox=box.url,
         )
+        box.fault("drop_after_apply", reference=CRASH_AT)
+        run_id = _worker(
+            story, child, store, agent=creds["agent"], config=config, url=box.url, mission=mission
+        )
+        payments = payments_adapter(box.url)
+        try:
+            _recover(story, engine, run_id, payments, who["ops"])
+            _finish(story, engine, run_id, invoice_plan(payments), who)
+        finally:
+            payments.close()
+        return _report(story, engine, mission, run_id, box)
+
+
+def _sandbox_file(store: str | None) -> str:
+    """The sandbox keeps its records beside the store (or in a temporary folder)."""
+    if store is not None and "://" not in store:
+        return f"{store}.sandbox.db"
+    return str(Path(tempfile.mkdtemp(prefix="charter-demo-")) / "sandbox.db")
 
 
 def _mission(engine: Engine, ops: Principal) -> str:
     return engine.create_mission(
         {
-            "objective": "Book a team offsite for 12 people",
+            "objective": "Pay this week's invoices",
             "principals": {
-                "agent": {"run": ["llm.*", "payments.*", "mail.*"]},
-                "ops": ["approve", "resolve", "raise_limit", "stop", "run"],
+                "agent": {"run": ["payments.*"]},
+                "ops": ["resolve", "stop", "run"],
+                APPROVER: {"approve": ["payments.pay_new_payee"]},
             },
-            "allowance": {"usd": 1 * USD, "calls": 10},
-            "approvals": {"required": ["payments.charge"], "ttl_seconds": 3600},
+            "allowance": {UNIT: 100_00},
+            "units": {UNIT: {"scale": 2, "name": "USD"}},
+            "approvals": {"required": ["payments.pay_new_payee"], "ttl_seconds": 3600},
         },
         by=ops,
-        name="offsite",
+        name="weekly invoices",
     )
 
 
-def _drive(
-    engine: Engine,
-    ex: Executor,
-    plan: Plan,
+def _worker(
+    story: Story,
+    child: dict[str, subprocess.Popen[str]],
+    store: str | None,
     *,
-    ops: Principal,
-    mail: MailAdapter,
-    log: Callable[[str], None],
+    agent: tuple[str, str],
+    config: EngineConfig,
+    url: str,
+    mission: str,
+) -> str:
+    """Start the agent's executor in a child process; return its run once it has died."""
+    order = {
+        "store": store,
+        "credential": agent[0],
+        "credentials": dict(config.credentials),
+        "url": url,
+        "mission": mission,
+        "invoices": list(INVOICES),
+    }
+    with tempfile.TemporaryFile("w+") as orders:
+        json.dump(order, orders)
+        orders.seek(0)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "charter.cli.demo"],
+            stdin=orders,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+    child["worker"] = proc
+    run_id = str(json.loads(proc.stdout.readline() if proc.stdout else "{}")["run_id"])
+    story.tell(
+        "worker",
+        f"worker process {proc.pid} owns run {run_id} (segment seg-1, epoch 1) and pays",
+        pid=proc.pid,
+        run_id=run_id,
+    )
+    story.wait_for(lambda: proc.poll() is not None, f"paying invoices in process {proc.pid}")
+    story.tell(
+        "crash",
+        f"process {proc.pid} was killed (SIGKILL) while paying {CRASH_AT}: the API applied "
+        "it, and its answer died with the process",
+        pid=proc.pid,
+        signal="SIGKILL",
+        invoice=CRASH_AT,
+        returncode=proc.returncode,
+    )
+    return run_id
+
+
+def _recover(
+    story: Story, engine: Engine, run_id: str, payments: HttpAdapter, ops: Principal
 ) -> None:
-    """Run the plan; each time it blocks, act as ops would: approve, reconcile and
-    confirm what is uncertain, then resume the segment."""
-    run_id, coordinator = ex.run_id, engine.coordinator
-    for _ in range(5):
+    """recover, then reconcile and confirm what is uncertain, showing the ledger."""
+    contract = engine.contract(engine.run(run_id).mission_id)
+    state, unresolved = engine.coordinator.recover(run_id, "seg-2")
+    attempts = [engine.attempt(a) for a in unresolved]
+    story.tell(
+        "recover",
+        f"recover took run {run_id} over as seg-2 at once (its owner is provably dead): "
+        f"epoch {state.epoch}; unresolved: "
+        + ", ".join(
+            f"{a.id} ({a.request['reference']}, {a.status.value}, "
+            f"hold {contract.show(UNIT, a.estimate[UNIT])} kept)"
+            for a in attempts
+        ),
+        epoch=state.epoch,
+        unresolved=[a.to_dict() for a in attempts],
+    )
+    _ledger(story, engine, contract, run_id, step="ledger_before", title="ledger before")
+    for attempt in attempts:
+        evidence = engine.coordinator.reconcile(attempt.id, payments, by=ops)
+        found = evidence.outcome.result if evidence.outcome else None
+        story.tell(
+            "reconcile",
+            f"reconcile looked {attempt.request['reference']} up by its idempotency key: "
+            f"{evidence.verdict}"
+            + (
+                f", payment {found['id']} of {contract.show(UNIT, found['amount'])}"
+                if found
+                else ""
+            ),
+            attempt_id=attempt.id,
+            verdict=evidence.verdict,
+            found=found,
+        )
+        settled = engine.coordinator.confirm(attempt.id, by=ops)
+        story.tell(
+            "confirm",
+            f"ops confirmed the evidence: {attempt.id} {settled.status.value}, "
+            f"{contract.show(UNIT, (settled.actual or {}).get(UNIT, 0))} spent",
+            attempt_id=attempt.id,
+            status=settled.status.value,
+            actual=settled.actual,
+        )
+    _ledger(story, engine, contract, run_id, step="ledger_after", title="ledger after")
+
+
+def _finish(
+    story: Story, engine: Engine, run_id: str, plan: Plan, who: dict[str, Principal]
+) -> None:
+    """Resume; approve what waits for approval; until the run ends."""
+    for _ in range(4):
+        ex: Executor = engine.coordinator.resume(run_id, "seg-2", by=who["ops"])
         try:
             ex.execute(plan)
-            return
         except Blocked as blocked:
-            log(f"run blocked: {blocked.reason}")
-        for approval in engine.approvals(run_id=run_id, pending=True):
-            engine.approve(approval.id, by=ops)
-            log(f"ops approved {approval.scope} ({approval.id})")
-        for attempt in engine.attempts(run_id=run_id, unresolved=True):
-            if attempt.status.value != "unknown":
-                continue
-            evidence = coordinator.reconcile(attempt.id, mail)
-            log(
-                f"reconciled {attempt.scope} {attempt.id}: evidence {evidence.verdict} "
-                f"(hold kept: {attempt.estimate})"
-            )
-            coordinator.confirm(attempt.id, by=ops)
-            log(f"ops confirmed the evidence: {attempt.id} settled")
-        ex = coordinator.resume(run_id, ex.segment_id, by=ops)
-        log(f"resumed run {run_id} as {ex.segment_id} (epoch {ex.epoch})")
-
-
-def _report(
-    engine: Engine,
-    mission: str,
-    run_id: str,
-    *,
-    targets: dict[str, Target],
-    log: Callable[[str], None],
-    say: list[str] | None,
-) -> int:
-    """Print what happened (as JSON when ``say`` collects the log); the exit status."""
-    run = engine.run(run_id)
-    attempts = engine.attempts(run_id=run_id)
-    balances = engine.balances(mission)
-    problems = engine.check_ledger(mission)
-    chains = engine.verify_audit(mission)
-    sends = {name: len(target.received) for name, target in targets.items()}
-    log(f"\nrun {run_id}: {run.status.value}, epoch {run.epoch}")
-    log(f"{'ATTEMPT':32} {'SCOPE':16} {'STATUS':10} {'HOLD':>22} {'ACTUAL':>22}")
-    for a in attempts:
-        log(
-            f"{a.id:32} {a.scope:16} {a.status.value:10} {json.dumps(a.estimate):>22} "
-            f"{json.dumps(a.actual):>22}"
+            story.tell("blocked", f"the run waits: {blocked.reason}", reason=blocked.reason)
+            for approval in engine.approvals(run_id=run_id, pending=True):
+                engine.approve(approval.id, by=who[APPROVER])
+                story.tell(
+                    "approve",
+                    f"{APPROVER} approved {approval.scope} ({approval.id})",
+                    approval_id=approval.id,
+                    by=APPROVER,
+                )
+            continue
+        story.tell(
+            "resume",
+            "resumed as seg-2: paid invoices replayed from their records, nothing sent again",
         )
-    log(f"\n{'UNIT':6} {'LIMIT':>10} {'AVAILABLE':>10} {'HELD':>8} {'SPENT':>8} {'OVERRUN':>8}")
-    for unit, b in balances.items():
-        log(f"{unit:6} {b.limit:>10} {b.available:>10} {b.held:>8} {b.spent:>8} {b.overrun:>8}")
-    log(f"\nsends received by each target: {sends}")
-    [charge] = [a for a in attempts if a.scope == "payments.charge"]
-    log(f"the payments API key, as the store holds it: {charge.request['api_key']}")
-    audit_ok = all(c.ok for c in chains)
-    log(
-        f"ledger check: {problems or 'ok'}; audit chain: "
-        f"{'verified' if audit_ok else 'BROKEN'} ({chains[0].events} events)"
+        return
+
+
+def _ledger(
+    story: Story, engine: Engine, contract: Any, run_id: str, *, step: str, title: str
+) -> None:
+    b = engine.balances(engine.run(run_id).mission_id)[UNIT]
+    shown = {k: contract.show(UNIT, getattr(b, k)) for k in ("limit", "available", "held", "spent")}
+    story.tell(
+        step,
+        f"{title}: " + ", ".join(f"{k} {v}" for k, v in shown.items()),
+        **{k: getattr(b, k) for k in ("limit", "available", "held", "spent")},
     )
-    if say is not None:
-        report = {
+
+
+def _report(story: Story, engine: Engine, mission: str, run_id: str, box: Sandbox) -> int:
+    """The end of the story, checked against the sandbox's own records; the exit status."""
+    run = engine.run(run_id)
+    contract = engine.contract(mission)
+    paid = [p for p in box.payments() if p["run_id"] == run_id]
+    by_invoice: dict[str, int] = {}
+    for p in paid:
+        by_invoice[p["reference"]] = by_invoice.get(p["reference"], 0) + 1
+    twice = sorted(ref for ref, n in by_invoice.items() if n > 1)
+    spent = engine.balances(mission)[UNIT].spent
+    problems = engine.check_ledger(mission)
+    audit_ok = all(c.ok for c in engine.verify_audit(mission))
+    agree = spent == sum(p["amount"] for p in paid)
+    story.tell(
+        "finished",
+        f"run {run_id}: {run.status.value}, epoch {run.epoch}. The sandbox applied "
+        f"{len(paid)} payments for {len(by_invoice)} invoices; paid twice: "
+        f"{', '.join(twice) or 'none'}; the ledger spent {contract.show(UNIT, spent)}, "
+        f"{'as' if agree else 'NOT as'} the sandbox took; ledger check "
+        f"{problems or 'ok'}; audit chain {'verified' if audit_ok else 'BROKEN'}",
+        status=run.status.value,
+        paid_twice=twice,
+        ledger_agrees=agree,
+        ledger_problems=problems,
+        audit_ok=audit_ok,
+    )
+    ok = run.status.value == "completed" and not twice and agree and not problems and audit_ok
+    story.end(
+        {
             "mission_id": mission,
             "run_id": run_id,
             "status": run.status.value,
-            "attempts": [a.to_dict() for a in attempts],
-            "balances": {u: b.__dict__ for u, b in balances.items()},
-            "sends": sends,
+            "attempts": [a.to_dict() for a in engine.attempts(run_id=run_id)],
+            "sandbox": {"data": box.ledger.path, "payments": paid},
+            "paid_twice": twice,
             "ledger_problems": problems,
             "audit_ok": audit_ok,
-            "log": say,
+            "ok": ok,
         }
-        print(json.dumps(report, indent=2, default=str))
-    return 0 if run.status.value == "completed" and not problems and audit_ok else 1
+    )
+    return 0 if ok else 1
+
+
+class Story:
+    """The demo's telling: coloured lines on a terminal, plain ones elsewhere, or JSON."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.steps: list[dict[str, Any]] = []
+        self.tty = sys.stdout.isatty() and not as_json
+        self.colour = self.tty and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+
+    def tell(self, step: str, line: str, **data: Any) -> None:
+        self.steps.append({"step": step, "text": line, **data})
+        if not self.as_json:
+            head = f"\033[1;36m{step:>13}\033[0m" if self.colour else f"{step:>13}"
+            print(f"{head}  {line}", flush=True)
+
+    def wait_for(self, done: Callable[[], bool], what: str) -> None:
+        """Wait, showing a progress line on a terminal (a plain line elsewhere)."""
+        if not self.as_json and not self.tty:
+            print(f"{'…':>13}  {what}", flush=True)
+        frames, i = "|/-\\", 0
+        while not done():
+            if self.tty:
+                print(f"\r{frames[i % 4]:>13}  {what}", end="", flush=True)
+            i += 1
+            time.sleep(0.05)
+        if self.tty:
+            print("\r\033[K", end="", flush=True)
+
+    def end(self, report: dict[str, Any]) -> None:
+        if self.as_json:
+            print(json.dumps({**report, "story": self.steps}, indent=2, default=str))
+
+
+def _work() -> int:
+    """The child: own a new run of the mission and pay the invoices, until killed."""
+    order = json.loads(sys.stdin.read())
+    config = EngineConfig(credentials=order["credentials"])
+    with Engine.open(order["store"], config=config, create=False) as engine:
+        agent = engine.authenticate(order["credential"])
+        payments = payments_adapter(order["url"])
+        plan = invoice_plan(payments)
+        ex = engine.start_run(
+            order["mission"], by=agent, segment_id="seg-1", plan=plan, input=order["invoices"]
+        )
+        print(json.dumps({"run_id": ex.run_id}), flush=True)
+        ex.execute(plan)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_work())

@@ -43,6 +43,7 @@ _TOP_KEYS = {
     "max_recoveries",
     "max_node_crashes",
     "read_only_unknown",
+    "units",
 }
 
 
@@ -97,6 +98,23 @@ class StopConditions:
 
 
 @dataclass(frozen=True)
+class Unit:
+    """How a unit of the allowance is shown to people: amounts stay integers in its
+    smallest step; ``scale`` says how many of its digits are decimals (2 for
+    cents of a dollar), ``name`` what to call it (``"USD"``)."""
+
+    scale: int
+    name: str
+
+    def show(self, amount: int) -> str:
+        """``450`` with scale 2 as ``"4.50 USD"``: exact, no float touches it."""
+        sign, digits = ("-" if amount < 0 else ""), str(abs(amount)).rjust(self.scale + 1, "0")
+        if self.scale == 0:
+            return f"{sign}{digits} {self.name}"
+        return f"{sign}{digits[: -self.scale]}.{digits[-self.scale :]} {self.name}"
+
+
+@dataclass(frozen=True)
 class Contract:
     """A validated, immutable contract version."""
 
@@ -109,6 +127,13 @@ class Contract:
     max_recoveries: int = 3
     max_node_crashes: int = 3
     read_only_unknown: Literal["wait", "write_off"] = "wait"
+    units: Mapping[str, Unit] = field(default_factory=dict)
+
+    def show(self, unit: str, amount: int) -> str:
+        """An amount of ``unit`` as people read it (``"4.50 USD"``); a unit the
+        contract does not describe shows its smallest steps (``"12 calls"``)."""
+        described = self.units.get(unit)
+        return described.show(amount) if described else f"{amount} {unit}"
 
     # -- authority -----------------------------------------------------------
     def allows(self, principal: str, right: Right, scope: str = "*") -> bool:
@@ -158,6 +183,10 @@ class Contract:
         }
         if self.resume is not None:
             out["resume"] = self.resume
+        if self.units:  # absent when unused: older versions keep their digests
+            out["units"] = {
+                u: {"scale": d.scale, "name": d.name} for u, d in sorted(self.units.items())
+            }
         return out
 
     def canonical_json(self) -> str:
@@ -192,6 +221,7 @@ class Contract:
             max_recoveries=_count(data.get("max_recoveries", 3), "max_recoveries", minimum=1),
             max_node_crashes=_count(data.get("max_node_crashes", 3), "max_node_crashes", minimum=1),
             read_only_unknown=_read_only_unknown(data.get("read_only_unknown", "wait")),
+            units=_units(data.get("units", {}), data.get("allowance")),
         )
 
     @classmethod
@@ -243,6 +273,14 @@ def amendment_needs(current: Contract, proposed: Contract) -> list[Need]:
     needs ``resolve`` (L9). Narrowing (a lower limit, a revoked grant, a new
     approval requirement, a tighter stop condition) needs none.
     """
+    for unit, was in current.units.items():
+        now = proposed.units.get(unit)
+        if now is not None and now.scale != was.scale:
+            raise ContractError(
+                f"units.{unit}.scale cannot change from {was.scale} to {now.scale}: every "
+                "amount recorded is in the unit's smallest step",
+                field=f"units.{unit}",
+            )
     return [
         *_grant_needs(current, proposed),
         *_limit_needs(current, proposed),
@@ -391,6 +429,35 @@ def _allowance(value: Any) -> dict[str, int]:
                 field=f"allowance.{unit}",
             )
         out[unit] = limit
+    return out
+
+
+def _units(value: Any, allowance: Any) -> dict[str, Unit]:
+    """``units``: per allowance unit, ``{"scale": 0..18, "name": "USD"}``."""
+    if not isinstance(value, Mapping):
+        raise ContractError(
+            'contract.units maps allowance units to {"scale": N, "name": "..."}', field="units"
+        )
+    out: dict[str, Unit] = {}
+    for unit, spec in value.items():
+        if not isinstance(allowance, Mapping) or unit not in allowance:
+            raise ContractError(
+                f"units.{unit} describes a unit the allowance does not have", field=f"units.{unit}"
+            )
+        if not isinstance(spec, Mapping) or set(spec) != {"scale", "name"}:
+            raise ContractError(
+                f'units.{unit} takes exactly "scale" and "name"', field=f"units.{unit}"
+            )
+        scale, name = spec["scale"], spec["name"]
+        if isinstance(scale, bool) or not isinstance(scale, int) or not 0 <= scale <= 18:
+            raise ContractError(
+                f"units.{unit}.scale must be an integer from 0 to 18", field=f"units.{unit}"
+            )
+        if not isinstance(name, str) or not name.strip() or len(name) > 16:
+            raise ContractError(
+                f"units.{unit}.name must be a short non-empty string", field=f"units.{unit}"
+            )
+        out[unit] = Unit(scale, name)
     return out
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from charter.clock import Clock, SystemClock
-from charter.errors import ConfigError, StoreBusy, StoreConflict, StoreError
+from charter.errors import ConfigError, MissingExtra, StoreBusy, StoreConflict, StoreError
 from charter.hashing import head_table
 from charter.storage import dialect
 from charter.storage.database import Head
@@ -138,7 +138,10 @@ class PostgresDriver:
 
     def __init__(self, url: str, *, busy_timeout: float = 5.0) -> None:
         if psycopg is None:
-            raise ConfigError("the PostgreSQL store needs psycopg: pip install 'charter[postgres]'")
+            raise MissingExtra(
+                "the PostgreSQL store needs psycopg: pip install 'charter[postgres]'",
+                extra="postgres",
+            )
         if not psycopg.Pipeline.is_supported():
             raise ConfigError(
                 f"the PostgreSQL store needs libpq 14 or newer (psycopg uses libpq "
