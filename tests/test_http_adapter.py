@@ -482,30 +482,31 @@ absent_is_proof = true
     config = charter.EngineConfig.from_file(tmp_path / "charter.toml")
     adapter = config.load_adapter("payments")
     assert isinstance(adapter, HttpAdapter)
-    assert adapter.operations["pay"].effect is charter.EffectClass.IDEMPOTENT_KEYED
-    assert adapter.estimate("pay", pay(4_50, "inv-15")).amounts == {UNIT: 4_50}
-    box.fault("drop_after_apply")
-    clock = ManualClock()
-    with pytest.raises(Exception, match="Server disconnected"):
-        adapter.dispatch(
-            charter.Dispatch(
-                "att_1",
-                "pay",
-                pay(4_50, "inv-15"),
-                "key-15",
-                "run_1",
-                1,
-                send_deadline_us=clock.now_us() + 10**7,
-                deadline_monotonic_us=clock.monotonic_us() + 10**7,
-                clock=clock,
+    with adapter:
+        assert adapter.operations["pay"].effect is charter.EffectClass.IDEMPOTENT_KEYED
+        assert adapter.estimate("pay", pay(4_50, "inv-15")).amounts == {UNIT: 4_50}
+        box.fault("drop_after_apply")
+        clock = ManualClock()
+        with pytest.raises(Exception, match="Server disconnected"):
+            adapter.dispatch(
+                charter.Dispatch(
+                    "att_1",
+                    "pay",
+                    pay(4_50, "inv-15"),
+                    "key-15",
+                    "run_1",
+                    1,
+                    send_deadline_us=clock.now_us() + 10**7,
+                    deadline_monotonic_us=clock.monotonic_us() + 10**7,
+                    clock=clock,
+                )
             )
-        )
 
-    class Recorded:
-        id, run_id, operation, request_hash = "att_1", "run_1", "pay", "h"
-        request, idempotency_key = pay(4_50, "inv-15"), "key-15"
-        estimate, dispatched_epoch, dispatched_at_us = {UNIT: 4_50}, 1, 0
+        class Recorded:
+            id, run_id, operation, request_hash = "att_1", "run_1", "pay", "h"
+            request, idempotency_key = pay(4_50, "inv-15"), "key-15"
+            estimate, dispatched_epoch, dispatched_at_us = {UNIT: 4_50}, 1, 0
 
-    found = adapter.reconcile(Recorded())
-    assert found.verdict == "applied"
-    assert found.outcome is not None and found.outcome.cost == {UNIT: 4_50}
+        found = adapter.reconcile(Recorded())
+        assert found.verdict == "applied"
+        assert found.outcome is not None and found.outcome.cost == {UNIT: 4_50}
