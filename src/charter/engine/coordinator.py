@@ -443,7 +443,7 @@ class Coordinator:
         and any older executor of the segment is fenced at its next write.
         """
         held = run_store.owner_claim(tx, run.id)
-        if held is not None and (run.lease_expires_us > tx.now_us and not force):
+        if held is not None and run.lease_expires_us > tx.now_us and not force:
             raise tx.refused(
                 LeaseHeld(
                     f"segment {segment_id!r} of run {run.id} is being executed by another "
