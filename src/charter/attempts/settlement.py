@@ -2,10 +2,9 @@
 
 Each function runs inside the caller's transaction and writes the attempt row
 (through :mod:`charter.attempts.store`), its ledger entries and its audit event
-together. Every one is conditional on
-the attempt's current status (``WHERE status IN ...``), so a hold is resolved
-exactly once (L6) even when two processes race: the loser changes nothing and
-is told so by the return value.
+together. Every one is conditional on the attempt's current status (``WHERE
+status IN ...``), so a hold is resolved exactly once (L6) even when two
+processes race: the loser changes nothing and is told so by the return value.
 """
 
 from __future__ import annotations
