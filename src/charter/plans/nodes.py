@@ -28,7 +28,7 @@ from typing import Any, overload
 
 from charter.adapters import Adapter, EffectClass
 from charter.attempts import calls, dispatch
-from charter.attempts.attempt import lineage
+from charter.attempts.lineage import lineage
 from charter.attempts.model import Attempt, AttemptStatus, Lineage
 from charter.attempts.store import effect_attempts
 from charter.clock import MICROS
