@@ -46,7 +46,7 @@ def ensure_venv(extras: str) -> None:
 
 
 def demo() -> None:
-    ensure_venv("")
+    ensure_venv("http")
     run(BIN / "charter", "demo")
 
 

@@ -284,22 +284,28 @@ def _report(story: Story, engine: Engine, mission: str, run_id: str, box: Sandbo
     run = engine.run(run_id)
     contract = engine.contract(mission)
     paid = [p for p in box.payments() if p["run_id"] == run_id]
+    keys = {a.idempotency_key for a in engine.attempts(run_id=run_id)}
+    creates = [r for r in box.requests() if r["kind"] == "create" and r["idempotency_key"] in keys]
     by_invoice: dict[str, int] = {}
     for p in paid:
         by_invoice[p["reference"]] = by_invoice.get(p["reference"], 0) + 1
     twice = sorted(ref for ref, n in by_invoice.items() if n > 1)
+    repeats = len(creates) - len({r["idempotency_key"] for r in creates})
     spent = engine.balances(mission)[UNIT].spent
     problems = engine.check_ledger(mission)
     audit_ok = all(c.ok for c in engine.verify_audit(mission))
     agree = spent == sum(p["amount"] for p in paid)
     story.tell(
         "finished",
-        f"run {run_id}: {run.status.value}, epoch {run.epoch}. The sandbox applied "
+        f"run {run_id}: {run.status.value}, epoch {run.epoch}. The sandbox received "
+        f"{len(creates)} payment requests ({repeats} repeated) and applied "
         f"{len(paid)} payments for {len(by_invoice)} invoices; paid twice: "
         f"{', '.join(twice) or 'none'}; the ledger spent {contract.show(UNIT, spent)}, "
         f"{'as' if agree else 'NOT as'} the sandbox took; ledger check "
         f"{problems or 'ok'}; audit chain {'verified' if audit_ok else 'BROKEN'}",
         status=run.status.value,
+        requests=len(creates),
+        repeated=repeats,
         paid_twice=twice,
         ledger_agrees=agree,
         ledger_problems=problems,
@@ -312,7 +318,7 @@ def _report(story: Story, engine: Engine, mission: str, run_id: str, box: Sandbo
             "run_id": run_id,
             "status": run.status.value,
             "attempts": [a.to_dict() for a in engine.attempts(run_id=run_id)],
-            "sandbox": {"data": box.ledger.path, "payments": paid},
+            "sandbox": {"data": box.ledger.path, "payments": paid, "requests": creates},
             "paid_twice": twice,
             "ledger_problems": problems,
             "audit_ok": audit_ok,
