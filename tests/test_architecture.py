@@ -59,7 +59,8 @@ FLOORS: dict[str, int] = {
     # the transaction layer, and what an adapter needs (the protocol and the adapters)
     "charter.storage": 1,
     "charter.adapters": 1,
-    # a payments service to run against: loopback HTTP, its own SQLite file, no charter
+    # a payments service to run against (loopback HTTP, its own SQLite file); the
+    # service imports nothing of charter, its client is an HTTP adapter declaration
     "charter.sandbox": 1,
     # the ledger room: accounts (pure arithmetic), incidents, its store
     "charter.ledger": 2,
