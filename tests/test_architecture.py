@@ -78,11 +78,6 @@ FLOORS: dict[str, int] = {
     "charter.runs": 7,
     # the attempts room: calls, admission, the one send path, evidence, settlement
     "charter.attempts": 8,
-    # The plans room's store and the records it maps rows to sit on the attempts
-    # floor: the attempts room walks an effect's lineage through node executions
-    # (N4), and the store needs nothing above storage and the basics.
-    "charter.plans.store": 8,
-    "charter.plans.journal": 8,
     # the plans room (nodes, their context, the runner, the journal) and the
     # recovery room (the state, the takeover)
     "charter.plans": 9,

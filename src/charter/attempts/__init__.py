@@ -7,6 +7,6 @@ effect), :mod:`~charter.attempts.calls` checks a request,
 :mod:`~charter.attempts.evidence` the one evidence format, and
 :mod:`~charter.attempts.settlement` settles what was learnt.
 :mod:`~charter.attempts.store` owns the ``attempts`` and ``evidence`` tables:
-every statement on them is there. :mod:`~charter.attempts.lineage` reads the
-lineage of a node's executions.
+every statement on them is there. Where an effect was tried before is
+handed down with it (``Effect.lineage``), read by the plans room.
 """

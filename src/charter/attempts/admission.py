@@ -19,7 +19,6 @@ from charter import ledger
 from charter.adapters import EffectClass
 from charter.attempts import settlement, store
 from charter.attempts.calls import Call
-from charter.attempts.lineage import lineage
 from charter.attempts.model import Attempt, AttemptStatus, Effect, changed, idempotency_key_for
 from charter.contracts import store as contracts_store
 from charter.contracts.authority import require
@@ -53,7 +52,7 @@ def check_effect(seg: Segment, tx: Tx, effect: Effect) -> None:
     only reads; and a retry names the settled attempt it follows: the newest
     of the effect, FAILED or VOIDED.
     """
-    lines = lineage(tx, seg.run_id, effect.node_id, effect.execution)
+    lines = [(seg.run_id, effect.execution)] if effect.lineage is None else effect.lineage
     rows = store.effect_attempts(tx, lines, effect.node_id, effect.key)
     for r in rows:
         if (r.run_id, r.execution, r.generation) == (

@@ -20,7 +20,7 @@ from charter.adapters import Adapter, Dispatch, EffectClass, Evidence, Outcome
 from charter.attempts import admission, calls, settlement, store
 from charter.attempts.calls import REQUEST_JSON, Call, request_hash
 from charter.attempts.evidence import Report, garbage, record, recordable, unrecorded
-from charter.attempts.model import Attempt, AttemptStatus, Effect, changed
+from charter.attempts.model import Attempt, AttemptStatus, Effect, Lineage, changed
 from charter.clock import seconds_us
 from charter.contracts.authority import require
 from charter.contracts.contract import Contract
@@ -197,6 +197,7 @@ def perform(
     generation: int = 1,
     retry_of: str | None = None,
     call: Call | None = None,
+    lineage: Lineage | None = None,
 ) -> Attempt:
     """Admit, dispatch, send and settle one effect; return the recorded attempt.
 
@@ -206,7 +207,7 @@ def perform(
     """
     if call is None:
         call = calls.prepare(adapter, operation, request)
-    effect = Effect(node_id, execution, effect_key, generation, retry_of)
+    effect = Effect(node_id, execution, effect_key, generation, retry_of, lineage)
     retries = 0
     while True:
         seg.runtime.crash("admission.before")

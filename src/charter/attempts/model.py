@@ -60,6 +60,10 @@ def idempotency_key_for(attempt_id: str) -> str:
     return f"charter-{attempt_id}"
 
 
+#: Node executions as (run_id, execution): where an effect's earlier tries live.
+Lineage = list[tuple[str, int]]
+
+
 @dataclass(frozen=True)
 class Effect:
     """Which effect an attempt performs, and which try of it (A4, A6).
@@ -73,6 +77,10 @@ class Effect:
     key: str
     generation: int = 1
     retry_of: str | None = None
+    #: The node executions whose attempts are this effect's (this one, the
+    #: node's earlier ones, those of the run it continues), as the node's
+    #: context read them; ``None``: this execution only.
+    lineage: Lineage | None = None
 
     def followed(self, linked_from: str | None) -> bool:
         """Whether earlier attempts of this effect may exist besides its first try
@@ -87,7 +95,9 @@ class Effect:
 
     def retried_after(self, attempt_id: str) -> Effect:
         """The next try, after ``attempt_id`` ended without applying the effect."""
-        return Effect(self.node_id, self.execution, self.key, self.generation + 1, attempt_id)
+        return Effect(
+            self.node_id, self.execution, self.key, self.generation + 1, attempt_id, self.lineage
+        )
 
 
 @dataclass(frozen=True)
@@ -176,4 +186,3 @@ def changed(attempt: Attempt, **changes: Any) -> Attempt:
 
 #: Where one node's attempts live: (run, newest execution) for this run and
 #: then each ended run it continues (N4), newest first.
-Lineage = list[tuple[str, int]]

@@ -33,10 +33,11 @@ from charter.adapters import Adapter, Evidence
 from charter.attempts import calls, dispatch
 from charter.attempts.admission import admission
 from charter.attempts.calls import Call
-from charter.attempts.model import Attempt, Effect
+from charter.attempts.model import Attempt, Effect, Lineage
 from charter.config import import_path
 from charter.errors import Blocked, NotFound, StateError
 from charter.plans import runner
+from charter.plans.lineage import lineage
 from charter.plans.nodes import Plan
 from charter.runs import store as run_store
 from charter.runs.ownership import Segment
@@ -69,7 +70,8 @@ class Executor(Segment):
         """
         call = calls.prepare(adapter, operation, request)
         self.runtime.crash("admission.before")
-        effect = Effect(node_id, execution, effect_key, generation, retry_of)
+        lines = self._lineage(node_id, execution)
+        effect = Effect(node_id, execution, effect_key, generation, retry_of, lines)
         attempt = admission(self, call, effect, dispatch=False)
         self.runtime.crash("admission.after")
         return attempt
@@ -114,7 +116,16 @@ class Executor(Segment):
             generation=generation,
             retry_of=retry_of,
             call=call,
+            lineage=self._lineage(node_id, execution),
         )
+
+    def _lineage(self, node_id: str, execution: int) -> Lineage | None:
+        """Where a node's effect was tried before (a node's context hands it down
+        itself; an attempt outside any node has only its own execution)."""
+        if not node_id:
+            return None
+        with self.runtime.db.read() as tx:
+            return lineage(tx, self.run_id, node_id, execution)
 
     def replay(self, attempt: Attempt, adapter: Adapter) -> Evidence | None:
         """A8: send an uncertain ``idempotent_keyed`` attempt again with its own key

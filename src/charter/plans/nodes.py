@@ -28,7 +28,6 @@ from typing import Any, overload
 
 from charter.adapters import Adapter, EffectClass
 from charter.attempts import calls, dispatch
-from charter.attempts.lineage import lineage
 from charter.attempts.model import Attempt, AttemptStatus, Lineage
 from charter.attempts.store import effect_attempts
 from charter.clock import MICROS
@@ -43,6 +42,7 @@ from charter.errors import (
     StateError,
 )
 from charter.plans import store as plans_store
+from charter.plans.lineage import lineage
 from charter.runs import store as run_store
 from charter.runs.ownership import Segment
 from charter.runs.run import RunStatus
@@ -196,6 +196,7 @@ class Context:
                 generation=generation,
                 retry_of=retry_of,
                 call=call,
+                lineage=self._lineage,
             )
         except ApprovalRequired as exc:
             ex.mark(RunStatus.WAITING, f"approval for {call.scope} in node {self.node_id}")

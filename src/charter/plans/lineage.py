@@ -1,8 +1,9 @@
 """The lineage of a node's executions: where the earlier tries of its effects live (A4, N4).
 
-It reads ``node_executions`` through the plans room's store; the attempts
-themselves are in :mod:`charter.attempts.model` (records) and
-:mod:`charter.attempts.store`.
+A node's context reads it once and hands it down with each effect
+(:attr:`charter.attempts.model.Effect.lineage`), so the attempts room checks
+an effect against all its earlier tries without reading the plans room's
+tables itself.
 """
 
 from __future__ import annotations
