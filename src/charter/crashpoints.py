@@ -23,3 +23,7 @@ POINTS: tuple[str, ...] = (
     "node.completed.before",  # a node's checked result is about to commit
     "node.completed.after",  # a node's checked result is committed
 )
+
+#: Around every physical commit of a write, whatever it records: the hook sees
+#: each one, in order, so a sweep can stop a workload at its k-th commit.
+COMMIT_POINTS: tuple[str, ...] = ("commit.before", "commit.after")

@@ -3,6 +3,9 @@
 - :class:`ManualClock` — move time instead of sleeping;
 - :func:`kill_at` — a crash hook that SIGKILLs the process at a named durable
   boundary (see :data:`charter.crashpoints.POINTS`), for real crash tests;
+- :class:`AtCommit` — a crash hook that acts at the k-th physical commit,
+  whatever it records: kills the process, or makes the commit fail (before
+  it, or after it succeeded), for sweeps over every commit of a workload;
 - :class:`RecordingAdapter` — an in-process adapter that records exactly what
   it was asked to send, with scripted outcomes;
 - :func:`credential` — a fresh ``(credential, digest)`` pair for a principal.
@@ -27,10 +30,13 @@ from charter.adapters import (
 )
 from charter.clock import ManualClock, SkewedClock
 from charter.contracts.principals import new_credential as credential
-from charter.crashpoints import POINTS, CrashHook
+from charter.crashpoints import COMMIT_POINTS, POINTS, CrashHook
+from charter.errors import StoreError
 
 __all__ = [
+    "COMMIT_POINTS",
     "POINTS",
+    "AtCommit",
     "ManualClock",
     "RecordingAdapter",
     "Sent",
@@ -50,6 +56,42 @@ def kill_at(point: str) -> CrashHook:
             os.kill(os.getpid(), signal.SIGKILL)
 
     return hook
+
+
+@dataclass
+class AtCommit:
+    """A crash hook counting physical commits; at the ``k``-th, ``when`` it is
+    ``"before"`` or ``"after"`` it, it does ``what``:
+
+    - ``"kill"``: SIGKILL this process (before: the commit never happened;
+      after: it is durable and nobody was told);
+    - ``"fail"``: raise ``error`` (before: a commit that failed, nothing stored;
+      after: one that succeeded while its caller was told it failed, as when
+      the connection is lost after the server committed).
+
+    With ``k = 0`` it only counts (``seen``), to learn a workload's commits.
+    """
+
+    k: int = 0
+    when: str = "before"
+    what: str = "kill"
+    error: BaseException | None = None
+    seen: int = 0
+
+    def __post_init__(self) -> None:
+        if self.when not in ("before", "after") or self.what not in ("kill", "fail"):
+            raise ValueError("when is 'before' or 'after'; what is 'kill' or 'fail'")
+
+    def __call__(self, name: str) -> None:
+        if name not in COMMIT_POINTS:
+            return
+        if name == "commit.before":
+            self.seen += 1
+        if self.seen != self.k or name != f"commit.{self.when}":
+            return
+        if self.what == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise self.error or StoreError(f"the connection was lost at commit {self.k} ({self.when})")
 
 
 @dataclass(frozen=True)

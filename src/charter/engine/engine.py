@@ -113,6 +113,7 @@ class Engine:
             busy_timeout=config.busy_timeout_seconds,
             create=create,
         )
+        db.on_commit = crash_hook
         return cls(db, config, clock, crash_hook, rng)
 
     def close(self) -> None:

@@ -40,6 +40,7 @@ from charter.errors import (
     NonDeterminismError,
     SettlementUnrecorded,
     StateError,
+    StoreError,
 )
 from charter.plans import store as plans_store
 from charter.plans.lineage import lineage
@@ -209,6 +210,13 @@ class Context:
             raise Blocked(
                 exc.message, run_id=self.run_id, attempt_id=exc.details["attempt_id"]
             ) from exc
+        except StoreError as exc:
+            # The store failed around an admission or a dispatch commit: whatever
+            # it kept (nothing, PREPARED, or DISPATCHED with the answer lost to the
+            # worker) is the engine's to sort out on resume or recovery, never the
+            # node's failure to end the run with (A4, R4).
+            self._intervene(exc.message)
+            raise Blocked(exc.message, run_id=self.run_id) from exc
         except AdmissionRefused as exc:
             if _suspended(ex):
                 # Not the node's failure: the run is paused, stopping or stopped and

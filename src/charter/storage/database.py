@@ -359,6 +359,11 @@ class Database:
         self._group: _Group | None = None
         #: Physical commits made (a group counts once): for the curious and for tests.
         self.commits = 0
+        #: A test seam, called with ``"commit.before"`` and ``"commit.after"`` around
+        #: every physical commit of a write (see :mod:`charter.crashpoints`). What it
+        #: raises before is a commit that failed (nothing stored); after, a commit
+        #: that succeeded while its caller was told it failed (a lost connection).
+        self.on_commit: Callable[[str], None] | None = None
 
     def _acquire(self, write: bool) -> None:
         with self._cond:
@@ -495,8 +500,12 @@ class Database:
         try:
             if group.spoiled:
                 raise StoreError("a transaction's changes could not be undone")
+            if self.on_commit is not None:
+                self.on_commit("commit.before")
             self.driver.commit()
             self.commits += 1
+            if self.on_commit is not None:
+                self.on_commit("commit.after")
         except BaseException as exc:
             with contextlib.suppress(Exception):  # a broken connection says so next time
                 self.driver.rollback()

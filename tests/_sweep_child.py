@@ -1,0 +1,47 @@
+"""The child of ``test_sweep.py``: the agent's executor, stopped at one commit.
+
+Run as ``python _sweep_child.py CONFIG.json``. It owns a new run of the
+mission and pays the invoices through the sandbox, with an
+:class:`charter.testing.AtCommit` hook armed at commit ``k`` (``k = 0`` only
+counts). It prints ``{"run_id"}`` once the run exists and, if it lives to the
+end, ``{"end", "commits"}``: how far it got and how many commits it made.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import charter
+from charter.cli.demo import invoice_plan, payments_adapter
+from charter.testing import AtCommit
+
+
+def main(argv: list[str]) -> int:
+    cfg = json.loads(Path(argv[0]).read_text())
+    hook = AtCommit(cfg["k"], cfg["when"], cfg["what"])
+    config = charter.EngineConfig(credentials=cfg["digests"])
+    engine = charter.Engine.open(cfg["store"], config=config, crash_hook=hook)
+    end = "completed"
+    try:
+        agent = engine.authenticate(cfg["credential"])
+        with payments_adapter(cfg["url"]) as payments:
+            plan = invoice_plan(payments)
+            ex = engine.start_run(
+                cfg["mission"], by=agent, segment_id="seg-1", plan=plan, input=cfg["invoices"]
+            )
+            print(json.dumps({"run_id": ex.run_id}), flush=True)
+            ex.execute(plan)
+    except charter.Blocked as blocked:
+        end = f"blocked: {blocked.reason}"
+    except charter.CharterError as exc:  # an injected store fault reached the worker
+        end = f"{type(exc).__name__}: {exc.message}"
+    finally:
+        engine.close()
+    print(json.dumps({"end": end, "commits": hook.seen}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,274 @@
+"""Every commit of a workload, interrupted (A1-A4, F1-F3, L0, R1-R8, S1).
+
+The workload is a payment mission with an approval, against the payments
+sandbox: the agent's executor runs in a child process and pays four invoices,
+the last to a new payee that needs ``maria``'s approval. A first run counts
+its physical commits (K). Then, for every k in 1..K, a fresh mission is run
+again with the child stopped at commit k — SIGKILLed just before it or just
+after it, or with the commit failing before it or after it succeeded (the
+connection lost once the server had committed). Each time an operator then
+finishes the mission through the public API, as a person would: recover
+(a dead owner is taken over at once), reconcile what is uncertain by the
+sandbox's lookup, confirm it, approve, resume. After each case the invariants
+are checked against the store and against what the sandbox applied.
+
+A failure names its case, so it replays alone: ``-k`` with the mode, and the
+``k`` printed in the message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import charter
+from charter import AttemptStatus
+from charter.cli.demo import INVOICES, invoice_plan, payments_adapter
+from charter.sandbox import Sandbox
+from charter.testing import RecordingAdapter
+from conftest import Principals
+
+HERE = Path(__file__).resolve().parent
+CHILD_TIMEOUT = 60
+Creds = tuple[dict[str, str], dict[str, str]]
+
+CONTRACT = {
+    "objective": "Pay this week's invoices",
+    "principals": {
+        "agent": {"run": ["payments.*"]},
+        "alice": ["resolve", "stop", "run"],
+        "bob": {"approve": ["payments.pay_new_payee"]},
+    },
+    "allowance": {"usd": 100_00},
+    "approvals": {"required": ["payments.pay_new_payee"], "ttl_seconds": 3600},
+}
+
+
+@dataclass
+class World:
+    engine: charter.Engine
+    who: Principals
+    box: Sandbox
+    store: str
+    creds: Creds
+    dir: Path
+
+    def child(self, mission: str, k: int, when: str = "before", what: str = "kill") -> Any:
+        """Run the agent's executor in a child process stopped at commit ``k``."""
+        config = self.dir / f"child-{mission}.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "store": self.store,
+                    "digests": self.creds[1],
+                    "credential": self.creds[0]["agent"],
+                    "url": self.box.url,
+                    "mission": mission,
+                    "invoices": list(INVOICES),
+                    "k": k,
+                    "when": when,
+                    "what": what,
+                }
+            )
+        )
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
+        done = subprocess.run(
+            [sys.executable, str(HERE / "_sweep_child.py"), str(config)],
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+            env=env,
+            check=False,
+        )
+        lines = [json.loads(line) for line in done.stdout.splitlines()]
+        return done.returncode, lines, done.stderr
+
+
+@pytest.fixture
+def world(store_address: str, creds: Creds, tmp_path: Path) -> Iterator[World]:
+    config = charter.EngineConfig(credentials=creds[1])
+    engine = charter.Engine.open(store_address, config=config)
+    with Sandbox(tmp_path / "sandbox.db") as box:
+        yield World(engine, Principals(*creds, engine), box, store_address, creds, tmp_path)
+    engine.close()
+
+
+def finish(world: World, mission: str) -> str:
+    """What an operator does until the mission's run has completed; its run."""
+    engine, who = world.engine, world.who
+    with payments_adapter(world.box.url) as payments:
+        plan = invoice_plan(payments)
+        runs = engine.runs(mission)
+        if not runs:  # the worker died before its run existed: start it again
+            ex = engine.start_run(
+                mission, by=who.agent, segment_id="op-start", plan=plan, input=list(INVOICES)
+            )
+            run_id = ex.run_id
+            with contextlib.suppress(charter.Blocked):  # the approval: it lets go of the run
+                ex.execute(plan)
+        else:
+            [run] = runs
+            run_id = run.id
+        for turn in range(8):
+            if engine.run(run_id).status.terminal:
+                return run_id
+            segment = _take_over(world, run_id, f"op-{turn}")
+            for attempt in engine.attempts(run_id=run_id, unresolved=True):
+                if attempt.status is AttemptStatus.UNKNOWN:
+                    evidence = engine.coordinator.reconcile(attempt.id, payments, by=who.alice)
+                    assert evidence.conclusive, evidence  # the lookup by key always proves
+                    engine.coordinator.confirm(attempt.id, by=who.alice)
+            for approval in engine.approvals(run_id=run_id, pending=True):
+                engine.approve(approval.id, by=who.bob)
+            ex = engine.coordinator.resume(run_id, segment, by=who.alice)
+            try:
+                ex.execute(plan)
+            except charter.Blocked:
+                continue
+    return run_id
+
+
+def _take_over(world: World, run_id: str, segment: str) -> str:
+    """Recover as a new segment (a dead owner is taken over at once). When the
+    worker stopped by itself, its lease still runs: with an attempt left in
+    flight (its settlement was lost) the operator, who saw the worker exit,
+    forces the takeover (audited); otherwise goes on as the worker's segment."""
+    engine = world.engine
+    try:
+        engine.coordinator.recover(run_id, segment)
+    except charter.LeaseHeld:
+        in_flight = engine.attempts(run_id=run_id, unresolved=True)
+        if not any(a.status is AttemptStatus.DISPATCHED for a in in_flight):
+            return engine.run(run_id).owner_segment
+        engine.coordinator.recover(run_id, segment, force=True, by=world.who.alice)
+    return segment
+
+
+def violations(world: World, mission: str, run_id: str) -> list[str]:
+    """Each invariant, named by its rule, against the store and the sandbox."""
+    engine = world.engine
+    found: list[str] = []
+    run = engine.run(run_id)
+    if run.status is not charter.RunStatus.COMPLETED:
+        found.append(f"N1: run ended {run.status.value}, not completed")
+    attempts = engine.attempts(run_id=run_id)
+    keys = {a.idempotency_key for a in attempts}
+    paid = [p for p in world.box.payments() if p["idempotency_key"] in keys]
+    per_invoice = Counter(p["reference"] for p in paid)
+    if sorted(per_invoice) != sorted(i["invoice"] for i in INVOICES):
+        found.append(f"A4: invoices paid {dict(per_invoice)}")
+    if any(n > 1 for n in per_invoice.values()):
+        found.append(f"A4: an invoice paid twice {dict(per_invoice)}")
+    sends = Counter(
+        r["idempotency_key"]
+        for r in world.box.requests()
+        if r["kind"] == "create" and r["idempotency_key"] in keys
+    )
+    if any(n > 1 for n in sends.values()):
+        found.append(f"A2: an attempt sent twice {dict(sends)}")
+    if [a.id for a in attempts if a.status.unresolved]:
+        found.append("R7: attempts left unresolved")
+    spent = engine.balances(mission)["usd"]
+    if spent.spent != sum(p["amount"] for p in paid) or spent.held != 0:
+        found.append(f"L0: ledger spent {spent.spent} held {spent.held} vs sandbox {paid}")
+    found += [f"L0: {p}" for p in engine.check_ledger(mission)]
+    found += [f"S1: chain {v.chain} broken" for v in engine.verify_audit(mission) if not v.ok]
+    return found
+
+
+def one_case(world: World, k: int, when: str, what: str) -> list[str]:
+    mission = world.engine.create_mission(CONTRACT, by=world.who.alice, name=f"{what}-{when}-{k}")
+    code, _, stderr = world.child(mission, k, when, what)
+    expected = -9 if what == "kill" else 0
+    if code != expected:
+        return [f"k={k}: the child ended {code}, not {expected}: {stderr[-400:]}"]
+    run_id = finish(world, mission)
+    return [f"k={k} {what} {when}: {v}" for v in violations(world, mission, run_id)]
+
+
+def workload_commits(world: World) -> int:
+    """K: the commits the worker makes when nothing goes wrong (to its approval wait)."""
+    mission = world.engine.create_mission(CONTRACT, by=world.who.alice, name="count")
+    code, lines, stderr = world.child(mission, 0)
+    assert code == 0, stderr
+    assert lines[-1]["end"].startswith("blocked"), lines
+    run_id = finish(world, mission)
+    assert violations(world, mission, run_id) == []
+    return int(lines[-1]["commits"])
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize(
+    ("what", "when"),
+    [("kill", "before"), ("kill", "after"), ("fail", "before"), ("fail", "after")],
+    ids=["killed-before-commit", "killed-after-commit", "commit-fails", "commit-lost-after"],
+)
+def test_A2_A4_F1_R1_L0_every_commit_of_the_payment_workload_interrupted_is_recovered(
+    world: World, what: str, when: str
+) -> None:
+    commits = workload_commits(world)
+    assert commits >= 10  # start, admissions, dispatches, settlements, node steps
+    found = [v for k in range(1, commits + 1) for v in one_case(world, k, when, what)]
+    assert found == [], "\n".join(found)
+
+
+class FailNextCommit:
+    """Fails the next physical commit once armed (a store that refused it)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+
+    def __call__(self, name: str) -> None:
+        if self.armed and name == "commit.before":
+            self.armed = False
+            raise charter.StoreBusy("the store stayed busy (injected)", retryable=True)
+
+
+def test_A4_R4_a_failed_admission_commit_blocks_the_node_and_the_run_resumes(
+    store_address: str, creds: Creds
+) -> None:
+    """Confirmed by the sweep: a store that failed an admission commit ended the
+    run FAILED, as if the node had failed; nothing was stored or sent."""
+    hook = FailNextCommit()
+    config = charter.EngineConfig(credentials=creds[1])
+    with charter.Engine.open(store_address, config=config, crash_hook=hook) as engine:
+        who = Principals(*creds, engine)
+        mission = engine.create_mission(
+            {
+                **CONTRACT,
+                "principals": {"agent": {"run": ["recorder.*"]}, "alice": ["run"]},
+                "allowance": {"usd": 100_00, "calls": 10},
+            },
+            by=who.alice,
+        )
+        target = RecordingAdapter()
+        runs: list[int] = []
+
+        @charter.node
+        def pay(ctx: charter.Context, _: Any) -> str:
+            hook.armed = not runs  # the store fails the first execution's admission
+            runs.append(1)
+            return str(ctx.attempt(target, "write", {"to": "acme"}, key="pay")["ok"])
+
+        plan = charter.Plan("one-payment", (pay,))
+        ex = engine.start_run(mission, by=who.agent, segment_id="seg-1", plan=plan)
+        with pytest.raises(charter.Blocked):
+            ex.execute(plan)
+
+        run = engine.run(ex.run_id)
+        assert run.status is charter.RunStatus.NEEDS_INTERVENTION
+        assert engine.attempts(run_id=ex.run_id) == [] and target.sent == []
+        resumed = engine.coordinator.resume(ex.run_id, "seg-1", by=who.alice)
+        assert resumed.execute(plan) == "True"
+        assert engine.run(ex.run_id).status is charter.RunStatus.COMPLETED
+        assert len(target.sent) == 1
