@@ -14,10 +14,12 @@ again; any other cannot be revealed, and says so.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from collections.abc import Iterator
 from typing import Any, NoReturn
+from urllib.parse import quote, quote_plus
 
 from charter.errors import SecretUnavailable
 
@@ -124,8 +126,7 @@ def has_reserved_key(value: Any) -> bool:
 
 def scrub_text(text: str, secrets: list[Secret]) -> str:
     """``text`` with every revealed secret replaced by ``***``, in each form the
-    secret can take once something was turned into text: as is, JSON-escaped,
-    and as Python writes it in the repr of a ``str`` or of ``bytes``.
+    secret can take once something was turned into text (see :func:`_forms`).
 
     This is the last step before anything an adapter reported is recorded: a
     target may echo a secret inside bytes, an exception or any object whose
@@ -138,12 +139,22 @@ def scrub_text(text: str, secrets: list[Secret]) -> str:
 
 
 def _forms(value: str) -> list[str]:
+    """Every shape a secret takes when a target hands it back as text: as is,
+    JSON-escaped, in a ``str`` or ``bytes`` repr, percent-encoded (in a URL or
+    a form) and in base64 (a Basic header, a token), padded or not."""
+    raw = value.encode()
+    b64 = [base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode()]
     forms = {
         value,
         json.dumps(value)[1:-1],
         json.dumps(value, ensure_ascii=False)[1:-1],
         repr(value)[1:-1],
-        repr(value.encode())[2:-1],
+        repr(raw)[2:-1],
+        quote(value, safe=""),
+        quote(value),
+        quote_plus(value),
+        *b64,
+        *(b.rstrip("=") for b in b64),
     }
     return sorted((f for f in forms if f), key=len, reverse=True)
 
