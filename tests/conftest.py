@@ -10,6 +10,7 @@ is about the SQLite file (its bytes, pragmas, write lock) and runs on SQLite onl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -109,10 +110,12 @@ def creds() -> tuple[dict[str, str], dict[str, str]]:
     return {n: c for n, (c, _) in pairs.items()}, {n: d for n, (_, d) in pairs.items()}
 
 
-@pytest.fixture
-def store_url(tmp_path: Path, backend: str) -> Iterator[str]:
+@contextlib.contextmanager
+def fresh_store(folder: Path, backend: str) -> Iterator[str]:
+    """The URL of an empty store: a file in ``folder``, or a PostgreSQL schema of
+    its own, dropped afterwards (for tests that need many, such as state machines)."""
     if backend == "sqlite":
-        yield str(tmp_path / "charter.db")
+        yield str(folder / "charter.db")
         return
     import psycopg
 
@@ -121,9 +124,17 @@ def store_url(tmp_path: Path, backend: str) -> Iterator[str]:
     with psycopg.connect(PG_URL, autocommit=True) as admin:
         admin.execute(f"CREATE SCHEMA {schema}")
     sep = "&" if "?" in PG_URL else "?"
-    yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
-    with psycopg.connect(PG_URL, autocommit=True) as admin:
-        admin.execute(f"DROP SCHEMA {schema} CASCADE")
+    try:
+        yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+def store_url(tmp_path: Path, backend: str) -> Iterator[str]:
+    with fresh_store(tmp_path, backend) as url:
+        yield url
 
 
 @pytest.fixture
