@@ -32,6 +32,8 @@ PG_URL = os.environ.get("CHARTER_TEST_POSTGRES_URL")
 if os.environ.get("CI") == "true" and not PG_URL:
     raise RuntimeError("CI=true but CHARTER_TEST_POSTGRES_URL is not set: start PostgreSQL")
 BACKENDS = ["sqlite", *(["postgresql"] if PG_URL else [])]
+#: ``python3 tasks.py faults --long``: the fault families run longer.
+LONG = os.environ.get("CHARTER_FAULTS") == "long"
 
 NAMES = ("agent", "alice", "bob", "mallory")
 

@@ -43,7 +43,7 @@ from charter.contracts.contract import Contract
 from charter.engine.executor import Executor
 from charter.ledger import Balance
 from charter.testing import ManualClock, RecordingAdapter
-from conftest import NAMES, Principals, default_contract, fresh_store, stored
+from conftest import LONG, NAMES, Principals, default_contract, fresh_store, stored
 
 WORKER = Path(__file__).with_name("_ledger_worker.py")
 
@@ -1793,7 +1793,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert stored.estimate == estimate
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(0 if LONG else 900)
 def test_L0_L1_L2_hold_after_every_step_of_random_histories(backend: str) -> None:
     """Breaking L0-L2 (or L4/L6 along the way) in any interleaving of admissions,
     settlements below and above estimate, proven non-applications, lost responses,
@@ -1805,7 +1805,7 @@ def test_L0_L1_L2_hold_after_every_step_of_random_histories(backend: str) -> Non
         settings=settings(
             # a history on PostgreSQL costs a schema and a network round trip per
             # statement: fewer of them in the suite (the long profile runs more)
-            max_examples=50 if backend == "sqlite" else 12,
+            max_examples=(50 if backend == "sqlite" else 12) * (20 if LONG else 1),
             stateful_step_count=40,
             deadline=None,
             database=None,
