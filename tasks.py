@@ -63,6 +63,7 @@ def test() -> None:
 #: kills and pauses, random histories checked after every step, secret canaries.
 FAULTS = [
     "tests/test_sweep.py",
+    "tests/test_chaos.py",
     "tests/test_canaries.py",
     "tests/test_crash.py",
     "tests/test_liveness.py",
