@@ -488,7 +488,11 @@ def test_R1_F1_a_live_owner_s_lease_is_taken_over_only_by_force_by_a_principal_w
         with pytest.raises(charter.SegmentReused):
             engine.coordinator.recover(run_id, segment, force=True, by=alice)
     assert engine.run(run_id).epoch == 2
-    child.go()  # the old owner, fenced, sends nothing more
+    # The old owner was alive: its send, committed before the forced takeover and
+    # inside its deadline, still goes out and is kept as late evidence; after it,
+    # fenced, it admits and dispatches nothing more.
+    child.go()
+    assert child.expect("settled")["attempt_id"] == paused["attempt_id"]
     _assert_fenced(world, child, ready)
     assert_store_holds(world)
 
