@@ -29,6 +29,7 @@ from charter.errors import (
     AllowanceExceeded,
     AmountOverflow,
     ApprovalRequired,
+    ArtifactError,
     AttemptAlreadySettled,
     AttemptFailed,
     AuditError,
@@ -45,6 +46,7 @@ from charter.errors import (
     NotApplied,
     NotAuthorized,
     NotFound,
+    PlanError,
     RunTerminal,
     SchemaError,
     SecretUnavailable,
@@ -55,6 +57,7 @@ from charter.errors import (
     StoreError,
     StoreNotFound,
     UsageError,
+    WaitError,
 )
 from charter.secret import Secret
 
@@ -111,6 +114,7 @@ __all__ = [
     "AllowanceExceeded",
     "AmountOverflow",
     "ApprovalRequired",
+    "ArtifactError",
     "Attempt",
     "AttemptAlreadySettled",
     "AttemptFailed",
@@ -146,6 +150,7 @@ __all__ = [
     "Operation",
     "Outcome",
     "Plan",
+    "PlanError",
     "Principal",
     "RecordedAttempt",
     "Right",
@@ -163,6 +168,7 @@ __all__ = [
     "StoreNotFound",
     "SystemClock",
     "UsageError",
+    "WaitError",
     "__version__",
     "hash_secret",
     "new_credential",

@@ -21,8 +21,8 @@ import contextlib
 import json
 import threading
 import uuid as uuid_mod
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, overload
 
@@ -39,9 +39,11 @@ from charter.errors import (
     Blocked,
     CharterError,
     NonDeterminismError,
+    PlanError,
     SettlementUnrecorded,
     StateError,
 )
+from charter.plans import graph
 from charter.plans import store as plans_store
 from charter.runs import store as run_store
 from charter.runs.ownership import Segment
@@ -99,22 +101,77 @@ def node(
 
 @dataclass(frozen=True)
 class Plan:
-    """A fixed sequence of nodes.
+    """A DAG of nodes; a fixed sequence when ``after`` is not given.
 
-    ``ref`` is the ``"module:attribute"`` path of this plan object, recorded
-    on the run so a fresh process (``charter resume``) can load it.
+    ``after`` maps a node's name to the names of the nodes it comes after
+    (build one with :meth:`graph`); a node with several dependencies receives
+    ``{name: result}`` of them, one with a single dependency its result, one
+    with none the run's input. ``functions`` are further nodes a running node
+    may add to the plan (N3, :meth:`Context.extend`). ``workers`` bounds how
+    many ready nodes run at once. ``ref`` is the ``"module:attribute"`` path
+    of this plan object, recorded on the run so a fresh process (``charter
+    resume``) can load it.
     """
 
     name: str
     nodes: tuple[Node, ...]
     ref: str | None = None
+    after: Mapping[str, tuple[str, ...]] | None = None
+    functions: tuple[Node, ...] = ()
+    workers: int = 4
 
     def __post_init__(self) -> None:
         names = [n.name for n in self.nodes]
         if not names:
-            raise StateError(f"plan {self.name!r} has no nodes")
-        if len(set(names)) != len(names):
-            raise StateError(f"plan {self.name!r} has duplicate node names: {names}")
+            raise PlanError(f"plan {self.name!r} has no nodes", plan=self.name)
+        offered = names + [n.name for n in self.functions]
+        if len(set(offered)) != len(offered):
+            dup = sorted({n for n in offered if offered.count(n) > 1})
+            raise PlanError(
+                f"plan {self.name!r} has duplicate node names {dup}; node ids are unique",
+                plan=self.name,
+                duplicates=dup,
+            )
+        if not 1 <= self.workers <= 64:
+            raise PlanError(f"plan {self.name!r}: workers must be 1..64", plan=self.name)
+        deps = graph.sequence(names) if self.after is None else dict(self.after)
+        extra = sorted(set(deps) - set(names))
+        if extra or len(deps) != len(names):
+            raise PlanError(
+                f"plan {self.name!r}: dependencies are declared for {extra or 'too few'} "
+                "node(s); declare exactly the plan's nodes",
+                plan=self.name,
+            )
+        deps = {n: tuple(deps[n]) for n in names}
+        shape = graph.Shape(deps, {n: n for n in names}, {}, graph.check(self.name, deps))
+        object.__setattr__(self, "shape", shape)
+
+    #: The checked DAG (set in ``__post_init__``).
+    shape: graph.Shape = field(init=False, repr=False, compare=False)
+
+    @classmethod
+    def graph(
+        cls,
+        name: str,
+        edges: Mapping[Node, Sequence[Node | str]],
+        *,
+        ref: str | None = None,
+        functions: Sequence[Node] = (),
+        workers: int = 4,
+    ) -> Plan:
+        """A plan from ``{node: [the nodes it comes after]}``, in declaration order."""
+        after = {
+            n.name: tuple(d if isinstance(d, str) else d.name for d in ds)
+            for n, ds in edges.items()
+        }
+        return cls(name, tuple(edges), ref, after, tuple(functions), workers)
+
+    def function(self, name: str) -> Node:
+        """The node function named ``name``: one of the nodes or the functions."""
+        for n in (*self.nodes, *self.functions):
+            if n.name == name:
+                return n
+        raise PlanError(f"plan {self.name!r} offers no node function {name!r}", plan=self.name)
 
 
 class Context:
