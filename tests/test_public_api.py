@@ -66,6 +66,7 @@ PUBLIC = [
     "SystemClock",
     "UsageError",
     "WaitError",
+    "WaitPending",
     "__version__",
     "hash_secret",
     "new_credential",

@@ -58,6 +58,7 @@ from charter.errors import (
     StoreNotFound,
     UsageError,
     WaitError,
+    WaitPending,
 )
 from charter.secret import Secret
 
@@ -169,6 +170,7 @@ __all__ = [
     "SystemClock",
     "UsageError",
     "WaitError",
+    "WaitPending",
     "__version__",
     "hash_secret",
     "new_credential",

@@ -267,3 +267,16 @@ class Blocked(BaseException):
         self.reason = reason
         self.run_id = run_id
         self.attempt_id = attempt_id
+
+
+class WaitPending(Blocked):
+    """A node waits for an answer, a timer or a signal (W1); ``wait_id`` names it.
+
+    Nothing runs meanwhile: the run is ``waiting`` and a resume (``charter
+    wait`` does it when something is due) replays the node, which then reads
+    what arrived.
+    """
+
+    def __init__(self, reason: str, *, run_id: str, wait_id: str) -> None:
+        super().__init__(reason, run_id=run_id)
+        self.wait_id = wait_id

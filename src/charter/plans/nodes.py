@@ -42,12 +42,15 @@ from charter.errors import (
     PlanError,
     SettlementUnrecorded,
     StateError,
+    WaitPending,
 )
 from charter.plans import graph
 from charter.plans import store as plans_store
 from charter.runs import store as run_store
 from charter.runs.ownership import Segment
 from charter.runs.run import RunStatus
+from charter.waits import pending
+from charter.waits.model import WaitKind
 
 NodeFn = Callable[["Context", Any], Any]
 
@@ -408,6 +411,49 @@ class Context:
             "uuid", lambda: str(uuid_mod.UUID(int=self._ex.runtime.randbits(128), version=4))
         )
         return value
+
+    # -- durable waits (W1) --------------------------------------------------------
+    def ask(self, key: str, question: str, *, answer: type = str) -> Any:
+        """Ask a person ``question``; the node waits, durably, for an answer of type
+        ``answer`` (``str``, ``int``, ``float``, ``bool``, or ``object`` for any JSON)."""
+        kind = {str: "str", int: "int", float: "float", bool: "bool"}.get(answer, "json")
+        return self._wait(key, WaitKind.INPUT, question, kind, None)
+
+    def sleep(self, key: str, seconds: float) -> None:
+        """Wait until ``seconds`` after this node first asked, by the store's clock."""
+        self._wait(key, WaitKind.TIMER, None, None, seconds)
+
+    def wait_for(self, key: str, event: str) -> Any:
+        """Wait for the named ``event``; return the payload it was signalled with."""
+        return self._wait(key, WaitKind.EVENT, event, None, None)
+
+    def _wait(
+        self, key: str, kind: WaitKind, prompt: str | None, answer: str | None, sec: float | None
+    ) -> Any:
+        ex = self._ex
+        with ex.runtime.db.transaction() as tx:
+            ex.own(tx)  # a fenced owner asks for nothing (F2)
+            w = pending.request(
+                tx,
+                mission_id=ex.mission_id,
+                run_id=self.run_id,
+                node_id=self.node_id,
+                key=key,
+                kind=kind,
+                prompt=prompt,
+                answer_type=answer,
+                seconds=sec,
+                actor=ex.principal,
+                segment=ex.segment_id,
+                epoch=ex.epoch,
+            )
+            ready, value = pending.arrived(tx, w, actor=ex.principal)
+        if ready:
+            return value
+        ex.runtime.crash("wait.pending")
+        raise WaitPending(
+            f"node {self.node_id} waits for {kind.value} {key!r}", run_id=self.run_id, wait_id=w.id
+        )
 
 
 #: What :meth:`Context._next_try` asks for besides a replay.

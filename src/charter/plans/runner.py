@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from charter.attempts.store import count_unresolved
-from charter.errors import Blocked, CharterError, NonDeterminismError, StateError
+from charter.errors import Blocked, CharterError, NonDeterminismError, StateError, WaitPending
 from charter.hashing import digest
 from charter.ledger.incidents import open_incident
 from charter.plans import store as plans_store
@@ -77,6 +77,8 @@ class _Schedule:
         self.running: dict[Future[Any], str] = {}
         self.stop: BaseException | None = None
         self.failed: _NodeFailed | None = None
+        #: Nodes that wait (W1), or block on an attempt: the others go on meanwhile.
+        self.held: dict[str, Blocked] = {}
 
     def run(self) -> dict[str, Any]:
         with ThreadPoolExecutor(self.plan.workers, thread_name_prefix="charter-node") as pool:
@@ -93,13 +95,16 @@ class _Schedule:
             raise self.failed.cause
         if self.stop is not None:
             raise self.stop
+        if self.held:
+            _waiting(self.ex, self.held)
+            raise next(iter(self.held.values()))
         return self.done
 
     def _start_ready(self, pool: ThreadPoolExecutor) -> None:
         shape = _shape(self.ex, self.plan)
         busy = set(self.running.values())
         for name in shape.order:
-            if name in self.done or name in busy:
+            if name in self.done or name in busy or name in self.held:
                 continue
             if not all(d in self.done for d in shape.deps[name]):
                 continue
@@ -123,8 +128,23 @@ class _Schedule:
         except _NodeFailed as exc:
             self.failed = self.failed or exc
             self.stop = self.stop or exc.cause
+        except Blocked as exc:
+            self.held[name] = exc
         except BaseException as exc:
             self.stop = self.stop or exc
+
+
+def _waiting(ex: Segment, held: dict[str, Blocked]) -> None:
+    """An active run whose nodes wait (W1) is ``waiting``: nothing runs until a
+    resume; a run some node already marked (an approval, an uncertainty) keeps
+    its status."""
+    waits = sorted(n for n, b in held.items() if isinstance(b, WaitPending))
+    if not waits:
+        return
+    with ex.runtime.db.transaction(gate=ex.mission_id) as tx:
+        row = ex.own(tx)
+        if row["status"] == RunStatus.ACTIVE.value:
+            ex.set_status(tx, row, RunStatus.WAITING, f"node(s) {', '.join(waits)} wait")
 
 
 def _input(shape: Shape, name: str, done: dict[str, Any], run_input: Any) -> Any:
