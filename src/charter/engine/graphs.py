@@ -9,9 +9,14 @@ mission's current contract; a refusal is audited and changes nothing else.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
 
+from charter.artifacts import store as artifacts_store
+from charter.artifacts.objects import LocalObjects
 from charter.contracts.principals import Principal, Right
+from charter.errors import ArtifactError, NotFound
 from charter.runs import run as runs
 from charter.runs.run import RunStatus
 from charter.runtime import Runtime
@@ -76,3 +81,56 @@ def _due(tx: Tx) -> list[dict[str, Any]]:
             continue
         out.append({"run_id": run.id, "due_at_us": r["at_us"], "ready": r["at_us"] <= tx.now_us})
     return out
+
+
+class ArtifactOperations:
+    """The engine's operations on a run's artifacts (N2)."""
+
+    _runtime: Runtime
+
+    def artifacts(self, run_id: str) -> list[dict[str, Any]]:
+        """A run's artifacts by name: who saved them, their hash and size."""
+        with self._runtime.db.read() as tx:
+            runs.load(tx, run_id)
+            return [artifacts_store.to_dict(r) for r in artifacts_store.of_run(tx, run_id)]
+
+    def verify_artifacts(self, run_id: str) -> list[dict[str, Any]]:
+        """Each artifact of the run with ``ok``: present in the store and hashing to
+        its recorded SHA-256 (streamed), or ``problem`` saying what is wrong."""
+        store = LocalObjects(self._runtime.config.artifacts)
+        out = []
+        for a in self.artifacts(run_id):
+            try:
+                ok, problem = store.verify(a["sha256"]), "fails its hash"
+            except ArtifactError as exc:
+                ok, problem = False, exc.message
+            out.append({**a, "ok": ok, **({} if ok else {"problem": problem})})
+        return out
+
+    def fetch_artifact(
+        self, run_id: str, name: str, dest: str | Path, *, by: Principal
+    ) -> dict[str, Any]:
+        """Copy an artifact to ``dest`` (a new file), verified while copied; ``by``
+        needs ``consume`` on ``artifact.NAME`` in the run's mission."""
+        with self._runtime.db.transaction() as tx:
+            run = runs.load(tx, run_id)
+            self._runtime.authority.authorize(
+                tx, by, run.mission_id, Right.CONSUME, f"artifact.{name}", entity=run_id
+            )
+            row = artifacts_store.artifact(tx, run_id, name)
+        if row is None:
+            raise NotFound(f"run {run_id} has no artifact {name!r}", run_id=run_id, name=name)
+        store = LocalObjects(self._runtime.config.artifacts)
+        h = hashlib.sha256()
+        with Path(dest).open("xb") as out:
+            for chunk in store.chunks(row["sha256"]):
+                h.update(chunk)
+                out.write(chunk)
+        if h.hexdigest() != row["sha256"]:
+            Path(dest).unlink()
+            raise ArtifactError(
+                f"artifact {name!r} of run {run_id} fails its hash; nothing was fetched",
+                name=name,
+                mismatch=True,
+            )
+        return artifacts_store.to_dict(row)

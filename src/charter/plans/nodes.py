@@ -24,9 +24,11 @@ import uuid as uuid_mod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, overload
+from pathlib import Path
+from typing import Any, BinaryIO, overload
 
 from charter.adapters import Adapter, EffectClass
+from charter.artifacts.workspace import check_name
 from charter.attempts import calls, dispatch
 from charter.attempts.lineage import lineage
 from charter.attempts.model import Attempt, AttemptStatus, Lineage
@@ -44,7 +46,7 @@ from charter.errors import (
     StateError,
     WaitPending,
 )
-from charter.plans import graph
+from charter.plans import files, graph
 from charter.plans import store as plans_store
 from charter.runs import store as run_store
 from charter.runs.ownership import Segment
@@ -63,6 +65,8 @@ class Node:
     fn: NodeFn
     check: Callable[[Any], bool] | None = None
     retries: int = 0
+    #: Workspace files (artifact names) the node reads: put back before it starts (N2).
+    uses: tuple[str, ...] = ()
 
     def __call__(self, ctx: Context, value: Any) -> Any:
         return self.fn(ctx, value)
@@ -78,6 +82,7 @@ def node(
     name: str | None = None,
     check: Callable[[Any], bool] | None = None,
     retries: int = 0,
+    uses: Sequence[str] = (),
 ) -> Callable[[NodeFn], Node]: ...
 
 
@@ -88,18 +93,28 @@ def node(
     name: str | None = None,
     check: Callable[[Any], bool] | None = None,
     retries: int = 0,
+    uses: Sequence[str] = (),
 ) -> Node | Callable[[NodeFn], Node]:
     """Decorate a function ``(ctx, value) -> result`` as a plan node.
 
     ``check`` must accept the result for the node to complete (N1); a node
     whose function raises (or whose check refuses) is executed again up to
-    ``retries`` times, each time as a new node execution.
+    ``retries`` times, each time as a new node execution. ``uses`` names the
+    workspace files (artifacts saved by earlier nodes) it reads: each is
+    checked, and put back from the artifact store if missing, before it starts.
     """
 
     def wrap(f: NodeFn) -> Node:
-        return Node(name or f.__name__, f, check, retries)
+        return Node(name or f.__name__, f, check, retries, _uses(uses))
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _uses(names: Sequence[str]) -> tuple[str, ...]:
+    """Declared workspace files, each a safe artifact name (N2)."""
+    for n in names:
+        check_name(n)
+    return tuple(names)
 
 
 @dataclass(frozen=True)
@@ -411,6 +426,17 @@ class Context:
             "uuid", lambda: str(uuid_mod.UUID(int=self._ex.runtime.randbits(128), version=4))
         )
         return value
+
+    # -- artifacts (N2) --------------------------------------------------------------
+    @property
+    def workspace(self) -> Path:
+        """This run's workspace directory, where declared files are put back."""
+        return Path(files.workspace(self._ex))
+
+    def save(self, name: str, source: bytes | BinaryIO | None = None) -> dict[str, Any]:
+        """Save an artifact: the workspace file ``name`` (or ``source``), streamed
+        into the artifact store; returns ``{"artifact", "sha256", "size"}``."""
+        return files.save(self._ex, self.node_id, self.execution, name, source)
 
     # -- durable waits (W1) --------------------------------------------------------
     def ask(self, key: str, question: str, *, answer: type = str) -> Any:

@@ -22,6 +22,7 @@ from charter.attempts.store import count_unresolved
 from charter.errors import Blocked, CharterError, NonDeterminismError, StateError, WaitPending
 from charter.hashing import digest
 from charter.ledger.incidents import open_incident
+from charter.plans import files
 from charter.plans import store as plans_store
 from charter.plans.graph import Shape
 from charter.plans.nodes import Context, Node, NodeFn, Plan
@@ -119,6 +120,11 @@ class _Schedule:
             node = self.plan.function(shape.fns[name])
             if name != node.name:
                 node = replace(node, name=name)
+            try:
+                files.prepare(self.ex, name, shape.deps[name], node.uses)
+            except Blocked as exc:  # its artifacts are not there, or not right (N2)
+                self.held[name] = exc
+                continue
             value = _input(shape, name, self.done, self.value)
             self.running[pool.submit(_run_node, self.ex, node, value)] = name
 
