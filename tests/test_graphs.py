@@ -157,3 +157,73 @@ def test_N1_a_sequence_plan_is_the_chain_of_its_nodes(
     assert plan.shape.deps == {"first": (), "second": ("first",)}
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     assert ex.execute(plan, 4) == 50
+
+
+# -- N3: plan changes at run time ---------------------------------------------------------
+
+
+def _planner(adapter: RecordingAdapter, steps: list[charter.Step]) -> charter.Plan:
+    @charter.node
+    def plan_reviews(ctx: charter.Context, value: Any) -> int:
+        return ctx.extend(*steps)
+
+    @charter.node
+    def review(ctx: charter.Context, value: Any) -> dict[str, Any]:
+        ctx.attempt(adapter, "write", {"review": value["region"]})
+        return {"reviewed": value["region"]}
+
+    @charter.node
+    def summary(ctx: charter.Context, value: dict[str, Any]) -> list[str]:
+        return sorted(v["reviewed"] for v in value.values())
+
+    return charter.Plan("reviews", (plan_reviews,), functions=(review, summary))
+
+
+REVIEWS = [
+    charter.Step("review-n", "review", after=("plan_reviews",), input={"region": "north"}),
+    charter.Step("review-s", "review", after=("plan_reviews",), input={"region": "south"}),
+    charter.Step("summary", "summary", after=("review-n", "review-s")),
+]
+
+
+def test_N3_a_running_node_extends_the_plan_as_a_new_audited_version(
+    engine: charter.Engine, mission: str, who: Principals, adapter: RecordingAdapter
+) -> None:
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    assert ex.execute(_planner(adapter, REVIEWS)) == ["north", "south"]
+
+    assert sorted(s.request["review"] for s in adapter.sent) == ["north", "south"]
+    assert set(states(engine, ex.run_id)) == {"plan_reviews", "review-n", "review-s", "summary"}
+    (v,) = engine.plan_versions(ex.run_id)
+    assert (v["version"], v["node_id"], [s["id"] for s in v["steps"]]) == (
+        2,
+        "plan_reviews",
+        ["review-n", "review-s", "summary"],
+    )
+    (event,) = [e for e in engine.audit_events(mission) if e["kind"] == "plan.versioned"]
+    assert (event["before"], event["after"]) == ("1", "2")
+    assert engine.verify_audit(mission)[0].ok
+
+
+@pytest.mark.parametrize(
+    ("steps", "words"),
+    [
+        ([charter.Step("x", "review", after=("nowhere",))], "unknown node"),
+        ([charter.Step("plan_reviews", "review")], "already has a node"),
+        ([charter.Step("x", "rm_rf")], "offers no node function"),
+    ],
+)
+def test_N3_a_bad_plan_change_is_refused_and_records_nothing(
+    engine: charter.Engine,
+    mission: str,
+    who: Principals,
+    adapter: RecordingAdapter,
+    steps: list[charter.Step],
+    words: str,
+) -> None:
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(charter.PlanError, match=words):
+        ex.execute(_planner(adapter, steps))
+    assert engine.plan_versions(ex.run_id) == []
+    assert "plan.versioned" not in [e["kind"] for e in engine.audit_events(mission)]
+    assert adapter.sent == []

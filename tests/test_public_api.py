@@ -60,6 +60,7 @@ PUBLIC = [
     "SegmentReused",
     "SettlementUnrecorded",
     "StateError",
+    "Step",
     "StoreBusy",
     "StoreError",
     "StoreNotFound",

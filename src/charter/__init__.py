@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from charter.contracts.principals import Principal, Right, hash_secret, new_credential
     from charter.engine.engine import Engine
     from charter.engine.executor import Executor
+    from charter.plans.graph import Step
     from charter.plans.journal import JournalEntry, NodeExecution
     from charter.plans.nodes import Context, Node, Plan, node
     from charter.runs.run import Run, RunStatus
@@ -93,6 +94,7 @@ _LAZY = {
     "hash_secret": "charter.contracts.principals",
     "new_credential": "charter.contracts.principals",
     "Run": "charter.runs.run",
+    "Step": "charter.plans.graph",
     "RunStatus": "charter.runs.run",
 }
 
@@ -164,6 +166,7 @@ __all__ = [
     "SegmentReused",
     "SettlementUnrecorded",
     "StateError",
+    "Step",
     "StoreBusy",
     "StoreError",
     "StoreNotFound",

@@ -10,6 +10,7 @@ mission's current contract; a refusal is audited and changes nothing else.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from charter.artifacts import store as artifacts_store
 from charter.artifacts.objects import LocalObjects
 from charter.contracts.principals import Principal, Right
 from charter.errors import ArtifactError, NotFound
+from charter.plans import store as plans_store
 from charter.runs import run as runs
 from charter.runs.run import RunStatus
 from charter.runtime import Runtime
@@ -24,6 +26,9 @@ from charter.storage import Tx
 from charter.waits import pending
 from charter.waits import store as waits_store
 from charter.waits.model import Wait
+
+
+_VERSION_KEYS = ("version", "digest", "node_id", "execution", "seq", "created_by", "created_at_us")
 
 
 class GraphOperations:
@@ -64,6 +69,16 @@ class GraphOperations:
             if run_id is not None:
                 runs.load(tx, run_id)
             return waits_store.waits(tx, run_id=run_id, open_only=open_only)
+
+    def plan_versions(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's plan changes (N3), version 2 on: the steps each added and the
+        node execution that made it (version 1 is the plan the run started with)."""
+        with self._runtime.db.read() as tx:
+            runs.load(tx, run_id)
+            return [
+                {**{k: r[k] for k in _VERSION_KEYS}, "steps": json.loads(r["steps"])}
+                for r in plans_store.plan_versions(tx, run_id)
+            ]
 
     def due(self) -> list[dict[str, Any]]:
         """Waiting runs and when each is due: ``{"run_id", "due_at_us", "ready"}``,

@@ -46,7 +46,7 @@ from charter.errors import (
     StateError,
     WaitPending,
 )
-from charter.plans import files, graph
+from charter.plans import files, graph, versions
 from charter.plans import store as plans_store
 from charter.runs import store as run_store
 from charter.runs.ownership import Segment
@@ -184,6 +184,11 @@ class Plan:
         }
         return cls(name, tuple(edges), ref, after, tuple(functions), workers)
 
+    @property
+    def offered(self) -> set[str]:
+        """The names of the node functions a step may run: the nodes and functions."""
+        return {n.name for n in (*self.nodes, *self.functions)}
+
     def function(self, name: str) -> Node:
         """The node function named ``name``: one of the nodes or the functions."""
         for n in (*self.nodes, *self.functions):
@@ -206,6 +211,8 @@ class Context:
         self._in_flight = 0
         #: Where this node's earlier attempts live (read once, on first use).
         self._lineage: Lineage | None = None
+        #: The plan being run, which :meth:`extend` changes (set by the runner).
+        self.plan: Plan | None = None
 
     @property
     def epoch(self) -> int:
@@ -437,6 +444,24 @@ class Context:
         """Save an artifact: the workspace file ``name`` (or ``source``), streamed
         into the artifact store; returns ``{"artifact", "sha256", "size"}``."""
         return files.save(self._ex, self.node_id, self.execution, name, source)
+
+    # -- plan changes (N3) -------------------------------------------------------------
+    def extend(self, *steps: graph.Step) -> int:
+        """Add nodes and edges to the run's plan (a journaled step); the new version."""
+        if self.plan is None:
+            raise StateError("extend is for a node run by a plan")
+        with self._lock:
+            self._jseq += 1
+            seq = self._jseq
+        p = self.plan
+        return versions.extend(
+            self._ex,
+            p.shape,
+            name=p.name,
+            offered=p.offered,
+            at=(self.node_id, self.execution, seq),
+            steps=steps,
+        )
 
     # -- durable waits (W1) --------------------------------------------------------
     def ask(self, key: str, question: str, *, answer: type = str) -> Any:

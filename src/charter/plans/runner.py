@@ -22,7 +22,7 @@ from charter.attempts.store import count_unresolved
 from charter.errors import Blocked, CharterError, NonDeterminismError, StateError, WaitPending
 from charter.hashing import digest
 from charter.ledger.incidents import open_incident
-from charter.plans import files
+from charter.plans import files, versions
 from charter.plans import store as plans_store
 from charter.plans.graph import Shape
 from charter.plans.nodes import Context, Node, NodeFn, Plan
@@ -66,7 +66,8 @@ def execute(ex: Segment, plan: Plan, value: Any) -> Any:
 
 def _shape(ex: Segment, plan: Plan) -> Shape:
     """The current plan's shape: as declared, with the changes recorded so far (N3)."""
-    return plan.shape
+    with ex.runtime.db.read() as tx:
+        return versions.current(tx, plan.shape, plan.name, plan.offered, ex.run_id)
 
 
 class _Schedule:
@@ -126,7 +127,7 @@ class _Schedule:
                 self.held[name] = exc
                 continue
             value = _input(shape, name, self.done, self.value)
-            self.running[pool.submit(_run_node, self.ex, node, value)] = name
+            self.running[pool.submit(_run_node, self.ex, node, value, self.plan)] = name
 
     def _collect(self, name: str, f: Future[Any]) -> None:
         try:
@@ -189,10 +190,11 @@ def _completed(ex: Segment, node_id: str) -> Any:
     raise Blocked(f"the stored result of node {node_id} does not match its hash", run_id=ex.run_id)
 
 
-def _run_node(ex: Segment, n: Node, value: Any) -> Any:
+def _run_node(ex: Segment, n: Node, value: Any, plan: Plan | None = None) -> Any:
     execution = _start(ex, n.name)
     while True:
         ctx = Context(ex, n.name, execution)
+        ctx.plan = plan
         try:
             result = call_node(n.fn, ctx, value)
             if n.check is not None and not n.check(result):
