@@ -27,7 +27,6 @@ from charter.waits import pending
 from charter.waits import store as waits_store
 from charter.waits.model import Wait
 
-
 _VERSION_KEYS = ("version", "digest", "node_id", "execution", "seq", "created_by", "created_at_us")
 
 
