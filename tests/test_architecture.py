@@ -253,6 +253,9 @@ def test_no_sql_outside_storage_and_store_modules() -> None:
 TABLE_OWNERS: dict[str, str] = {
     "allowances": "charter.ledger.store",
     "approvals": "charter.waits.store",
+    "waits": "charter.waits.store",
+    "artifacts": "charter.artifacts.store",
+    "plan_versions": "charter.plans.store",
     "attempts": "charter.attempts.store",
     "contract_versions": "charter.contracts.store",
     "evidence": "charter.attempts.store",

@@ -29,6 +29,7 @@ from charter.errors import (
     AllowanceExceeded,
     AmountOverflow,
     ApprovalRequired,
+    ArtifactError,
     AttemptAlreadySettled,
     AttemptFailed,
     AuditError,
@@ -45,6 +46,7 @@ from charter.errors import (
     NotApplied,
     NotAuthorized,
     NotFound,
+    PlanError,
     RunTerminal,
     SchemaError,
     SecretUnavailable,
@@ -55,6 +57,8 @@ from charter.errors import (
     StoreError,
     StoreNotFound,
     UsageError,
+    WaitError,
+    WaitPending,
 )
 from charter.secret import Secret
 
@@ -65,6 +69,7 @@ if TYPE_CHECKING:
     from charter.contracts.principals import Principal, Right, hash_secret, new_credential
     from charter.engine.engine import Engine
     from charter.engine.executor import Executor
+    from charter.plans.graph import Step
     from charter.plans.journal import JournalEntry, NodeExecution
     from charter.plans.nodes import Context, Node, Plan, node
     from charter.runs.run import Run, RunStatus
@@ -89,6 +94,7 @@ _LAZY = {
     "hash_secret": "charter.contracts.principals",
     "new_credential": "charter.contracts.principals",
     "Run": "charter.runs.run",
+    "Step": "charter.plans.graph",
     "RunStatus": "charter.runs.run",
 }
 
@@ -111,6 +117,7 @@ __all__ = [
     "AllowanceExceeded",
     "AmountOverflow",
     "ApprovalRequired",
+    "ArtifactError",
     "Attempt",
     "AttemptAlreadySettled",
     "AttemptFailed",
@@ -146,6 +153,7 @@ __all__ = [
     "Operation",
     "Outcome",
     "Plan",
+    "PlanError",
     "Principal",
     "RecordedAttempt",
     "Right",
@@ -158,11 +166,14 @@ __all__ = [
     "SegmentReused",
     "SettlementUnrecorded",
     "StateError",
+    "Step",
     "StoreBusy",
     "StoreError",
     "StoreNotFound",
     "SystemClock",
     "UsageError",
+    "WaitError",
+    "WaitPending",
     "__version__",
     "hash_secret",
     "new_credential",

@@ -9,6 +9,8 @@ TOML file (``charter.toml`` or ``$CHARTER_CONFIG``)::
     resume = "human"                 # "automatic" | "rules" | "human" (R9)
     lease_seconds = 30
     send_deadline_seconds = 30
+    artifacts = ".charter/artifacts"  # the artifact store (N2)
+    workspace = ".charter/work"      # runs' workspaces
 
     [credentials]                    # name -> sha256 digest of the secret (P1)
     alice = "sha256:9f86d0..."
@@ -53,6 +55,8 @@ _KEYS = {
     "lease_seconds",
     "send_deadline_seconds",
     "busy_timeout_seconds",
+    "artifacts",
+    "workspace",
 }
 
 
@@ -72,6 +76,10 @@ class EngineConfig:
     lease_seconds: float = 30.0
     send_deadline_seconds: float = 30.0
     busy_timeout_seconds: float = 5.0
+    #: The artifact store, shared by every worker on this machine (N2), and the
+    #: directory under which each run has its workspace (``WORKSPACE/RUN_ID``).
+    artifacts: str = ".charter/artifacts"
+    workspace: str = ".charter/work"
 
     def __post_init__(self) -> None:
         if self.evidence_settles not in ("confirm", "auto"):
@@ -106,6 +114,9 @@ class EngineConfig:
         store = values.get("store")
         if isinstance(store, str) and base is not None and "://" not in store:
             values["store"] = str(base / store)
+        for key in ("artifacts", "workspace"):
+            if isinstance(values.get(key), str) and base is not None:
+                values[key] = str(base / values[key])
         credentials = values.get("credentials", {})
         if not isinstance(credentials, Mapping):
             raise ConfigError("[credentials] must map principal names to 'sha256:<hex>' digests")

@@ -22,6 +22,7 @@ POINTS: tuple[str, ...] = (
     "settlement.after",  # settlement committed
     "node.completed.before",  # a node's checked result is about to commit
     "node.completed.after",  # a node's checked result is committed
+    "wait.pending",  # a node's wait (W1) is committed pending; the node has not stopped
 )
 
 #: Around every physical commit of a write, whatever it records: the hook sees

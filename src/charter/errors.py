@@ -117,6 +117,29 @@ class ApprovalRequired(StateError):
     code = "approval_required"
 
 
+class PlanError(StateError):
+    """A plan or a change to it is refused before anything runs: a cycle, an
+    unknown dependency, a duplicate node id, a node function the plan does not
+    offer. ``plan`` names the plan; nothing was recorded."""
+
+    code = "invalid_plan"
+
+
+class ArtifactError(CharterError):
+    """An artifact name, hash or object is refused (N2): a hostile name, a hash
+    that is not SHA-256 hex, an object that is missing or is not a plain file
+    inside the store. Nothing outside the store was read or written."""
+
+    code = "invalid_artifact"
+
+
+class WaitError(StateError):
+    """An answer or a signal is refused (W1): no such wait, one already
+    satisfied, or an answer of the wrong type. Nothing changed."""
+
+    code = "invalid_wait"
+
+
 class AmountOverflow(StateError):
     """A ledger sum (``spent``, ``held``, a limit) would pass 2^63 - 1 (A9).
 
@@ -244,3 +267,16 @@ class Blocked(BaseException):
         self.reason = reason
         self.run_id = run_id
         self.attempt_id = attempt_id
+
+
+class WaitPending(Blocked):
+    """A node waits for an answer, a timer or a signal (W1); ``wait_id`` names it.
+
+    Nothing runs meanwhile: the run is ``waiting`` and a resume (``charter
+    wait`` does it when something is due) replays the node, which then reads
+    what arrived.
+    """
+
+    def __init__(self, reason: str, *, run_id: str, wait_id: str) -> None:
+        super().__init__(reason, run_id=run_id)
+        self.wait_id = wait_id

@@ -31,6 +31,7 @@ from charter.contracts.principals import Authenticator, Principal, Right
 from charter.crashpoints import CrashHook
 from charter.engine.coordinator import Coordinator
 from charter.engine.executor import Executor
+from charter.engine.graphs import ArtifactOperations, GraphOperations
 from charter.errors import (
     AuthenticationError,
     ContractError,
@@ -56,7 +57,7 @@ from charter.waits import approvals as approvals_mod
 from charter.waits.approvals import Approval, ApprovalStatus
 
 
-class Engine:
+class Engine(GraphOperations, ArtifactOperations):
     """A Charter engine bound to one store."""
 
     def __init__(

@@ -21,12 +21,14 @@ import contextlib
 import json
 import threading
 import uuid as uuid_mod
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, overload
+from pathlib import Path
+from typing import Any, BinaryIO, overload
 
 from charter.adapters import Adapter, EffectClass
+from charter.artifacts.workspace import check_name
 from charter.attempts import calls, dispatch
 from charter.attempts.model import Attempt, AttemptStatus, Lineage
 from charter.attempts.store import effect_attempts
@@ -38,15 +40,20 @@ from charter.errors import (
     Blocked,
     CharterError,
     NonDeterminismError,
+    PlanError,
     SettlementUnrecorded,
     StateError,
     StoreError,
+    WaitPending,
 )
+from charter.plans import files, graph, versions
 from charter.plans import store as plans_store
 from charter.plans.lineage import lineage
 from charter.runs import store as run_store
 from charter.runs.ownership import Segment
 from charter.runs.run import RunStatus
+from charter.waits import pending
+from charter.waits.model import WaitKind
 
 NodeFn = Callable[["Context", Any], Any]
 
@@ -59,6 +66,8 @@ class Node:
     fn: NodeFn
     check: Callable[[Any], bool] | None = None
     retries: int = 0
+    #: Workspace files (artifact names) the node reads: put back before it starts (N2).
+    uses: tuple[str, ...] = ()
 
     def __call__(self, ctx: Context, value: Any) -> Any:
         return self.fn(ctx, value)
@@ -74,6 +83,7 @@ def node(
     name: str | None = None,
     check: Callable[[Any], bool] | None = None,
     retries: int = 0,
+    uses: Sequence[str] = (),
 ) -> Callable[[NodeFn], Node]: ...
 
 
@@ -84,38 +94,108 @@ def node(
     name: str | None = None,
     check: Callable[[Any], bool] | None = None,
     retries: int = 0,
+    uses: Sequence[str] = (),
 ) -> Node | Callable[[NodeFn], Node]:
     """Decorate a function ``(ctx, value) -> result`` as a plan node.
 
     ``check`` must accept the result for the node to complete (N1); a node
     whose function raises (or whose check refuses) is executed again up to
-    ``retries`` times, each time as a new node execution.
+    ``retries`` times, each time as a new node execution. ``uses`` names the
+    workspace files (artifacts saved by earlier nodes) it reads: each is
+    checked, and put back from the artifact store if missing, before it starts.
     """
 
     def wrap(f: NodeFn) -> Node:
-        return Node(name or f.__name__, f, check, retries)
+        return Node(name or f.__name__, f, check, retries, _uses(uses))
 
     return wrap(fn) if fn is not None else wrap
 
 
+def _uses(names: Sequence[str]) -> tuple[str, ...]:
+    """Declared workspace files, each a safe artifact name (N2)."""
+    for n in names:
+        check_name(n)
+    return tuple(names)
+
+
 @dataclass(frozen=True)
 class Plan:
-    """A fixed sequence of nodes.
+    """A DAG of nodes; a fixed sequence when ``after`` is not given.
 
-    ``ref`` is the ``"module:attribute"`` path of this plan object, recorded
-    on the run so a fresh process (``charter resume``) can load it.
+    ``after`` maps a node's name to the names of the nodes it comes after
+    (build one with :meth:`graph`); a node with several dependencies receives
+    ``{name: result}`` of them, one with a single dependency its result, one
+    with none the run's input. ``functions`` are further nodes a running node
+    may add to the plan (N3, :meth:`Context.extend`). ``workers`` bounds how
+    many ready nodes run at once. ``ref`` is the ``"module:attribute"`` path
+    of this plan object, recorded on the run so a fresh process (``charter
+    resume``) can load it.
     """
 
     name: str
     nodes: tuple[Node, ...]
     ref: str | None = None
+    after: Mapping[str, tuple[str, ...]] | None = None
+    functions: tuple[Node, ...] = ()
+    workers: int = 4
 
     def __post_init__(self) -> None:
         names = [n.name for n in self.nodes]
         if not names:
-            raise StateError(f"plan {self.name!r} has no nodes")
-        if len(set(names)) != len(names):
-            raise StateError(f"plan {self.name!r} has duplicate node names: {names}")
+            raise PlanError(f"plan {self.name!r} has no nodes", plan=self.name)
+        offered = names + [n.name for n in self.functions]
+        if len(set(offered)) != len(offered):
+            dup = sorted({n for n in offered if offered.count(n) > 1})
+            raise PlanError(
+                f"plan {self.name!r} has duplicate node names {dup}; node ids are unique",
+                plan=self.name,
+                duplicates=dup,
+            )
+        if not 1 <= self.workers <= 64:
+            raise PlanError(f"plan {self.name!r}: workers must be 1..64", plan=self.name)
+        deps = graph.sequence(names) if self.after is None else dict(self.after)
+        extra = sorted(set(deps) - set(names))
+        if extra or len(deps) != len(names):
+            raise PlanError(
+                f"plan {self.name!r}: dependencies are declared for {extra or 'too few'} "
+                "node(s); declare exactly the plan's nodes",
+                plan=self.name,
+            )
+        deps = {n: tuple(deps[n]) for n in names}
+        shape = graph.Shape(deps, {n: n for n in names}, {}, graph.check(self.name, deps))
+        object.__setattr__(self, "shape", shape)
+
+    #: The checked DAG (set in ``__post_init__``).
+    shape: graph.Shape = field(init=False, repr=False, compare=False)
+
+    @classmethod
+    def graph(
+        cls,
+        name: str,
+        edges: Mapping[Node, Sequence[Node | str]],
+        *,
+        ref: str | None = None,
+        functions: Sequence[Node] = (),
+        workers: int = 4,
+    ) -> Plan:
+        """A plan from ``{node: [the nodes it comes after]}``, in declaration order."""
+        after = {
+            n.name: tuple(d if isinstance(d, str) else d.name for d in ds)
+            for n, ds in edges.items()
+        }
+        return cls(name, tuple(edges), ref, after, tuple(functions), workers)
+
+    @property
+    def offered(self) -> set[str]:
+        """The names of the node functions a step may run: the nodes and functions."""
+        return {n.name for n in (*self.nodes, *self.functions)}
+
+    def function(self, name: str) -> Node:
+        """The node function named ``name``: one of the nodes or the functions."""
+        for n in (*self.nodes, *self.functions):
+            if n.name == name:
+                return n
+        raise PlanError(f"plan {self.name!r} offers no node function {name!r}", plan=self.name)
 
 
 class Context:
@@ -132,6 +212,8 @@ class Context:
         self._in_flight = 0
         #: Where this node's earlier attempts live (read once, on first use).
         self._lineage: Lineage | None = None
+        #: The plan being run, which :meth:`extend` changes (set by the runner).
+        self.plan: Plan | None = None
 
     @property
     def epoch(self) -> int:
@@ -360,6 +442,78 @@ class Context:
             "uuid", lambda: str(uuid_mod.UUID(int=self._ex.runtime.randbits(128), version=4))
         )
         return value
+
+    # -- artifacts (N2) --------------------------------------------------------------
+    @property
+    def workspace(self) -> Path:
+        """This run's workspace directory, where declared files are put back."""
+        return Path(files.workspace(self._ex))
+
+    def save(self, name: str, source: bytes | BinaryIO | None = None) -> dict[str, Any]:
+        """Save an artifact: the workspace file ``name`` (or ``source``), streamed
+        into the artifact store; returns ``{"artifact", "sha256", "size"}``."""
+        return files.save(self._ex, self.node_id, self.execution, name, source)
+
+    # -- plan changes (N3) -------------------------------------------------------------
+    def extend(self, *steps: graph.Step) -> int:
+        """Add nodes and edges to the run's plan (a journaled step); the new version."""
+        if self.plan is None:
+            raise StateError("extend is for a node run by a plan")
+        with self._lock:
+            self._jseq += 1
+            seq = self._jseq
+        p = self.plan
+        return versions.extend(
+            self._ex,
+            p.shape,
+            name=p.name,
+            offered=p.offered,
+            at=(self.node_id, self.execution, seq),
+            steps=steps,
+        )
+
+    # -- durable waits (W1) --------------------------------------------------------
+    def ask(self, key: str, question: str, *, answer: type = str) -> Any:
+        """Ask a person ``question``; the node waits, durably, for an answer of type
+        ``answer`` (``str``, ``int``, ``float``, ``bool``, or ``object`` for any JSON)."""
+        kind = {str: "str", int: "int", float: "float", bool: "bool"}.get(answer, "json")
+        return self._wait(key, WaitKind.INPUT, question, kind, None)
+
+    def sleep(self, key: str, seconds: float) -> None:
+        """Wait until ``seconds`` after this node first asked, by the store's clock."""
+        self._wait(key, WaitKind.TIMER, None, None, seconds)
+
+    def wait_for(self, key: str, event: str) -> Any:
+        """Wait for the named ``event``; return the payload it was signalled with."""
+        return self._wait(key, WaitKind.EVENT, event, None, None)
+
+    def _wait(
+        self, key: str, kind: WaitKind, prompt: str | None, answer: str | None, sec: float | None
+    ) -> Any:
+        ex = self._ex
+        with ex.runtime.db.transaction() as tx:
+            ex.own(tx)  # a fenced owner asks for nothing (F2)
+            w = pending.request(
+                tx,
+                mission_id=ex.mission_id,
+                run_id=self.run_id,
+                node_id=self.node_id,
+                key=key,
+                kind=kind,
+                prompt=prompt,
+                answer_type=answer,
+                seconds=sec,
+                actor=ex.principal,
+                segment=ex.segment_id,
+                epoch=ex.epoch,
+            )
+            ready, value = pending.arrived(tx, w, actor=ex.principal)
+        if ready:
+            return value
+        ex.runtime.crash("wait.pending")
+        raise WaitPending(
+            f"node {self.node_id} waits for {kind.value} {key!r}", run_id=self.run_id, wait_id=w.id
+        )
 
 
 #: What :meth:`Context._next_try` asks for besides a replay.

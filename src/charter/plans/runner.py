@@ -1,4 +1,4 @@
-"""Running a plan (N1, A6): node executions in order, each checked and durable.
+"""Running a plan (N1, A6): a DAG of node executions, each checked and durable.
 
 Completed nodes are skipped and their checked results, verified against their
 stored hash, feed the next node; a node that blocks (an approval, an uncertain
@@ -14,13 +14,17 @@ import contextlib
 import inspect
 import json
 from collections.abc import Awaitable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from charter.attempts.store import count_unresolved
-from charter.errors import Blocked, CharterError, NonDeterminismError, StateError
+from charter.errors import Blocked, CharterError, NonDeterminismError, StateError, WaitPending
 from charter.hashing import digest
 from charter.ledger.incidents import open_incident
+from charter.plans import files, versions
 from charter.plans import store as plans_store
+from charter.plans.graph import Shape
 from charter.plans.nodes import Context, Node, NodeFn, Plan
 from charter.runs.ownership import Segment
 from charter.runs.run import RunStatus
@@ -45,16 +49,121 @@ async def _await(aw: Awaitable[T]) -> T:
 
 
 def execute(ex: Segment, plan: Plan, value: Any) -> Any:
-    """Run ``plan``'s nodes in order from the first one not completed (N1).
+    """Run ``plan``'s DAG from where it stands; complete the run (N1).
 
     Completed nodes are skipped and their checked results, verified against
-    their stored hash, feed the next node. The run is completed at the end.
+    their stored hash, feed their consumers. Ready nodes run at once, at most
+    ``plan.workers`` together. A node that blocks or fails lets the nodes
+    already running finish; then the first such exception is raised (after
+    a failure has failed the run). The run is completed when every node is;
+    the result is the one sink's result, or ``{sink: result}`` of several.
     """
-    for n in plan.nodes:
-        done = _completed(ex, n.name)
-        value = done if done is not _MISSING else _run_node(ex, n, value)
+    done = _Schedule(ex, plan, value).run()
     finish(ex, RunStatus.COMPLETED)
-    return value
+    sinks = _shape(ex, plan).sinks
+    return done[sinks[0]] if len(sinks) == 1 else {n: done[n] for n in sinks}
+
+
+def _shape(ex: Segment, plan: Plan) -> Shape:
+    """The current plan's shape: as declared, with the changes recorded so far (N3)."""
+    with ex.runtime.db.read() as tx:
+        return versions.current(tx, plan.shape, plan.name, plan.offered, ex.run_id)
+
+
+class _Schedule:
+    """One pass over a run's DAG: start ready nodes, collect what they return."""
+
+    def __init__(self, ex: Segment, plan: Plan, value: Any) -> None:
+        self.ex, self.plan, self.value = ex, plan, value
+        self.done: dict[str, Any] = {}
+        self.running: dict[Future[Any], str] = {}
+        self.stop: BaseException | None = None
+        self.failed: _NodeFailed | None = None
+        #: Nodes that wait (W1), or block on an attempt: the others go on meanwhile.
+        self.held: dict[str, Blocked] = {}
+
+    def run(self) -> dict[str, Any]:
+        with ThreadPoolExecutor(self.plan.workers, thread_name_prefix="charter-node") as pool:
+            while True:
+                if self.stop is None:
+                    self._start_ready(pool)
+                if not self.running:
+                    break
+                finished, _ = wait(self.running, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    self._collect(self.running.pop(f), f)
+        if self.failed is not None:
+            _give_up(self.ex, self.failed.node_id, self.failed.failed, self.failed.cause)
+            raise self.failed.cause
+        if self.stop is not None:
+            raise self.stop
+        if self.held:
+            _waiting(self.ex, self.held)
+            raise next(iter(self.held.values()))
+        return self.done
+
+    def _start_ready(self, pool: ThreadPoolExecutor) -> None:
+        shape = _shape(self.ex, self.plan)
+        busy = set(self.running.values())
+        for name in shape.order:
+            if name in self.done or name in busy or name in self.held:
+                continue
+            if not all(d in self.done for d in shape.deps[name]):
+                continue
+            try:
+                found = _completed(self.ex, name)
+            except BaseException as exc:  # a hash mismatch: no consumer starts (N1)
+                self.stop = exc
+                return
+            if found is not _MISSING:
+                self.done[name] = found
+                continue
+            node = self.plan.function(shape.fns[name])
+            if name != node.name:
+                node = replace(node, name=name)
+            try:
+                files.prepare(self.ex, name, shape.deps[name], node.uses)
+            except Blocked as exc:  # its artifacts are not there, or not right (N2)
+                self.held[name] = exc
+                continue
+            value = _input(shape, name, self.done, self.value)
+            self.running[pool.submit(_run_node, self.ex, node, value, self.plan)] = name
+
+    def _collect(self, name: str, f: Future[Any]) -> None:
+        try:
+            self.done[name] = f.result()
+        except _NodeFailed as exc:
+            self.failed = self.failed or exc
+            self.stop = self.stop or exc.cause
+        except Blocked as exc:
+            self.held[name] = exc
+        except BaseException as exc:
+            self.stop = self.stop or exc
+
+
+def _waiting(ex: Segment, held: dict[str, Blocked]) -> None:
+    """An active run whose nodes wait (W1) is ``waiting``: nothing runs until a
+    resume; a run some node already marked (an approval, an uncertainty) keeps
+    its status."""
+    waits = sorted(n for n, b in held.items() if isinstance(b, WaitPending))
+    if not waits:
+        return
+    with ex.runtime.db.transaction(gate=ex.mission_id) as tx:
+        row = ex.own(tx)
+        if row["status"] == RunStatus.ACTIVE.value:
+            ex.set_status(tx, row, RunStatus.WAITING, f"node(s) {', '.join(waits)} wait")
+
+
+def _input(shape: Shape, name: str, done: dict[str, Any], run_input: Any) -> Any:
+    """What a node receives: its given input, else its dependencies' results."""
+    if name in shape.inputs:
+        return shape.inputs[name]
+    deps = shape.deps[name]
+    if not deps:
+        return run_input
+    if len(deps) == 1:
+        return done[deps[0]]
+    return {d: done[d] for d in deps}
 
 
 _MISSING = object()
@@ -81,10 +190,11 @@ def _completed(ex: Segment, node_id: str) -> Any:
     raise Blocked(f"the stored result of node {node_id} does not match its hash", run_id=ex.run_id)
 
 
-def _run_node(ex: Segment, n: Node, value: Any) -> Any:
+def _run_node(ex: Segment, n: Node, value: Any, plan: Plan | None = None) -> Any:
     execution = _start(ex, n.name)
     while True:
         ctx = Context(ex, n.name, execution)
+        ctx.plan = plan
         try:
             result = call_node(n.fn, ctx, value)
             if n.check is not None and not n.check(result):
@@ -107,8 +217,7 @@ def _run_node(ex: Segment, n: Node, value: Any) -> Any:
             if failed <= n.retries:
                 execution = _start(ex, n.name)
                 continue
-            _give_up(ex, n.name, failed, exc)
-            raise
+            raise _NodeFailed(n.name, failed, exc) from exc
         ex.runtime.crash("node.completed.before")
         _complete(ex, n.name, execution, result_json)
         ex.runtime.crash("node.completed.after")
@@ -117,6 +226,14 @@ def _run_node(ex: Segment, n: Node, value: Any) -> Any:
 
 class _CheckFailed(Exception):
     pass
+
+
+class _NodeFailed(Exception):
+    """A node's retries are exhausted; the schedule gives up once the others stop."""
+
+    def __init__(self, node_id: str, failed: int, cause: Exception) -> None:
+        super().__init__(node_id)
+        self.node_id, self.failed, self.cause = node_id, failed, cause
 
 
 def inherit(tx: Tx, from_run: str, run_id: str) -> list[dict[str, Any]]:

@@ -281,3 +281,43 @@ def copy_journal(tx: Tx, run_id: str, from_run: str, node_id: str, execution: in
         node_id,
         execution,
     )
+
+
+# -- plan versions (N3) -------------------------------------------------------------
+
+
+def plan_versions(tx: Tx, run_id: str) -> list[Row]:
+    """A run's plan changes by version: ``version``, ``steps`` (JSON text), ``digest``,
+    the ``node_id``, ``execution`` and ``seq`` that made it, ``created_by``/``_at_us``."""
+    return tx.all(
+        "SELECT version, steps, digest, node_id, execution, seq, created_by, created_at_us "
+        "FROM plan_versions WHERE run_id = ? ORDER BY version",
+        run_id,
+    )
+
+
+def insert_version(
+    tx: Tx,
+    run_id: str,
+    version: int,
+    *,
+    steps: str,
+    digest: str,
+    node_id: str,
+    execution: int,
+    seq: int,
+    created_by: str,
+) -> None:
+    tx.run(
+        "INSERT INTO plan_versions (run_id, version, steps, digest, node_id, execution, seq, "
+        "created_by, created_at_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        run_id,
+        version,
+        steps,
+        digest,
+        node_id,
+        execution,
+        seq,
+        created_by,
+        tx.now_us,
+    )

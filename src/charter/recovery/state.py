@@ -197,6 +197,9 @@ def _waits(tx: Tx, run: Run, expired: list[str] | None) -> list[dict[str, Any]]:
         elif w.status is ApprovalStatus.PENDING:
             renews = waits_store.expired(tx, w.effect_id, w.request_hash)
             waits.append({**w.to_dict(), "expired": False, "renews": renews})
+    # Human input, timers and events (W1): those the node has not read yet.
+    for o in waits_store.waits(tx, run_id=run.id, open_only=True):
+        waits.append({**o.to_dict(), "expired": False, "renews": False})
     return waits
 
 

@@ -346,4 +346,60 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        9,
+        "graphs: durable waits beside approvals, artifacts, plan versions (W1, N2, N3)",
+        [
+            # Human input, timers and named events, keyed by an ID the node gives (W1).
+            """CREATE TABLE waits (
+                id TEXT PRIMARY KEY,
+                mission_id TEXT NOT NULL REFERENCES missions(id),
+                run_id TEXT NOT NULL REFERENCES runs(id),
+                node_id TEXT NOT NULL,
+                wait_key TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                status TEXT NOT NULL,
+                prompt TEXT,
+                answer_type TEXT,
+                due_at_us BIGINT,
+                value TEXT,
+                created_at_us BIGINT NOT NULL,
+                satisfied_at_us BIGINT,
+                satisfied_by TEXT,
+                UNIQUE (run_id, wait_key)
+            )""",
+            "CREATE INDEX waits_open ON waits (status, kind)",
+            # Content-addressed blobs a node saved under a name in its run (N2); the
+            # bytes live in the artifact store, at a path derived from sha256 only.
+            """CREATE TABLE artifacts (
+                run_id TEXT NOT NULL REFERENCES runs(id),
+                name TEXT NOT NULL,
+                mission_id TEXT NOT NULL REFERENCES missions(id),
+                node_id TEXT NOT NULL,
+                execution INTEGER NOT NULL,
+                sha256 TEXT NOT NULL,
+                size BIGINT NOT NULL,
+                created_at_us BIGINT NOT NULL,
+                PRIMARY KEY (run_id, name)
+            )""",
+            "CREATE INDEX artifacts_mission ON artifacts (mission_id, sha256)",
+            # A run's plan as changed by its nodes (N3): each version the steps it
+            # added, and the journal position of the node execution that made it.
+            """CREATE TABLE plan_versions (
+                run_id TEXT NOT NULL REFERENCES runs(id),
+                version INTEGER NOT NULL,
+                steps TEXT NOT NULL,
+                digest TEXT NOT NULL,
+                node_id TEXT,
+                execution INTEGER,
+                seq INTEGER,
+                created_by TEXT NOT NULL,
+                created_at_us BIGINT NOT NULL,
+                PRIMARY KEY (run_id, version)
+            )""",
+        ],
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

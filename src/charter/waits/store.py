@@ -1,12 +1,13 @@
-"""The waits room's table: every statement on ``approvals``."""
+"""The waits room's tables: every statement on ``approvals`` and ``waits``."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from charter.storage import Row, Tx
 from charter.storage.paging import Position, page
-from charter.waits.model import Approval, ApprovalStatus
+from charter.waits.model import Approval, ApprovalStatus, Wait, WaitKind, WaitStatus
 
 
 def from_row(r: Row) -> Approval:
@@ -131,4 +132,116 @@ def effect_sent(tx: Tx, effect: str, request_hash: str) -> bool:
             request_hash,
         )
         is not None
+    )
+
+
+# -- waits (W1) -----------------------------------------------------------------------
+
+
+def wait_from_row(r: Row) -> Wait:
+    return Wait(
+        id=r["id"],
+        mission_id=r["mission_id"],
+        run_id=r["run_id"],
+        node_id=r["node_id"],
+        key=r["wait_key"],
+        kind=WaitKind(r["kind"]),
+        status=WaitStatus(r["status"]),
+        prompt=r["prompt"],
+        answer_type=r["answer_type"],
+        due_at_us=r["due_at_us"],
+        value=None if r["value"] is None else json.loads(r["value"]),
+        created_at_us=r["created_at_us"],
+        satisfied_at_us=r["satisfied_at_us"],
+        satisfied_by=r["satisfied_by"],
+    )
+
+
+def wait(tx: Tx, run_id: str, key: str) -> Wait | None:
+    row = tx.one("SELECT * FROM waits WHERE run_id = ? AND wait_key = ?", run_id, key)
+    return None if row is None else wait_from_row(row)
+
+
+def waits(tx: Tx, *, run_id: str | None = None, open_only: bool = False) -> list[Wait]:
+    """Waits by creation; ``open_only``: those not yet read by their node."""
+    where, params = [], []
+    if run_id is not None:
+        where.append("run_id = ?")
+        params.append(run_id)
+    if open_only:
+        where.append("status <> 'consumed'")
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    return [
+        wait_from_row(r)
+        for r in tx.all(f"SELECT * FROM waits{clause} ORDER BY created_at_us, id", *params)
+    ]
+
+
+def insert_wait(
+    tx: Tx,
+    wait_id: str,
+    *,
+    mission_id: str,
+    run_id: str,
+    node_id: str,
+    key: str,
+    kind: WaitKind,
+    prompt: str | None,
+    answer_type: str | None,
+    due_at_us: int | None,
+) -> None:
+    tx.run(
+        "INSERT INTO waits (id, mission_id, run_id, node_id, wait_key, kind, status, prompt, "
+        "answer_type, due_at_us, created_at_us) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, ?)",
+        wait_id,
+        mission_id,
+        run_id,
+        node_id,
+        key,
+        kind.value,
+        prompt,
+        answer_type,
+        due_at_us,
+        tx.now_us,
+    )
+
+
+def satisfy(tx: Tx, wait_id: str, *, value: str | None, by: str) -> bool:
+    """Record an answer, a signal or a due timer on a pending wait; ``False`` if it
+    was no longer pending (someone else was first)."""
+    return bool(
+        tx.run(
+            "UPDATE waits SET status = 'satisfied', value = ?, satisfied_at_us = ?, "
+            "satisfied_by = ? WHERE id = ? AND status = 'pending'",
+            value,
+            tx.now_us,
+            by,
+            wait_id,
+        )
+    )
+
+
+def consume(tx: Tx, wait_id: str) -> None:
+    tx.run("UPDATE waits SET status = 'consumed' WHERE id = ? AND status = 'satisfied'", wait_id)
+
+
+def pending_events(tx: Tx, run_id: str, event: str) -> list[Wait]:
+    return [
+        wait_from_row(r)
+        for r in tx.all(
+            "SELECT * FROM waits WHERE run_id = ? AND kind = 'event' AND prompt = ? "
+            "AND status = 'pending' ORDER BY created_at_us, id",
+            run_id,
+            event,
+        )
+    ]
+
+
+def due_runs(tx: Tx) -> list[Row]:
+    """Runs waiting on something that has arrived: a satisfied wait, or a timer due
+    by the store's clock (``run_id``, ``at_us``: since when), and the next timers."""
+    return tx.all(
+        "SELECT run_id, MIN(CASE WHEN status = 'satisfied' THEN satisfied_at_us "
+        "ELSE due_at_us END) AS at_us FROM waits WHERE status = 'satisfied' "
+        "OR (status = 'pending' AND kind = 'timer') GROUP BY run_id ORDER BY at_us",
     )
