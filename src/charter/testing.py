@@ -46,14 +46,20 @@ __all__ = [
 ]
 
 
-def kill_at(point: str) -> CrashHook:
-    """A crash hook that kills this process with SIGKILL at ``point``."""
+def kill_at(point: str, nth: int = 1) -> CrashHook:
+    """A crash hook that kills this process with SIGKILL the ``nth`` time it
+    passes ``point`` (in a plan whose nodes run concurrently, in the middle)."""
     if point not in POINTS:
         raise ValueError(f"unknown crash point {point!r}; known: {POINTS}")
+    if isinstance(nth, bool) or not isinstance(nth, int) or nth < 1:
+        raise ValueError(f"nth counts from 1, got {nth!r}")
+    passed = [0]
 
     def hook(name: str) -> None:
         if name == point:
-            os.kill(os.getpid(), signal.SIGKILL)
+            passed[0] += 1
+            if passed[0] == nth:
+                os.kill(os.getpid(), signal.SIGKILL)
 
     return hook
 

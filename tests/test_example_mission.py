@@ -1,0 +1,154 @@
+"""The example graph mission (examples/survey_mission.py), across five processes (N1-N3, W1, W2).
+
+Each step is a fresh process: it starts and waits for a person's answer; it
+resumes after the answer and is SIGKILLed in the middle of the fan-out (the
+second survey payment settled, the others in flight); recovery takes the dead
+owner's run over at once and settles what it left; a fresh process resumes and
+runs into the cooling-off timer; another resumes after it and waits for the
+publisher's approval; the last completes. Checked against the sandbox: each
+survey and the publication paid once, the ledger equal to what it took; the
+report artifact verifies; the plan's extension is one audited version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import charter
+from charter import AttemptStatus
+from charter.cli.demo import payments_adapter
+from charter.sandbox import Sandbox
+from charter.testing import credential
+from conftest import Principals
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "survey_mission.py"
+sys.path.insert(0, str(EXAMPLE.parent))
+import survey_mission  # noqa: E402 - the example, importable once examples/ is on the path
+
+
+def step(cfg: dict[str, Any], tmp: Path, **how: Any) -> tuple[int, list[dict[str, Any]]]:
+    path = tmp / f"step-{len(list(tmp.glob('step-*')))}.json"
+    path.write_text(json.dumps({**cfg, **how}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.returncode in (0, -signal.SIGKILL), done.stderr
+    return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.mark.crash
+def test_N1_N2_N3_W1_the_example_mission_survives_a_kill_in_its_fan_out(
+    store_address: str, tmp_path: Path
+) -> None:
+    pairs = {name: credential(name) for name in ("agent", "ops")}
+    creds = ({n: c for n, (c, _) in pairs.items()}, {n: d for n, (_, d) in pairs.items()})
+    config = charter.EngineConfig(
+        credentials=creds[1],
+        artifacts=str(tmp_path / "artifacts"),
+        workspace=str(tmp_path / "work"),
+    )
+    with (
+        charter.Engine.open(store_address, config=config) as engine,
+        Sandbox(tmp_path / "sandbox.db") as box,
+    ):
+        who = Principals(*creds, engine)
+        mission = engine.create_mission(survey_mission.CONTRACT, by=who.ops)
+        cfg = {
+            "store": store_address,
+            "digests": creds[1],
+            "credential": creds[0]["agent"],
+            "url": box.url,
+            "mission": mission,
+            "artifacts": config.artifacts,
+            "workspace": config.workspace,
+        }
+        # 1. A fresh process starts the run; the first node asks a person.
+        _, out = step(cfg, tmp_path, step="start")
+        run_id = out[0]["run_id"]
+        assert out[-1]["ended"] == "blocked"
+        engine.answer(run_id, "budget", 3, by=who.ops)
+
+        # 2. Resumed after the answer, killed once the second survey settled.
+        code, _ = step(
+            cfg,
+            tmp_path,
+            step="resume",
+            run=run_id,
+            segment="seg-1",
+            kill_at="settlement.after",
+            nth=2,
+        )
+        assert code == -signal.SIGKILL
+        surveys = [
+            a
+            for a in engine.attempts(run_id=run_id)
+            if a.request["reference"].startswith("survey-")
+        ]
+        assert sum(a.status is AttemptStatus.SUCCEEDED for a in surveys) >= 2
+
+        # 3. The dead owner is taken over at once; what it left is settled by lookup.
+        _, unresolved = engine.coordinator.recover(run_id, "seg-2")
+        with payments_adapter(box.url) as payments:
+            for attempt_id in unresolved:
+                if engine.attempt(attempt_id).status is AttemptStatus.UNKNOWN:
+                    assert engine.coordinator.reconcile(attempt_id, payments, by=who.ops).conclusive
+                    engine.coordinator.confirm(attempt_id, by=who.ops)
+
+        # 4. A fresh process runs the rest of the fan-out, the merge, and meets the timer.
+        _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
+        assert out[-1]["ended"] == "blocked", out
+        assert engine.run(run_id).status is charter.RunStatus.WAITING
+        time.sleep(survey_mission.COOL_OFF_SECONDS + 0.1)
+
+        # 5. After the timer: the publication waits for its approval.
+        _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
+        assert out[-1]["ended"] == "blocked", out
+        [approval] = engine.approvals(run_id=run_id, pending=True)
+        assert approval.scope == "payments.pay_new_payee"
+        engine.approve(approval.id, by=who.ops)
+
+        # 6. The last process completes the mission.
+        _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
+        assert out[-1]["ended"] == "completed", out
+
+        assert engine.run(run_id).status is charter.RunStatus.COMPLETED
+        keys = {a.idempotency_key for a in engine.attempts(run_id=run_id)}
+        paid = [p for p in box.payments() if p["idempotency_key"] in keys]
+        assert Counter(p["reference"] for p in paid) == {
+            "survey-east": 1,
+            "survey-north": 1,
+            "survey-south": 1,
+            "publish": 1,
+        }
+        assert engine.balances(mission)["usd"].spent == sum(p["amount"] for p in paid)
+        assert engine.check_ledger(mission) == []
+        assert [a["ok"] for a in engine.verify_artifacts(run_id)] == [True]
+        assert [v["version"] for v in engine.plan_versions(run_id)] == [2]
+        nodes = {n["node_id"] for n in engine.coordinator.state(run_id).nodes}
+        assert nodes == {
+            "regions",
+            "plan_surveys",
+            "survey-east",
+            "survey-north",
+            "survey-south",
+            "merge",
+            "publish",
+        }
+        assert all(v.ok for v in engine.verify_audit(mission))
