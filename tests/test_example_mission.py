@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,38 @@ def step(cfg: dict[str, Any], tmp: Path, **how: Any) -> tuple[int, list[dict[str
     return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
 
 
+class Cli:
+    """The ``charter`` command on the test's store, as a principal when asked."""
+
+    def __init__(self, store: str, creds: tuple[dict[str, str], dict[str, str]], tmp: Path):
+        digests = "\n".join(f'{n} = "{d}"' for n, d in creds[1].items())
+        self.config = tmp / "charter.toml"
+        self.config.write_text(
+            f'store = "{store}"\nartifacts = "{tmp / "artifacts"}"\n'
+            f'workspace = "{tmp / "work"}"\n[credentials]\n{digests}\n'
+        )
+        self.creds = creds
+
+    def __call__(self, *args: str, who: str | None = None, ok: bool = True) -> Any:
+        env = {
+            **os.environ,
+            "CHARTER_CONFIG": str(self.config),
+            "PYTHONPATH": os.pathsep.join(sys.path),
+        }
+        if who is not None:
+            env["CHARTER_CREDENTIAL"] = self.creds[0][who]
+        done = subprocess.run(
+            [sys.executable, "-m", "charter", *args, "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert (done.returncode == 0) is ok, done.stdout + done.stderr
+        return json.loads(done.stdout)
+
+
 @pytest.mark.crash
 def test_N1_N2_N3_W1_the_example_mission_survives_a_kill_in_its_fan_out(
     store_address: str, tmp_path: Path
@@ -83,7 +114,11 @@ def test_N1_N2_N3_W1_the_example_mission_survives_a_kill_in_its_fan_out(
         _, out = step(cfg, tmp_path, step="start")
         run_id = out[0]["run_id"]
         assert out[-1]["ended"] == "blocked"
-        engine.answer(run_id, "budget", 3, by=who.ops)
+        cli = Cli(store_address, creds, tmp_path)
+        refused = cli("answer", run_id, "budget", "three", who="ops", ok=False)["error"]
+        assert refused["code"] == "invalid_wait"
+        assert [w.status.value for w in engine.waits(run_id)] == ["pending"]  # nothing changed
+        assert cli("answer", run_id, "budget", "3", who="ops")["status"] == "satisfied"
 
         # 2. Resumed after the answer, killed once the second survey settled.
         code, _ = step(
@@ -115,7 +150,8 @@ def test_N1_N2_N3_W1_the_example_mission_survives_a_kill_in_its_fan_out(
         _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
         assert out[-1]["ended"] == "blocked", out
         assert engine.run(run_id).status is charter.RunStatus.WAITING
-        time.sleep(survey_mission.COOL_OFF_SECONDS + 0.1)
+        due = cli("wait", "--run", run_id, "--timeout", "30")["due"]  # the timer, by the store
+        assert [(d["run_id"], d["ready"]) for d in due] == [(run_id, True)]
 
         # 5. After the timer: the publication waits for its approval.
         _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
@@ -139,8 +175,13 @@ def test_N1_N2_N3_W1_the_example_mission_survives_a_kill_in_its_fan_out(
         }
         assert engine.balances(mission)["usd"].spent == sum(p["amount"] for p in paid)
         assert engine.check_ledger(mission) == []
-        assert [a["ok"] for a in engine.verify_artifacts(run_id)] == [True]
-        assert [v["version"] for v in engine.plan_versions(run_id)] == [2]
+        assert [a["ok"] for a in cli("artifacts", run_id, "--verify")["items"]] == [True]
+        assert [v["version"] for v in cli("plan", run_id)["versions"]] == [2]
+        fetched = tmp_path / "fetched.txt"
+        cli("artifacts", run_id, "--fetch", "report.txt", "-o", str(fetched), who="ops")
+        assert (
+            fetched.read_text().count("payment") == 0 and len(fetched.read_text().splitlines()) == 3
+        )
         nodes = {n["node_id"] for n in engine.coordinator.state(run_id).nodes}
         assert nodes == {
             "regions",

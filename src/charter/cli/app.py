@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from charter import Blocked, CharterError, Fenced, UsageError
+from charter.cli.graphs import COMMANDS as GRAPH_COMMANDS
+from charter.cli.graphs import add_arguments as graph_arguments
 
 #: Where a listing's page starts: after (time in µs, id) of the last row shown.
 Position = tuple[int, str]
@@ -61,6 +63,7 @@ COMMANDS: dict[str, str] = {
     "close-incident": "close an incident with a note",
     "ledger": "show a mission's allowance balances and check the ledger",
     "audit": "verify the audit hash chains",
+    **GRAPH_COMMANDS,
 }
 
 
@@ -221,6 +224,7 @@ def _parser() -> argparse.ArgumentParser:
     _looking(commands)
     _recovering(commands)
     _deciding(commands)
+    graph_arguments(commands)
     return p
 
 
@@ -362,10 +366,11 @@ def _run(args: argparse.Namespace) -> int:
         return run_demo(store=args.store, as_json=args.json)
     from charter import Engine, EngineConfig  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
     from charter.cli.commands import HANDLERS  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
+    from charter.cli.graphs import HANDLERS as GRAPHS  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
 
     config = EngineConfig.from_file(args.config) if args.config else EngineConfig.discover()
     with Engine.open(args.store, config=config, create=False) as engine:
-        data, text = HANDLERS[args.command](engine, args)
+        data, text = {**HANDLERS, **GRAPHS}[args.command](engine, args)
     _emit(args, data, text)
     return 0
 

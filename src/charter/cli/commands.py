@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 Handler = Callable[["Engine", argparse.Namespace], Any]
 
 
-def _principal(engine: Engine) -> Principal:
+def principal(engine: Engine) -> Principal:
 
     credential = os.environ.get("CHARTER_CREDENTIAL")
     path = os.environ.get("CHARTER_CREDENTIAL_FILE")
@@ -40,7 +40,7 @@ def _principal(engine: Engine) -> Principal:
     return engine.authenticate(credential)
 
 
-def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     if not rows:
         return "(none)"
     cells = [[str(r.get(c, "")) if r.get(c) is not None else "-" for c in columns] for r in rows]
@@ -60,7 +60,7 @@ def _listing(
     """
     page = rows[: args.limit]
     after = f"{page[-1][key]}:{page[-1]['id']}" if len(rows) > args.limit else None
-    text = _table(page, columns)
+    text = table(page, columns)
     if after is not None:
         text += f"\n(more: add --after {after} for the next page)"
     return {"items": page, "next": after}, text
@@ -89,9 +89,9 @@ def _show(engine: Engine, args: argparse.Namespace) -> Any:
         f"run {state['run_id']}  status {state['status']}  epoch {state['epoch']}  "
         f"owner {state['owner_segment']}  contract v{state['contract_version']}\n"
         f"reason: {state['status_reason'] or '-'}\n{linked}"
-        f"nodes:\n{_table(state['nodes'], ['node_id', 'execution', 'status', 'crashes'])}\n"
+        f"nodes:\n{table(state['nodes'], ['node_id', 'execution', 'status', 'crashes'])}\n"
         f"unresolved attempts:\n"
-        f"{_table(state['attempts'], ['id', 'adapter', 'operation', 'status', 'reason'])}\n"
+        f"{table(state['attempts'], ['id', 'adapter', 'operation', 'status', 'reason'])}\n"
         f"settled: {state['settled_counts'] or '{}'}"
     )
     return state, text
@@ -112,7 +112,7 @@ def _attempts(engine: Engine, args: argparse.Namespace) -> Any:
 
 def _recover(engine: Engine, args: argparse.Namespace) -> Any:
 
-    by = _principal(engine) if args.force else None
+    by = principal(engine) if args.force else None
     state = engine.coordinator.recover(args.run, args.segment, force=args.force, by=by).to_dict()
     if RunStatus(state["status"]).terminal:
         # Recovery reports a terminal run's state without taking it over (N4): the
@@ -164,7 +164,7 @@ def _reconcile(engine: Engine, args: argparse.Namespace) -> Any:
 
 def _confirm(engine: Engine, args: argparse.Namespace) -> Any:
     attempt = engine.coordinator.confirm(
-        args.attempt, by=_principal(engine), evidence_id=args.evidence_id
+        args.attempt, by=principal(engine), evidence_id=args.evidence_id
     )
     return attempt.to_dict(), f"attempt {attempt.id} settled {attempt.status.value}"
 
@@ -172,7 +172,7 @@ def _confirm(engine: Engine, args: argparse.Namespace) -> Any:
 def _resolve(engine: Engine, args: argparse.Namespace) -> Any:
     attempt = engine.coordinator.resolve(
         args.attempt,
-        by=_principal(engine),
+        by=principal(engine),
         outcome=args.outcome,
         evidence=args.evidence,
         cost=args.cost,
@@ -185,7 +185,7 @@ def _resolve(engine: Engine, args: argparse.Namespace) -> Any:
 def _resume(engine: Engine, args: argparse.Namespace) -> Any:
     by = None
     if os.environ.get("CHARTER_CREDENTIAL") or os.environ.get("CHARTER_CREDENTIAL_FILE"):
-        by = _principal(engine)
+        by = principal(engine)
     executor = engine.coordinator.resume(args.run, args.segment, by=by)
     result = executor.execute()
     run = engine.run(args.run)
@@ -196,7 +196,7 @@ def _resume(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _stop(engine: Engine, args: argparse.Namespace) -> Any:
-    run = engine.stop_run(args.run, by=_principal(engine), reason=args.reason)
+    run = engine.stop_run(args.run, by=principal(engine), reason=args.reason)
     unresolved = len(engine.attempts(run_id=run.id, unresolved=True))
     text = f"run {run.id} {run.status.value}"
     if unresolved:
@@ -216,7 +216,7 @@ def _link(engine: Engine, args: argparse.Namespace) -> Any:
             run_id=args.run,
         )
     executor = engine.new_linked_run(
-        args.run, reviewed_by=_principal(engine), segment_id=args.segment
+        args.run, reviewed_by=principal(engine), segment_id=args.segment
     )
     result = executor.execute()
     run = engine.run(executor.run_id)
@@ -228,7 +228,7 @@ def _link(engine: Engine, args: argparse.Namespace) -> Any:
 
 def _raise_limit(engine: Engine, args: argparse.Namespace) -> Any:
     unit, limit = args.limit
-    version = engine.raise_limit(args.mission, unit, limit, by=_principal(engine))
+    version = engine.raise_limit(args.mission, unit, limit, by=principal(engine))
     balance = engine.balances(args.mission)[unit]
     paused = [r.id for r in engine.runs(args.mission) if r.status.value == "paused"]
     data = {
@@ -255,7 +255,7 @@ def _approvals(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _approve(engine: Engine, args: argparse.Namespace) -> Any:
-    status = engine.approve(args.approval, by=_principal(engine), deny=args.deny)
+    status = engine.approve(args.approval, by=principal(engine), deny=args.deny)
     return {"approval_id": args.approval, "status": status.value}, f"{args.approval} {status}"
 
 
@@ -267,7 +267,7 @@ def _incidents(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _close_incident(engine: Engine, args: argparse.Namespace) -> Any:
-    engine.close_incident(args.incident, by=_principal(engine), note=args.note)
+    engine.close_incident(args.incident, by=principal(engine), note=args.note)
     return {"incident_id": args.incident, "status": "closed"}, f"{args.incident} closed"
 
 
@@ -275,7 +275,7 @@ def _ledger(engine: Engine, args: argparse.Namespace) -> Any:
     balances = engine.balances(args.mission)
     problems = engine.check_ledger(args.mission)
     rows = [{"unit": u, **b.__dict__} for u, b in balances.items()]
-    text = _table(rows, ["unit", "limit", "available", "held", "spent", "overrun"])
+    text = table(rows, ["unit", "limit", "available", "held", "spent", "overrun"])
     text += "\nledger check: " + ("ok" if not problems else "; ".join(problems))
     return {"mission_id": args.mission, "balances": rows, "problems": problems}, text
 
@@ -284,7 +284,7 @@ def _audit(engine: Engine, args: argparse.Namespace) -> Any:
 
     results = engine.verify_audit(args.mission)
     rows = [v.to_dict() for v in results]
-    text = _table(rows, ["mission_id", "events", "ok", "broken_at", "problem"])
+    text = table(rows, ["mission_id", "events", "ok", "broken_at", "problem"])
     if not all(v.ok for v in results):
         bad = [v for v in results if not v.ok]
         raise AuditError(
