@@ -41,6 +41,7 @@ PUBLIC = [
     "NodeExecution",
     "NonDeterminismError",
     "NotApplied",
+    "OutcomeUnknown",
     "NotAuthorized",
     "NotFound",
     "Operation",

@@ -37,6 +37,7 @@ from charter.errors import (
     CharterError,
     Fenced,
     NotApplied,
+    OutcomeUnknown,
     StateError,
 )
 from charter.ledger.incidents import open_incident
@@ -156,6 +157,9 @@ def _raised(exc: Exception, secrets: list[Secret]) -> Report:
     if isinstance(exc, NotApplied):
         proof = Evidence.not_applied({"reason": exc.reason, **exc.evidence})
         return recordable(Report(proof, f"not applied: {exc.reason}"), secrets)
+    if isinstance(exc, OutcomeUnknown):  # unknown, with evidence to keep
+        reason = f"outcome unknown: {exc.reason}"
+        return recordable(Report(Evidence.indeterminate(exc.evidence), reason, keep=True), secrets)
     if isinstance(exc, AdapterError):  # e.g. an Outcome out of range
         return garbage(f"{type(exc).__name__}: {exc}", exc.message, secrets)
     reason = secret.scrub_text(f"{type(exc).__name__}: {exc}", secrets)
@@ -486,7 +490,7 @@ def _settle_live(seg: Segment, tx: Tx, attempt: Attempt, report: Report) -> Atte
             segment=seg.segment_id,
             epoch=seg.epoch,
         )
-        if report.keep:  # all there is of a report the store cannot hold (A9)
+        if report.keep:  # what an adapter knew, or all there is of an unholdable report (A9)
             record(tx, attempt, evidence, actor=seg.principal, epoch=seg.epoch, settled=False)
         if marked:
             return changed(attempt, status=AttemptStatus.UNKNOWN, reason=report.reason)
