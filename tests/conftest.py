@@ -26,7 +26,13 @@ import pytest
 import charter
 from _raw import RawStore
 from charter.clock import Clock
-from charter.testing import ManualClock, RecordingAdapter, SkewedClock, credential
+from charter.testing import (
+    AsyncRecordingAdapter,
+    ManualClock,
+    RecordingAdapter,
+    SkewedClock,
+    credential,
+)
 
 PG_URL = os.environ.get("CHARTER_TEST_POSTGRES_URL")
 if os.environ.get("CI") == "true" and not PG_URL:
@@ -85,6 +91,11 @@ def default_contract(**overrides: Any) -> dict[str, Any]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    kinds = getattr(metafunc.module, "ADAPTER_KINDS", None)
+    if kinds and "adapter" in metafunc.fixturenames:
+        # Modules that set ADAPTER_KINDS run every test taking ``adapter`` with a
+        # synchronous and an async adapter: the rules hold for both kinds.
+        metafunc.parametrize("adapter", kinds, indirect=True)
     if "backend" not in metafunc.fixturenames:
         return
     reads_the_file = "store_url" in inspect.signature(metafunc.function).parameters or any(
@@ -198,8 +209,11 @@ def who(engine: charter.Engine, creds: tuple[dict[str, str], dict[str, str]]) ->
 
 
 @pytest.fixture
-def adapter() -> RecordingAdapter:
-    return RecordingAdapter(
+def adapter(request: pytest.FixtureRequest) -> RecordingAdapter:
+    """A recording adapter, synchronous unless the module asks for both kinds."""
+    kind = getattr(request, "param", "sync")
+    make = AsyncRecordingAdapter if kind == "async" else RecordingAdapter
+    return make(
         costs={
             "read": {"usd": 1_000, "calls": 1},
             "write": {"usd": 5_000, "calls": 1},

@@ -24,6 +24,9 @@ from charter.testing import ManualClock, RecordingAdapter
 from conftest import Principals, default_contract
 from conftest import stored as stored_with_runs
 
+#: Every test taking ``adapter`` runs with a synchronous and an async one.
+ADAPTER_KINDS = ("sync", "async")
+
 Status = charter.AttemptStatus
 Script = Callable[[Dispatch], Outcome]
 

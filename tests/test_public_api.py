@@ -46,6 +46,7 @@ PUBLIC = [
     "NotFound",
     "Operation",
     "Outcome",
+    "OutcomeUnknown",
     "Plan",
     "PlanError",
     "Principal",

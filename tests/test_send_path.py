@@ -22,6 +22,9 @@ from charter.clock import seconds_us
 from charter.testing import ManualClock, RecordingAdapter, SkewedClock
 from conftest import Principals, default_contract, stored
 
+#: Every test taking ``adapter`` runs with a synchronous and an async one.
+ADAPTER_KINDS = ("sync", "async")
+
 MakeEngine = Callable[..., charter.Engine]
 LEASE = 30.0
 

@@ -241,6 +241,17 @@ class NotApplied(Exception):
         self.evidence = evidence or {}
 
 
+class OutcomeUnknown(Exception):
+    """Raised by an adapter that cannot tell whether the target acted but has
+    something to show for it (A3): the attempt is UNKNOWN and ``evidence`` is
+    recorded, e.g. the usage a model stream reported before it was cut off."""
+
+    def __init__(self, reason: str, *, evidence: dict[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.evidence = evidence or {}
+
+
 class Fenced(BaseException):
     """This executor lost ownership of its run (F1/F2): stop, send nothing more.
 

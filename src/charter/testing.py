@@ -7,15 +7,17 @@
   whatever it records: kills the process, or makes the commit fail (before
   it, or after it succeeded), for sweeps over every commit of a workload;
 - :class:`RecordingAdapter` — an in-process adapter that records exactly what
-  it was asked to send, with scripted outcomes;
+  it was asked to send, with scripted outcomes; :class:`AsyncRecordingAdapter`
+  is the same with ``async def dispatch`` and ``async def reconcile``;
 - :func:`credential` — a fresh ``(credential, digest)`` pair for a principal.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +38,7 @@ from charter.errors import StoreError
 __all__ = [
     "COMMIT_POINTS",
     "POINTS",
+    "AsyncRecordingAdapter",
     "AtCommit",
     "ManualClock",
     "RecordingAdapter",
@@ -148,7 +151,13 @@ class RecordingAdapter:
     def estimate(self, operation: str, request: Any) -> Estimate:
         return Estimate(dict(self.costs.get(operation, {"calls": 1})), f"{self.name}/test-prices")
 
-    def dispatch(self, send: Dispatch) -> Outcome:
+    def dispatch(self, send: Dispatch) -> Outcome | Awaitable[Outcome]:
+        return self._answer(send)
+
+    def reconcile(self, attempt: RecordedAttempt) -> Evidence | Awaitable[Evidence]:
+        return self._look_up(attempt)
+
+    def _answer(self, send: Dispatch) -> Outcome:
         send.check_deadline()
         self.sent.append(
             Sent(
@@ -170,6 +179,26 @@ class RecordingAdapter:
             receipt={"id": f"rcpt-{send.idempotency_key}"},
         )
 
-    def reconcile(self, attempt: RecordedAttempt) -> Evidence:
+    def _look_up(self, attempt: RecordedAttempt) -> Evidence:
         self.reconciled.append(attempt.id)
         return self.evidence.get(attempt.id, Evidence.indeterminate({"looked_up": attempt.id}))
+
+
+@dataclass
+class AsyncRecordingAdapter(RecordingAdapter):
+    """A :class:`RecordingAdapter` whose send and lookup are ``async def``.
+
+    ``loops`` records the event loop each send was awaited on, so a test can
+    show where an async adapter ran.
+    """
+
+    loops: list[asyncio.AbstractEventLoop] = field(default_factory=list)
+
+    async def dispatch(self, send: Dispatch) -> Outcome:
+        self.loops.append(asyncio.get_running_loop())
+        await asyncio.sleep(0)  # a real await: the loop may run other tasks here
+        return self._answer(send)
+
+    async def reconcile(self, attempt: RecordedAttempt) -> Evidence:
+        await asyncio.sleep(0)
+        return self._look_up(attempt)

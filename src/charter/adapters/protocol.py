@@ -11,14 +11,22 @@ steps), dispatches one attempt, and reconciles an uncertain one. It must:
 - turn off its SDK's own retries, so every send is an attempt Charter knows;
 - raise :class:`~charter.errors.NotApplied` only when non-application is
   proven; any other exception makes the attempt UNKNOWN (A3).
+
+``dispatch`` and ``reconcile`` may be ``async def``: agent frameworks are
+async, and an async adapter's send is awaited on the caller's event loop
+(``await ctx.aattempt(...)``); a synchronous caller gets a private loop
+(:func:`blocking`). ``estimate`` is always synchronous: it runs before admission.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import inspect
+from collections.abc import Awaitable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from charter.amounts import is_amount
 from charter.clock import Clock
@@ -230,9 +238,34 @@ class Adapter(Protocol):
 
     def estimate(self, operation: str, request: Any) -> Estimate: ...
 
-    def dispatch(self, send: Dispatch) -> Outcome: ...
+    def dispatch(self, send: Dispatch) -> Outcome | Awaitable[Outcome]: ...
 
-    def reconcile(self, attempt: RecordedAttempt) -> Evidence: ...
+    def reconcile(self, attempt: RecordedAttempt) -> Evidence | Awaitable[Evidence]: ...
+
+
+T = TypeVar("T")
+
+
+def is_async(adapter: Adapter) -> bool:
+    """Whether ``adapter`` sends with ``async def dispatch``."""
+    return inspect.iscoroutinefunction(adapter.dispatch)
+
+
+def blocking(aw: Awaitable[T]) -> T:
+    """The value of ``aw``, for a synchronous caller: awaited on a fresh event
+    loop, in a worker thread when this thread already runs one (a running loop
+    cannot be re-entered, and the caller blocks either way)."""
+
+    async def main() -> T:
+        return await aw
+
+    coro: Coroutine[Any, Any, T] = main()
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(1, thread_name_prefix="charter-loop") as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def _check_amounts(amounts: Mapping[str, int], what: str) -> None:

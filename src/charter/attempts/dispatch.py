@@ -13,10 +13,15 @@ is an uncertainty (A4): the attempt stays DISPATCHED and nothing is retried.
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Generator
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 from charter import secret
 from charter.adapters import Adapter, Dispatch, EffectClass, Evidence, Outcome
+from charter.adapters.protocol import blocking, is_async
 from charter.attempts import admission, calls, settlement, store
 from charter.attempts.calls import REQUEST_JSON, Call, request_hash
 from charter.attempts.evidence import Report, garbage, record, recordable, unrecorded
@@ -29,8 +34,10 @@ from charter.errors import (
     AdapterError,
     AmountOverflow,
     ApprovalRequired,
+    CharterError,
     Fenced,
     NotApplied,
+    OutcomeUnknown,
     StateError,
 )
 from charter.ledger.incidents import open_incident
@@ -45,25 +52,121 @@ from charter.waits.approvals import ApprovalStatus
 #: effect for the first time, so a paused, stopping or ended run sends none.
 _REPLAYABLE = frozenset({RunStatus.ACTIVE, RunStatus.WAITING, RunStatus.NEEDS_INTERVENTION})
 
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Send:
+    """One send a sending generator asks its driver for; it gets the :class:`Report`."""
+
+    adapter: Adapter
+    order: Dispatch
+    secrets: list[Secret]
+
+
+#: The engine's side of a send, one generator for both kinds of adapter: it
+#: yields each :class:`Send` (after the dispatch commit) and receives what was
+#: reported (before the settlement), so every rule is written once, and a
+#: driver decides only how the adapter is called: :func:`drive` for a
+#: synchronous caller, :func:`adrive` on the caller's event loop.
+Sending = Generator[Send, Report, T]
+
+
+def drive(steps: Sending[T], adapter: Adapter) -> T:
+    """Run ``steps`` to the end for a synchronous caller; an async adapter is
+    awaited on a private loop (:func:`~charter.adapters.protocol.blocking`)."""
+    if is_async(adapter):
+        return blocking(adrive(steps))
+    try:
+        step = next(steps)
+        while True:
+            step = steps.send(send(step.adapter, step.order, step.secrets))
+    except StopIteration as done:
+        return cast(T, done.value)
+
+
+async def adrive(steps: Sending[T]) -> T:
+    """Run ``steps`` to the end on the caller's event loop: the short store
+    commits in a worker thread, each send awaited here. A send cancelled while
+    the adapter is awaited is settled UNKNOWN (A3) before the cancellation goes on."""
+    step = await asyncio.to_thread(_advance, steps, None)
+    while isinstance(step, Send):
+        try:
+            report = await asend(step.adapter, step.order, step.secrets)
+        except asyncio.CancelledError:
+            cut = Report(Evidence.indeterminate(), "cancelled while the adapter was awaited")
+            with contextlib.suppress(CharterError):
+                await asyncio.to_thread(_advance, steps, cut)
+            steps.close()
+            raise
+        step = await asyncio.to_thread(_advance, steps, report)
+    return cast(T, step.value)
+
+
+@dataclass(frozen=True)
+class _Done:
+    value: Any
+
+
+def _advance(steps: Sending[Any], report: Report | None) -> Send | _Done:
+    """One step of ``steps`` (a StopIteration cannot cross a thread's future)."""
+    try:
+        return next(steps) if report is None else steps.send(report)
+    except StopIteration as done:
+        return _Done(done.value)
+
 
 def send(adapter: Adapter, order: Dispatch, secrets: list[Secret]) -> Report:
     """Call ``adapter`` once with ``order`` (unless its deadline has passed)."""
+    if is_async(adapter):
+        return blocking(asend(adapter, order, secrets))
     if order.expired:
-        why = "send deadline passed before the engine called the adapter"
-        return Report(
-            Evidence.not_applied({"reason": why, "deadline_us": order.send_deadline_us}),
-            f"not applied: {why}",
-        )
+        return _late(order)
     try:
         answer = adapter.dispatch(order)
-    except NotApplied as exc:
+    except Exception as exc:
+        return _raised(exc, secrets)
+    return _answered(answer, secrets)
+
+
+async def asend(adapter: Adapter, order: Dispatch, secrets: list[Secret]) -> Report:
+    """:func:`send` on the caller's event loop: an async adapter is awaited
+    here, a synchronous one is sent from a worker thread so the loop goes on."""
+    if not is_async(adapter):
+        return await asyncio.to_thread(send, adapter, order, secrets)
+    if order.expired:
+        return _late(order)
+    try:
+        answer = await cast(Awaitable[Outcome], adapter.dispatch(order))
+    except Exception as exc:
+        return _raised(exc, secrets)
+    return _answered(answer, secrets)
+
+
+def _late(order: Dispatch) -> Report:
+    why = "send deadline passed before the engine called the adapter"
+    return Report(
+        Evidence.not_applied({"reason": why, "deadline_us": order.send_deadline_us}),
+        f"not applied: {why}",
+    )
+
+
+def _raised(exc: Exception, secrets: list[Secret]) -> Report:
+    """What an adapter's exception reports: proof of non-application, a broken
+    protocol, or (anything else) an unknown outcome (A3)."""
+    if isinstance(exc, NotApplied):
         proof = Evidence.not_applied({"reason": exc.reason, **exc.evidence})
         return recordable(Report(proof, f"not applied: {exc.reason}"), secrets)
-    except AdapterError as exc:  # the adapter broke the protocol (e.g. an Outcome out of range)
+    if isinstance(exc, OutcomeUnknown):  # unknown, with evidence to keep
+        reason = f"outcome unknown: {exc.reason}"
+        return recordable(Report(Evidence.indeterminate(exc.evidence), reason, keep=True), secrets)
+    if isinstance(exc, AdapterError):  # e.g. an Outcome out of range
         return garbage(f"{type(exc).__name__}: {exc}", exc.message, secrets)
-    except Exception as exc:  # A3: an exception is not a failure
-        reason = secret.scrub_text(f"{type(exc).__name__}: {exc}", secrets)
-        return Report(Evidence.indeterminate(), reason)
+    reason = secret.scrub_text(f"{type(exc).__name__}: {exc}", secrets)
+    return Report(Evidence.indeterminate(), reason)
+
+
+def _answered(answer: object, secrets: list[Secret]) -> Report:
     if not isinstance(answer, Outcome):
         return garbage(repr(answer), f"adapter returned {type(answer).__name__}", secrets)
     return recordable(Report(Evidence.applied(answer)), secrets)
@@ -78,13 +181,20 @@ def dispatch_prepared(
     caller has it (a replayed node does); it must be the recorded one. Without
     it the request is rebuilt from the record.
     """
+    return drive(dispatching_prepared(seg, attempt_id, adapter, request=request), adapter)
+
+
+def dispatching_prepared(
+    seg: Segment, attempt_id: str, adapter: Adapter, *, request: Any = None
+) -> Sending[Attempt]:
+    """:func:`dispatch_prepared`, as the steps a driver runs."""
     seg.runtime.crash("dispatch.before")
     started = seg.runtime.clock.monotonic_us()  # before the dispatch commit (F3)
     with seg.runtime.db.transaction(gate=seg.mission_id) as tx:
         attempt = _commit_dispatch(seg, tx, attempt_id, adapter, request)
     if attempt.status is AttemptStatus.VOIDED:
         return attempt
-    return send_and_settle(seg, attempt, adapter, started)
+    return (yield from sending(seg, attempt, adapter, started))
 
 
 def _commit_dispatch(
@@ -205,9 +315,22 @@ def perform(
     that is not yet given raises :class:`~charter.errors.ApprovalRequired`
     with the attempt left PREPARED and its hold kept.
     """
+    effect = Effect(node_id, execution, effect_key, generation, retry_of, lineage)
+    return drive(performing(seg, adapter, operation, request, effect, call=call), adapter)
+
+
+def performing(
+    seg: Segment,
+    adapter: Adapter,
+    operation: str,
+    request: Any,
+    effect: Effect,
+    *,
+    call: Call | None = None,
+) -> Sending[Attempt]:
+    """:func:`perform`, as the steps a driver runs."""
     if call is None:
         call = calls.prepare(adapter, operation, request)
-    effect = Effect(node_id, execution, effect_key, generation, retry_of, lineage)
     retries = 0
     while True:
         seg.runtime.crash("admission.before")
@@ -222,7 +345,7 @@ def perform(
                 "is PREPARED with its hold kept (see `charter approvals`)",
                 attempt_id=attempt.id,
             )
-        attempt = send_and_settle(seg, attempt, adapter, started, call.secrets)
+        attempt = yield from sending(seg, attempt, adapter, started, call.secrets)
         # A target that never answers cannot drain the budget: the
         # operation's retry policy bounds the A7 write-off retries.
         limit = call.adapter.operations[call.operation].retries
@@ -280,13 +403,13 @@ def order(
     )
 
 
-def send_and_settle(
+def sending(
     seg: Segment,
     attempt: Attempt,
     adapter: Adapter,
     started_us: int,
     hidden: list[Secret] | None = None,
-) -> Attempt:
+) -> Sending[Attempt]:
     """Send through the one send path, then settle. ``hidden``: the request's
     secrets, when the caller already knows them (otherwise it is searched)."""
     if attempt.send_deadline_us is None or attempt.dispatched_at_us is None:
@@ -301,7 +424,7 @@ def send_and_settle(
     )
     if hidden is None:
         hidden = list(secret.found(attempt.request))
-    report = send(adapter, req, hidden)
+    report = yield Send(adapter, req, hidden)
     seg.runtime.crash("settlement.before")
     try:
         try:
@@ -368,7 +491,7 @@ def _settle_live(seg: Segment, tx: Tx, attempt: Attempt, report: Report) -> Atte
             segment=seg.segment_id,
             epoch=seg.epoch,
         )
-        if report.keep:  # all there is of a report the store cannot hold (A9)
+        if report.keep:  # what an adapter knew, or all there is of an unholdable report (A9)
             record(tx, attempt, evidence, actor=seg.principal, epoch=seg.epoch, settled=False)
         if marked:
             return changed(attempt, status=AttemptStatus.UNKNOWN, reason=report.reason)

@@ -54,8 +54,9 @@ class Report:
     """What one send (or lookup) reported, ready to record.
 
     ``reason`` says why an outcome is unknown, or how non-application was
-    proven; ``keep`` marks indeterminate evidence that must be stored because
-    it is all there is of an unrecordable report.
+    proven; ``keep`` marks indeterminate evidence that must be stored: all
+    there is of an unrecordable report, or what an adapter knew of an unknown
+    outcome (:class:`~charter.errors.OutcomeUnknown`).
     """
 
     evidence: Evidence

@@ -10,11 +10,13 @@ stopped or exhausted stands in the way, under the engine's resume policy.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from charter import secret
 from charter.adapters import Adapter, Evidence, Outcome
+from charter.adapters.protocol import blocking
 from charter.attempts import settlement
 from charter.attempts.evidence import Report, record, recordable
 from charter.attempts.model import Attempt, AttemptStatus
@@ -111,7 +113,8 @@ class Coordinator:
                 self._authority.vouch(tx, by, mission_id=attempt.mission_id, entity=attempt_id)
         actor = by.name if by is not None else "engine:reconcile"
         try:
-            evidence = adapter.reconcile(attempt)
+            found = adapter.reconcile(attempt)
+            evidence = blocking(found) if inspect.isawaitable(found) else found
         except NotApplied as exc:
             evidence = Evidence.not_applied({"reason": exc.reason, **exc.evidence})
         except Exception as exc:

@@ -16,12 +16,11 @@ effects inside ``ctx.attempt``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import threading
 import uuid as uuid_mod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any, BinaryIO, overload
 from charter.adapters import Adapter, EffectClass
 from charter.artifacts.workspace import check_name
 from charter.attempts import calls, dispatch
-from charter.attempts.model import Attempt, AttemptStatus, Lineage
+from charter.attempts.model import Attempt, AttemptStatus, Effect, Lineage
 from charter.attempts.store import effect_attempts
 from charter.clock import MICROS
 from charter.errors import (
@@ -227,8 +226,25 @@ class Context:
 
         ``key`` is the effect key; without one, the call's sequence number in
         this node execution is used, which is why concurrent calls must carry
-        explicit keys (the engine refuses concurrent unkeyed calls).
+        explicit keys (the engine refuses concurrent unkeyed calls). An async
+        adapter is awaited on a private event loop; in an async node, prefer
+        :meth:`aattempt`.
         """
+        with self._effect(key) as effect_key:
+            return dispatch.drive(self._steps(adapter, operation, request, effect_key), adapter)
+
+    async def aattempt(
+        self, adapter: Adapter, operation: str, request: Any, *, key: str | None = None
+    ) -> Any:
+        """:meth:`attempt` for async nodes: the adapter's send is awaited on this
+        event loop (a synchronous adapter's in a worker thread), and the short
+        store commits around it run in a worker thread."""
+        with self._effect(key) as effect_key:
+            return await dispatch.adrive(self._steps(adapter, operation, request, effect_key))
+
+    @contextlib.contextmanager
+    def _effect(self, key: str | None) -> Iterator[str]:
+        """The effect key of one call, counted as in flight while it runs."""
         with self._lock:
             if key is None:
                 if self._in_flight:
@@ -242,18 +258,14 @@ class Context:
                 effect_key = f"k:{key}"
             self._in_flight += 1
         try:
-            return self._attempt(adapter, operation, request, effect_key)
+            yield effect_key
         finally:
             with self._lock:
                 self._in_flight -= 1
 
-    async def aattempt(
-        self, adapter: Adapter, operation: str, request: Any, *, key: str | None = None
-    ) -> Any:
-        """``attempt`` for async nodes (runs the synchronous core in a thread)."""
-        return await asyncio.to_thread(self.attempt, adapter, operation, request, key=key)
-
-    def _attempt(self, adapter: Adapter, operation: str, request: Any, effect_key: str) -> Any:
+    def _steps(
+        self, adapter: Adapter, operation: str, request: Any, effect_key: str
+    ) -> dispatch.Sending[Any]:
         ex = self._ex
         call = calls.prepare(adapter, operation, request)
         prior = self._latest(effect_key)
@@ -264,22 +276,15 @@ class Context:
             if isinstance(step, Attempt):
                 return self._outcome(step)
             if step is _DISPATCH:
-                return self._outcome(self._dispatch_prepared(prior, adapter, request))
+                return self._outcome((yield from self._dispatch_prepared(prior, adapter, request)))
             generation = prior.generation + 1 if here else 1
             retry_of = prior.id
+        effect = Effect(
+            self.node_id, self.execution, effect_key, generation, retry_of, self._lineage
+        )
         try:
-            attempt = dispatch.perform(
-                ex,
-                adapter,
-                operation,
-                request,
-                effect_key=effect_key,
-                node_id=self.node_id,
-                execution=self.execution,
-                generation=generation,
-                retry_of=retry_of,
-                call=call,
-                lineage=self._lineage,
+            attempt = yield from dispatch.performing(
+                ex, adapter, operation, request, effect, call=call
             )
         except ApprovalRequired as exc:
             ex.mark(RunStatus.WAITING, f"approval for {call.scope} in node {self.node_id}")
@@ -355,9 +360,12 @@ class Context:
         with contextlib.suppress(CharterError):
             self._ex.mark(RunStatus.NEEDS_INTERVENTION, reason)
 
-    def _dispatch_prepared(self, prior: Attempt, adapter: Adapter, request: Any) -> Attempt:
+    def _dispatch_prepared(
+        self, prior: Attempt, adapter: Adapter, request: Any
+    ) -> dispatch.Sending[Attempt]:
         try:
-            return dispatch.dispatch_prepared(self._ex, prior.id, adapter, request=request)
+            steps = dispatch.dispatching_prepared(self._ex, prior.id, adapter, request=request)
+            return (yield from steps)
         except ApprovalRequired as exc:
             self._ex.mark(RunStatus.WAITING, f"approval for {prior.scope} in node {self.node_id}")
             raise Blocked(exc.message, run_id=self.run_id, attempt_id=prior.id) from None
