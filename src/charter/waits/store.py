@@ -132,3 +132,9 @@ def effect_sent(tx: Tx, effect: str, request_hash: str) -> bool:
         )
         is not None
     )
+
+
+def count_pending(tx: Tx) -> int:
+    """How many approvals wait for a decision, in every mission."""
+    row = tx.one("SELECT COUNT(*) AS n FROM approvals WHERE status = 'pending'")
+    return 0 if row is None else int(row["n"])
