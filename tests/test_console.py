@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -31,6 +32,11 @@ def who(desk: charter.Engine, creds: tuple[dict[str, str], dict[str, str]]) -> P
 def base(desk: charter.Engine) -> Iterator[str]:
     with _desk.serving(desk) as url:
         yield url
+
+
+def browse(base: str, **options: Any) -> httpx.Client:
+    """A client that follows redirects and keeps cookies, as a browser does."""
+    return httpx.Client(base_url=base, follow_redirects=True, **options)
 
 
 def csrf(html: str) -> str:
@@ -63,7 +69,7 @@ def test_P1_sign_in_issues_a_new_server_made_session_and_ignores_a_planted_one(
 ) -> None:
     """Broken P1 (session fixation): a session ID the browser held before signing in
     becomes the signed-in session, or an old session survives a new sign-in."""
-    with httpx.Client(base_url=base, follow_redirects=True) as http:
+    with browse(base) as http:
         http.cookies.set("charter_session", "planted-by-someone-else", domain="127.0.0.1")
         assert http.get("/console/inbox").url.path == "/console/login"
         signed = sign_in(http, creds[0]["alice"])
@@ -74,7 +80,7 @@ def test_P1_sign_in_issues_a_new_server_made_session_and_ignores_a_planted_one(
         second = http.cookies["charter_session"]
         assert second != first
         assert 'id="me">bob<' in http.get("/console/inbox").text
-    with httpx.Client(base_url=base, cookies={"charter_session": first}, follow_redirects=True) as old:
+    with browse(base, cookies={"charter_session": first}) as old:
         assert old.get("/console/inbox").url.path == "/console/login"
 
 
@@ -83,11 +89,11 @@ def test_P1_session_cookie_is_httponly_strict_and_secure_off_loopback(
 ) -> None:
     """Broken P1: the session cookie is readable by scripts, sent cross-site, or sent
     over plain HTTP when the console is served off loopback."""
-    with httpx.Client(base_url=base, follow_redirects=True) as http:
+    with browse(base) as http:
         signed = sign_in(http, creds[0]["alice"])
         cookie = signed.history[0].headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Secure" not in cookie
-    with _desk.serving(desk, secure=True) as url, httpx.Client(base_url=url, follow_redirects=True) as http:
+    with _desk.serving(desk, secure=True) as url, browse(url) as http:
         form = http.get("/console/login")
         answer = http.post(
             "/console/login",
@@ -97,11 +103,9 @@ def test_P1_session_cookie_is_httponly_strict_and_secure_off_loopback(
         assert "Secure" in answer.headers["set-cookie"]
 
 
-def test_P1_bad_credential_signs_nobody_in_and_is_audited(
-    desk: charter.Engine, base: str
-) -> None:
+def test_P1_bad_credential_signs_nobody_in_and_is_audited(desk: charter.Engine, base: str) -> None:
     """Broken P1: a wrong credential opens a session, or its refusal is not audited."""
-    with httpx.Client(base_url=base, follow_redirects=True) as http:
+    with browse(base) as http:
         answer = sign_in(http, "alice:" + "y" * 43)
         assert answer.status_code == 401 and "unauthenticated" in answer.text
         assert "charter_session" not in http.cookies
@@ -120,10 +124,10 @@ def test_P1_forms_without_the_sessions_csrf_token_are_refused_and_change_nothing
     another session's, or to sign in without the sign-in token) is carried out."""
     mission, approval = pending(desk, who)
     before = stored(desk, mission)
-    with httpx.Client(base_url=base, follow_redirects=True) as other:
+    with browse(base) as other:
         sign_in(other, creds[0]["bob"])
         foreign = csrf(other.get("/console/inbox").text)
-    with httpx.Client(base_url=base, follow_redirects=True) as http:
+    with browse(base) as http:
         sign_in(http, creds[0]["alice"])
         for token in ({}, {"csrf": ""}, {"csrf": foreign}):
             answer = http.post(f"/console/approvals/{approval}/approve", data=token)
@@ -142,9 +146,9 @@ def test_P1_console_decision_is_the_engines_refused_without_the_right_and_audite
 ) -> None:
     """Broken P1: the console decides for a principal without the right, or the
     refusal is not shown or not in the run's audit timeline."""
-    mission, approval = pending(desk, who)
+    _, approval = pending(desk, who)
     run_id = desk.approval(approval).run_id
-    with httpx.Client(base_url=base, follow_redirects=True) as http:
+    with browse(base) as http:
         sign_in(http, creds[0]["mallory"])
         page = http.get("/console/inbox").text
         answer = http.post(

@@ -212,7 +212,7 @@ class Console:
 
 def _outcome(result: Any) -> str:
     if isinstance(result, Mapping):
-        for key in ("status", "verdict"):
+        for key in ("verdict", "status"):
             if key in result:
                 return str(result[key])
     return "done"

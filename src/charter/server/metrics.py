@@ -16,7 +16,11 @@ def render(engine: Engine) -> str:
 
     def family(name: str, kind: str, text: str, samples: list[tuple[str, float]]) -> None:
         out.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}"])
-        out.extend(f"{name}{labels} {value:g}" for labels, value in samples)
+        # Whole amounts stay whole: a float would round large ones (A9).
+        out.extend(
+            f"{name}{labels} {value if isinstance(value, int) else f'{value:g}'}"
+            for labels, value in samples
+        )
 
     family(
         "charter_runs",
