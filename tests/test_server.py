@@ -293,3 +293,19 @@ def test_metrics_export_runs_attempts_balances_and_waits(
     assert f"charter_approvals_pending {figures.approvals_pending}" in text
     assert f"charter_unresolved_attempts {figures.in_flight}" in text
     assert (figures.approvals_pending, figures.in_flight) == (2, 2)
+
+
+def test_server_without_its_extra_names_the_extra(
+    desk: charter.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Broken: a missing optional dependency surfaces as a bare ImportError that
+    does not say which extra to install."""
+    import sys
+
+    from charter.server import create_app
+
+    monkeypatch.setitem(sys.modules, "starlette", None)
+    with pytest.raises(charter.MissingExtra) as missing:
+        create_app(desk)
+    assert missing.value.details["extra"] == "server"
+    assert "charter[server]" in missing.value.message
