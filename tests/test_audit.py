@@ -919,6 +919,9 @@ def _as_before_schema_6(raw: RawStore) -> None:
     # ... and what came after it, so that upgrading replays them all.
     raw.execute("ALTER TABLE attempts DROP COLUMN answered")
     raw.execute("ALTER TABLE runs DROP COLUMN owner_claim")
+    raw.execute("ALTER TABLE runs DROP COLUMN owner_process")
+    raw.execute("DROP INDEX approvals_run")
+    raw.execute("DROP INDEX runs_created")
     raw.execute("DELETE FROM schema_migrations WHERE version >= 6")
 
 
