@@ -920,6 +920,8 @@ def _as_before_schema_6(raw: RawStore) -> None:
     raw.execute("ALTER TABLE attempts DROP COLUMN answered")
     raw.execute("ALTER TABLE runs DROP COLUMN owner_claim")
     raw.execute("ALTER TABLE runs DROP COLUMN owner_process")
+    raw.execute("DROP INDEX approvals_run")
+    raw.execute("DROP INDEX runs_created")
     for table in ("waits", "artifacts", "plan_versions"):
         raw.execute(f"DROP TABLE {table}")
     raw.execute("DELETE FROM schema_migrations WHERE version >= 6")

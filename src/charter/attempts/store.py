@@ -339,3 +339,17 @@ def evidence_rows(tx: Tx, attempt_id: str) -> list[Row]:
     return tx.all(
         "SELECT * FROM evidence WHERE attempt_id = ? ORDER BY recorded_at_us, id", attempt_id
     )
+
+
+def count_by_status(tx: Tx) -> dict[str, int]:
+    """How many attempts the store holds in each status (for the metrics endpoint)."""
+    rows = tx.all("SELECT status, COUNT(*) AS n FROM attempts GROUP BY status")
+    return {r["status"]: int(r["n"]) for r in rows}
+
+
+def oldest_in_flight_us(tx: Tx) -> int | None:
+    """When the oldest attempt still DISPATCHED or UNKNOWN was prepared (None if none is)."""
+    row = tx.one(
+        "SELECT MIN(prepared_at_us) AS t FROM attempts WHERE status IN ('dispatched', 'unknown')"
+    )
+    return None if row is None or row["t"] is None else int(row["t"])

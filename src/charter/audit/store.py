@@ -66,3 +66,18 @@ def all_events(tx: Tx, chain: str) -> list[dict[str, Any]]:
         dict(r)
         for r in tx.all("SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", chain)
     ]
+
+
+def run_events(tx: Tx, chain: str, run_id: str) -> list[dict[str, Any]]:
+    """The events of ``chain`` about one run: the run itself, its attempts and its
+    approvals (refusals included), in order."""
+    rows = tx.all(
+        "SELECT * FROM audit_events WHERE mission_id = ? AND (entity = ? "
+        "OR entity IN (SELECT id FROM attempts WHERE run_id = ?) "
+        "OR entity IN (SELECT id FROM approvals WHERE run_id = ?)) ORDER BY seq",
+        chain,
+        run_id,
+        run_id,
+        run_id,
+    )
+    return [dict(r) for r in rows]

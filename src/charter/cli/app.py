@@ -63,6 +63,7 @@ COMMANDS: dict[str, str] = {
     "close-incident": "close an incident with a note",
     "ledger": "show a mission's allowance balances and check the ledger",
     "audit": "verify the audit hash chains",
+    "serve": "serve the HTTP API, the web console and metrics (extra charter[server])",
     **GRAPH_COMMANDS,
 }
 
@@ -233,6 +234,8 @@ def _looking(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
     cmd["credential"].add_argument("action", choices=["new"], help="'new' makes a fresh credential")
     cmd["credential"].add_argument("name", help="the principal's name")
     _serving(cmd["sandbox"])
+    cmd["serve"].add_argument("--host", default="127.0.0.1", help="address (default loopback)")
+    cmd["serve"].add_argument("--port", type=_port, default=8765, help="port (default 8765)")
     _paged(cmd["missions"], "msn")
     _paged(cmd["runs"], "run").add_argument("--mission", help="only runs of this mission")
     cmd["show"].add_argument("run", help="run ID")

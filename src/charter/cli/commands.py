@@ -295,6 +295,15 @@ def _audit(engine: Engine, args: argparse.Namespace) -> Any:
     return rows, text
 
 
+def _serve(engine: Engine, args: argparse.Namespace) -> Any:
+    from charter.server import serve  # noqa: PLC0415 - the server extra, loaded when run
+
+    base = f"http://{args.host}:{args.port}"
+    print(f"serving {base}/api/v1 and {base}/console/ (Ctrl-C stops it)", flush=True)
+    serve(engine, host=args.host, port=args.port)
+    return {"served": base}, "stopped"
+
+
 HANDLERS: dict[str, Handler] = {
     "missions": _missions,
     "runs": _runs,
@@ -314,4 +323,5 @@ HANDLERS: dict[str, Handler] = {
     "close-incident": _close_incident,
     "ledger": _ledger,
     "audit": _audit,
+    "serve": _serve,
 }

@@ -32,6 +32,7 @@ from charter.crashpoints import CrashHook
 from charter.engine.coordinator import Coordinator
 from charter.engine.executor import Executor
 from charter.engine.graphs import ArtifactOperations, GraphOperations
+from charter.engine.overview import Overview
 from charter.errors import (
     AuthenticationError,
     ContractError,
@@ -57,8 +58,8 @@ from charter.waits import approvals as approvals_mod
 from charter.waits.approvals import Approval, ApprovalStatus
 
 
-class Engine(GraphOperations, ArtifactOperations):
-    """A Charter engine bound to one store."""
+class Engine(GraphOperations, ArtifactOperations, Overview):
+    """A Charter engine bound to one store (its operator reads: :class:`Overview`)."""
 
     def __init__(
         self,
@@ -486,15 +487,16 @@ class Engine(GraphOperations, ArtifactOperations):
         self,
         mission_id: str | None = None,
         *,
+        status: RunStatus | None = None,
         limit: int | None = None,
         after: Position | None = None,
     ) -> list[Run]:
-        """Runs by creation; paged by ``(created_at_us, id)``; an unknown mission is
-        :class:`~charter.errors.NotFound`."""
+        """Runs by creation, of one ``status`` if given; paged by ``(created_at_us,
+        id)``; an unknown mission is :class:`~charter.errors.NotFound`."""
         with self._db.read() as tx:
             if mission_id is not None:
                 missions.load(tx, mission_id)
-            return run_store.list_runs(tx, mission_id, limit=limit, after=after)
+            return run_store.list_runs(tx, mission_id, status=status, limit=limit, after=after)
 
     def attempt(self, attempt_id: str) -> Attempt:
         with self._db.read() as tx:

@@ -217,3 +217,15 @@ def count_open(tx: Tx, mission_id: str) -> int:
 
 def _incident(row: Row) -> dict[str, Any]:
     return {**dict(row), "detail": json.loads(row["detail"])}
+
+
+def totals(tx: Tx) -> dict[str, Balance]:
+    """Every mission's cached balances summed per unit (for the metrics endpoint)."""
+    rows = tx.all(
+        "SELECT unit, SUM(limit_amount) AS l, SUM(available) AS a, SUM(held) AS h, "
+        "SUM(spent) AS s, SUM(overrun) AS o FROM allowances GROUP BY unit ORDER BY unit"
+    )
+    return {
+        r["unit"]: Balance(int(r["l"]), int(r["a"]), int(r["h"]), int(r["s"]), int(r["o"]))
+        for r in rows
+    }

@@ -66,10 +66,14 @@ def list_runs(
     tx: Tx,
     mission_id: str | None = None,
     *,
+    status: RunStatus | None = None,
     limit: int | None = None,
     after: Position | None = None,
 ) -> list[Run]:
     where, params = ([], []) if mission_id is None else (["mission_id = ?"], [mission_id])
+    if status is not None:
+        where.append("status = ?")
+        params.append(status.value)
     sql, args = page(
         f"SELECT {_COLUMNS} FROM runs", where, params, key="created_at_us", after=after, limit=limit
     )
@@ -296,3 +300,9 @@ def take_over(
         tx.now_us,
         int(forced),
     )
+
+
+def count_by_status(tx: Tx) -> dict[str, int]:
+    """How many runs the store holds in each status (for the metrics endpoint)."""
+    rows = tx.all("SELECT status, COUNT(*) AS n FROM runs GROUP BY status")
+    return {r["status"]: int(r["n"]) for r in rows}

@@ -402,4 +402,16 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        10,
+        "the operator's desk: runs listed and a run's approvals read by index",
+        [
+            "CREATE INDEX approvals_run ON approvals (run_id)",
+            # Listings page runs by (created_at_us, id): read in that order, not sorted.
+            "CREATE INDEX runs_created ON runs (created_at_us, id)",
+        ],
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

@@ -245,3 +245,9 @@ def due_runs(tx: Tx) -> list[Row]:
         "ELSE due_at_us END) AS at_us FROM waits WHERE status = 'satisfied' "
         "OR (status = 'pending' AND kind = 'timer') GROUP BY run_id ORDER BY at_us",
     )
+
+
+def count_pending(tx: Tx) -> int:
+    """How many approvals wait for a decision, in every mission."""
+    row = tx.one("SELECT COUNT(*) AS n FROM approvals WHERE status = 'pending'")
+    return 0 if row is None else int(row["n"])

@@ -1,0 +1,161 @@
+"""The operator's desk under load: the runs list and a run page with 10,000
+finished runs in the store, 50 concurrent clients.
+
+    python bench/console.py [--runs 10000] [--clients 50] [--seconds 20]
+
+The store is built by bulk copy (``charter_bench.build_runs_store``: completed
+runs of a one-node, one-attempt plan, ledger and audit chain intact). The
+server runs as users run it, ``charter serve`` in a process of its own; the
+clients are threads of this process, each signed in to the console with its
+own session, each asking as soon as its last answer came (a closed loop: the
+figures include queueing behind the other 49). Half the requests are the runs
+list (``/console/runs``, the first page), half a run page
+(``/console/runs/{id}``, a run drawn at random). Latency is from send to the
+last byte; the answer must be 200. Printed as JSON: p50, p90, p99, max and
+requests per second, per page and overall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from charter_bench import build_runs_store
+from timing import clock
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(store: Path, digest: str) -> tuple[subprocess.Popen[bytes], str]:
+    config = store.with_name("charter.toml")
+    config.write_text(f'store = "{store}"\n[credentials]\nagent = "{digest}"\n')
+    port = _free_port()
+    cmd = [sys.executable, "-m", "charter", "serve", "--config", str(config), "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(base + "/console/login", timeout=1)
+            return proc, base
+        except httpx.TransportError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"charter serve did not start: {proc.stderr.read() if proc.stderr else ''}")
+
+
+def _signed_in(base: str, credential: str) -> httpx.Client:
+    http = httpx.Client(base_url=base, follow_redirects=True, timeout=60)
+    form = http.get("/console/login").text
+    token = re.search(r'name="csrf" value="([^"]+)"', form)
+    assert token is not None
+    http.post("/console/login", data={"csrf": token.group(1), "credential": credential})
+    return http
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+    return {
+        "n": len(ordered),
+        "p50_ms": round(at(0.50), 1),
+        "p90_ms": round(at(0.90), 1),
+        "p99_ms": round(at(0.99), 1),
+        "max_ms": round(ordered[-1] * 1000, 1),
+    }
+
+
+def load(base: str, credential: str, run_ids: list[str], clients: int, seconds: float) -> Any:
+    """``clients`` closed-loop clients for ``seconds``; latencies per page."""
+    sessions = [_signed_in(base, credential) for _ in range(clients)]
+    times: dict[str, list[float]] = {"runs_list": [], "run_page": []}
+    failures: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(clients + 1)
+    stop_at: list[float] = []
+
+    def client(k: int) -> None:
+        http, rng = sessions[k], random.Random(k)
+        start.wait()
+        i = k
+        while clock() < stop_at[0]:
+            page = "runs_list" if i % 2 == 0 else "run_page"
+            url = "/console/runs" if page == "runs_list" else f"/console/runs/{rng.choice(run_ids)}"
+            t0 = clock()
+            answer = http.get(url)
+            elapsed = clock() - t0
+            with lock:
+                if answer.status_code != 200 or answer.url.path.endswith("/login"):
+                    failures.append(f"{url}: {answer.status_code}")
+                times[page].append(elapsed)
+            i += 1
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    stop_at.append(clock() + seconds)
+    start.wait()
+    for t in threads:
+        t.join()
+    for http in sessions:
+        http.close()
+    every = times["runs_list"] + times["run_page"]
+    return {
+        "clients": clients,
+        "seconds": seconds,
+        "requests_per_second": round(len(every) / seconds, 1),
+        "runs_list": _percentiles(times["runs_list"]),
+        "run_page": _percentiles(times["run_page"]),
+        "all": _percentiles(every),
+        "failures": failures[:5],
+        "failed": len(failures),
+    }
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="bench/console.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=10_000, help="finished runs in the store")
+    p.add_argument("--clients", type=int, default=50, help="concurrent clients")
+    p.add_argument("--seconds", type=float, default=20.0, help="how long the load lasts")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp) / "desk.db"
+        built = build_runs_store(store, args.runs)
+        import sqlite3  # the run IDs to ask for, read from outside the server
+
+        with sqlite3.connect(str(store)) as conn:
+            run_ids = [r[0] for r in conn.execute("SELECT id FROM runs")]
+        proc, base = _serve(store, built["credential"]["digest"])
+        try:
+            result = load(
+                base, built["credential"]["credential"], run_ids, args.clients, args.seconds
+            )
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    result.update(runs_in_store=len(run_ids), cpus=os.cpu_count(), load_average=os.getloadavg())
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,50 @@
+"""The operator's desk: a versioned JSON API, a web console and Prometheus metrics
+served over one engine (``charter serve``, extra ``charter[server]``).
+
+A client of the public face like the command line: every request is
+authenticated as a principal (P1), every decision goes through the engine,
+which authorises it against the mission's current contract and audits it
+(refusals included). Starlette, uvicorn and Jinja2 are loaded only here, on
+first use; without them :class:`~charter.MissingExtra` names the extra.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from charter import MissingExtra
+
+if TYPE_CHECKING:
+    from charter import Engine
+
+#: Hosts that are this machine: cookies go without ``Secure`` only here.
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def _require() -> None:
+    for module in ("starlette", "uvicorn", "jinja2"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise MissingExtra(
+                f"the server needs {module}: pip install 'charter[server]'", extra="server"
+            ) from None
+
+
+def create_app(engine: Engine, *, secure_cookies: bool = False) -> Any:
+    """The ASGI application over ``engine``: the API under ``/api/v1``, the console
+    under ``/console``, ``/metrics``. ``secure_cookies`` marks the session cookie
+    ``Secure`` (needed whenever the console is reached over anything but loopback)."""
+    _require()
+    from charter.server.app import build  # noqa: PLC0415 - the extra, loaded on first use
+
+    return build(engine, secure_cookies=secure_cookies)
+
+
+def serve(engine: Engine, *, host: str = "127.0.0.1", port: int = 8765) -> None:
+    """Serve ``engine`` until interrupted; off loopback the cookies are ``Secure``."""
+    app = create_app(engine, secure_cookies=host not in LOOPBACK)
+    import uvicorn  # noqa: PLC0415 - the extra, checked by create_app
+
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,247 @@
+"""The web console: server-rendered pages for people deciding what the engine
+cannot decide alone.
+
+Pages are Jinja2 templates; each page's live part re-renders itself every few
+seconds through htmx (vendored in ``static/``, with its licence), so a page
+follows the work without a reload. Forms post plainly (POST, then a redirect
+back) with the session's CSRF token; each form is one API endpoint's handler
+(:mod:`charter.server.api`), so the console decides nothing the API would not,
+and the engine authorises and audits every decision. A refusal is shown on the
+page it came from, with the engine's error code.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, quote
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from charter import AuthenticationError, CharterError
+from charter.server import pages
+from charter.server.api import ENDPOINTS, Call
+from charter.server.auth import SESSION_COOKIE, SIGNIN_COOKIE, Session, Sessions, check_csrf
+from charter.server.wire import CsrfRefused, status_of, whole
+
+if TYPE_CHECKING:
+    from charter import Engine
+
+HERE = Path(__file__).parent
+BY_NAME = {ep.name: ep for ep in ENDPOINTS}
+Loader = Callable[["Engine", Mapping[str, str], Mapping[str, str]], dict[str, Any]]
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _when(us: int | None) -> str:
+    if us is None:
+        return "-"
+    moment = datetime.datetime.fromtimestamp(us / 1e6, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(HERE / "templates"),
+        autoescape=select_autoescape(default=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["when"] = _when
+    env.filters["pretty"] = pages.pretty
+    env.filters["json"] = lambda v: json.dumps(v, sort_keys=True, default=str)
+    return env
+
+
+def _body(form: Mapping[str, str], name: str) -> dict[str, Any]:
+    """The API body a console form stands for: its fields, costs gathered from
+    ``cost.UNIT`` fields into one mapping of whole amounts."""
+    fields = set(BY_NAME[name].body)
+    body: dict[str, Any] = {k: v for k, v in form.items() if k in fields and v}
+    costs = {k[5:]: whole(v, k) for k, v in form.items() if k.startswith("cost.") and v}
+    if "cost" in fields and costs:
+        body["cost"] = costs
+    return body
+
+
+def _here(request: Request) -> str:
+    return request.url.path + ("?" + request.url.query if request.url.query else "")
+
+
+def _local(target: str | None) -> str:
+    """Where to go back to: a console path on this server, never elsewhere."""
+    if target and target.startswith("/console/") and not target.startswith("//"):
+        return target
+    return "/console/inbox"
+
+
+class Console:
+    def __init__(self, engine: Engine, sessions: Sessions, *, secure: bool) -> None:
+        self.engine = engine
+        self.sessions = sessions
+        self.secure = secure
+        self.env = _environment()
+
+    def _render(self, template: str, status: int = 200, /, **data: Any) -> HTMLResponse:
+        html = self.env.get_template(template).render(**data)
+        return HTMLResponse(html, status_code=status)
+
+    def _cookie(self, response: Response, name: str, value: str, path: str, age: int) -> None:
+        response.set_cookie(
+            name,
+            value,
+            max_age=age,
+            path=path,
+            httponly=True,
+            samesite="strict",
+            secure=self.secure,
+        )
+
+    def session(self, request: Request) -> Session | None:
+        return self.sessions.get(request.cookies.get(SESSION_COOKIE))
+
+    # -- sign-in ------------------------------------------------------------------------
+    async def login_form(self, request: Request, error: str = "", status: int = 200) -> Response:
+        nonce = secrets.token_urlsafe(24)
+        response = self._render(
+            "login.html",
+            status,
+            csrf=self.sessions.signin_token(nonce),
+            next=_local(request.query_params.get("next")),
+            error=error,
+            me=None,
+        )
+        self._cookie(response, SIGNIN_COOKIE, nonce, "/console/login", 600)
+        return response
+
+    async def login(self, request: Request) -> Response:
+        form = dict(parse_qsl((await request.body()).decode(errors="replace")))
+        nonce = request.cookies.get(SIGNIN_COOKIE, "")
+        try:
+            check_csrf(self.sessions.signin_token(nonce) if nonce else "", form.get("csrf"))
+            principal = await run_in_threadpool(
+                self.engine.authenticate, form.get("credential", "")
+            )
+        except (AuthenticationError, CsrfRefused) as exc:
+            return await self.login_form(request, f"{exc.code}: {exc.message}", status_of(exc))
+        # A new session ID at every sign-in; whatever ID the browser held is dropped.
+        session = self.sessions.open(principal, replacing=request.cookies.get(SESSION_COOKIE))
+        response = RedirectResponse(_local(form.get("next")), status_code=303)
+        self._cookie(response, SESSION_COOKIE, session.id, "/", 8 * 3600)
+        response.delete_cookie(SIGNIN_COOKIE, path="/console/login")
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        session = self.session(request)
+        form = dict(parse_qsl((await request.body()).decode(errors="replace")))
+        if session is not None:
+            try:
+                check_csrf(session.csrf, form.get("csrf"))
+            except CsrfRefused as exc:
+                return self._refused(exc)
+            self.sessions.close(session.id)
+        response = RedirectResponse("/console/login", status_code=303)
+        response.delete_cookie(SESSION_COOKIE, path="/")
+        return response
+
+    def _refused(self, exc: CharterError) -> HTMLResponse:
+        return self._render(
+            "refused.html", status_of(exc), code=exc.code, message=exc.message, me=None
+        )
+
+    # -- pages and forms -----------------------------------------------------------------
+    def page(self, loader: Loader, template: str, section: str) -> Endpoint:
+        async def endpoint(request: Request) -> Response:
+            session = self.session(request)
+            if session is None:
+                where = quote(_here(request))
+                return RedirectResponse(f"/console/login?next={where}", status_code=303)
+            try:
+                data = await run_in_threadpool(
+                    loader, self.engine, request.path_params, request.query_params
+                )
+            except CharterError as exc:
+                return self._refused(exc)
+            live = request.headers.get("hx-request") == "true"
+            notes = [] if live else session.notes[:]
+            if not live:
+                session.notes.clear()
+            return self._render(
+                template,
+                section=section,
+                me=session.principal.name,
+                csrf=session.csrf,
+                notes=notes,
+                here=_here(request),
+                **data,
+            )
+
+        return endpoint
+
+    def form(self, name: str, **fixed: str) -> Endpoint:
+        """POST a console form as API endpoint ``name``; back to the page it came from."""
+        ep = BY_NAME[name]
+
+        async def endpoint(request: Request) -> Response:
+            session = self.session(request)
+            if session is None:
+                return self._refused(AuthenticationError("sign in first: /console/login"))
+            form = dict(parse_qsl((await request.body()).decode(errors="replace")))
+            try:
+                check_csrf(session.csrf, form.get("csrf"))
+            except CsrfRefused as exc:
+                return self._refused(exc)
+            call = Call(request.path_params, {}, {**_body(form, name), **fixed})
+            try:
+                result = await run_in_threadpool(ep.handler, self.engine, session.principal, call)
+                session.notes.append(f"{ep.summary}: {_outcome(result)}")
+            except CharterError as exc:
+                session.notes.append(f"refused ({exc.code}): {exc.message}")
+            return RedirectResponse(_local(form.get("back")), status_code=303)
+
+        return endpoint
+
+
+def _outcome(result: Any) -> str:
+    if isinstance(result, Mapping):
+        for key in ("verdict", "status"):
+            if key in result:
+                return str(result[key])
+    return "done"
+
+
+def routes(engine: Engine, sessions: Sessions, *, secure_cookies: bool) -> list[Route]:
+    c = Console(engine, sessions, secure=secure_cookies)
+    post = ["POST"]
+    return [
+        Route("/console/login", c.login_form, methods=["GET"]),
+        Route("/console/login", c.login, methods=post),
+        Route("/console/logout", c.logout, methods=post),
+        Route("/console/inbox", c.page(pages.inbox, "inbox.html", "inbox")),
+        Route("/console/queue", c.page(pages.queue, "queue.html", "queue")),
+        Route("/console/runs", c.page(pages.runs, "runs.html", "runs")),
+        Route("/console/runs/{run_id}", c.page(pages.run, "run.html", "runs")),
+        Route("/console/ledger", c.page(pages.ledger, "ledger.html", "ledger")),
+        Route("/console/audit", c.page(pages.audit, "audit.html", "audit")),
+        Route("/console/approvals/{approval_id}/approve", c.form("approve"), methods=post),
+        Route("/console/approvals/{approval_id}/deny", c.form("deny"), methods=post),
+        Route("/console/attempts/{attempt_id}/reconcile", c.form("reconcile"), methods=post),
+        Route("/console/attempts/{attempt_id}/confirm", c.form("confirm"), methods=post),
+        Route("/console/attempts/{attempt_id}/resolve", c.form("resolve"), methods=post),
+        Route(
+            "/console/attempts/{attempt_id}/write-off",
+            c.form("resolve", outcome="written_off"),
+            methods=post,
+        ),
+        Route("/console/runs/{run_id}/resume", c.form("resume"), methods=post),
+        Route("/console/runs/{run_id}/stop", c.form("stop"), methods=post),
+        Route("/console/incidents/{incident_id}/close", c.form("close_incident"), methods=post),
+    ]

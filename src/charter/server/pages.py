@@ -1,0 +1,152 @@
+"""What each console page shows, read through the public engine API.
+
+Each loader takes the engine and the request's values and returns the page's
+data; the console renders it with the page's template. Loaders read bounded
+pages (:data:`~charter.server.wire.PAGE` rows, or what a run holds), so a page
+costs the same with ten runs in the store or a hundred thousand.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from charter import RunStatus, UsageError
+from charter.server.wire import PAGE, listing, next_action, position
+
+if TYPE_CHECKING:
+    from charter import Engine
+
+Values = Mapping[str, str]
+QUEUE_ROWS = 200  # the reconciliation queue shows this many unresolved attempts at most
+
+
+def pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+def inbox(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
+    """Each pending approval with the exact request it is bound to, its estimate,
+    what the allowance has left in the estimate's units, and how long it lasts."""
+    items = []
+    for approval in engine.approvals(pending=True, limit=QUEUE_ROWS):
+        request = engine.approval_request(approval.id)
+        balances = engine.balances(approval.mission_id)
+        estimate = {} if request is None else request.estimate
+        items.append(
+            {
+                "approval": approval.to_dict(),
+                "request": None if request is None else request.to_dict(),
+                "request_json": "" if request is None else pretty(request.to_dict()["request"]),
+                "estimate": estimate,
+                "left": {u: balances[u].available for u in estimate if u in balances},
+                "ttl": engine.contract(approval.mission_id).approvals.ttl_seconds,
+            }
+        )
+    return {"items": items}
+
+
+def queue(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
+    """Every attempt sent and not settled, with its evidence so far and the next
+    safe action."""
+    items = []
+    for attempt in engine.attempts(unresolved=True, limit=QUEUE_ROWS):
+        if attempt.status.value == "prepared":
+            continue  # not sent: it waits in the inbox, not here
+        row = attempt.to_dict()
+        evidence = engine.evidence(attempt.id)
+        items.append(
+            {
+                "attempt": row,
+                "request_json": pretty(row["request"]),
+                "evidence": [{**e, "detail_json": pretty(e.get("detail"))} for e in evidence],
+                "conclusive": any(
+                    e["verdict"] != "indeterminate" and not e["settled"] for e in evidence
+                ),
+                "next_action": next_action(row, evidence),
+            }
+        )
+    return {"items": items}
+
+
+def runs(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
+    status = query.get("status") or None
+    if status is not None and status not in {s.value for s in RunStatus}:
+        raise UsageError(f"no run status {status!r}")
+    mission = query.get("mission") or None
+    found = engine.runs(
+        mission,
+        status=None if status is None else RunStatus(status),
+        limit=PAGE + 1,
+        after=position(query.get("after")),
+    )
+    page = listing([r.to_dict() for r in found], PAGE, "created_at_us")
+    return {
+        **page,
+        "status": status or "",
+        "mission": mission or "",
+        "statuses": [s.value for s in RunStatus],
+    }
+
+
+def run(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
+    run_id = path["run_id"]
+    state = engine.coordinator.state(run_id).to_dict()
+    return {
+        "state": state,
+        "attempts": [a.to_dict() for a in engine.attempts(run_id=run_id)],
+        "approvals": [a.to_dict() for a in engine.approvals(run_id=run_id)],
+        "timeline": engine.timeline(run_id),
+    }
+
+
+def ledger(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
+    missions = [m.to_dict() for m in engine.missions(limit=QUEUE_ROWS)]
+    chosen = query.get("mission") or (missions[-1]["id"] if missions else "")
+    if not chosen:
+        return {"missions": missions, "mission": "", "balances": [], "charts": [], "incidents": []}
+    balances = engine.balances(chosen)
+    return {
+        "missions": missions,
+        "mission": chosen,
+        "balances": [{"unit": u, **b.__dict__} for u, b in balances.items()],
+        "problems": engine.check_ledger(chosen),
+        "charts": [chart(u, engine.ledger_entries(chosen)) for u in balances],
+        "incidents": engine.incidents(chosen, limit=QUEUE_ROWS),
+    }
+
+
+def chart(unit: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Spend against the limit over time for one unit, as SVG polyline points in a
+    300 x 80 box (time left to right, amount bottom to top)."""
+    limit = spent = 0
+    steps: list[tuple[int, int, int]] = []  # (at_us, limit, spent) after each entry
+    for e in entries:
+        if e["unit"] != unit:
+            continue
+        if e["kind"] == "fund":
+            limit += e["amount"]
+        elif e["kind"] == "reduce":
+            limit -= e["amount"]
+        elif e["target"] == "spent":
+            spent += e["amount"]
+        steps.append((e["at_us"], limit, spent))
+    if not steps:
+        return {"unit": unit, "limit": "", "spent": "", "top": 0}
+    t0, t1 = steps[0][0], max(steps[-1][0], steps[0][0] + 1)
+    top = max(max(s[1], s[2]) for s in steps) or 1
+
+    def points(index: int) -> str:
+        out = []
+        for step in steps:
+            x = 300 * (step[0] - t0) / (t1 - t0)
+            out.append(f"{x:.1f},{80 - 78 * step[index] / top:.1f}")
+        return " ".join(out)
+
+    return {"unit": unit, "limit": points(1), "spent": points(2), "top": top}
+
+
+def audit(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
+    chains = [v.to_dict() for v in engine.verify_audit()]
+    return {"chains": chains, "ok": all(c["ok"] for c in chains)}

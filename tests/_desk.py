@@ -1,0 +1,79 @@
+"""The operator's desk under test: a real server on loopback over a test engine,
+the adapter it reconciles through (configured by reference, as in production),
+and a plan whose one effect needs an approval.
+
+``ADAPTER`` is module state on purpose: the engine's configuration names it as
+``_desk:recorder``, so the server's reconcile and resume reach the very object
+the test scripts (a lost response, evidence the target holds).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+
+import charter
+from charter.server import create_app
+from charter.testing import RecordingAdapter
+
+ADAPTER = RecordingAdapter(costs={"write": {"usd": 5_000, "calls": 1}})
+CONFIG: dict[str, Any] = {"adapters": {"recorder": "_desk:recorder"}}
+
+
+def recorder() -> RecordingAdapter:
+    return ADAPTER
+
+
+def reset() -> RecordingAdapter:
+    """A fresh adapter state for the next test: nothing sent, nothing scripted."""
+    ADAPTER.sent.clear()
+    ADAPTER.reconciled.clear()
+    ADAPTER.script.clear()
+    ADAPTER.evidence.clear()
+    return ADAPTER
+
+
+@charter.node
+def pay(ctx: charter.Context, value: Any) -> Any:
+    return ctx.attempt(ADAPTER, "write", {"to": value["to"], "amount": value["amount"]}, key="pay")
+
+
+pay_plan = charter.Plan("pay", (pay,), ref="_desk:pay_plan")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def serving(engine: charter.Engine, *, secure: bool = False) -> Iterator[str]:
+    """The application over ``engine`` served by uvicorn on loopback; its base URL."""
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(engine, secure_cookies=secure),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="off",
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

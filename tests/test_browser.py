@@ -1,0 +1,193 @@
+"""The console in a real browser: headless Chromium (the system's ``chromium``)
+driven by Playwright, against the real server over a test engine.
+
+Under ``CI=true`` these tests must run: a missing browser fails them. Elsewhere
+they are skipped, saying why, when no ``chromium`` is installed. The screenshots
+in docs/console.md are taken here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import _desk
+import charter
+from conftest import Principals
+
+CHROMIUM = os.environ.get("CHARTER_TEST_CHROMIUM") or shutil.which("chromium")
+#: Screenshots go to docs/ (the ones docs/console.md shows) when this is set, else
+#: to the test's temporary directory, so a test run leaves the checkout as it was.
+SCREENSHOTS = os.environ.get("CHARTER_DOCS_SCREENSHOTS")
+if CHROMIUM is None:
+    if os.environ.get("CI") == "true":
+        raise RuntimeError("CI=true but no chromium: install the Debian package `chromium`")
+    pytest.skip("no chromium installed (apt-get install chromium)", allow_module_level=True)
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+CONTRACT: dict[str, Any] = {
+    "objective": "pay this week's invoices",
+    "principals": {
+        "agent": {"run": ["recorder.*"]},
+        "alice": {
+            "run": ["recorder.*"],
+            "approve": ["recorder.*"],
+            "resolve": ["recorder.*"],
+            "stop": ["*"],
+        },
+        "mallory": ["consume"],
+    },
+    "allowance": {"usd": 1_000_000, "calls": 100},
+}
+GATED = {**CONTRACT, "approvals": {"required": ["recorder.write"], "ttl_seconds": 900}}
+
+
+@pytest.fixture
+def desk(make_engine: Callable[..., charter.Engine]) -> charter.Engine:
+    _desk.reset()
+    return make_engine(**_desk.CONFIG)
+
+
+@pytest.fixture
+def who(desk: charter.Engine, creds: tuple[dict[str, str], dict[str, str]]) -> Principals:
+    return Principals(creds[0], creds[1], desk)
+
+
+@pytest.fixture
+def page(desk: charter.Engine) -> Iterator[Any]:
+    with _desk.serving(desk) as base, sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        context = browser.new_context(base_url=base, viewport={"width": 1200, "height": 900})
+        context.set_default_timeout(15_000)
+        tab = context.new_page()
+        yield tab
+        browser.close()
+
+
+def shot(page: Any, name: str, tmp_path: Path) -> None:
+    where = Path(__file__).resolve().parent.parent / "docs" if SCREENSHOTS else tmp_path
+    page.screenshot(path=str(where / f"console-{name}.png"), full_page=True)
+
+
+def sign_in(page: Any, credential: str) -> None:
+    page.goto("/console/inbox")
+    page.fill("input[name=credential]", credential)
+    page.click("button:has-text('Sign in')")
+    page.wait_for_selector("#me")
+
+
+def start(desk: charter.Engine, who: Principals, contract: dict[str, Any]) -> str:
+    mission = desk.create_mission(contract, by=who.alice)
+    ex = desk.start_run(
+        mission,
+        by=who.agent,
+        segment_id="worker-1",
+        plan=_desk.pay_plan,
+        input={"to": "ACME Corp", "amount": 4200},
+    )
+    with pytest.raises(charter.Blocked):
+        ex.execute()
+    return ex.run_id
+
+
+def test_W2_operator_approves_the_exact_request_in_the_inbox_and_the_run_completes(
+    desk: charter.Engine,
+    who: Principals,
+    page: Any,
+    creds: tuple[dict[str, str], dict[str, str]],
+    tmp_path: Path,
+) -> None:
+    """Broken W2 in the console: the inbox does not show the request the approval is
+    bound to, approving there does not let the waiting run go on, or the run page
+    does not follow it to the end."""
+    run_id = start(desk, who, GATED)
+    [approval] = desk.approvals(pending=True)
+
+    def agent() -> None:  # the worker: carries on once someone has decided
+        deadline = time.monotonic() + 20
+        while desk.approval(approval.id).status.value == "pending":
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        desk.coordinator.resume(run_id, "worker-1", by=who.agent).execute()
+
+    worker = threading.Thread(target=agent, daemon=True)
+    worker.start()
+    sign_in(page, creds[0]["alice"])
+    card = page.locator(f"#{approval.id}")
+    assert "ACME Corp" in card.locator("pre.request").inner_text()
+    assert "4200" in card.inner_text() and "5000 usd" in card.inner_text()
+    shot(page, "inbox", tmp_path)
+    card.get_by_role("button", name="Approve").click()
+    page.wait_for_selector("text=Approve a pending approval: approved")
+    worker.join(15)
+    page.goto(f"/console/runs/{run_id}")
+    page.wait_for_selector("#run-status:text-is('completed')")
+    shot(page, "run", tmp_path)
+    assert desk.run(run_id).status is charter.RunStatus.COMPLETED
+    assert [s.request for s in _desk.ADAPTER.sent] == [{"to": "ACME Corp", "amount": 4200}]
+
+
+def test_R7_lost_response_is_reconciled_confirmed_and_the_run_finishes_from_the_queue(
+    desk: charter.Engine,
+    who: Principals,
+    page: Any,
+    creds: tuple[dict[str, str], dict[str, str]],
+    tmp_path: Path,
+) -> None:
+    """Broken R7/R8 in the console: an attempt whose response was lost is missing from
+    the queue, reconciling or confirming there does not settle it on the target's
+    evidence, or the run cannot finish afterwards."""
+
+    def lost(send: charter.Dispatch) -> charter.Outcome:
+        raise TimeoutError("connection reset after the request was sent")
+
+    _desk.ADAPTER.script["write"] = lost
+    run_id = start(desk, who, CONTRACT)
+    [attempt] = desk.attempts(run_id=run_id)
+    sign_in(page, creds[0]["alice"])
+    page.goto("/console/queue")
+    card = page.locator(f"#{attempt.id}")
+    assert "unknown" in card.inner_text()
+    assert "reconcile: ask the target" in card.locator(".next").inner_text()
+    shot(page, "queue", tmp_path)
+    applied = charter.Outcome.succeeded({"paid": True}, cost={"usd": 5_000, "calls": 1})
+    _desk.ADAPTER.evidence[attempt.id] = charter.Evidence.applied(applied)
+    card.get_by_role("button", name="Reconcile").click()
+    page.wait_for_selector("text=for evidence and record it: applied")
+    page.locator(f"#{attempt.id}").get_by_role("button", name="Confirm evidence").click()
+    page.wait_for_selector("text=on its recorded evidence: succeeded")
+    page.goto(f"/console/runs/{run_id}")
+    page.get_by_role("button", name="Resume").click()
+    page.wait_for_selector("#run-status:text-is('completed')")
+    assert desk.attempt(attempt.id).status is charter.AttemptStatus.SUCCEEDED
+    assert len(_desk.ADAPTER.sent) == 1  # sent once, never again on a guess
+
+
+def test_P1_principal_without_approve_is_refused_and_the_refusal_is_in_the_timeline(
+    desk: charter.Engine,
+    who: Principals,
+    page: Any,
+    creds: tuple[dict[str, str], dict[str, str]],
+    tmp_path: Path,
+) -> None:
+    """Broken P1 in the console: a principal without ``approve`` decides, the refusal
+    is not shown, or it is missing from the run's audit timeline."""
+    run_id = start(desk, who, GATED)
+    [approval] = desk.approvals(pending=True)
+    sign_in(page, creds[0]["mallory"])
+    page.locator(f"#{approval.id}").get_by_role("button", name="Approve").click()
+    refusal = page.wait_for_selector(".note.refused")
+    assert refusal is not None and "not_authorized" in refusal.inner_text()
+    page.goto(f"/console/runs/{run_id}")
+    row = page.locator("#timeline tr.refusal")
+    assert "mallory" in row.inner_text() and "authorization.refused" in row.inner_text()
+    assert desk.approval(approval.id).status.value == "pending"
