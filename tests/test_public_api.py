@@ -36,6 +36,7 @@ PUBLIC = [
     "LeaseHeld",
     "ManualClock",
     "MissingExtra",
+    "MissionSealed",
     "NeedsIntervention",
     "Node",
     "NodeExecution",
@@ -57,6 +58,10 @@ PUBLIC = [
     "SecretUnavailable",
     "SegmentReused",
     "SettlementUnrecorded",
+    "SignatureInvalid",
+    "SnapshotMalformed",
+    "SnapshotRefused",
+    "SnapshotTampered",
     "StateError",
     "StoreBusy",
     "StoreError",
@@ -66,6 +71,7 @@ PUBLIC = [
     "__version__",
     "hash_secret",
     "new_credential",
+    "new_signing_key",
     "node",
 ]
 

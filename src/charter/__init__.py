@@ -40,6 +40,7 @@ from charter.errors import (
     Fenced,
     LeaseHeld,
     MissingExtra,
+    MissionSealed,
     NeedsIntervention,
     NonDeterminismError,
     NotApplied,
@@ -50,6 +51,10 @@ from charter.errors import (
     SecretUnavailable,
     SegmentReused,
     SettlementUnrecorded,
+    SignatureInvalid,
+    SnapshotMalformed,
+    SnapshotRefused,
+    SnapshotTampered,
     StateError,
     StoreBusy,
     StoreError,
@@ -60,6 +65,7 @@ from charter.secret import Secret
 
 if TYPE_CHECKING:
     from charter.attempts.model import Attempt, AttemptStatus
+    from charter.audit.signing import new_signing_key
     from charter.config import EngineConfig
     from charter.contracts.contract import Contract
     from charter.contracts.principals import Principal, Right, hash_secret, new_credential
@@ -88,6 +94,7 @@ _LAZY = {
     "Right": "charter.contracts.principals",
     "hash_secret": "charter.contracts.principals",
     "new_credential": "charter.contracts.principals",
+    "new_signing_key": "charter.audit.signing",
     "Run": "charter.runs.run",
     "RunStatus": "charter.runs.run",
 }
@@ -136,6 +143,7 @@ __all__ = [
     "LeaseHeld",
     "ManualClock",
     "MissingExtra",
+    "MissionSealed",
     "NeedsIntervention",
     "Node",
     "NodeExecution",
@@ -157,6 +165,10 @@ __all__ = [
     "SecretUnavailable",
     "SegmentReused",
     "SettlementUnrecorded",
+    "SignatureInvalid",
+    "SnapshotMalformed",
+    "SnapshotRefused",
+    "SnapshotTampered",
     "StateError",
     "StoreBusy",
     "StoreError",
@@ -166,5 +178,6 @@ __all__ = [
     "__version__",
     "hash_secret",
     "new_credential",
+    "new_signing_key",
     "node",
 ]

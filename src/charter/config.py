@@ -9,6 +9,8 @@ TOML file (``charter.toml`` or ``$CHARTER_CONFIG``)::
     resume = "human"                 # "automatic" | "rules" | "human" (R9)
     lease_seconds = 30
     send_deadline_seconds = 30
+    signing_key = "keys/charter.pem" # Ed25519 key: signs snapshots and checkpoints (S2)
+    trusted_keys = ["ed25519:..."]   # public keys whose snapshots this engine imports
 
     [credentials]                    # name -> sha256 digest of the secret (P1)
     alice = "sha256:9f86d0..."
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from charter.adapters.http import HttpDeclaration, declare
+from charter.audit.signing import check_public
 from charter.contracts.contract import RESUME_STRICTNESS, ResumeMode
 from charter.errors import ConfigError
 
@@ -53,6 +56,8 @@ _KEYS = {
     "lease_seconds",
     "send_deadline_seconds",
     "busy_timeout_seconds",
+    "signing_key",
+    "trusted_keys",
 }
 
 
@@ -72,6 +77,12 @@ class EngineConfig:
     lease_seconds: float = 30.0
     send_deadline_seconds: float = 30.0
     busy_timeout_seconds: float = 5.0
+    #: Path of the Ed25519 key (PEM) that signs snapshots and chain checkpoints
+    #: (S2; see :mod:`charter.audit.signing`); ``None``: nothing is signed.
+    signing_key: str | None = None
+    #: Public keys (``ed25519:BASE64``) whose signatures this engine accepts, besides
+    #: its own signing key's: other stores' keys, and retired keys of its own.
+    trusted_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.evidence_settles not in ("confirm", "auto"):
@@ -89,6 +100,12 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be a positive, finite number of seconds")
         if self.store is not None and not isinstance(self.store, str):
             raise ConfigError("store must be a path or URL string")
+        if self.signing_key is not None and not isinstance(self.signing_key, str):
+            raise ConfigError("signing_key must be the path of a PEM file")
+        if isinstance(self.trusted_keys, str) or not all(
+            check_public(k) for k in self.trusted_keys
+        ):
+            raise ConfigError("trusted_keys must be a list of 'ed25519:BASE64' public keys")
         if self.send_deadline_seconds > self.lease_seconds:
             raise ConfigError(
                 "send_deadline_seconds must not exceed lease_seconds: a send must never be "
@@ -106,6 +123,11 @@ class EngineConfig:
         store = values.get("store")
         if isinstance(store, str) and base is not None and "://" not in store:
             values["store"] = str(base / store)
+        key = values.get("signing_key")
+        if isinstance(key, str) and base is not None:
+            values["signing_key"] = str(base / key)
+        if isinstance(values.get("trusted_keys"), list):
+            values["trusted_keys"] = tuple(values["trusted_keys"])
         credentials = values.get("credentials", {})
         if not isinstance(credentials, Mapping):
             raise ConfigError("[credentials] must map principal names to 'sha256:<hex>' digests")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from charter.storage import Row, Tx
@@ -132,3 +133,22 @@ def effect_sent(tx: Tx, effect: str, request_hash: str) -> bool:
         )
         is not None
     )
+
+
+# -- snapshots (S2): a mission's rows as recorded, and back ------------------------------
+
+
+def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
+    return {
+        "approvals": [
+            dict(r)
+            for r in tx.all(
+                "SELECT * FROM approvals WHERE mission_id = ? ORDER BY requested_at_us, id",
+                mission_id,
+            )
+        ]
+    }
+
+
+def restore(tx: Tx, tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+    tx.copy("INSERT INTO approvals", tables["approvals"])
