@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import hashlib
 import io
 import json
 import random
@@ -110,7 +111,9 @@ def busy_mission(engine: charter.Engine, who: Principals, clock: ManualClock) ->
         raise TimeoutError("no answer")
 
     adapter.script["write"] = lost
-    assert ex.attempt(adapter, "write", {"invoice": 2}, effect_key="inv-2").status.value == "unknown"
+    assert (
+        ex.attempt(adapter, "write", {"invoice": 2}, effect_key="inv-2").status.value == "unknown"
+    )
     with pytest.raises(charter.ApprovalRequired):
         ex.attempt(adapter, "charge", {"invoice": 3}, effect_key="inv-3")
     adapter.script["read"] = lambda send: charter.Outcome.succeeded(
@@ -130,10 +133,14 @@ def everything(engine: charter.Engine, mission: str) -> dict[str, Any]:
             engine.contract(mission, v).to_dict()
             for v in range(1, engine.mission(mission).contract_version + 1)
         ],
-        "nodes": {r.id: [dataclasses.asdict(n) for n in engine.node_executions(r.id)] for r in runs},
+        "nodes": {
+            r.id: [dataclasses.asdict(n) for n in engine.node_executions(r.id)] for r in runs
+        },
         "journal": {r.id: [dataclasses.asdict(j) for j in engine.journal(r.id)] for r in runs},
         "audit": engine.audit_events(mission),
-        "ledger": [{k: v for k, v in e.items() if k != "id"} for e in stored(engine, mission)["ledger"]],
+        "ledger": [
+            {k: v for k, v in e.items() if k != "id"} for e in stored(engine, mission)["ledger"]
+        ],
     }
 
 
@@ -268,3 +275,344 @@ def test_S2_importing_a_mission_twice_is_refused(
 def test_S2_export_needs_a_signing_key(engine: charter.Engine, mission: str) -> None:
     with pytest.raises(charter.ConfigError, match="signing key"):
         engine.export_snapshot(mission)
+
+
+# -- the tamper catalogue -------------------------------------------------------------
+
+
+def entries_of(data: bytes) -> dict[str, bytes]:
+    return archive.read(data)
+
+
+def rebuild(entries: dict[str, bytes], *, resign: str | None = None, rehash: bool = False) -> bytes:
+    """An archive of ``entries``: with ``rehash`` the header's digests follow the
+    entries, with ``resign`` the header is signed again with that key."""
+    if rehash or resign:
+        header = json.loads(entries["snapshot.json"])
+        if rehash:
+            header["entries"] = {
+                n: {
+                    "sha256": hashlib.sha256(entries[n]).hexdigest(),
+                    "size": len(entries[n]),
+                }
+                for n in header["entries"]
+            }
+        entries["snapshot.json"] = canonical(header).encode()
+        if resign:
+            entries["snapshot.sig"] = load_signer(resign).sign(entries["snapshot.json"])
+    return archive.write(entries, mtime=0)
+
+
+def events(entries: dict[str, bytes]) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in entries["audit.jsonl"].splitlines()]
+
+
+def with_events(entries: dict[str, bytes], evs: list[dict[str, Any]]) -> dict[str, bytes]:
+    return {**entries, "audit.jsonl": "".join(canonical(e) + "\n" for e in evs).encode()}
+
+
+def rehashed(evs: list[dict[str, Any]], mission: str) -> list[dict[str, Any]]:
+    """The chain recomputed from genesis: a consistent forgery."""
+    prev = genesis(mission)
+    out = []
+    for seq, old in enumerate(evs, start=1):
+        e = {**old, "seq": seq, "prev_hash": prev, "payload_hash": digest(old["payload"])}
+        e["hash"] = event_hash(prev, {k: e[k] for k in charter.hashing.HASHED_FIELDS})
+        prev = e["hash"]
+        out.append(e)
+    return out
+
+
+def tar_with(name: str, content: bytes, kind: bytes = tarfile.REGTYPE) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo(name)
+        info.type = kind
+        info.size = len(content) if kind == tarfile.REGTYPE else 0
+        tar.addfile(info, io.BytesIO(content) if kind == tarfile.REGTYPE else None)
+    return gzip.compress(raw.getvalue())
+
+
+def _flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0x04]) + data[at + 1 :]
+
+
+def _tampers(key: str, other_key: str, mission: str, foreign: bytes) -> dict[str, Any]:
+    """Each tampering: a function of the snapshot's entries giving the bytes to import,
+    and the error class and problem it must be refused with."""
+
+    def flip_event(e: dict[str, bytes]) -> bytes:
+        evs = events(e)
+        evs[2] = {**evs[2], "actor": evs[2]["actor"][:-1] + chr(ord(evs[2]["actor"][-1]) ^ 1)}
+        return rebuild(with_events(e, evs))
+
+    def edit(
+        e: dict[str, bytes], change: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+    ) -> bytes:
+        return rebuild(with_events(e, change(events(e))))
+
+    def balance(e: dict[str, bytes], **how: Any) -> bytes:
+        state = json.loads(e["state.json"])
+        state["allowances"][0]["available"] += 1
+        return rebuild({**e, "state.json": canonical(state).encode()}, **how)
+
+    def forged(e: dict[str, bytes]) -> bytes:
+        evs = events(e)
+        evs[1] = {**evs[1], "actor": "mallory"}
+        evs = rehashed(evs, mission)
+        header = json.loads(e["snapshot.json"])
+        header["head"]["hash"] = evs[-1]["hash"]
+        state = json.loads(e["state.json"])
+        state["missions"][0]["audit_hash"] = evs[-1]["hash"]
+        e = {
+            **with_events(e, evs),
+            "state.json": canonical(state).encode(),
+            "snapshot.json": canonical(header).encode(),
+        }
+        return rebuild(e, rehash=True)
+
+    def other(e: dict[str, bytes]) -> bytes:
+        header = json.loads(e["snapshot.json"])
+        header["public_key"] = public(other_key)
+        header["key_id"] = load_signer(other_key).key_id
+        return rebuild({**e, "snapshot.json": canonical(header).encode()}, resign=other_key)
+
+    def artifact(e: dict[str, bytes]) -> bytes:
+        blob = b"the report"
+        real = hashlib.sha256(blob).hexdigest()
+        swapped = "0" * 64
+        manifest = [{"sha256": swapped, "size": len(blob), "location": "report.pdf"}]
+        return rebuild(
+            {**e, "artifacts.json": canonical(manifest).encode(), f"artifacts/{real}": blob},
+            rehash=True,
+            resign=key,
+        )
+
+    def spliced(e: dict[str, bytes]) -> bytes:
+        evs = events(e)
+        evs[3] = events(entries_of(foreign))[3]
+        return rebuild(with_events(e, evs))
+
+    return {
+        "a flipped bit in an event": (flip_event, charter.SnapshotTampered, "chain_broken"),
+        "a dropped event": (
+            lambda e: edit(e, lambda v: v[:2] + v[3:]),
+            charter.SnapshotTampered,
+            "chain_broken",
+        ),
+        "an inserted event": (
+            lambda e: edit(e, lambda v: [*v[:2], v[1], *v[2:]]),
+            charter.SnapshotTampered,
+            "chain_broken",
+        ),
+        "a duplicated event": (
+            lambda e: edit(e, lambda v: [*v, v[-1]]),
+            charter.SnapshotTampered,
+            "chain_broken",
+        ),
+        "reordered events": (
+            lambda e: edit(e, lambda v: [v[0], v[2], v[1], *v[3:]]),
+            charter.SnapshotTampered,
+            "chain_broken",
+        ),
+        "a truncated tail": (
+            lambda e: edit(e, lambda v: v[:-1]),
+            charter.SnapshotTampered,
+            "chain_broken",
+        ),
+        "a cut last line": (
+            lambda e: rebuild({**e, "audit.jsonl": e["audit.jsonl"][:-9]}),
+            charter.SnapshotTampered,
+            "chain_broken",
+        ),
+        "events spliced from another mission": (spliced, charter.SnapshotTampered, "chain_broken"),
+        "a fully re-hashed forged chain": (forged, charter.SignatureInvalid, "bad_signature"),
+        "a wrong key": (other, charter.SignatureInvalid, "untrusted_key"),
+        "another key's signature": (
+            lambda e: rebuild(e, resign=other_key),
+            charter.SignatureInvalid,
+            "bad_signature",
+        ),
+        "an edited balance": (balance, charter.SnapshotTampered, "digest_mismatch"),
+        "an edited balance, signed": (
+            lambda e: balance(e, rehash=True, resign=key),
+            charter.SnapshotTampered,
+            "ledger",
+        ),
+        "a swapped artifact hash": (artifact, charter.SnapshotTampered, "artifact_mismatch"),
+        "an entry named ../": (
+            lambda e: tar_with("../state.json", b"{}"),
+            charter.SnapshotMalformed,
+            "unsafe_path",
+        ),
+        "an absolute entry name": (
+            lambda e: tar_with("/etc/passwd", b"x"),
+            charter.SnapshotMalformed,
+            "unsafe_path",
+        ),
+        "a symbolic link": (
+            lambda e: tar_with("state.json", b"", tarfile.SYMTYPE),
+            charter.SnapshotMalformed,
+            "not_a_file",
+        ),
+        "an oversized entry": (
+            lambda e: tar_with("state.json", b" " * (archive.MAX_ENTRY_BYTES + 1)),
+            charter.SnapshotMalformed,
+            "too_large",
+        ),
+        "a deeply nested entry": (
+            lambda e: rebuild({**e, "state.json": b"[" * 100_000 + b"]" * 100_000}),
+            charter.SnapshotMalformed,
+            "too_deep",
+        ),
+        "a newer format version": (
+            lambda e: rebuild(
+                {**e, "snapshot.json": e["snapshot.json"].replace(b'"version":1', b'"version":2')}
+            ),
+            charter.SnapshotMalformed,
+            "unsupported_version",
+        ),
+        "not an archive": (lambda e: b"hello", charter.SnapshotMalformed, "not_an_archive"),
+    }
+
+
+TAMPERS = [
+    "a flipped bit in an event",
+    "a dropped event",
+    "an inserted event",
+    "a duplicated event",
+    "reordered events",
+    "a truncated tail",
+    "a cut last line",
+    "events spliced from another mission",
+    "a fully re-hashed forged chain",
+    "a wrong key",
+    "another key's signature",
+    "an edited balance",
+    "an edited balance, signed",
+    "a swapped artifact hash",
+    "an entry named ../",
+    "an absolute entry name",
+    "a symbolic link",
+    "an oversized entry",
+    "a deeply nested entry",
+    "a newer format version",
+    "not an archive",
+]
+
+
+@pytest.fixture
+def exported(
+    open_store: OpenEngine, creds: Any, clock: ManualClock, key: str
+) -> tuple[str, bytes, bytes]:
+    source = open_store("sqlite", signing_key=key)
+    who = Principals(creds[0], creds[1], source)
+    mission = busy_mission(source, who, clock)
+    foreign = busy_mission(source, who, clock)
+    return mission, source.export_snapshot(mission), source.export_snapshot(foreign)
+
+
+@pytest.mark.parametrize("tamper", TAMPERS)
+def test_S2_every_tampering_is_refused_with_its_error_and_nothing_is_imported(
+    engine: charter.Engine,
+    raw: RawStore,
+    make_engine: OpenEngine,
+    exported: tuple[str, bytes, bytes],
+    key: str,
+    other_key: str,
+    tamper: str,
+) -> None:
+    """Breaking S2 looks like a changed snapshot imported whole or in part, or refused
+    without saying what is wrong."""
+    mission, good, foreign = exported
+    target = make_engine(trusted_keys=(public(key),))
+    change, error, problem = _tampers(key, other_key, mission, foreign)[tamper]
+    bad = change(entries_of(good))
+    before = {t: raw.rows(f"SELECT * FROM {t}") for t in [*TABLES, "audit_events"]}
+    with pytest.raises(error) as refused:
+        target.import_snapshot(bad)
+    assert refused.value.details["problem"] == problem, refused.value.message
+    assert {t: raw.rows(f"SELECT * FROM {t}") for t in [*TABLES, "audit_events"]} == before
+    target.import_snapshot(good)  # the genuine file still imports
+    assert engine.mission(mission).id == mission
+
+
+# -- hostile input: a bounded fuzz ------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def genuine(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[bytes, charter.Engine]]:
+    """One real snapshot to mutate, and a store that trusts the key that signed it."""
+    here = tmp_path_factory.mktemp("fuzz")
+    key = str(here / "k.pem")
+    charter.new_signing_key(key)
+    from charter.testing import credential
+
+    alice = credential("alice")
+    agent = credential("agent")
+    with charter.Engine.open(
+        str(here / "s.db"),
+        config=charter.EngineConfig(
+            credentials={"alice": alice[1], "agent": agent[1], "bob": credential("bob")[1]},
+            signing_key=key,
+        ),
+        clock=ManualClock(),
+    ) as eng:
+        mission = eng.create_mission(default_contract(), by=eng.authenticate(alice[0]))
+        ex = eng.start_run(mission, by=eng.authenticate(agent[0]), segment_id="s")
+        ex.attempt(RecordingAdapter(), "write", {"n": 1}, effect_key="one")
+        data = eng.export_snapshot(mission)
+    with charter.Engine.open(
+        str(here / "t.db"), config=charter.EngineConfig(trusted_keys=(public(key),))
+    ) as target:
+        yield data, target
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_S2_fuzzed_snapshots_raise_only_the_documented_errors(
+    genuine: tuple[bytes, charter.Engine], data: st.DataObject
+) -> None:
+    """Breaking the importer's safety looks like any other exception (a crash, a
+    RecursionError, a MemoryError) or an import of a changed file."""
+    good, target = genuine
+    entries = entries_of(good)
+    how = data.draw(st.sampled_from(["bytes", "entry", "json"]))
+    if how == "bytes":
+        at = data.draw(st.integers(0, len(good) - 1))
+        bad = _flip(good, at) if data.draw(st.booleans()) else good[:at]
+    else:
+        name = data.draw(st.sampled_from(sorted(entries)))
+        if how == "entry":
+            content = entries[name]
+            at = data.draw(st.integers(0, max(0, len(content) - 1)))
+            content = content[:at] + data.draw(st.binary(max_size=16)) + content[at + 1 :]
+        else:
+            content = json.dumps(
+                data.draw(
+                    st.recursive(
+                        st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                        lambda c: (
+                            st.lists(c, max_size=4)
+                            | st.dictionaries(st.text(max_size=8), c, max_size=4)
+                        ),
+                        max_leaves=20,
+                    )
+                )
+            ).encode()
+        rehash = name != "snapshot.json" and data.draw(st.booleans())
+        bad = rebuild({**entries, name: content}, rehash=rehash)
+    try:
+        target.import_snapshot(bad)
+    except charter.SnapshotRefused:
+        return
+    assert bad == good or entries_of(bad) == entries
