@@ -616,3 +616,99 @@ def test_S2_fuzzed_snapshots_raise_only_the_documented_errors(
     except charter.SnapshotRefused:
         return
     assert bad == good or entries_of(bad) == entries
+
+
+# -- handover (S5) -----------------------------------------------------------------------
+
+
+def three_steps(adapter: RecordingAdapter) -> charter.Plan:
+    @charter.node
+    def first(ctx: charter.Context, value: Any) -> int:
+        ctx.attempt(adapter, "write", {"step": "first"})
+        return 1
+
+    @charter.node
+    def second(ctx: charter.Context, value: Any) -> int:
+        ctx.attempt(adapter, "write", {"step": "second"})
+        return 2
+
+    @charter.node
+    def third(ctx: charter.Context, value: Any) -> int:
+        ctx.attempt(adapter, "write", {"step": "third"})
+        return 3
+
+    return charter.Plan("three", (first, second, third))
+
+
+@pytest.mark.parametrize("there", ["sqlite", "postgresql"])
+def test_S5_a_handover_fences_the_source_and_the_target_performs_each_effect_once(
+    open_store: OpenEngine, creds: Any, clock: ManualClock, key: str, there: str
+) -> None:
+    """Breaking S5 looks like the source still dispatching after the handover, the
+    target sending again what the source settled or left uncertain, or two stores
+    both able to go on."""
+    if there == "postgresql" and PG_URL is None:
+        pytest.skip("needs CHARTER_TEST_POSTGRES_URL")
+    system = RecordingAdapter()  # the target system both stores send to
+
+    def lost_once(send: charter.Dispatch) -> charter.Outcome:
+        if send.request["step"] == "second":
+            raise TimeoutError("no answer")
+        return charter.Outcome.succeeded({"ok": True}, cost={"calls": 1})
+
+    system.script["write"] = lost_once
+    plan = three_steps(system)
+    source = open_store("sqlite", signing_key=key)
+    target = open_store(there, trusted_keys=(public(key),))
+    on_source = Principals(creds[0], creds[1], source)
+    on_target = Principals(creds[0], creds[1], target)
+    mission = source.create_mission(default_contract(), by=on_source.alice)
+    ex = source.start_run(mission, by=on_source.agent, segment_id="seg-1", plan=plan)
+    with pytest.raises(charter.Blocked):
+        ex.execute(plan)
+    (uncertain,) = source.attempts(mission_id=mission, unresolved=True)
+
+    file = source.export_snapshot(mission, handover_to=target.store_id(), by=on_source.alice)
+
+    # The source is fenced: nothing more is dispatched or decided there.
+    assert source.run(ex.run_id).status.value == "handed_off"
+    before = everything(source, mission)
+    for act in (
+        lambda: ex.attempt(system, "write", {"step": "late"}, effect_key="late"),
+        lambda: source.start_run(mission, by=on_source.agent, segment_id="seg-3"),
+        lambda: source.new_linked_run(ex.run_id, reviewed_by=on_source.alice, segment_id="s4"),
+    ):
+        with pytest.raises((charter.MissionSealed, charter.Fenced)):
+            act()
+    # A recovery there only reports: the run has ended and is never reopened.
+    state = source.coordinator.recover(ex.run_id, "seg-2", force=True, by=on_source.alice)
+    assert (state.run.status.value, state.run.epoch) == ("handed_off", 2)
+    assert everything(source, mission) == before
+    # Another store cannot adopt what was handed to this one.
+    third = open_store("sqlite", trusted_keys=(public(key),))
+    third.import_snapshot(file)
+    with pytest.raises(charter.StateError, match="not handed over to this store"):
+        third.adopt(mission, by=Principals(creds[0], creds[1], third).alice, segment_id="x")
+
+    # The target: someone without 'adopt' is refused; alice adopts.
+    assert target.import_snapshot(file) == mission
+    with pytest.raises(charter.NotAuthorized):
+        target.adopt(mission, by=on_target.agent, segment_id="seg-t")
+    (linked,) = target.adopt(mission, by=on_target.alice, segment_id="seg-t")
+    assert target.run(linked.run_id).linked_from == ex.run_id
+    moved = target.attempt(uncertain.id)
+    assert moved.status.value == "unknown"  # still unresolved, its hold kept
+    assert target.balances(mission)["calls"].held == 1
+    with pytest.raises(charter.Blocked):  # nothing is sent past an unresolved attempt
+        linked.execute(plan)
+
+    system.evidence[uncertain.id] = charter.Evidence.applied(
+        charter.Outcome.succeeded({"ok": True}, cost={"calls": 1}, receipt={"found": True})
+    )
+    target.coordinator.reconcile(uncertain.id, system)
+    target.coordinator.confirm(uncertain.id, by=on_target.alice)
+    resumed = target.coordinator.resume(linked.run_id, "seg-t", by=on_target.agent)
+    assert resumed.execute(plan) == 3
+    assert [s.request["step"] for s in system.sent] == ["first", "second", "third"]
+    assert target.run(linked.run_id).status.value == "completed"
+    assert all(v.ok for v in target.verify_audit())
