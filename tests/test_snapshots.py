@@ -712,3 +712,52 @@ def test_S5_a_handover_fences_the_source_and_the_target_performs_each_effect_onc
     assert [s.request["step"] for s in system.sent] == ["first", "second", "third"]
     assert target.run(linked.run_id).status.value == "completed"
     assert all(v.ok for v in target.verify_audit())
+
+
+# -- signed checkpoints (S2) --------------------------------------------------------------
+
+
+def test_S2_signed_checkpoints_catch_a_consistent_rewrite_of_the_store(
+    make_engine: OpenEngine, raw: RawStore, creds: Any, clock: ManualClock, key: str
+) -> None:
+    """Breaking S2's checkpoints looks like a store whose every hash was recomputed
+    after an edit (heads moved to match) still verifying with the key."""
+    signed = make_engine(signing_key=key)
+    who = Principals(creds[0], creds[1], signed)
+    mission = busy_mission(signed, who, clock)
+    assert all(c["ok"] for c in signed.verify_checkpoints())
+
+    forged = rehashed(
+        [{**e, "actor": "mallory"} if e["seq"] == 2 else e for e in raw.events(mission)], mission
+    )
+    for e in forged:
+        raw.execute(
+            "UPDATE audit_events SET actor = ?, prev_hash = ?, hash = ? WHERE mission_id = ? AND seq = ?",
+            e["actor"],
+            e["prev_hash"],
+            e["hash"],
+            mission,
+            e["seq"],
+        )
+    raw.execute("UPDATE missions SET audit_hash = ? WHERE id = ?", forged[-1]["hash"], mission)
+
+    assert all(v.ok for v in signed.verify_audit())  # without the key: consistent
+    (checked,) = signed.verify_checkpoints(mission)
+    assert not checked["ok"] and "rewritten" in checked["problem"]
+
+
+def test_S2_a_chain_without_a_checkpoint_is_reported(
+    make_engine: OpenEngine, raw: RawStore, creds: Any, key: str
+) -> None:
+    signed = make_engine(signing_key=key)
+    mission = signed.create_mission(
+        default_contract(), by=Principals(creds[0], creds[1], signed).alice
+    )
+    raw.execute("DELETE FROM audit_checkpoints WHERE mission_id = ?", mission)
+    (checked,) = signed.verify_checkpoints(mission)
+    assert checked == {
+        "mission_id": mission,
+        "ok": False,
+        "signed_seq": None,
+        "problem": "no signed checkpoint of this chain",
+    }
