@@ -69,6 +69,7 @@ PUBLIC = [
     "SystemClock",
     "UsageError",
     "__version__",
+    "handoff_markdown",
     "hash_secret",
     "new_credential",
     "new_signing_key",

@@ -106,6 +106,7 @@ def busy_mission(engine: charter.Engine, who: Principals, clock: ManualClock) ->
     adapter = RecordingAdapter(costs={"write": {"usd": 5_000, "calls": 1}})
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     ex.attempt(adapter, "write", {"invoice": 1}, effect_key="inv-1")
+    clock.advance(1)
 
     def lost(send: charter.Dispatch) -> charter.Outcome:
         raise TimeoutError("no answer")
@@ -114,8 +115,10 @@ def busy_mission(engine: charter.Engine, who: Principals, clock: ManualClock) ->
     assert (
         ex.attempt(adapter, "write", {"invoice": 2}, effect_key="inv-2").status.value == "unknown"
     )
+    clock.advance(1)
     with pytest.raises(charter.ApprovalRequired):
         ex.attempt(adapter, "charge", {"invoice": 3}, effect_key="inv-3")
+    clock.advance(1)
     adapter.script["read"] = lambda send: charter.Outcome.succeeded(
         {"ok": True}, cost={"calls": 1, "usd": 9_000}
     )
@@ -761,3 +764,57 @@ def test_S2_a_chain_without_a_checkpoint_is_reported(
         "signed_seq": None,
         "problem": "no signed checkpoint of this chain",
     }
+
+
+# -- the handoff report (S4) ---------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "handoff.md"
+
+
+def test_S4_the_report_is_a_view_that_says_so(
+    open_store: OpenEngine, creds: Any, clock: ManualClock, key: str
+) -> None:
+    """Breaking S4 looks like a report that could pass for a snapshot (imported, or
+    resumed from), or one that leaves out what is unresolved."""
+    source = open_store("sqlite", signing_key=key)
+    mission = busy_mission(source, Principals(creds[0], creds[1], source), clock)
+    report = source.handoff(snapshot=source.export_snapshot(mission))
+    assert report["kind"] == "charter-handoff-report" and "cannot be imported" in report["notice"]
+    assert [a["status"] for a in report["unresolved"]] == ["unknown", "prepared"]
+    assert report["unresolved"][0]["next_action"].startswith("keep the hold")
+    assert report["artifacts"]["consumers"] == {"alice": ["*"]}
+    assert [i["kind"] for i in report["incidents"]] == ["overrun"]
+    target = open_store("sqlite", trusted_keys=(public(key),))
+    for text in (json.dumps(report).encode(), charter.handoff_markdown(report).encode()):
+        with pytest.raises(charter.SnapshotMalformed):
+            target.import_snapshot(text)
+    assert target.missions() == []
+
+
+def test_S4_the_documented_report_is_the_one_the_engine_builds(tmp_path: Path) -> None:
+    """docs/handoff.md shows the report of the example mission as the engine builds it
+    now; a change to the report rewrites the page and fails until it is committed."""
+    from charter.testing import credential
+
+    key = str(tmp_path / "k.pem")
+    charter.new_signing_key(key)
+    pairs = {n: credential(n) for n in ("agent", "alice", "bob")}
+    clock = ManualClock()
+    with charter.Engine.open(
+        str(tmp_path / "doc.db"),
+        config=charter.EngineConfig(
+            credentials={n: d for n, (_, d) in pairs.items()}, signing_key=key
+        ),
+        clock=clock,
+        rng=random.Random(7),
+    ) as eng:
+        who = Principals({n: c for n, (c, _) in pairs.items()}, {}, eng)
+        mission = busy_mission(eng, who, clock)
+        text = charter.handoff_markdown(eng.handoff(snapshot=eng.export_snapshot(mission)))
+    page = DOC.read_text()
+    start, end = "<!-- report -->\n", "<!-- /report -->"
+    head, rest = page.split(start)
+    wanted = f"{head}{start}```markdown\n{text}```\n{end}{rest.split(end)[1]}"
+    if page != wanted:
+        DOC.write_text(wanted)
+        pytest.fail("docs/handoff.md showed another report; it is rewritten: commit it")

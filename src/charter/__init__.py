@@ -65,6 +65,7 @@ from charter.secret import Secret
 
 if TYPE_CHECKING:
     from charter.attempts.model import Attempt, AttemptStatus
+    from charter.audit.handoff import handoff_markdown
     from charter.audit.signing import new_signing_key
     from charter.config import EngineConfig
     from charter.contracts.contract import Contract
@@ -95,6 +96,7 @@ _LAZY = {
     "hash_secret": "charter.contracts.principals",
     "new_credential": "charter.contracts.principals",
     "new_signing_key": "charter.audit.signing",
+    "handoff_markdown": "charter.audit.handoff",
     "Run": "charter.runs.run",
     "RunStatus": "charter.runs.run",
 }
@@ -176,6 +178,7 @@ __all__ = [
     "SystemClock",
     "UsageError",
     "__version__",
+    "handoff_markdown",
     "hash_secret",
     "new_credential",
     "new_signing_key",

@@ -159,11 +159,11 @@ def _lines(title: str, rows: Sequence[str]) -> list[str]:
     return ["", f"## {title}", "", *(rows or ["(none)"])]
 
 
-def markdown(report: Mapping[str, Any]) -> str:
-    """The report for people."""
+def _preamble(report: Mapping[str, Any]) -> list[str]:
+    """Title, the notice that this is a view, the source, objective and contract."""
     m, c = report["mission"], report["contract"]
     src = report["source"]
-    out = [
+    return [
         f"# Handoff: {m['name']} ({m['id']})",
         "",
         f"> {report['notice']}",
@@ -178,6 +178,11 @@ def markdown(report: Mapping[str, Any]) -> str:
             f"{name} ({', '.join(sorted(grants))})" for name, grants in c["principals"].items()
         ),
     ]
+
+
+def handoff_markdown(report: Mapping[str, Any]) -> str:
+    """The report for people."""
+    out = _preamble(report)
     out += _lines(
         "Runs and nodes",
         [
@@ -228,7 +233,8 @@ def markdown(report: Mapping[str, Any]) -> str:
     arts = report["artifacts"]
     out += _lines(
         "Artifacts",
-        [
+        ([] if arts["items"] else ["- no artifacts recorded"])
+        + [
             f"- {a['sha256'][:16]}… {a['size']} bytes at {a['location']}: "
             + ("available, hash matches" if a["available"] else "NOT available here")
             for a in arts["items"]

@@ -103,6 +103,10 @@ class Snapshots:
         own = [self._signer().public_key] if self.config.signing_key else []
         return [*own, *self.config.trusted_keys]
 
+    def signing_public_key(self) -> str | None:
+        """The public key of this engine's signing key, for other stores' ``trusted_keys``."""
+        return self._signer().public_key if self.config.signing_key else None
+
     def store_id(self) -> str:
         """This store's identity: what a handover to it names (``charter audit identity``)."""
         with self._db.transaction() as tx:
