@@ -735,7 +735,8 @@ def test_S2_signed_checkpoints_catch_a_consistent_rewrite_of_the_store(
     )
     for e in forged:
         raw.execute(
-            "UPDATE audit_events SET actor = ?, prev_hash = ?, hash = ? WHERE mission_id = ? AND seq = ?",
+            "UPDATE audit_events SET actor = ?, prev_hash = ?, hash = ? "
+            "WHERE mission_id = ? AND seq = ?",
             e["actor"],
             e["prev_hash"],
             e["hash"],
@@ -818,3 +819,57 @@ def test_S4_the_documented_report_is_the_one_the_engine_builds(tmp_path: Path) -
     if page != wanted:
         DOC.write_text(wanted)
         pytest.fail("docs/handoff.md showed another report; it is rewritten: commit it")
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+def test_S5_the_cli_exports_imports_reports_and_adopts(
+    tmp_path: Path,
+    creds: tuple[dict[str, str], dict[str, str]],
+    clock: ManualClock,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Breaking the commands looks like a handover the CLI cannot make or accept, a
+    tampered file it imports, or an existing file it writes over."""
+    from charter.cli.app import main
+
+    key = tmp_path / "a.pem"
+    public_key = charter.new_signing_key(key)
+    digests = "\n".join(f'{n} = "{d}"' for n, d in creds[1].items())
+    for name, extra in (("a", f'signing_key = "{key}"'), ("b", f'trusted_keys = ["{public_key}"]')):
+        (tmp_path / f"{name}.toml").write_text(
+            f'store = "{name}.db"\n{extra}\n[credentials]\n{digests}\n'
+        )
+        charter.Engine.open(str(tmp_path / f"{name}.db")).close()
+    with charter.Engine.open(
+        str(tmp_path / "a.db"),
+        config=charter.EngineConfig.from_file(tmp_path / "a.toml"),
+        clock=clock,
+    ) as source:
+        mission = busy_mission(source, Principals(creds[0], creds[1], source), clock)
+
+    def run(config: str, *args: str) -> Any:
+        code = main(["--json", "--config", str(tmp_path / f"{config}.toml"), *args])
+        out = capsys.readouterr().out
+        return code, json.loads(out) if out.strip() else None
+
+    code, ident = run("b", "audit", "identity")
+    assert code == 0 and ident["signing_key"] is None
+    monkeypatch.setenv("CHARTER_CREDENTIAL", creds[0]["alice"])
+    file = str(tmp_path / "handover.tar.gz")
+    assert run("a", "export", mission, "-o", file, "--handover", ident["store_id"])[0] == 0
+    code, again = run("a", "export", mission, "-o", file)
+    assert code == 2 and again["error"]["code"] == "usage_error"  # never written over
+    code, report = run("b", "handoff", file)
+    assert code == 0 and report["kind"] == "charter-handoff-report"
+    bad = str(tmp_path / "bad.tar.gz")
+    Path(bad).write_bytes(rebuild({**entries_of(Path(file).read_bytes()), "audit.jsonl": b""}))
+    code, refused = run("b", "import", bad)
+    assert code == 1 and refused["error"]["code"] == "snapshot_tampered"
+    assert run("b", "import", file) == (0, {"mission_id": mission, "imported": True})
+    code, adopted = run("b", "adopt", mission, "--segment", "seg-b")
+    assert code == 0 and len(adopted["runs"]) == 1
+    code, checked = run("a", "audit", "verify", "--key")
+    assert code == 0 and all(c["ok"] for c in checked["checkpoints"])
