@@ -277,6 +277,18 @@ def _header(entries: Mapping[str, bytes]) -> dict[str, Any]:
     check_record(
         "snapshot.json", header["head"], {"seq": "int", "hash": "str?"} | {"legacy": "int"}, "head"
     )
+    handover = header["handover"]
+    if handover is not None and (
+        set(handover) != {"to_store", "runs"}
+        or not isinstance(handover["to_store"], str)
+        or not isinstance(handover["runs"], list)
+        or not all(isinstance(r, str) for r in handover["runs"])
+    ):
+        raise SnapshotMalformed(
+            "snapshot.json: handover must be null or name to_store and the runs fenced",
+            problem="bad_header",
+            entry="snapshot.json",
+        )
     if set(header["entries"]) != set(_ENTRIES):
         raise SnapshotMalformed(
             f"snapshot.json must list exactly the entries {list(_ENTRIES)}",
