@@ -267,6 +267,8 @@ TABLE_OWNERS: dict[str, str] = {
     "node_executions": "charter.plans.store",
     "journal": "charter.plans.store",
     "audit_events": "charter.audit.store",
+    "audit_checkpoints": "charter.audit.store",
+    "store_identity": "charter.audit.store",
 }
 
 _WRITE = re.compile(r"^(?:INSERT INTO|UPDATE|DELETE FROM) (\w+)")

@@ -913,9 +913,10 @@ def _as_before_schema_6(raw: RawStore) -> None:
                 e["seq"],
             )
             prev = h
-    for column in ("audit_seq", "audit_hash", "audit_legacy_seq"):
+    for column in ("audit_seq", "audit_hash", "audit_legacy_seq", "audit_sealed"):
         raw.execute(f"ALTER TABLE missions DROP COLUMN {column}")
-    raw.execute("DROP TABLE audit_chains")
+    for table in ("audit_chains", "audit_checkpoints", "store_identity"):
+        raw.execute(f"DROP TABLE {table}")
     # ... and what came after it, so that upgrading replays them all.
     raw.execute("ALTER TABLE attempts DROP COLUMN answered")
     raw.execute("ALTER TABLE runs DROP COLUMN owner_claim")

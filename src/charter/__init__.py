@@ -41,6 +41,7 @@ from charter.errors import (
     Fenced,
     LeaseHeld,
     MissingExtra,
+    MissionSealed,
     NeedsIntervention,
     NonDeterminismError,
     NotApplied,
@@ -53,6 +54,10 @@ from charter.errors import (
     SecretUnavailable,
     SegmentReused,
     SettlementUnrecorded,
+    SignatureInvalid,
+    SnapshotMalformed,
+    SnapshotRefused,
+    SnapshotTampered,
     StateError,
     StoreBusy,
     StoreError,
@@ -65,6 +70,8 @@ from charter.secret import Secret
 
 if TYPE_CHECKING:
     from charter.attempts.model import Attempt, AttemptStatus
+    from charter.audit.handoff import handoff_markdown
+    from charter.audit.signing import new_signing_key
     from charter.config import EngineConfig
     from charter.contracts.contract import Contract
     from charter.contracts.principals import Principal, Right, hash_secret, new_credential
@@ -94,6 +101,8 @@ _LAZY = {
     "Right": "charter.contracts.principals",
     "hash_secret": "charter.contracts.principals",
     "new_credential": "charter.contracts.principals",
+    "new_signing_key": "charter.audit.signing",
+    "handoff_markdown": "charter.audit.handoff",
     "Run": "charter.runs.run",
     "Step": "charter.plans.graph",
     "RunStatus": "charter.runs.run",
@@ -144,6 +153,7 @@ __all__ = [
     "LeaseHeld",
     "ManualClock",
     "MissingExtra",
+    "MissionSealed",
     "NeedsIntervention",
     "Node",
     "NodeExecution",
@@ -167,6 +177,10 @@ __all__ = [
     "SecretUnavailable",
     "SegmentReused",
     "SettlementUnrecorded",
+    "SignatureInvalid",
+    "SnapshotMalformed",
+    "SnapshotRefused",
+    "SnapshotTampered",
     "StateError",
     "Step",
     "StoreBusy",
@@ -177,7 +191,9 @@ __all__ = [
     "WaitError",
     "WaitPending",
     "__version__",
+    "handoff_markdown",
     "hash_secret",
     "new_credential",
+    "new_signing_key",
     "node",
 ]

@@ -11,6 +11,8 @@ TOML file (``charter.toml`` or ``$CHARTER_CONFIG``)::
     send_deadline_seconds = 30
     artifacts = ".charter/artifacts"  # the artifact store (N2)
     workspace = ".charter/work"      # runs' workspaces
+    signing_key = "keys/charter.pem" # Ed25519 key: signs snapshots and checkpoints (S2)
+    trusted_keys = ["ed25519:..."]   # public keys whose snapshots this engine imports
 
     [credentials]                    # name -> sha256 digest of the secret (P1)
     alice = "sha256:9f86d0..."
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from charter.adapters.http import HttpDeclaration, declare
+from charter.audit.signing import check_public
 from charter.contracts.contract import RESUME_STRICTNESS, ResumeMode
 from charter.errors import ConfigError
 
@@ -57,6 +60,8 @@ _KEYS = {
     "busy_timeout_seconds",
     "artifacts",
     "workspace",
+    "signing_key",
+    "trusted_keys",
 }
 
 
@@ -80,6 +85,12 @@ class EngineConfig:
     #: directory under which each run has its workspace (``WORKSPACE/RUN_ID``).
     artifacts: str = ".charter/artifacts"
     workspace: str = ".charter/work"
+    #: Path of the Ed25519 key (PEM) that signs snapshots and chain checkpoints
+    #: (S2; see :mod:`charter.audit.signing`); ``None``: nothing is signed.
+    signing_key: str | None = None
+    #: Public keys (``ed25519:BASE64``) whose signatures this engine accepts, besides
+    #: its own signing key's: other stores' keys, and retired keys of its own.
+    trusted_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.evidence_settles not in ("confirm", "auto"):
@@ -97,6 +108,12 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be a positive, finite number of seconds")
         if self.store is not None and not isinstance(self.store, str):
             raise ConfigError("store must be a path or URL string")
+        if self.signing_key is not None and not isinstance(self.signing_key, str):
+            raise ConfigError("signing_key must be the path of a PEM file")
+        if isinstance(self.trusted_keys, str) or not all(
+            check_public(k) for k in self.trusted_keys
+        ):
+            raise ConfigError("trusted_keys must be a list of 'ed25519:BASE64' public keys")
         if self.send_deadline_seconds > self.lease_seconds:
             raise ConfigError(
                 "send_deadline_seconds must not exceed lease_seconds: a send must never be "
@@ -117,6 +134,11 @@ class EngineConfig:
         for key in ("artifacts", "workspace"):
             if isinstance(values.get(key), str) and base is not None:
                 values[key] = str(base / values[key])
+        signing_key = values.get("signing_key")
+        if isinstance(signing_key, str) and base is not None:
+            values["signing_key"] = str(base / signing_key)
+        if isinstance(values.get("trusted_keys"), list):
+            values["trusted_keys"] = tuple(values["trusted_keys"])
         credentials = values.get("credentials", {})
         if not isinstance(credentials, Mapping):
             raise ConfigError("[credentials] must map principal names to 'sha256:<hex>' digests")

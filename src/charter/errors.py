@@ -18,7 +18,8 @@ message says what was wrong and what to do about it::
     │   ├── LeaseHeld               the owner's lease has not expired (R1)
     │   ├── NeedsIntervention       the run needs a person (R6, A6)
     │   ├── ApprovalRequired        the effect waits for an approval (W2)
-    │   └── AmountOverflow          a ledger sum would pass 2^63 - 1 (A9)
+    │   ├── AmountOverflow          a ledger sum would pass 2^63 - 1 (A9)
+    │   └── MissionSealed           an imported or handed-over mission is read-only (S2, S5)
     ├── AdmissionRefused            A1 checks failed; nothing was recorded
     │   └── AllowanceExceeded       L3/L7: the allowance cannot cover it
     ├── AttemptFailed               an effect settled FAILED or WRITTEN_OFF (A4)
@@ -26,6 +27,10 @@ message says what was wrong and what to do about it::
     ├── SecretUnavailable           a secret's value is not to be had here (S3)
     ├── NonDeterminismError         a replayed call differs from its record (A6)
     ├── AuditError                  the hash chain does not verify (S1)
+    ├── SnapshotRefused             an import refused; nothing was written (S2)
+    │   ├── SnapshotMalformed       not a snapshot of a known format, or unsafe to read
+    │   ├── SnapshotTampered        the chain, a digest or the state does not check
+    │   └── SignatureInvalid        no trusted key signed it as it is
     ├── UsageError                  a request malformed as written (CLI arguments, paging)
     └── StoreError                  the store cannot serve the request
         ├── StoreBusy               bounded busy wait ran out
@@ -184,6 +189,42 @@ class NonDeterminismError(CharterError):
 
 class AuditError(CharterError):
     code = "audit_broken"
+
+
+class MissionSealed(StateError):
+    """The mission's chain is sealed: imported (a read-only copy) or handed over
+    to another store (S2, S5). Nothing more is recorded on it here; ``reason`` says
+    which, and what to do."""
+
+    code = "mission_sealed"
+
+
+class SnapshotRefused(CharterError):
+    """An import refused a snapshot before writing anything (S2). ``problem`` is a
+    stable short name of what is wrong; ``entry`` (and ``seq``) say where."""
+
+    code = "snapshot_refused"
+
+
+class SnapshotMalformed(SnapshotRefused):
+    """Not a snapshot this engine reads: the archive, an entry's name or size, the
+    format version or a record's schema; or a request no snapshot can meet."""
+
+    code = "snapshot_malformed"
+
+
+class SnapshotTampered(SnapshotRefused):
+    """Well formed, but the audit chain, an entry's digest or the state it carries
+    does not check: the file was changed after it was signed."""
+
+    code = "snapshot_tampered"
+
+
+class SignatureInvalid(SnapshotRefused):
+    """The signature does not verify with a trusted key: signed by an unknown key,
+    or the signed statement was changed."""
+
+    code = "signature_invalid"
 
 
 class StoreError(CharterError):

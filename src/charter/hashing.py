@@ -42,6 +42,11 @@ def event_hash(prev_hash: str, fields: Mapping[str, Any]) -> str:
     return digest(prev_hash + canonical(fields))
 
 
+def checkpoint_statement(chain: str, seq: int, hash_: str | None) -> bytes:
+    """What a signed checkpoint of a chain's head signs (S2)."""
+    return canonical({"chain": chain, "hash": hash_, "seq": seq}).encode()
+
+
 def head_table(chain: str) -> str:
     """The table whose row keeps ``chain``'s head: the mission's own row, or for
     the engine chain (which concerns no mission) its row in ``audit_chains``."""

@@ -10,7 +10,7 @@ not needed are deferred (:meth:`~charter.storage.Tx.write`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from charter import secret
@@ -353,3 +353,30 @@ def oldest_in_flight_us(tx: Tx) -> int | None:
         "SELECT MIN(prepared_at_us) AS t FROM attempts WHERE status IN ('dispatched', 'unknown')"
     )
     return None if row is None or row["t"] is None else int(row["t"])
+
+
+# -- snapshots (S2): a mission's rows as recorded, and back ------------------------------
+
+
+def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
+    return {
+        "attempts": [
+            dict(r)
+            for r in tx.all(
+                "SELECT * FROM attempts WHERE mission_id = ? ORDER BY prepared_at_us, id",
+                mission_id,
+            )
+        ],
+        "evidence": [
+            dict(r)
+            for r in tx.all(
+                "SELECT * FROM evidence WHERE mission_id = ? ORDER BY recorded_at_us, id",
+                mission_id,
+            )
+        ],
+    }
+
+
+def restore(tx: Tx, tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+    tx.copy("INSERT INTO attempts", tables["attempts"])
+    tx.copy("INSERT INTO evidence", tables["evidence"])

@@ -8,7 +8,7 @@ in ``audit_chains`` (:func:`charter.hashing.head_table`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from charter.audit.model import ChainHead
@@ -81,3 +81,38 @@ def run_events(tx: Tx, chain: str, run_id: str) -> list[dict[str, Any]]:
         run_id,
     )
     return [dict(r) for r in rows]
+
+
+# -- snapshots (S2) and checkpoints -----------------------------------------------------
+
+
+def restore(tx: Tx, events: Sequence[Mapping[str, Any]]) -> None:
+    """Write a verified snapshot's chain as it was hashed (never rehashed)."""
+    tx.copy("INSERT INTO audit_events", events)
+
+
+def checkpoint(tx: Tx, chain: str) -> Row | None:
+    """The chain's latest signed head (S2), if one was made."""
+    return tx.one(
+        "SELECT seq, hash, key_id, signature FROM audit_checkpoints WHERE mission_id = ?", chain
+    )
+
+
+def store_id(tx: Tx) -> str:
+    """This store's identity, made on first asking: what a handover names its target by."""
+    row = tx.one("SELECT id FROM store_identity")
+    if row is not None:
+        return str(row["id"])
+    made = tx.ids.new("sto")
+    tx.run("INSERT INTO store_identity (id, created_at_us) VALUES (?, ?)", made, tx.now_us)
+    return made
+
+
+def sealed(tx: Tx, chain: str) -> str | None:
+    """Why ``chain`` takes no more events in this store (``None``: it does)."""
+    row = tx.one(f"SELECT audit_sealed FROM {head_table(chain)} WHERE id = ?", chain)
+    return None if row is None else row["audit_sealed"]
+
+
+def event_at(tx: Tx, chain: str, seq: int) -> Row | None:
+    return tx.one("SELECT hash FROM audit_events WHERE mission_id = ? AND seq = ?", chain, seq)

@@ -62,9 +62,13 @@ COMMANDS: dict[str, str] = {
     "incidents": "list a mission's incidents",
     "close-incident": "close an incident with a note",
     "ledger": "show a mission's allowance balances and check the ledger",
-    "audit": "verify the audit hash chains",
     "serve": "serve the HTTP API, the web console and metrics (extra charter[server])",
     **GRAPH_COMMANDS,
+    "audit": "verify the audit hash chains, or show this store's identity",
+    "export": "write a mission's signed snapshot (--handover: hand it to another store)",
+    "import": "verify a snapshot and file its mission, read-only",
+    "handoff": "the handoff report of a snapshot file or a mission (a view, never importable)",
+    "adopt": "accept a mission handed over to this store and follow its runs",
 }
 
 
@@ -250,8 +254,31 @@ def _looking(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
     ic.add_argument("mission", help="mission ID")
     ic.add_argument("--open", action="store_true", help="only open incidents")
     cmd["ledger"].add_argument("mission", help="mission ID")
-    cmd["audit"].add_argument("action", choices=["verify"], help="'verify' recomputes every chain")
+    cmd["audit"].add_argument(
+        "action",
+        choices=["verify", "identity"],
+        help="'verify' recomputes every chain; 'identity' prints the store id and public key",
+    )
     cmd["audit"].add_argument("--mission", help="only this mission's chain")
+    cmd["audit"].add_argument(
+        "--key", action="store_true", help="also check the signed checkpoints of the chain heads"
+    )
+    _snapshotting(cmd)
+
+
+def _snapshotting(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
+    """export, import, handoff, adopt (S2-S5)."""
+    cmd["export"].add_argument("mission", help="mission ID")
+    cmd["export"].add_argument("-o", "--output", required=True, help="a new file to write")
+    cmd["export"].add_argument(
+        "--handover",
+        metavar="STORE_ID",
+        help="fence the mission here and hand it to that store (`charter audit identity` there)",
+    )
+    cmd["import"].add_argument("file", help="a snapshot file")
+    cmd["handoff"].add_argument("source", metavar="FILE|MISSION", help="a snapshot or a mission")
+    cmd["adopt"].add_argument("mission", help="the mission handed over to this store")
+    cmd["adopt"].add_argument("--segment", required=True, help="a segment ID for the new runs")
 
 
 def _serving(sb: argparse.ArgumentParser) -> None:

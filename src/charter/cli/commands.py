@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from charter import AuditError, AuthenticationError, RunStatus, RunTerminal, StateError
+from charter.cli import snapshots
 
 if TYPE_CHECKING:
     from charter import Engine, Principal
@@ -281,7 +282,8 @@ def _ledger(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _audit(engine: Engine, args: argparse.Namespace) -> Any:
-
+    if args.action == "identity":
+        return snapshots.identity(engine)
     results = engine.verify_audit(args.mission)
     rows = [v.to_dict() for v in results]
     text = table(rows, ["mission_id", "events", "ok", "broken_at", "problem"])
@@ -292,6 +294,18 @@ def _audit(engine: Engine, args: argparse.Namespace) -> Any:
             f"({bad[0].problem})",
             chains=rows,
         )
+    if args.key:
+        signed = engine.verify_checkpoints(args.mission)
+        text += "\n" + table(signed, ["mission_id", "ok", "signed_seq", "problem"])
+        bad_points = [c for c in signed if not c["ok"]]
+        if bad_points:
+            raise AuditError(
+                f"signed checkpoint fails: {bad_points[0]['mission_id']} "
+                f"({bad_points[0]['problem']})",
+                chains=rows,
+                checkpoints=signed,
+            )
+        return {"chains": rows, "checkpoints": signed}, text
     return rows, text
 
 
@@ -324,4 +338,8 @@ HANDLERS: dict[str, Handler] = {
     "ledger": _ledger,
     "audit": _audit,
     "serve": _serve,
+    "export": lambda e, a: snapshots.export(e, a, principal(e) if a.handover else None),
+    "import": snapshots.import_,
+    "handoff": snapshots.handoff,
+    "adopt": lambda e, a: snapshots.adopt(e, a, principal(e)),
 }

@@ -6,6 +6,9 @@ are opened and moved by :mod:`charter.ledger.store`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from charter.contracts.contract import Contract
 from charter.contracts.model import Mission
 from charter.storage import Row, Tx
@@ -111,3 +114,30 @@ def insert_version(
         by,
         tx.now_us,
     )
+
+
+# -- snapshots (S2): a mission's rows as recorded, and back ------------------------------
+
+
+def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
+    """The mission's row (its head included, whether it is sealed left out: that
+    belongs to the store holding it) and its contract versions."""
+    mission = [dict(r) for r in tx.all("SELECT * FROM missions WHERE id = ?", mission_id)]
+    for row in mission:
+        row.pop("audit_sealed", None)
+    return {
+        "missions": mission,
+        "contract_versions": [
+            dict(r)
+            for r in tx.all(
+                "SELECT * FROM contract_versions WHERE mission_id = ? ORDER BY version",
+                mission_id,
+            )
+        ],
+    }
+
+
+def restore(tx: Tx, tables: Mapping[str, Sequence[Mapping[str, Any]]], *, sealed: str) -> None:
+    """Write a verified snapshot's mission, sealed with ``sealed``, and its versions."""
+    tx.copy("INSERT INTO missions", [{**r, "audit_sealed": sealed} for r in tables["missions"]])
+    tx.copy("INSERT INTO contract_versions", tables["contract_versions"])

@@ -33,6 +33,7 @@ from charter.engine.coordinator import Coordinator
 from charter.engine.executor import Executor
 from charter.engine.graphs import ArtifactOperations, GraphOperations
 from charter.engine.overview import Overview
+from charter.engine.snapshots import Snapshots
 from charter.errors import (
     AuthenticationError,
     ContractError,
@@ -44,7 +45,6 @@ from charter.hashing import ENGINE_CHAIN, canonical
 from charter.ids import IdFactory
 from charter.ledger import incidents as incidents_mod
 from charter.ledger import store as ledger_store
-from charter.plans import runner
 from charter.plans import store as node_reads
 from charter.plans.journal import JournalEntry, NodeExecution
 from charter.plans.nodes import Plan
@@ -58,7 +58,7 @@ from charter.waits import approvals as approvals_mod
 from charter.waits.approvals import Approval, ApprovalStatus
 
 
-class Engine(GraphOperations, ArtifactOperations, Overview):
+class Engine(GraphOperations, ArtifactOperations, Overview, Snapshots):
     """A Charter engine bound to one store (its operator reads: :class:`Overview`)."""
 
     def __init__(
@@ -77,6 +77,7 @@ class Engine(GraphOperations, ArtifactOperations, Overview):
             db, config, clock, self._authority, rng or random.SystemRandom(), crash_hook
         )
         self._coordinator: Coordinator | None = None
+        self._sign_heads()
 
     @classmethod
     def open(
@@ -337,54 +338,14 @@ class Engine(GraphOperations, ArtifactOperations, Overview):
                     run_id=from_run,
                     status=old.status.value,
                 )
-            follower = run_store.follower(tx, from_run)
-            if follower is not None:
-                # Two followers would each send what the old run left unsent.
-                raise StateError(
-                    f"run {from_run} is already followed by run {follower}; link from "
-                    "the last run of the chain",
-                    run_id=from_run,
-                    followed_by=follower,
-                )
-            recorded = run_store.recorded_plan(tx, from_run)
-            assert recorded is not None
-            run_id, expires, claim = runs.insert(
+            return self._follow(
                 tx,
-                lease_seconds=self.config.lease_seconds,
-                mission_id=old.mission_id,
-                principal=old.principal,
-                segment_id=segment_id,
-                plan=recorded["plan"] if plan is None else (plan.ref or plan.name),
-                input_json=recorded["input"] if input_json is None else input_json,
-                linked_from=from_run,
-            )
-            inherited = runner.inherit(tx, from_run, run_id)
-            tx.audit(
-                old.mission_id,
-                "run.linked",
-                run_id,
+                old,
                 actor=reviewed_by.name,
-                segment=segment_id,
-                epoch=1,
-                after="active",
-                payload={
-                    "from_run": from_run,
-                    "from_status": old.status.value,
-                    "principal": old.principal,
-                    "lease_expires_us": expires,
-                    "nodes": inherited,
-                },
+                segment_id=segment_id,
+                plan=plan,
+                input_json=input_json,
             )
-        return Executor(
-            self._runtime,
-            run_id=run_id,
-            mission_id=old.mission_id,
-            segment_id=segment_id,
-            epoch=1,
-            principal=old.principal,
-            lease_expires_us=expires,
-            claim=claim,
-        )
 
     def stop_run(self, run_id: str, *, by: Principal, reason: str = "stopped") -> Run:
         """Stop a run: STOPPED if nothing is in flight, else STOPPING (needs ``stop``)."""

@@ -9,7 +9,7 @@ here; :mod:`charter.ledger.accounts` computes the moves and
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from charter.ledger.accounts import Balance, Move, balances, check_sums
@@ -229,3 +229,39 @@ def totals(tx: Tx) -> dict[str, Balance]:
         r["unit"]: Balance(int(r["l"]), int(r["a"]), int(r["h"]), int(r["s"]), int(r["o"]))
         for r in rows
     }
+
+
+# -- snapshots (S2): a mission's rows as recorded, and back ------------------------------
+
+
+def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
+    """Allowances, incidents and the ledger's entries in the order they were made
+    (without their store-assigned ids: a store numbers its own entries)."""
+    entries = [
+        dict(r)
+        for r in tx.all("SELECT * FROM ledger_entries WHERE mission_id = ? ORDER BY id", mission_id)
+    ]
+    for entry in entries:
+        del entry["id"]
+    return {
+        "allowances": [
+            dict(r)
+            for r in tx.all(
+                "SELECT * FROM allowances WHERE mission_id = ? ORDER BY unit", mission_id
+            )
+        ],
+        "ledger_entries": entries,
+        "incidents": [
+            dict(r)
+            for r in tx.all(
+                "SELECT * FROM incidents WHERE mission_id = ? ORDER BY opened_at_us, id",
+                mission_id,
+            )
+        ],
+    }
+
+
+def restore(tx: Tx, tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+    tx.copy("INSERT INTO allowances", tables["allowances"])
+    tx.copy("INSERT INTO ledger_entries", tables["ledger_entries"])
+    tx.copy("INSERT INTO incidents", tables["incidents"])

@@ -12,6 +12,8 @@ storage, the basics and those records.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from charter.plans.journal import JournalEntry, NodeExecution
 from charter.storage import Row, Tx
@@ -321,3 +323,32 @@ def insert_version(
         created_by,
         tx.now_us,
     )
+
+
+# -- snapshots (S2): a mission's rows as recorded, and back ------------------------------
+
+
+def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
+    return {
+        "node_executions": [
+            dict(r)
+            for r in tx.all(
+                "SELECT n.* FROM node_executions n JOIN runs r ON r.id = n.run_id "
+                "WHERE r.mission_id = ? ORDER BY n.run_id, n.node_id, n.execution",
+                mission_id,
+            )
+        ],
+        "journal": [
+            dict(r)
+            for r in tx.all(
+                "SELECT j.* FROM journal j JOIN runs r ON r.id = j.run_id "
+                "WHERE r.mission_id = ? ORDER BY j.run_id, j.node_id, j.execution, j.seq",
+                mission_id,
+            )
+        ],
+    }
+
+
+def restore(tx: Tx, tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+    tx.copy("INSERT INTO node_executions", tables["node_executions"])
+    tx.copy("INSERT INTO journal", tables["journal"])

@@ -17,6 +17,7 @@ class RunStatus(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     STOPPED = "stopped"
+    HANDED_OFF = "handed_off"  # continued on another store (S5); fenced here
 
     @property
     def terminal(self) -> bool:
@@ -29,7 +30,13 @@ class RunStatus(StrEnum):
 
 
 _TERMINAL = frozenset(
-    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.STOPPED}
+    {
+        RunStatus.COMPLETED,
+        RunStatus.FAILED,
+        RunStatus.CANCELLED,
+        RunStatus.STOPPED,
+        RunStatus.HANDED_OFF,
+    }
 )
 
 

@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from charter.runs.model import Run, RunStatus
 from charter.storage import Prefetched, Row, Tx
 from charter.storage.paging import Position, page
@@ -306,3 +309,45 @@ def count_by_status(tx: Tx) -> dict[str, int]:
     """How many runs the store holds in each status (for the metrics endpoint)."""
     rows = tx.all("SELECT status, COUNT(*) AS n FROM runs GROUP BY status")
     return {r["status"]: int(r["n"]) for r in rows}
+
+
+def hand_off(tx: Tx, run_id: str, reason: str) -> int:
+    """Fence a run for a handover (S5): a new epoch no executor holds, no claim, and
+    the terminal status ``handed_off``; returns the new epoch."""
+    row = tx.one(
+        "UPDATE runs SET status = 'handed_off', status_reason = ?, epoch = epoch + 1, "
+        "owner_claim = NULL, owner_process = NULL, updated_at_us = ? WHERE id = ? "
+        "RETURNING epoch",
+        reason,
+        tx.now_us,
+        run_id,
+    )
+    assert row is not None
+    return int(row["epoch"])
+
+
+# -- snapshots (S2): a mission's rows as recorded, and back ------------------------------
+
+
+def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
+    return {
+        "runs": [
+            dict(r)
+            for r in tx.all(
+                "SELECT * FROM runs WHERE mission_id = ? ORDER BY created_at_us, id", mission_id
+            )
+        ],
+        "segments": [
+            dict(r)
+            for r in tx.all(
+                "SELECT s.* FROM segments s JOIN runs r ON r.id = s.run_id "
+                "WHERE r.mission_id = ? ORDER BY s.run_id, s.epoch, s.segment_id",
+                mission_id,
+            )
+        ],
+    }
+
+
+def restore(tx: Tx, tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+    tx.copy("INSERT INTO runs", tables["runs"])
+    tx.copy("INSERT INTO segments", tables["segments"])

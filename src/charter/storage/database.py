@@ -29,15 +29,26 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 from charter.clock import Clock
-from charter.errors import CharterError, StoreError
-from charter.hashing import HASHED_FIELDS, canonical, digest, event_hash, genesis, head_table
+from charter.errors import CharterError, MissionSealed, StoreError
+from charter.hashing import (
+    HASHED_FIELDS,
+    canonical,
+    checkpoint_statement,
+    digest,
+    event_hash,
+    genesis,
+    head_table,
+)
 from charter.ids import IdFactory
 from charter.storage.dialect import Dialect
 
 Row = Mapping[str, Any]
 #: An audit chain's head as its row keeps it: the last event's sequence number
-#: and hash (``hash`` is ``None`` while the chain is empty).
-Head = tuple[int, str | None]
+#: and hash (``hash`` is ``None`` while the chain is empty), and why the chain is
+#: sealed (``None`` while it takes events).
+Head = tuple[int, str | None, str | None]
+#: Signs a chain head's statement: returns the key's id and the signature (base64).
+HeadSigner = Callable[[bytes], tuple[str, str]]
 
 
 class Driver(Protocol):
@@ -131,12 +142,17 @@ class Refused(BaseException):
 class Tx:
     """One transaction: statements, the store's time, and pending audit events."""
 
-    def __init__(self, driver: Driver, ids: IdFactory, gate: str | None) -> None:
+    def __init__(
+        self, driver: Driver, ids: IdFactory, gate: str | None, sign: HeadSigner | None = None
+    ) -> None:
         self._driver = driver
         self._sql = driver.dialect.sql
         self.ids = ids
         self._now_us: int | None = None
         self._events: list[dict[str, Any]] = []
+        self._sign = sign
+        #: Chains this transaction seals (with why) or opens again (S2, S5).
+        self._seals: dict[str, str | None] = {}
         #: The missions whose gate this transaction holds.
         self._gates: set[str] = set() if gate is None else {gate}
 
@@ -228,6 +244,23 @@ class Tx:
             }
         )
 
+    def copy(self, into: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Write ``rows`` as they are: ``into`` is the owner's ``INSERT INTO table``,
+        every row has the same columns. For restoring records verified elsewhere
+        (an imported snapshot), never for recording a change."""
+        if rows:
+            columns = list(rows[0])
+            self.many(
+                f"{into} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                [tuple(row[c] for c in columns) for row in rows],
+            )
+
+    def seal(self, mission_id: str, reason: str | None) -> None:
+        """Seal ``mission_id``'s chain at commit, after this transaction's events, so
+        nothing more is recorded on it here (``reason`` says why); ``None`` opens a
+        sealed chain again for this transaction's events and after (an adoption)."""
+        self._seals[mission_id] = reason
+
     def lock_mission(self, mission_id: str) -> None:
         """Take the mission's gate before changing anything of it.
 
@@ -273,7 +306,14 @@ class Tx:
             self.lock_mission(mission_id)
         heads: dict[str, tuple[int, str]] = {}
         for mission_id in chains:
-            seq, hash_ = self._driver.head(mission_id) or (0, None)
+            seq, hash_, sealed = self._driver.head(mission_id) or (0, None, None)
+            if sealed is not None and self._seals.get(mission_id, sealed) is not None:
+                raise MissionSealed(
+                    f"mission {mission_id} is sealed here ({sealed}): nothing more is "
+                    "recorded on it in this store",
+                    mission_id=mission_id,
+                    reason=sealed,
+                )
             heads[mission_id] = (seq, hash_ or genesis(mission_id))
         rows: list[tuple[Any, ...]] = []
         for ev in self._events:
@@ -312,11 +352,33 @@ class Tx:
         for mission_id in chains:
             seq, hash_ = heads[mission_id]
             self.write(
-                f"UPDATE {head_table(mission_id)} SET audit_seq = ?, audit_hash = ? WHERE id = ?",
+                f"UPDATE {head_table(mission_id)} SET audit_seq = ?, audit_hash = ?, "
+                "audit_sealed = ? WHERE id = ?",
                 seq,
                 hash_,
+                self._seals.get(mission_id),
                 mission_id,
             )
+            if self._sign is not None:
+                self._checkpoint(mission_id, seq, hash_)
+
+    def _checkpoint(self, chain: str, seq: int, hash_: str) -> None:
+        """Sign the head just moved (S2): a store rewritten consistently afterwards
+        no longer matches a signature its writer cannot make."""
+        assert self._sign is not None
+        key, signature = self._sign(checkpoint_statement(chain, seq, hash_))
+        self.write(
+            "INSERT INTO audit_checkpoints (mission_id, seq, hash, key_id, signature, at_us) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (mission_id) DO UPDATE SET seq = excluded.seq, "
+            "hash = excluded.hash, key_id = excluded.key_id, signature = excluded.signature, "
+            "at_us = excluded.at_us",
+            chain,
+            seq,
+            hash_,
+            key,
+            signature,
+            self.now_us,
+        )
 
 
 class _Group:
@@ -364,6 +426,8 @@ class Database:
         #: raises before is a commit that failed (nothing stored); after, a commit
         #: that succeeded while its caller was told it failed (a lost connection).
         self.on_commit: Callable[[str], None] | None = None
+        #: Signs each chain head as it moves, when the engine has a signing key (S2).
+        self.sign: HeadSigner | None = None
 
     def _acquire(self, write: bool) -> None:
         with self._cond:
@@ -391,7 +455,7 @@ class Database:
             self._start(write, gate, member)
         except BaseException as exc:  # nothing of this transaction exists
             self._end(write, group, kept=False, outcome=exc)
-        tx = Tx(self.driver, self.ids, gate)
+        tx = Tx(self.driver, self.ids, gate, self.sign)
         outcome: BaseException | None = None
         kept = True
         try:

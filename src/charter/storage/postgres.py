@@ -78,8 +78,8 @@ _PREPARED_PARAMS = 1_000
 #: age it.
 _HEAD = {
     table: "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT AS now, "
-    "h.audit_seq, h.audit_hash FROM (SELECT 1) AS one LEFT JOIN "
-    f"(SELECT audit_seq, audit_hash FROM {table} WHERE id = %s) AS h ON true"
+    "h.audit_seq, h.audit_hash, h.audit_sealed FROM (SELECT 1) AS one LEFT JOIN "
+    f"(SELECT audit_seq, audit_hash, audit_sealed FROM {table} WHERE id = %s) AS h ON true"
     for table in ("missions", "audit_chains")
 }
 
@@ -315,7 +315,7 @@ class PostgresDriver:
             if self._now is None:
                 self._now = int(row["now"])
             seq, hash_ = row["audit_seq"], row["audit_hash"]
-            self._heads[mission_id] = None if seq is None else (seq, hash_)
+            self._heads[mission_id] = None if seq is None else (seq, hash_, row["audit_sealed"])
 
         # A clock reading not sent yet is dropped: the one after the gate replaces it.
         self._pending = [p for p in self._pending if p[0] != _NOW]

@@ -414,4 +414,29 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        11,
+        "snapshots and handover: sealed chains, signed checkpoints, the store's identity (S2, S5)",
+        [
+            # Why a chain takes no more events here (an imported copy, a mission
+            # handed over to another store); NULL while it is live.
+            "ALTER TABLE missions ADD COLUMN audit_sealed TEXT",
+            "ALTER TABLE audit_chains ADD COLUMN audit_sealed TEXT",
+            # The latest signed head of each chain, moved with the head when the
+            # engine has a signing key: a consistent rewrite cannot re-sign it.
+            """CREATE TABLE audit_checkpoints (
+                mission_id TEXT PRIMARY KEY,
+                seq BIGINT NOT NULL,
+                hash TEXT NOT NULL,
+                key_id TEXT NOT NULL,
+                signature TEXT NOT NULL,
+                at_us BIGINT NOT NULL
+            )""",
+            # One row: the id a handover names its target store by.
+            "CREATE TABLE store_identity (id TEXT PRIMARY KEY, created_at_us BIGINT NOT NULL)",
+        ],
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]

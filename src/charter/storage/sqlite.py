@@ -21,7 +21,7 @@ from charter.storage.database import Head
 
 #: A chain's head, by the table that keeps it (see :func:`charter.hashing.head_table`).
 _HEAD = {
-    table: f"SELECT audit_seq, audit_hash FROM {table} WHERE id = ?"
+    table: f"SELECT audit_seq, audit_hash, audit_sealed FROM {table} WHERE id = ?"
     for table in ("missions", "audit_chains")
 }
 
@@ -115,7 +115,7 @@ class SQLiteDriver:
 
     def head(self, mission_id: str) -> Head | None:
         row = self.execute(_HEAD[head_table(mission_id)], (mission_id,)).fetchone()
-        return None if row is None else (row["audit_seq"], row["audit_hash"])
+        return None if row is None else (row["audit_seq"], row["audit_hash"], row["audit_sealed"])
 
     def close(self) -> None:
         self._conn.close()

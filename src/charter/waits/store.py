@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from charter.storage import Row, Tx
@@ -251,3 +252,22 @@ def count_pending(tx: Tx) -> int:
     """How many approvals wait for a decision, in every mission."""
     row = tx.one("SELECT COUNT(*) AS n FROM approvals WHERE status = 'pending'")
     return 0 if row is None else int(row["n"])
+
+
+# -- snapshots (S2): a mission's rows as recorded, and back ------------------------------
+
+
+def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
+    return {
+        "approvals": [
+            dict(r)
+            for r in tx.all(
+                "SELECT * FROM approvals WHERE mission_id = ? ORDER BY requested_at_us, id",
+                mission_id,
+            )
+        ]
+    }
+
+
+def restore(tx: Tx, tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+    tx.copy("INSERT INTO approvals", tables["approvals"])

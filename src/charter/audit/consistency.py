@@ -1,0 +1,118 @@
+"""Whether a snapshot's state is one whole mission whose books balance (S2).
+
+A signature proves who exported a snapshot, not that the store it came from
+was sound: a balance edited in the source store before export would be signed
+along with the rest. So an import also checks what the state must satisfy on
+its own: every record belongs to the snapshot's mission (and its runs and
+attempts), the mission's row ends its chain where the signed head does, and the
+ledger holds (L0-L2): balances rebuilt from the entries equal the recorded
+ones, the held amounts are the holds of the unresolved attempts, and
+available + held + spent = limit. Pure: it reads only the snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from charter.errors import SnapshotTampered
+from charter.ledger.accounts import Balance, Move, balances
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_UNRESOLVED = ("prepared", "dispatched", "unknown")
+State = Mapping[str, Sequence[Mapping[str, Any]]]
+
+
+def _refuse(problem: str, message: str, **details: Any) -> SnapshotTampered:
+    return SnapshotTampered(message, problem=problem, entry="state.json", **details)
+
+
+def _belongs(mission_id: str, state: State) -> None:
+    missions = state["missions"]
+    if len(missions) != 1 or missions[0]["id"] != mission_id:
+        raise _refuse("foreign_record", f"state.json must hold exactly mission {mission_id}'s row")
+    runs = {r["id"] for r in state["runs"]}
+    attempts = {a["id"] for a in state["attempts"]}
+    owners = {"run_id": runs, "attempt_id": attempts}
+    for table, rows in state.items():
+        for row in rows:
+            if row.get("mission_id", mission_id) != mission_id:
+                raise _refuse(
+                    "foreign_record",
+                    f"a {table} record belongs to mission {row['mission_id']}, not {mission_id}",
+                    table=table,
+                )
+            for column, known in owners.items():
+                value = row.get(column)
+                if value is not None and value not in known:
+                    raise _refuse(
+                        "foreign_record",
+                        f"a {table} record names {column} {value}, which the snapshot lacks",
+                        table=table,
+                    )
+
+
+def _head(header: Mapping[str, Any], state: State) -> None:
+    row = state["missions"][0]
+    head = header["head"]
+    if (row["audit_seq"], row["audit_hash"], row["audit_legacy_seq"]) != (
+        head["seq"],
+        head["hash"],
+        head["legacy"],
+    ):
+        raise _refuse(
+            "head_mismatch", "the mission's row does not end its chain at the signed head"
+        )
+
+
+def _ledger(state: State) -> None:
+    recorded = {
+        a["unit"]: Balance(a["limit_amount"], a["available"], a["held"], a["spent"], a["overrun"])
+        for a in state["allowances"]
+    }
+    rebuilt = balances(
+        Move(e["unit"], e["kind"], e["source"], e["target"], e["amount"])
+        for e in state["ledger_entries"]
+    )
+    holds: dict[str, int] = {}
+    for attempt in state["attempts"]:
+        if attempt["status"] in _UNRESOLVED:
+            try:
+                estimate = json.loads(attempt["estimate"])
+                for unit, amount in estimate.items():
+                    holds[unit] = holds.get(unit, 0) + int(amount)
+            except (ValueError, TypeError, AttributeError):
+                raise _refuse(
+                    "ledger", f"attempt {attempt['id']}'s estimate is not a map of amounts"
+                ) from None
+    for unit in sorted(set(recorded) | set(rebuilt)):
+        bal = recorded.get(unit, Balance())
+        if bal.available + bal.held + bal.spent != bal.limit:
+            raise _refuse("ledger", f"L0 {unit}: available + held + spent != limit", unit=unit)
+        if rebuilt.get(unit, Balance()) != bal:
+            raise _refuse(
+                "ledger",
+                f"L2 {unit}: the recorded balances are not those its ledger entries add up to",
+                unit=unit,
+            )
+        if bal.held != holds.get(unit, 0):
+            raise _refuse(
+                "ledger", f"L1 {unit}: held is not the unresolved attempts' holds", unit=unit
+            )
+
+
+def check(header: Mapping[str, Any], state: State, artifacts: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a snapshot whose state is not one whole, balanced mission."""
+    _belongs(str(header["mission_id"]), state)
+    _head(header, state)
+    _ledger(state)
+    for item in artifacts:
+        if not _SHA256.fullmatch(item["sha256"]) or item["size"] < 0:
+            raise SnapshotTampered(
+                "artifacts.json lists an artifact whose hash is not a SHA-256 or whose "
+                "size is negative",
+                problem="artifact_mismatch",
+                entry="artifacts.json",
+            )

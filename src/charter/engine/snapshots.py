@@ -1,0 +1,405 @@
+"""The engine's snapshot and handover methods (S2-S5), mixed into :class:`Engine`.
+
+Export reads a mission's records from each room's store in one consistent
+read, checks its chain, and signs (:mod:`charter.audit.snapshot`). Import
+verifies the whole file before its one write transaction, and files the
+mission *sealed*: a sealed chain takes no event, and every change appends one
+(S1), so nothing can happen to an imported mission here — no dispatch, no
+resume, no decision. A handover fences the source (each live run: a new
+epoch, status ``handed_off``; the mission sealed) before the snapshot is
+made, names the one store that may adopt it, and the adoption on that store
+opens the chain again and follows each handed-off run with a linked run (N4),
+so settled effects replay from their records and unresolved ones stay so.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Any
+
+from charter.attempts import settlement
+from charter.attempts import store as attempts_store
+from charter.audit import chain as audit
+from charter.audit import handoff, signing
+from charter.audit import store as audit_store
+from charter.audit.signing import Signer
+from charter.audit.snapshot import Snapshot, load, pack
+from charter.contracts import missions
+from charter.contracts import store as contracts_store
+from charter.contracts.principals import Principal, Right
+from charter.engine.executor import Executor
+from charter.errors import (
+    AuditError,
+    ConfigError,
+    NotAuthorized,
+    SignatureInvalid,
+    SnapshotRefused,
+    StateError,
+)
+from charter.hashing import ENGINE_CHAIN, checkpoint_statement
+from charter.ledger import store as ledger_store
+from charter.plans import runner
+from charter.plans import store as plans_store
+from charter.plans.nodes import Plan
+from charter.runs import run as runs
+from charter.runs import store as run_store
+from charter.runs.run import Run, RunStatus
+from charter.waits import store as waits_store
+
+if TYPE_CHECKING:
+    from charter.config import EngineConfig
+    from charter.contracts.authority import Authority
+    from charter.runtime import Runtime
+    from charter.storage import Database, Tx
+
+#: Why an imported chain takes no events: a copy to read, or a handover to accept.
+SEAL_IMPORTED = "imported from a snapshot: a read-only copy"
+SEAL_HANDED_IN = "handed over to this store: a principal with 'adopt' accepts it"
+
+
+def _state(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
+    """Every record of the mission, each room's from its own store."""
+    return {
+        **contracts_store.snapshot(tx, mission_id),
+        **ledger_store.snapshot(tx, mission_id),
+        **run_store.snapshot(tx, mission_id),
+        **attempts_store.snapshot(tx, mission_id),
+        **waits_store.snapshot(tx, mission_id),
+        **plans_store.snapshot(tx, mission_id),
+    }
+
+
+class Snapshots:
+    """Export, import, handoff reports, handover and signed checkpoints."""
+
+    _db: Database
+    _authority: Authority
+    _runtime: Runtime
+    config: EngineConfig
+    _signing: Signer | None = None
+
+    def _signer(self) -> Signer:
+        if self._signing is None:
+            if self.config.signing_key is None:
+                raise ConfigError(
+                    "this needs a signing key: set signing_key in the configuration to an "
+                    "Ed25519 key (PEM), e.g. one made by `openssl genpkey -algorithm ed25519`"
+                )
+            self._signing = signing.load_signer(self.config.signing_key)
+        return self._signing
+
+    def _sign_heads(self) -> None:
+        """With a signing key, every chain head is signed as it moves (checkpoints)."""
+        if self.config.signing_key is None:
+            return
+        signer = self._signer()
+
+        def sign(data: bytes) -> tuple[str, str]:
+            return signer.key_id, base64.b64encode(signer.sign(data)).decode()
+
+        self._db.sign = sign
+
+    def _trusted(self) -> list[str]:
+        own = [self._signer().public_key] if self.config.signing_key else []
+        return [*own, *self.config.trusted_keys]
+
+    def signing_public_key(self) -> str | None:
+        """The public key of this engine's signing key, for other stores' ``trusted_keys``."""
+        return self._signer().public_key if self.config.signing_key else None
+
+    def store_id(self) -> str:
+        """This store's identity: what a handover to it names (``charter audit identity``)."""
+        with self._db.transaction() as tx:
+            return audit_store.store_id(tx)
+
+    # -- export (S2, S5) ------------------------------------------------------------
+    def export_snapshot(
+        self, mission_id: str, *, handover_to: str | None = None, by: Principal | None = None
+    ) -> bytes:
+        """The mission's signed snapshot. With ``handover_to`` (the target store's
+        id), the source is fenced first and the snapshot says which store may adopt
+        it; that needs ``by`` with the ``stop`` right."""
+        signer = self._signer()
+        if handover_to is not None:
+            self._fence(mission_id, handover_to, by)
+        with self._db.transaction() as tx:
+            store_id = audit_store.store_id(tx)
+        with self._db.read() as tx:
+            missions.load(tx, mission_id)
+            checked = audit.verify(tx, mission_id)
+            if not checked.ok:
+                raise AuditError(
+                    f"mission {mission_id}'s audit chain is broken at event "
+                    f"{checked.broken_at} ({checked.problem}): it is not signed into a snapshot",
+                    mission_id=mission_id,
+                )
+            head = audit_store.head(tx, mission_id)
+            assert head is not None
+            state = _state(tx, mission_id)
+            handed = [r["id"] for r in state["runs"] if r["status"] == RunStatus.HANDED_OFF]
+            return pack(
+                mission_id=mission_id,
+                head=head,
+                events=audit_store.all_events(tx, mission_id),
+                state=state,
+                artifacts=[],
+                signer=signer,
+                exported_at_us=tx.now_us,
+                store_id=store_id,
+                handover=None if handover_to is None else {"to_store": handover_to, "runs": handed},
+            )
+
+    def _fence(self, mission_id: str, to_store: str, by: Principal | None) -> None:
+        """Fence every live run and seal the mission, in one transaction (S5)."""
+        if by is None:
+            raise NotAuthorized("a handover needs a principal with 'stop' (by=...)")
+        with self._db.transaction() as tx:
+            if to_store == audit_store.store_id(tx):
+                raise StateError("a handover goes to another store, not to this one")
+            self._authority.authorize(tx, by, mission_id, Right.STOP, entity=mission_id)
+            fenced = []
+            for run in run_store.list_runs(tx, mission_id):
+                if run.status.terminal:
+                    continue
+                epoch = run_store.hand_off(tx, run.id, f"handed over to store {to_store}")
+                settlement.void_prepared(
+                    tx, run.id, "handed over", actor=by.name, segment=None, epoch=epoch
+                )
+                tx.audit(
+                    mission_id,
+                    "run.handed_off",
+                    run.id,
+                    actor=by.name,
+                    epoch=epoch,
+                    before=run.status.value,
+                    after=RunStatus.HANDED_OFF.value,
+                    payload={"to_store": to_store},
+                )
+                fenced.append(run.id)
+            tx.audit(
+                mission_id,
+                "mission.handed_over",
+                mission_id,
+                actor=by.name,
+                payload={"to_store": to_store, "runs": fenced},
+            )
+            tx.seal(mission_id, f"handed over to store {to_store}")
+
+    # -- import (S2) ------------------------------------------------------------------
+    def import_snapshot(self, data: bytes) -> str:
+        """Verify a snapshot completely, then file its mission sealed in one
+        transaction; returns its id. Never dispatches, never resumes."""
+        snapshot = load(data, self._trusted())
+        with self._db.transaction() as tx:
+            mine = audit_store.store_id(tx)
+            handover = snapshot.handover
+            seal = (
+                SEAL_HANDED_IN
+                if handover is not None and handover["to_store"] == mine
+                else SEAL_IMPORTED
+            )
+            if audit_store.head(tx, snapshot.mission_id) is not None:
+                raise SnapshotRefused(
+                    f"mission {snapshot.mission_id} is already in this store; nothing was imported",
+                    problem="exists",
+                    mission_id=snapshot.mission_id,
+                )
+            contracts_store.restore(tx, snapshot.state, sealed=seal)
+            ledger_store.restore(tx, snapshot.state)
+            run_store.restore(tx, snapshot.state)
+            attempts_store.restore(tx, snapshot.state)
+            waits_store.restore(tx, snapshot.state)
+            plans_store.restore(tx, snapshot.state)
+            audit_store.restore(tx, snapshot.events)
+            tx.audit(
+                ENGINE_CHAIN,
+                "snapshot.imported",
+                snapshot.mission_id,
+                actor="engine",
+                after=seal,
+                payload={
+                    k: snapshot.header[k]
+                    for k in ("head", "key_id", "store_id", "exported_at_us", "handover")
+                },
+            )
+        return snapshot.mission_id
+
+    # -- adoption (S5) ----------------------------------------------------------------
+    def adopt(
+        self,
+        mission_id: str,
+        *,
+        by: Principal,
+        segment_id: str,
+        plan: Plan | None = None,
+    ) -> list[Executor]:
+        """Accept a mission handed over to this store: ``by`` needs ``adopt``. Each
+        handed-off run is followed by a linked run (one executor each, in order)."""
+        with self._db.transaction() as tx:
+            self._authority.vouch(tx, by)
+            if audit_store.sealed(tx, mission_id) != SEAL_HANDED_IN:
+                missions.load(tx, mission_id)
+                raise StateError(
+                    f"mission {mission_id} was not handed over to this store (or was adopted "
+                    "already): only a handover snapshot naming this store is adopted",
+                    mission_id=mission_id,
+                )
+            if not self._authority.current(tx, mission_id).allows(by.name, Right.ADOPT):
+                # The mission's chain takes no event until adopted: the refusal goes
+                # on the engine's.
+                raise tx.refused(
+                    NotAuthorized(
+                        f"principal {by.name!r} has no 'adopt' right in mission {mission_id}",
+                        principal=by.name,
+                        right="adopt",
+                    ),
+                    mission_id=ENGINE_CHAIN,
+                    kind="authorization.refused",
+                    entity=mission_id,
+                    actor=by.name,
+                    payload={"right": "adopt", "reason": "not_authorized"},
+                )
+            tx.lock_mission(mission_id)
+            tx.seal(mission_id, None)
+            tx.audit(mission_id, "mission.adopted", mission_id, actor=by.name)
+            handed = [
+                r
+                for r in run_store.list_runs(tx, mission_id)
+                if r.status is RunStatus.HANDED_OFF and run_store.follower(tx, r.id) is None
+            ]
+            return [
+                self._follow(
+                    tx, run, actor=by.name, segment_id=segment_id, plan=plan, input_json=None
+                )
+                for run in handed
+            ]
+
+    def _follow(
+        self,
+        tx: Tx,
+        old: Run,
+        *,
+        actor: str,
+        segment_id: str,
+        plan: Plan | None,
+        input_json: str | None,
+    ) -> Executor:
+        """A linked run after the ended run ``old`` (N4), owned by a first segment."""
+        follower = run_store.follower(tx, old.id)
+        if follower is not None:
+            # Two followers would each send what the old run left unsent.
+            raise StateError(
+                f"run {old.id} is already followed by run {follower}; link from "
+                "the last run of the chain",
+                run_id=old.id,
+                followed_by=follower,
+            )
+        recorded = run_store.recorded_plan(tx, old.id)
+        assert recorded is not None
+        run_id, expires, claim = runs.insert(
+            tx,
+            lease_seconds=self.config.lease_seconds,
+            mission_id=old.mission_id,
+            principal=old.principal,
+            segment_id=segment_id,
+            plan=recorded["plan"] if plan is None else (plan.ref or plan.name),
+            input_json=recorded["input"] if input_json is None else input_json,
+            linked_from=old.id,
+        )
+        inherited = runner.inherit(tx, old.id, run_id)
+        tx.audit(
+            old.mission_id,
+            "run.linked",
+            run_id,
+            actor=actor,
+            segment=segment_id,
+            epoch=1,
+            after="active",
+            payload={
+                "from_run": old.id,
+                "from_status": old.status.value,
+                "principal": old.principal,
+                "lease_expires_us": expires,
+                "nodes": inherited,
+            },
+        )
+        return Executor(
+            self._runtime,
+            run_id=run_id,
+            mission_id=old.mission_id,
+            segment_id=segment_id,
+            epoch=1,
+            principal=old.principal,
+            lease_expires_us=expires,
+            claim=claim,
+        )
+
+    # -- the handoff report (S4) ------------------------------------------------------
+    def handoff(
+        self, *, mission_id: str | None = None, snapshot: bytes | None = None
+    ) -> dict[str, Any]:
+        """The handoff report of a snapshot file's bytes (verified first) or of a
+        mission in this store. A view: see :mod:`charter.audit.handoff`."""
+        if snapshot is not None:
+            snap: Snapshot = load(snapshot, self._trusted())
+            head = dict(snap.header["head"])
+            source: dict[str, Any] = {"kind": "snapshot", "store_id": snap.header["store_id"]}
+            return handoff.build(
+                source={**source, "head": head, "key_id": snap.header["key_id"]},
+                state=snap.state,
+                artifacts=snap.artifacts,
+                present={},
+                now_us=int(snap.header["exported_at_us"]),
+            )
+        if mission_id is None:
+            raise ConfigError("handoff needs a mission id or a snapshot")
+        with self._db.read() as tx:
+            missions.load(tx, mission_id)
+            return handoff.build(
+                source={"kind": "store", "sealed": audit_store.sealed(tx, mission_id)},
+                state=_state(tx, mission_id),
+                artifacts=[],
+                present={},
+                now_us=tx.now_us,
+            )
+
+    # -- checkpoints (S2) --------------------------------------------------------------
+    def verify_checkpoints(self, mission_id: str | None = None) -> list[dict[str, Any]]:
+        """Check each chain's latest signed checkpoint against its events: a store
+        rewritten consistently (every hash recomputed) fails here, since the
+        rewriter cannot sign. A chain with events and no checkpoint is reported."""
+        trusted = self._trusted()
+        out = []
+        with self._db.read() as tx:
+            chains = [mission_id] if mission_id is not None else audit.chains(tx)
+            for chain in chains:
+                out.append(_checkpoint(tx, chain, trusted))
+        return out
+
+
+def _checkpoint(tx: Tx, chain: str, trusted: list[str]) -> dict[str, Any]:
+    head = audit_store.head(tx, chain)
+    point = audit_store.checkpoint(tx, chain)
+    result: dict[str, Any] = {"mission_id": chain, "ok": True, "signed_seq": None, "problem": None}
+    if point is None:
+        if head is not None and head.seq > 0:
+            result.update(ok=False, problem="no signed checkpoint of this chain")
+        return result
+    result["signed_seq"] = point["seq"]
+    try:
+        signing.verify(
+            trusted,
+            point["key_id"],
+            checkpoint_statement(chain, point["seq"], point["hash"]),
+            base64.b64decode(point["signature"]),
+        )
+    except SignatureInvalid as exc:
+        result.update(ok=False, problem=f"checkpoint signature: {exc.message}")
+        return result
+    event = audit_store.event_at(tx, chain, point["seq"])
+    if event is None or event["hash"] != point["hash"]:
+        result.update(
+            ok=False,
+            problem=f"event {point['seq']} is not the one signed: the chain was rewritten",
+        )
+    return result
