@@ -182,6 +182,10 @@ def test_N1_N2_N3_W1_the_example_mission_survives_a_kill_in_its_fan_out(
         assert (
             fetched.read_text().count("payment") == 0 and len(fetched.read_text().splitlines()) == 3
         )
+        shown = {n["node_id"]: n for n in cli("show", run_id)["graph"]}
+        assert shown["survey-north"]["after"] == ["plan_surveys"]
+        assert shown["publish"]["after"] == ["merge"]
+        assert {n["status"] for n in shown.values()} == {"completed"}
         nodes = {n["node_id"] for n in engine.coordinator.state(run_id).nodes}
         assert nodes == {
             "regions",

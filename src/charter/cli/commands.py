@@ -85,17 +85,53 @@ def _runs(engine: Engine, args: argparse.Namespace) -> Any:
 
 def _show(engine: Engine, args: argparse.Namespace) -> Any:
     state = engine.coordinator.state(args.run).to_dict()
+    state["graph"] = graph(state["nodes"], engine.plan_versions(args.run))
     linked = f"linked from: {state['linked_from']}\n" if state["linked_from"] else ""
     text = (
         f"run {state['run_id']}  status {state['status']}  epoch {state['epoch']}  "
         f"owner {state['owner_segment']}  contract v{state['contract_version']}\n"
         f"reason: {state['status_reason'] or '-'}\n{linked}"
-        f"nodes:\n{table(state['nodes'], ['node_id', 'execution', 'status', 'crashes'])}\n"
+        f"nodes:\n{_drawn(state['graph'])}\n"
         f"unresolved attempts:\n"
         f"{table(state['attempts'], ['id', 'adapter', 'operation', 'status', 'reason'])}\n"
         f"settled: {state['settled_counts'] or '{}'}"
     )
     return state, text
+
+
+#: How a node's latest execution is drawn.
+MARKS = {"completed": "[x]", "running": "[>]", "failed": "[!]", "waiting": "[~]"}
+
+
+def graph(nodes: list[dict[str, Any]], versions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each node the run executed or its plan changes added, in first-seen order:
+    its latest execution's status (``pending`` when it never ran) and, for a node
+    a plan change added, the nodes it comes after (N1, N3)."""
+    after = {s["id"]: list(s["after"]) for v in versions for s in v["steps"]}
+    drawn: dict[str, dict[str, Any]] = {}
+    for n in nodes:  # executions in order; the latest wins
+        drawn[n["node_id"]] = {
+            "node_id": n["node_id"],
+            "status": n["status"],
+            "executions": n["execution"],
+            "after": after.get(n["node_id"], []),
+        }
+    for step, deps in after.items():
+        drawn.setdefault(
+            step, {"node_id": step, "status": "pending", "executions": 0, "after": deps}
+        )
+    return list(drawn.values())
+
+
+def _drawn(nodes: list[dict[str, Any]]) -> str:
+    if not nodes:
+        return "(none)"
+    width = max(len(n["node_id"]) for n in nodes)
+    return "\n".join(
+        f"  {MARKS.get(n['status'], '[ ]')} {n['node_id'].ljust(width)}  {n['status']}"
+        + (f"  <- {', '.join(n['after'])}" if n["after"] else "")
+        for n in nodes
+    )
 
 
 def _attempts(engine: Engine, args: argparse.Namespace) -> Any:
