@@ -197,3 +197,61 @@ def test_N1_N2_N3_W1_the_example_mission_survives_a_kill_in_its_fan_out(
             "publish",
         }
         assert all(v.ok for v in engine.verify_audit(mission))
+
+
+@pytest.mark.crash
+def test_N3_a_plan_change_replayed_after_a_crash_is_found_not_made_again(
+    store_address: str, tmp_path: Path
+) -> None:
+    """Killed once ``plan_surveys`` extended the plan but before its completion
+    committed: the fresh process re-executes the node, whose ``extend`` finds
+    the recorded change (one version, nothing new) and the run goes on."""
+    pairs = {name: credential(name) for name in ("agent", "ops")}
+    creds = ({n: c for n, (c, _) in pairs.items()}, {n: d for n, (_, d) in pairs.items()})
+    config = charter.EngineConfig(
+        credentials=creds[1],
+        artifacts=str(tmp_path / "artifacts"),
+        workspace=str(tmp_path / "work"),
+    )
+    with (
+        charter.Engine.open(store_address, config=config) as engine,
+        Sandbox(tmp_path / "sandbox.db") as box,
+    ):
+        who = Principals(*creds, engine)
+        mission = engine.create_mission(survey_mission.CONTRACT, by=who.ops)
+        cfg = {
+            "store": store_address,
+            "digests": creds[1],
+            "credential": creds[0]["agent"],
+            "url": box.url,
+            "mission": mission,
+            "artifacts": config.artifacts,
+            "workspace": config.workspace,
+        }
+        _, out = step(cfg, tmp_path, step="start")
+        run_id = out[0]["run_id"]
+        engine.answer(run_id, "budget", 2, by=who.ops)
+        # regions completes first; the second completion about to commit is plan_surveys'.
+        code, _ = step(
+            cfg,
+            tmp_path,
+            step="resume",
+            run=run_id,
+            segment="seg-1",
+            kill_at="node.completed.before",
+            nth=2,
+        )
+        assert code == -signal.SIGKILL
+        assert [v["version"] for v in engine.plan_versions(run_id)] == [2]
+
+        engine.coordinator.recover(run_id, "seg-2")
+        _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
+
+        assert out[-1]["ended"] == "blocked", out  # on to the cooling-off timer
+        assert [v["version"] for v in engine.plan_versions(run_id)] == [2]
+        [execution] = [n for n in engine.node_executions(run_id) if n.node_id == "plan_surveys"]
+        # run again after the crash, and its change found, not made again
+        assert (execution.status, execution.crashes) == ("completed", 1)
+        keys = {a.idempotency_key for a in engine.attempts(run_id=run_id)}
+        paid = Counter(p["reference"] for p in box.payments() if p["idempotency_key"] in keys)
+        assert paid == {"survey-east": 1, "survey-north": 1}
