@@ -873,3 +873,41 @@ def test_S5_the_cli_exports_imports_reports_and_adopts(
     assert code == 0 and len(adopted["runs"]) == 1
     code, checked = run("a", "audit", "verify", "--key")
     assert code == 0 and all(c["ok"] for c in checked["checkpoints"])
+
+
+def test_S2_S4_a_snapshot_lists_the_missions_artifacts_and_the_report_checks_them(
+    make_engine: OpenEngine, creds: Any, key: str, tmp_path: Path
+) -> None:
+    """The manifest names each artifact (SHA-256, size, where it was saved); the
+    report of the mission here says it is available only while the store holds
+    it with a matching hash, and a snapshot's report, which carries no bytes, says not."""
+    signed = make_engine(
+        signing_key=key, artifacts=str(tmp_path / "objects"), workspace=str(tmp_path / "work")
+    )
+    who = Principals(creds[0], creds[1], signed)
+    mission = signed.create_mission(default_contract(), by=who.alice)
+
+    @charter.node
+    def report(ctx: charter.Context, _: Any) -> dict[str, Any]:
+        return ctx.save("report.txt", b"three regions surveyed\n")
+
+    plan = charter.Plan("report", (report,))
+    run = signed.start_run(mission, by=who.agent, segment_id="seg-1", plan=plan)
+    saved = run.execute(plan)
+    listed = {"sha256": saved["sha256"], "size": 23, "location": f"{run.run_id}/report.txt"}
+
+    data = signed.export_snapshot(mission)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        manifest = json.loads(tar.extractfile("artifacts.json").read())  # type: ignore[union-attr]
+    assert manifest == [listed]
+    here = signed.handoff(mission_id=mission)["artifacts"]["items"]
+    assert [(i["location"], i["available"]) for i in here] == [(listed["location"], True)]
+    from_file = signed.handoff(snapshot=data)["artifacts"]["items"]
+    assert [i["available"] for i in from_file] == [False]
+
+    for path in (tmp_path / "objects").rglob("*"):
+        if path.is_file():
+            path.write_bytes(b"altered")  # the object no longer matches its hash
+    assert [i["available"] for i in signed.handoff(mission_id=mission)["artifacts"]["items"]] == [
+        False
+    ]

@@ -12,9 +12,8 @@ cannot be imported, resumed from or acted on; it says so at its top.
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from charter.contracts.contract import Contract
@@ -55,13 +54,9 @@ def _attempt(a: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _artifacts(
-    manifest: Sequence[Mapping[str, Any]], present: Mapping[str, bytes], contract: Contract
+    manifest: Sequence[Mapping[str, Any]], available: Callable[[str], bool], contract: Contract
 ) -> dict[str, Any]:
-    items = []
-    for item in manifest:
-        blob = present.get(item["sha256"])
-        matches = blob is not None and hashlib.sha256(blob).hexdigest() == item["sha256"]
-        items.append({**dict(item), "available": matches})
+    items = [{**dict(item), "available": available(item["sha256"])} for item in manifest]
     consumers = {
         name: list(grants.get(Right.CONSUME, ()))
         for name, grants in sorted(contract.principals.items())
@@ -91,7 +86,7 @@ def build(
     source: Mapping[str, Any],
     state: Mapping[str, Sequence[Mapping[str, Any]]],
     artifacts: Sequence[Mapping[str, Any]],
-    present: Mapping[str, bytes],
+    available: Callable[[str], bool],
     now_us: int,
 ) -> dict[str, Any]:
     """The report as data; ``now_us`` decides which approvals have expired."""
@@ -151,7 +146,7 @@ def build(
             a["unit"]: {k: a[k] for k in ("limit_amount", "available", "held", "spent", "overrun")}
             for a in state["allowances"]
         },
-        "artifacts": _artifacts(artifacts, present, contract),
+        "artifacts": _artifacts(artifacts, available, contract),
     }
 
 

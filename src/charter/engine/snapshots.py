@@ -15,8 +15,11 @@ so settled effects replay from their records and unresolved ones stay so.
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from charter.artifacts import store as artifacts_store
+from charter.artifacts.objects import LocalObjects
 from charter.attempts import settlement
 from charter.attempts import store as attempts_store
 from charter.audit import chain as audit
@@ -29,6 +32,7 @@ from charter.contracts import store as contracts_store
 from charter.contracts.principals import Principal, Right
 from charter.engine.executor import Executor
 from charter.errors import (
+    ArtifactError,
     AuditError,
     ConfigError,
     NotAuthorized,
@@ -142,7 +146,7 @@ class Snapshots:
                 head=head,
                 events=audit_store.all_events(tx, mission_id),
                 state=state,
-                artifacts=[],
+                artifacts=_manifest(tx, mission_id),
                 signer=signer,
                 exported_at_us=tx.now_us,
                 store_id=store_id,
@@ -348,7 +352,7 @@ class Snapshots:
                 source={**source, "head": head, "key_id": snap.header["key_id"]},
                 state=snap.state,
                 artifacts=snap.artifacts,
-                present={},
+                available=lambda _: False,  # the bytes stay with the source store
                 now_us=int(snap.header["exported_at_us"]),
             )
         if mission_id is None:
@@ -358,8 +362,8 @@ class Snapshots:
             return handoff.build(
                 source={"kind": "store", "sealed": audit_store.sealed(tx, mission_id)},
                 state=_state(tx, mission_id),
-                artifacts=[],
-                present={},
+                artifacts=_manifest(tx, mission_id),
+                available=_checker(LocalObjects(self._runtime.config.artifacts)),
                 now_us=tx.now_us,
             )
 
@@ -403,3 +407,26 @@ def _checkpoint(tx: Tx, chain: str, trusted: list[str]) -> dict[str, Any]:
             problem=f"event {point['seq']} is not the one signed: the chain was rewritten",
         )
     return result
+
+
+def _manifest(tx: Tx, mission_id: str) -> list[dict[str, Any]]:
+    """The mission's artifacts as a snapshot lists them (S2, N2): each one's SHA-256,
+    size and where it was saved (``RUN_ID/NAME``); the bytes stay in the store."""
+    return [
+        {"sha256": r["sha256"], "size": r["size"], "location": f"{run.id}/{r['name']}"}
+        for run in run_store.list_runs(tx, mission_id)
+        for r in artifacts_store.of_run(tx, run.id)
+    ]
+
+
+def _checker(objects: LocalObjects) -> Callable[[str], bool]:
+    """Whether an artifact is in the store with a matching hash, checked (S4):
+    missing, altered or unreadable is not available."""
+
+    def available(sha256: str) -> bool:
+        try:
+            return objects.has(sha256) and objects.verify(sha256)
+        except ArtifactError:
+            return False
+
+    return available
