@@ -18,6 +18,8 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +86,21 @@ class Cli:
         return json.loads(done.stdout)
 
 
-@pytest.mark.crash
-def test_N1_N2_N3_W1_the_example_mission_survives_a_kill_in_its_fan_out(
-    store_address: str, tmp_path: Path
-) -> None:
+@dataclass
+class Survey:
+    """The example's mission on the test's store, the sandbox it pays through, and
+    the configuration each step's process is given."""
+
+    engine: charter.Engine
+    who: Principals
+    box: Sandbox
+    mission: str
+    creds: tuple[dict[str, str], dict[str, str]]
+    cfg: dict[str, Any]
+
+
+@pytest.fixture
+def survey(store_address: str, tmp_path: Path) -> Iterator[Survey]:
     pairs = {name: credential(name) for name in ("agent", "ops")}
     creds = ({n: c for n, (c, _) in pairs.items()}, {n: d for n, (_, d) in pairs.items()})
     config = charter.EngineConfig(
@@ -110,148 +123,132 @@ def test_N1_N2_N3_W1_the_example_mission_survives_a_kill_in_its_fan_out(
             "artifacts": config.artifacts,
             "workspace": config.workspace,
         }
-        # 1. A fresh process starts the run; the first node asks a person.
-        _, out = step(cfg, tmp_path, step="start")
-        run_id = out[0]["run_id"]
-        assert out[-1]["ended"] == "blocked"
-        cli = Cli(store_address, creds, tmp_path)
-        refused = cli("answer", run_id, "budget", "three", who="ops", ok=False)["error"]
-        assert refused["code"] == "invalid_wait"
-        assert [w.status.value for w in engine.waits(run_id)] == ["pending"]  # nothing changed
-        assert cli("answer", run_id, "budget", "3", who="ops")["status"] == "satisfied"
+        yield Survey(engine, who, box, mission, creds, cfg)
 
-        # 2. Resumed after the answer, killed once the second survey settled.
-        code, _ = step(
-            cfg,
-            tmp_path,
-            step="resume",
-            run=run_id,
-            segment="seg-1",
-            kill_at="settlement.after",
-            nth=2,
-        )
-        assert code == -signal.SIGKILL
-        surveys = [
-            a
-            for a in engine.attempts(run_id=run_id)
-            if a.request["reference"].startswith("survey-")
-        ]
-        assert sum(a.status is AttemptStatus.SUCCEEDED for a in surveys) >= 2
 
-        # 3. The dead owner is taken over at once; what it left is settled by lookup.
-        _, unresolved = engine.coordinator.recover(run_id, "seg-2")
-        with payments_adapter(box.url) as payments:
-            for attempt_id in unresolved:
-                if engine.attempt(attempt_id).status is AttemptStatus.UNKNOWN:
-                    assert engine.coordinator.reconcile(attempt_id, payments, by=who.ops).conclusive
-                    engine.coordinator.confirm(attempt_id, by=who.ops)
+@pytest.mark.crash
+def test_N1_N2_N3_W1_the_example_mission_survives_a_kill_in_its_fan_out(
+    survey: Survey, store_address: str, tmp_path: Path
+) -> None:
+    engine, who, box, mission = survey.engine, survey.who, survey.box, survey.mission
+    creds, cfg = survey.creds, survey.cfg
+    # 1. A fresh process starts the run; the first node asks a person.
+    _, out = step(cfg, tmp_path, step="start")
+    run_id = out[0]["run_id"]
+    assert out[-1]["ended"] == "blocked"
+    cli = Cli(store_address, creds, tmp_path)
+    refused = cli("answer", run_id, "budget", "three", who="ops", ok=False)["error"]
+    assert refused["code"] == "invalid_wait"
+    assert [w.status.value for w in engine.waits(run_id)] == ["pending"]  # nothing changed
+    assert cli("answer", run_id, "budget", "3", who="ops")["status"] == "satisfied"
 
-        # 4. A fresh process runs the rest of the fan-out, the merge, and meets the timer.
-        _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
-        assert out[-1]["ended"] == "blocked", out
-        assert engine.run(run_id).status is charter.RunStatus.WAITING
-        due = cli("wait", "--run", run_id, "--timeout", "30")["due"]  # the timer, by the store
-        assert [(d["run_id"], d["ready"]) for d in due] == [(run_id, True)]
+    # 2. Resumed after the answer, killed once the second survey settled.
+    code, _ = step(
+        cfg,
+        tmp_path,
+        step="resume",
+        run=run_id,
+        segment="seg-1",
+        kill_at="settlement.after",
+        nth=2,
+    )
+    assert code == -signal.SIGKILL
+    surveys = [
+        a for a in engine.attempts(run_id=run_id) if a.request["reference"].startswith("survey-")
+    ]
+    assert sum(a.status is AttemptStatus.SUCCEEDED for a in surveys) >= 2
 
-        # 5. After the timer: the publication waits for its approval.
-        _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
-        assert out[-1]["ended"] == "blocked", out
-        [approval] = engine.approvals(run_id=run_id, pending=True)
-        assert approval.scope == "payments.pay_new_payee"
-        engine.approve(approval.id, by=who.ops)
+    # 3. The dead owner is taken over at once; what it left is settled by lookup.
+    _, unresolved = engine.coordinator.recover(run_id, "seg-2")
+    with payments_adapter(box.url) as payments:
+        for attempt_id in unresolved:
+            if engine.attempt(attempt_id).status is AttemptStatus.UNKNOWN:
+                assert engine.coordinator.reconcile(attempt_id, payments, by=who.ops).conclusive
+                engine.coordinator.confirm(attempt_id, by=who.ops)
 
-        # 6. The last process completes the mission.
-        _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
-        assert out[-1]["ended"] == "completed", out
+    # 4. A fresh process runs the rest of the fan-out, the merge, and meets the timer.
+    _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
+    assert out[-1]["ended"] == "blocked", out
+    assert engine.run(run_id).status is charter.RunStatus.WAITING
+    due = cli("wait", "--run", run_id, "--timeout", "30")["due"]  # the timer, by the store
+    assert [(d["run_id"], d["ready"]) for d in due] == [(run_id, True)]
 
-        assert engine.run(run_id).status is charter.RunStatus.COMPLETED
-        keys = {a.idempotency_key for a in engine.attempts(run_id=run_id)}
-        paid = [p for p in box.payments() if p["idempotency_key"] in keys]
-        assert Counter(p["reference"] for p in paid) == {
-            "survey-east": 1,
-            "survey-north": 1,
-            "survey-south": 1,
-            "publish": 1,
-        }
-        assert engine.balances(mission)["usd"].spent == sum(p["amount"] for p in paid)
-        assert engine.check_ledger(mission) == []
-        assert [a["ok"] for a in cli("artifacts", run_id, "--verify")["items"]] == [True]
-        assert [v["version"] for v in cli("plan", run_id)["versions"]] == [2]
-        fetched = tmp_path / "fetched.txt"
-        cli("artifacts", run_id, "--fetch", "report.txt", "-o", str(fetched), who="ops")
-        assert (
-            fetched.read_text().count("payment") == 0 and len(fetched.read_text().splitlines()) == 3
-        )
-        shown = {n["node_id"]: n for n in cli("show", run_id)["graph"]}
-        assert shown["survey-north"]["after"] == ["plan_surveys"]
-        assert shown["publish"]["after"] == ["merge"]
-        assert {n["status"] for n in shown.values()} == {"completed"}
-        nodes = {n["node_id"] for n in engine.coordinator.state(run_id).nodes}
-        assert nodes == {
-            "regions",
-            "plan_surveys",
-            "survey-east",
-            "survey-north",
-            "survey-south",
-            "merge",
-            "publish",
-        }
-        assert all(v.ok for v in engine.verify_audit(mission))
+    # 5. After the timer: the publication waits for its approval.
+    _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
+    assert out[-1]["ended"] == "blocked", out
+    [approval] = engine.approvals(run_id=run_id, pending=True)
+    assert approval.scope == "payments.pay_new_payee"
+    engine.approve(approval.id, by=who.ops)
+
+    # 6. The last process completes the mission.
+    _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
+    assert out[-1]["ended"] == "completed", out
+
+    assert engine.run(run_id).status is charter.RunStatus.COMPLETED
+    keys = {a.idempotency_key for a in engine.attempts(run_id=run_id)}
+    paid = [p for p in box.payments() if p["idempotency_key"] in keys]
+    assert Counter(p["reference"] for p in paid) == {
+        "survey-east": 1,
+        "survey-north": 1,
+        "survey-south": 1,
+        "publish": 1,
+    }
+    assert engine.balances(mission)["usd"].spent == sum(p["amount"] for p in paid)
+    assert engine.check_ledger(mission) == []
+    assert [a["ok"] for a in cli("artifacts", run_id, "--verify")["items"]] == [True]
+    assert [v["version"] for v in cli("plan", run_id)["versions"]] == [2]
+    fetched = tmp_path / "fetched.txt"
+    cli("artifacts", run_id, "--fetch", "report.txt", "-o", str(fetched), who="ops")
+    assert fetched.read_text().count("payment") == 0 and len(fetched.read_text().splitlines()) == 3
+    shown = {n["node_id"]: n for n in cli("show", run_id)["graph"]}
+    assert shown["survey-north"]["after"] == ["plan_surveys"]
+    assert shown["publish"]["after"] == ["merge"]
+    assert {n["status"] for n in shown.values()} == {"completed"}
+    nodes = {n["node_id"] for n in engine.coordinator.state(run_id).nodes}
+    assert nodes == {
+        "regions",
+        "plan_surveys",
+        "survey-east",
+        "survey-north",
+        "survey-south",
+        "merge",
+        "publish",
+    }
+    assert all(v.ok for v in engine.verify_audit(mission))
 
 
 @pytest.mark.crash
 def test_N3_a_plan_change_replayed_after_a_crash_is_found_not_made_again(
-    store_address: str, tmp_path: Path
+    survey: Survey, store_address: str, tmp_path: Path
 ) -> None:
     """Killed once ``plan_surveys`` extended the plan but before its completion
     committed: the fresh process re-executes the node, whose ``extend`` finds
     the recorded change (one version, nothing new) and the run goes on."""
-    pairs = {name: credential(name) for name in ("agent", "ops")}
-    creds = ({n: c for n, (c, _) in pairs.items()}, {n: d for n, (_, d) in pairs.items()})
-    config = charter.EngineConfig(
-        credentials=creds[1],
-        artifacts=str(tmp_path / "artifacts"),
-        workspace=str(tmp_path / "work"),
+    engine, who, box, cfg = survey.engine, survey.who, survey.box, survey.cfg
+    _, out = step(cfg, tmp_path, step="start")
+    run_id = out[0]["run_id"]
+    engine.answer(run_id, "budget", 2, by=who.ops)
+    # regions completes first; the second completion about to commit is plan_surveys'.
+    code, _ = step(
+        cfg,
+        tmp_path,
+        step="resume",
+        run=run_id,
+        segment="seg-1",
+        kill_at="node.completed.before",
+        nth=2,
     )
-    with (
-        charter.Engine.open(store_address, config=config) as engine,
-        Sandbox(tmp_path / "sandbox.db") as box,
-    ):
-        who = Principals(*creds, engine)
-        mission = engine.create_mission(survey_mission.CONTRACT, by=who.ops)
-        cfg = {
-            "store": store_address,
-            "digests": creds[1],
-            "credential": creds[0]["agent"],
-            "url": box.url,
-            "mission": mission,
-            "artifacts": config.artifacts,
-            "workspace": config.workspace,
-        }
-        _, out = step(cfg, tmp_path, step="start")
-        run_id = out[0]["run_id"]
-        engine.answer(run_id, "budget", 2, by=who.ops)
-        # regions completes first; the second completion about to commit is plan_surveys'.
-        code, _ = step(
-            cfg,
-            tmp_path,
-            step="resume",
-            run=run_id,
-            segment="seg-1",
-            kill_at="node.completed.before",
-            nth=2,
-        )
-        assert code == -signal.SIGKILL
-        assert [v["version"] for v in engine.plan_versions(run_id)] == [2]
+    assert code == -signal.SIGKILL
+    assert [v["version"] for v in engine.plan_versions(run_id)] == [2]
 
-        engine.coordinator.recover(run_id, "seg-2")
-        _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
+    engine.coordinator.recover(run_id, "seg-2")
+    _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
 
-        assert out[-1]["ended"] == "blocked", out  # on to the cooling-off timer
-        assert [v["version"] for v in engine.plan_versions(run_id)] == [2]
-        [execution] = [n for n in engine.node_executions(run_id) if n.node_id == "plan_surveys"]
-        # run again after the crash, and its change found, not made again
-        assert (execution.status, execution.crashes) == ("completed", 1)
-        keys = {a.idempotency_key for a in engine.attempts(run_id=run_id)}
-        paid = Counter(p["reference"] for p in box.payments() if p["idempotency_key"] in keys)
-        assert paid == {"survey-east": 1, "survey-north": 1}
+    assert out[-1]["ended"] == "blocked", out  # on to the cooling-off timer
+    assert [v["version"] for v in engine.plan_versions(run_id)] == [2]
+    [execution] = [n for n in engine.node_executions(run_id) if n.node_id == "plan_surveys"]
+    # run again after the crash, and its change found, not made again
+    assert (execution.status, execution.crashes) == ("completed", 1)
+    keys = {a.idempotency_key for a in engine.attempts(run_id=run_id)}
+    paid = Counter(p["reference"] for p in box.payments() if p["idempotency_key"] in keys)
+    assert paid == {"survey-east": 1, "survey-north": 1}
