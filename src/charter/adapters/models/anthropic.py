@@ -14,8 +14,9 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from charter.adapters import Dispatch, EffectClass, Estimate, Evidence, Operation, Outcome
-from charter.adapters.models.pricing import ModelUnits, Pricing, Usage, UsageLookup, max_tokens
+from charter.adapters import Dispatch, Estimate, Evidence, Outcome
+from charter.adapters.models.base import ModelAdapter
+from charter.adapters.models.pricing import ModelUnits, Usage, UsageLookup, max_tokens
 from charter.adapters.models.refusals import refused_or_raise, unknown_stream
 from charter.adapters.protocol import RecordedAttempt
 from charter.errors import MissingExtra
@@ -32,7 +33,7 @@ def _anthropic() -> Any:
     return anthropic
 
 
-class AnthropicModels:
+class AnthropicModels(ModelAdapter):
     """Messages (``messages``), ``read_only``; the arguments as for
     :class:`~charter.adapters.models.openai.OpenAIModels`."""
 
@@ -52,24 +53,21 @@ class AnthropicModels:
         sdk = _anthropic()
         if client is None:
             client = sdk.AsyncAnthropic(base_url=base_url, api_key=api_key, timeout=timeout)
-        self.client = client.with_options(max_retries=0)
-        self._sdk = sdk
-        self.name = name
-        self.operations: Mapping[str, Operation] = {"messages": Operation(EffectClass.READ_ONLY)}
-        self.pricing = Pricing("anthropic", units or ModelUnits())
-        self.key_header = key_header
-        self.lookup = lookup
-        self.input_bound = input_bound
+        self._setup(
+            sdk,
+            client,
+            provider="anthropic",
+            operations=("messages",),
+            name=name,
+            units=units,
+            key_header=key_header,
+            lookup=lookup,
+            input_bound=input_bound,
+        )
 
     def estimate(self, operation: str, request: Any) -> Estimate:
         limit = max_tokens(request, ("max_tokens",), f"{self.name}.{operation}")
         return self.pricing.estimate(request, limit, self.input_bound)
-
-    async def dispatch(self, send: Dispatch) -> Outcome:
-        # A connection pool per send: an async pool belongs to one event loop,
-        # and a synchronous caller's send gets a loop of its own.
-        async with self._sdk.DefaultAsyncHttpxClient() as http:
-            return await self._send(self.client.with_options(http_client=http), send)
 
     async def _send(self, client: Any, send: Dispatch) -> Outcome:
         body = dict(send.request)

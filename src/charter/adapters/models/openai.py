@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from charter.adapters import Dispatch, EffectClass, Estimate, Evidence, Operation, Outcome
+from charter.adapters import Dispatch, Estimate, Evidence, Outcome
+from charter.adapters.models.base import ModelAdapter
 from charter.adapters.models.pricing import (
     ModelUnits,
-    Pricing,
     Usage,
     UsageLookup,
     max_tokens,
@@ -41,7 +41,7 @@ def _openai() -> Any:
     return openai
 
 
-class OpenAIModels:
+class OpenAIModels(ModelAdapter):
     """Chat completions (``chat``) and responses (``responses``), both ``read_only``.
 
     ``client``: an ``openai.AsyncOpenAI`` (its retries are turned off here),
@@ -68,27 +68,21 @@ class OpenAIModels:
         sdk = _openai()
         if client is None:
             client = sdk.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout)
-        self.client = client.with_options(max_retries=0)
-        self._sdk = sdk
-        self.name = name
-        self.operations: Mapping[str, Operation] = {
-            "chat": Operation(EffectClass.READ_ONLY),
-            "responses": Operation(EffectClass.READ_ONLY),
-        }
-        self.pricing = Pricing("openai", units or ModelUnits())
-        self.key_header = key_header
-        self.lookup = lookup
-        self.input_bound = input_bound
+        self._setup(
+            sdk,
+            client,
+            provider="openai",
+            operations=("chat", "responses"),
+            name=name,
+            units=units,
+            key_header=key_header,
+            lookup=lookup,
+            input_bound=input_bound,
+        )
 
     def estimate(self, operation: str, request: Any) -> Estimate:
         limit = max_tokens(request, _LIMITS[operation], f"{self.name}.{operation}")
         return self.pricing.estimate(request, limit, self.input_bound)
-
-    async def dispatch(self, send: Dispatch) -> Outcome:
-        # A connection pool per send: an async pool belongs to one event loop,
-        # and a synchronous caller's send gets a loop of its own.
-        async with self._sdk.DefaultAsyncHttpxClient() as http:
-            return await self._send(self.client.with_options(http_client=http), send)
 
     async def _send(self, client: Any, send: Dispatch) -> Outcome:
         body = dict(send.request)
