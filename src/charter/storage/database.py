@@ -22,6 +22,7 @@ Two things keep a transaction short on a networked store:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -386,9 +387,22 @@ class _Group:
 
     def __init__(self) -> None:
         self.size = 0
-        self.done = False
         self.spoiled = False  # a member's changes could not be undone
         self.error: BaseException | None = None
+        #: Set once the group's commit has ended, well or not; made only when a
+        #: member waits for it (a writer alone commits without one).
+        self.done: threading.Event | None = None
+
+
+class _Waiter:
+    """A thread in line for the connection; it is woken alone, when its turn comes."""
+
+    __slots__ = ("turn", "write")
+
+    def __init__(self, write: bool) -> None:
+        self.write = write
+        self.turn = threading.Lock()
+        self.turn.acquire()  # released by whoever hands the connection over
 
 
 class Database:
@@ -403,6 +417,11 @@ class Database:
     that commit is durable; if it fails, every member gets the failure and
     nothing of the group is stored. A single writer commits at once, as
     before. Readers never see a group's uncommitted changes: they wait for it.
+
+    **Hand-off.** Threads wait in line, and the connection is handed to one
+    of them at a time (the first writer, or the first reader once no group is
+    open), which alone is woken: waking every waiter on each release made
+    eight threads no faster than one, each spending its turn on the lock.
     """
 
     def __init__(
@@ -415,9 +434,10 @@ class Database:
         self.dialect = driver.dialect
         self.clock = clock
         self.ids = ids
-        self._cond = threading.Condition()
-        self._busy = False  # a transaction body is using the connection
-        self._waiting = {True: 0, False: 0}  # threads waiting to write / to read
+        self._mutex = threading.Lock()  # guards the fields below
+        self._busy = False  # a transaction body (or a commit) is using the connection
+        self._line: collections.deque[_Waiter] = collections.deque()
+        self._waiting = {True: 0, False: 0}  # threads in line to write / to read
         self._group: _Group | None = None
         #: Physical commits made (a group counts once): for the curious and for tests.
         self.commits = 0
@@ -430,19 +450,30 @@ class Database:
         self.sign: HeadSigner | None = None
 
     def _acquire(self, write: bool) -> None:
-        with self._cond:
+        with self._mutex:
+            if not self._busy and not self._line and (write or self._group is None):
+                self._busy = True
+                return
+            waiter = _Waiter(write)
+            self._line.append(waiter)
             self._waiting[write] += 1
-            try:
-                while self._busy or (not write and self._group is not None):
-                    self._cond.wait()
-            finally:
-                self._waiting[write] -= 1
-            self._busy = True
+        waiter.turn.acquire()  # handed over: the connection is this thread's now
+
+    def _hand_over(self) -> None:
+        """Give the free connection to the first in line who may have it (holding
+        the mutex): a writer, or a reader once no group is open."""
+        for waiter in self._line:
+            if waiter.write or self._group is None:
+                self._line.remove(waiter)
+                self._waiting[waiter.write] -= 1
+                self._busy = True
+                waiter.turn.release()
+                return
+        self._busy = False
 
     def _release(self) -> None:
-        with self._cond:
-            self._busy = False
-            self._cond.notify_all()
+        with self._mutex:
+            self._hand_over()
 
     @contextmanager
     def transaction(self, *, write: bool = True, gate: str | None = None) -> Iterator[Tx]:
@@ -537,19 +568,23 @@ class Database:
         if group is None:
             group = self._group = _Group()
         group.size += 1
-        with self._cond:
-            others = self._waiting[True] and not self._waiting[False]
-            if others and group.size < self.driver.group_limit:
-                self._busy = False  # the next writer joins this transaction
-                self._cond.notify_all()
-                while not group.done:
-                    self._cond.wait()
-                committer = False
-            else:
-                self._commit_group(group)
-                committer = True
+        with self._mutex:
+            join = (
+                self._waiting[True]
+                and not self._waiting[False]
+                and group.size < self.driver.group_limit
+            )
+            if join:
+                if group.done is None:
+                    group.done = threading.Event()
+                self._hand_over()  # the next writer runs inside this transaction
+        if join:
+            assert group.done is not None
+            group.done.wait()
+        else:
+            self._commit_group(group)
         if group.error is not None:
-            if committer:
+            if not join:
                 raise group.error
             raise StoreError(
                 f"the commit shared by {group.size} transactions failed "
@@ -559,8 +594,9 @@ class Database:
             raise outcome
 
     def _commit_group(self, group: _Group) -> None:
-        """Commit the open physical transaction (holding the condition, and the
-        connection: nobody else can start meanwhile)."""
+        """Commit the open physical transaction. The connection is this thread's
+        until it is handed over: nobody else can start meanwhile, while threads
+        arriving during the sync take their place in line."""
         try:
             if group.spoiled:
                 raise StoreError("a transaction's changes could not be undone")
@@ -574,10 +610,11 @@ class Database:
             with contextlib.suppress(Exception):  # a broken connection says so next time
                 self.driver.rollback()
             group.error = exc
-        group.done = True
-        self._group = None
-        self._busy = False
-        self._cond.notify_all()
+        with self._mutex:
+            self._group = None
+            if group.done is not None:
+                group.done.set()
+            self._hand_over()
 
     def read(self) -> Any:
         """A read-only transaction with a consistent snapshot."""
