@@ -99,20 +99,23 @@ def attempt_overhead(
     except charter.ConfigError as exc:
         return {"pending": exc.message}
     loop_only = Sample("s")
+    cpu = Sample("s")
     statuses: set[str] = set()
 
     def once(i: int) -> float:
         adapter = RecordingAdapter()
         t0 = clock()
         ex = engine.start_run(mission, by=agent, segment_id=f"seg-{i}")
-        t1 = clock()
+        t1, c1 = clock(), time.process_time()
         for k in range(steps):
             attempt = ex.attempt(adapter, "write", {"k": k}, effect_key=f"e{k}")
             statuses.add(attempt.status.value)
-        t2 = clock()
+        t2, c2 = clock(), time.process_time()
         ex.finish()
         t3 = clock()
         (loop_only.warmup if i < warmup else loop_only.values).append((t2 - t1) / steps)
+        # The process's CPU time (all its threads: SQLite's work included).
+        (cpu.warmup if i < warmup else cpu.values).append((c2 - c1) / steps)
         assert len(adapter.sent) == steps
         return (t3 - t0) / steps
 
@@ -130,6 +133,7 @@ def attempt_overhead(
     return {
         "sample": sample.to_dict(),
         "loop_only": loop_only.to_dict(),
+        "cpu": cpu.to_dict(),
         "statuses": sorted(statuses),
         "shape": shape,
         "checks": checks,

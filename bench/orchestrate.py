@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import killresume
+import page
 import pg
 import report
 import slowsync
@@ -147,6 +148,8 @@ def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
     for key, value in results[-1].items():
         if _is_sample(value):
             out[key] = _merge([r[key] for r in results])
+    # The load around every round's process, not only the last one's.
+    out["load"] = [x for r in results for x in r.get("load", [])]
     return out
 
 
@@ -166,11 +169,24 @@ def attempt_rounds(run: Runner, plan: Plan, server: pg.Server | None) -> dict[st
         )
         url = f"sqlite:///{run.dir('dbos') / 'dbos.sqlite'}"
         keep("sqlite", "dbos", run.task("dbos", url=url, **kw))
+        url = f"sqlite:///{run.dir('dbos-wal') / 'dbos.sqlite'}"
+        keep("sqlite", "dbos_wal", run.task("dbos", url=url, wal=True, **kw))
         keep(
             "sqlite",
             "langgraph",
             run.task("langgraph.sqlite", workdir=str(run.dir("langgraph")), **kw),
         )
+        if TMPFS.is_dir():
+            # The same attempts where a sync costs nothing: what is left is CPU.
+            scratch = Path(tempfile.mkdtemp(prefix="charter-bench-", dir=TMPFS))
+            try:
+                keep(
+                    "sqlite",
+                    "charter_tmpfs",
+                    run.task("charter.attempts", workdir=str(scratch), **kw),
+                )
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
         if server is None:
             continue
         say(f"attempt overhead, {tag}: the same on PostgreSQL")
@@ -204,6 +220,9 @@ def attempt_rounds(run: Runner, plan: Plan, server: pg.Server | None) -> dict[st
         for backend, by_who in got.items()
     }
 
+
+#: A memory file system, for the attempt loop without the disk's syncs.
+TMPFS = Path("/dev/shm")
 
 #: The slower disk of the concurrency diagnostic (see slowsync.py).
 SLOW_FSYNC_US = 2_000
@@ -241,6 +260,21 @@ def concurrent_rounds(runner: Runner, plan: Plan) -> dict[str, Any]:
     return out
 
 
+def postgres_streams(runner: Runner, plan: Plan, server: pg.Server) -> dict[str, Any]:
+    """One stream, then eight processes with a connection each, on one store."""
+    out = {}
+    for streams in (1, 8):
+        out[str(streams)] = runner.task(
+            "charter.streams.postgres",
+            url=pg.fresh_database(server, f"bench_streams_{streams}"),
+            streams=streams,
+            attempts=plan.concurrent_attempts,
+            warmup=plan.warmup,
+            reps=plan.reps_per_round,
+        )
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
     # Child processes may write bytecode caches, as an installed package has them:
@@ -268,6 +302,9 @@ def run(args: argparse.Namespace) -> int:
                 else {"pending": "no PostgreSQL server (set CHARTER_BENCH_POSTGRES)"}
             )
             results["attempts"] = attempt_rounds(runner, plan, server)
+            if server is not None:
+                say("attempts in flight on PostgreSQL: one stream, eight processes")
+                results["streams_postgres"] = postgres_streams(runner, plan, server)
         say("concurrent attempts on one engine: shared commits or one per transaction")
         results["concurrent"] = concurrent_rounds(runner, plan)
         say("recover() on big runs (the stores are built first)")
@@ -323,6 +360,6 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         print(f"a quick run: {args.doc} is left as it was")
     else:
-        args.doc.write_text(report.markdown(results))
+        args.doc.write_text(page.markdown(results))
         print(f"regenerated {args.doc}")
     return 0

@@ -91,6 +91,7 @@ def machine(workdir: Path) -> dict[str, Any]:
         "sqlite": sqlite3.sqlite_version,
         "storage": _filesystem(workdir),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_at_start": list(os.getloadavg()),
     }
 
 
@@ -105,7 +106,7 @@ def versions() -> dict[str, str | None]:
 
 
 # -- rows ------------------------------------------------------------------------------------
-def _sample(entry: dict[str, Any] | None) -> Sample | None:
+def sample_of(entry: dict[str, Any] | None) -> Sample | None:
     if not entry or "sample" not in entry:
         return None
     return Sample.from_dict(entry["sample"])
@@ -121,9 +122,12 @@ def _row(
     target: float,
     target_text: str,
     strict: bool = False,
+    at_least: bool = False,
 ) -> dict[str, Any]:
     if value is None:
         result = "pending"
+    elif at_least:
+        result = "met" if value >= target else "missed"
     elif strict:
         result = "met" if value < target else "missed"
     else:
@@ -171,32 +175,94 @@ def _ratio_row(
     )
 
 
+#: (peer key, what it is, its short name, target ratio) per store, as set for this bench.
+ATTEMPT_TARGETS = {
+    "sqlite": (
+        ("langgraph", "LangGraph sync superstep", "LangGraph", 0.75),
+        ("dbos", "DBOS step as shipped (rollback journal)", "DBOS", 0.35),
+        ("dbos_wal", "DBOS step, its file in WAL", "DBOS on WAL", 0.8),
+        ("floor", "steady floor of two commits", "floor", 2.2),
+    ),
+    "postgresql": (
+        ("langgraph", "LangGraph sync superstep", "LangGraph", 0.75),
+        ("dbos", "DBOS step", "DBOS", 0.45),
+        ("floor", "floor of two one-round-trip commits", "floor", 1.9),
+    ),
+}
+#: Engine CPU per attempt (process CPU time, SQLite's included), on a memory file system.
+CPU_TARGET_S = 100e-6
+
+
 def _attempt_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
-    peers = (
-        ("dbos", "DBOS step", "DBOS", 0.3),
-        ("langgraph", "LangGraph sync superstep", "LangGraph", 0.6),
-        ("floor", "raw floor of two commits", "floor", 1.8),
-    )
     for backend, label in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL")):
         got = results["attempts"].get(backend, {})
         charter = got.get("charter", {})
         missing = "pending: " + (
             "no PostgreSQL store in Charter yet" if "pending" in charter else "not measured"
         )
-        for key, name, short, target in peers:
+        for key, name, short, target in ATTEMPT_TARGETS[backend]:
             out.append(
                 _ratio_row(
-                    f"attempt overhead vs {name} ({label})",
-                    ours=_sample(charter),
-                    theirs=_sample(got.get(key)),
+                    f"attempt vs {name} ({label})",
+                    ours=sample_of(charter),
+                    theirs=sample_of(got.get(key)),
                     theirs_name=short,
                     target=target,
                     ours_missing=missing,
                     theirs_missing=f"{short}: pending (no PostgreSQL server)",
                 )
             )
+    tmpfs = results["attempts"].get("sqlite", {}).get("charter_tmpfs", {})
+    cpu = sample_of({"sample": tmpfs["cpu"]}) if "cpu" in tmpfs else None
+    disk = results["attempts"].get("sqlite", {}).get("charter", {})
+    on_disk = sample_of({"sample": disk["cpu"]}) if "cpu" in disk else None
+    out.append(
+        _row(
+            "engine CPU per attempt (SQLite on tmpfs, process CPU time)",
+            fmt_sample(cpu) if cpu is not None else "pending",
+            f"on this disk: {fmt_sample(on_disk)}" if on_disk is not None else "",
+            value=None if cpu is None else cpu.median,
+            shown="" if cpu is None else fmt(cpu.median, "s"),
+            target=CPU_TARGET_S,
+            target_text=f"≤ {CPU_TARGET_S * 1e6:g} µs",
+        )
+    )
     return out
+
+
+def _throughput_row(check: str, one: Sample | None, many: Sample | None, target: float) -> dict:
+    """Throughput of many streams against one: the ratio of time per attempt."""
+    ratio = one.median / many.median if one is not None and many is not None else None
+    return _row(
+        check,
+        f"{1 / many.median:,.0f} attempts/s" if many is not None else "pending",
+        f"one stream: {1 / one.median:,.0f} attempts/s" if one is not None else "",
+        value=ratio,
+        shown=f"{ratio:.2f}x" if ratio is not None else "",
+        target=target,
+        target_text=f"≥ {target:g}x",
+        at_least=True,
+    )
+
+
+def _streams_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    disk = results.get("concurrent", {}).get("disks", {}).get("this disk", {})
+    pg = results.get("streams_postgres", {})
+    return [
+        _throughput_row(
+            "8 attempts in flight on one SQLite file (threads, one engine) vs one",
+            sample_of(disk.get("1 thread")),
+            sample_of(disk.get("8 threads, shared commits")),
+            2.0,
+        ),
+        _throughput_row(
+            "8 processes on PostgreSQL, a connection each, vs one",
+            sample_of(pg.get("1")),
+            sample_of(pg.get("8")),
+            3.0,
+        ),
+    ]
 
 
 def _recovery_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -209,7 +275,7 @@ def _recovery_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         _ratio_row(
             f"recover() at {int(big):,} / at {int(small):,} settled attempts",
             ours=big_sample,
-            theirs=_sample(rec[small]),
+            theirs=sample_of(rec[small]),
             theirs_name=f"at {int(small):,}:",
             target=1.5,
         ),
@@ -228,17 +294,17 @@ def _recovery_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _resume_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     resume = results["resume"]
-    ours = _sample(resume["charter"])
+    ours = sample_of(resume["charter"])
     out = [
         _ratio_row(
             "fresh process after SIGKILL to the resumed step vs DBOS",
             ours=ours,
-            theirs=_sample(resume["dbos"]),
+            theirs=sample_of(resume["dbos"]),
             theirs_name="DBOS",
             target=0.5,
         )
     ]
-    lg = _sample(resume["langgraph"])
+    lg = sample_of(resume["langgraph"])
     if ours is not None and lg is not None:
         ratio = ours.median / lg.median
         out.append(
@@ -318,8 +384,8 @@ def _concurrent_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     disks = results.get("concurrent", {}).get("disks", {})
     for disk, by in sorted(disks.items(), key=lambda item: item[0] != "this disk"):
-        shared = _sample(by.get("8 threads, shared commits"))
-        alone = _sample(by.get("8 threads, one commit per transaction"))
+        shared = sample_of(by.get("8 threads, shared commits"))
+        alone = sample_of(by.get("8 threads, one commit per transaction"))
         if shared is None or alone is None:
             continue
         ratio = shared.median / alone.median
@@ -342,6 +408,7 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target row, in the order of the issue that set them."""
     return [
         *_attempt_rows(results),
+        *_streams_rows(results),
         *_concurrent_rows(results),
         *_recovery_rows(results),
         *_resume_rows(results),
@@ -362,321 +429,3 @@ def text_table(table: list[dict[str, Any]]) -> str:
     pending = sum(r["result"] == "pending" for r in table)
     lines += [rule, f"{met} met, {missed} missed, {pending} pending (medians; [min-max])"]
     return "\n".join(lines)
-
-
-def _md_table(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in body]
-    return "\n".join(lines)
-
-
-def _s(entry: dict[str, Any] | None) -> str:
-    sample = _sample(entry)
-    if sample is None:
-        return "pending"
-    return f"{fmt_sample(sample)} (n={len(sample.values)})"
-
-
-def _settings(entry: dict[str, Any] | None) -> str:
-    if not entry or not entry.get("settings"):
-        return "—"
-    return ", ".join(f"{k}={v}" for k, v in entry["settings"].items())
-
-
-def markdown(results: dict[str, Any]) -> str:
-    m, plan, v = results["machine"], results["plan"], results["versions"]
-    pgs = results["postgresql"]
-    cores = f"{m['logical_cpus']} logical CPUs" + (
-        f", {m['physical_cores']} physical cores" if m["physical_cores"] else ""
-    )
-    memory = f", {m['memory_bytes'] / 2**30:.0f} GiB RAM" if m["memory_bytes"] else ""
-    postgres = (
-        f"PostgreSQL {pgs['version']} ({pgs['origin']}, server defaults: fsync and "
-        "synchronous_commit on)"
-        if "version" in pgs
-        else pgs.get("pending", "PostgreSQL: not measured")
-    )
-    parts = [
-        "# Performance",
-        "",
-        "<!-- Generated by `python3 bench/run.py`; do not edit: run it again. -->",
-        "",
-        "Generated by `python3 bench/run.py` — never typed by hand. Figures are "
-        "medians with their full range `[min-max]` over the repetitions (warm-up "
-        "runs dropped); ratios compare medians. They describe this machine on this "
-        "day; run the command to get yours.",
-        "",
-        "## Machine",
-        "",
-        f"- CPU: {m['cpu']} — {cores}{memory}",
-        f"- OS: {m['os']}",
-        f"- Python: {m['python']}; SQLite {m['sqlite']}",
-        f"- Stores on: {m['storage']}",
-        f"- {postgres}",
-        f"- Date: {m['date']}",
-        "",
-        "## Targets",
-        "",
-        _md_table(
-            list(COLUMNS),
-            [[str(r[c]) for c in COLUMNS] for r in results["rows"]],
-        ),
-        "",
-    ]
-    parts += _attempt_section(results, plan)
-    parts += _concurrent_section(results)
-    parts += _recovery_section(results)
-    parts += _resume_section(results)
-    parts += _startup_memory_section(results)
-    parts += _audit_section(results)
-    parts += [
-        "## Versions",
-        "",
-        ", ".join(f"{k} {val}" for k, val in v.items() if val is not None) + ".",
-        "",
-    ]
-    return "\n".join(parts)
-
-
-#: The rows of the concurrency table, in the order they read best.
-CONCURRENT_LABELS = (
-    "1 thread",
-    "8 threads, shared commits",
-    "8 threads, one commit per transaction",
-)
-
-
-def _concurrent_section(results: dict[str, Any]) -> list[str]:
-    conc = results.get("concurrent")
-    if not conc:
-        return []
-    body = []
-    for disk, by in sorted(conc["disks"].items(), key=lambda item: item[0] != "this disk"):
-        for label in CONCURRENT_LABELS:
-            entry = by[label]
-            sample = _sample(entry)
-            per_s = f"{1 / sample.median:,.0f}" if sample is not None else "—"
-            body.append(
-                [
-                    disk,
-                    label,
-                    _s(entry),
-                    per_s,
-                    f"{entry['commits_per_attempt']:.2f}",
-                ]
-            )
-    any_entry = next(iter(next(iter(conc["disks"].values())).values()))
-    return [
-        "## Concurrent attempts: group commit",
-        "",
-        f"{any_entry['attempts']} attempts through one engine on SQLite, made by threads "
-        "that each own a run (wall time divided by the attempts). A write transaction "
-        "that finishes while another writer waits shares the next one's commit; every "
-        "attempt is still told its outcome only once that commit is durable. The "
-        "comparison turns sharing off. The second disk is this one with every "
-        "`fsync`/`fdatasync` made 2 ms slower by an `LD_PRELOAD` shim that still "
-        f"performs the sync ({conc['shim']}): a stand-in for disks that sync in "
-        "milliseconds.",
-        "",
-        _md_table(["disk", "threads", "per attempt", "attempts/s", "commits per attempt"], body),
-        "",
-    ]
-
-
-def _attempt_section(results: dict[str, Any], plan: dict[str, Any]) -> list[str]:
-    a = results["attempts"]
-    body = []
-    who = (
-        ("charter", "Charter: `Executor.attempt` through a no-op adapter"),
-        ("dbos", "DBOS: one `@DBOS.step` in a workflow"),
-        ("langgraph", 'LangGraph: one superstep, `durability="sync"`'),
-        ("floor", "raw floor: two `INSERT` + `COMMIT`"),
-    )
-    for key, label in who:
-        body.append(
-            [
-                label,
-                _s(a["sqlite"].get(key)),
-                _settings(a["sqlite"].get(key)),
-                _s(a["postgresql"].get(key)),
-            ]
-        )
-    n = plan["rounds"] * plan["reps_per_round"]
-    charter_sqlite = a["sqlite"].get("charter", {})
-    loop = _s({"sample": charter_sqlite["loop_only"]}) if "loop_only" in charter_sqlite else "—"
-    checks = charter_sqlite.get("checks", {})
-    problems = checks.get("ledger_problems")
-    ledger = "found no problem" if problems == [] else f"reported {problems}"
-    audit = "verified" if checks.get("audit_ok") else "did NOT verify"
-    pending = a["postgresql"].get("charter", {}).get("pending")
-    shapes = []
-    for store, label in (("sqlite", "SQLite"), ("postgresql", "PostgreSQL")):
-        shape = a[store].get("charter", {}).get("shape")
-        if shape:
-            trips = f" in {shape['round_trips']:g} round trips" if "round_trips" in shape else ""
-            shapes.append(
-                f"{label}: {shape['statements']:g} statements{trips}, "
-                f"{shape['commits']:g} of them `COMMIT`"
-            )
-    shape_line = (
-        [
-            "- What one attempt sends to its store (counted over 20 attempts after the "
-            "timed runs): " + "; ".join(shapes) + "."
-        ]
-        if shapes
-        else []
-    )
-    return [
-        "## Attempt overhead",
-        "",
-        f"Time per durable step: one unit of {plan['steps']} steps in a row (a Charter "
-        "run of that many attempts with `start_run` and `finish`, a DBOS workflow, a "
-        "LangGraph graph run, or the floor's loop), divided by the number of steps. "
-        f"{plan['rounds']} interleaved round(s) of {plan['warmup']} warm-up + "
-        f"{plan['reps_per_round']} repetitions, each framework in a fresh process and "
-        f"on a fresh store (n={n}).",
-        "",
-        _md_table(["per step", "SQLite", "SQLite settings as observed", "PostgreSQL"], body),
-        "",
-        "- A Charter attempt is admission and the dispatch commit in one transaction, "
-        "the adapter call, then settlement in a second transaction — each with its "
-        "ledger entries, cached balances and hash-chained audit events. "
-        f"The attempt loop alone, without `start_run` and `finish`: {loop}. Afterwards "
-        f"the ledger check {ledger} and the audit chain {audit}.",
-        *shape_line,
-        "- DBOS runs on its own SQLite system database (`sqlite:///…`) with the "
-        "defaults DBOS sets; LangGraph checkpoints through `SqliteSaver` on a plain "
-        "`sqlite3` connection (it turns WAL on). The settings column shows what a "
-        "connection to each file reports.",
-        (
-            f"- Charter's PostgreSQL figure is pending — opening the store said: {pending!r} "
-            "— while the peers' PostgreSQL figures are measured on the server named above."
-            if pending
-            else "- PostgreSQL figures are measured on the server named above."
-        ),
-        "",
-    ]
-
-
-def _recovery_section(results: dict[str, Any]) -> list[str]:
-    body = []
-    for size, entry in sorted(results["recovery"].items(), key=lambda kv: int(kv[0])):
-        store, after = entry["store"], entry["after_recover"]
-        body.append(
-            [
-                f"{int(size):,}",
-                _s(entry),
-                f"{store['size_bytes'] / 1e6:.0f} MB",
-                f"{after.get('status')}, epoch {after.get('epoch')}, "
-                f"{after.get('voided')} voided, {after.get('unresolved')} unknown",
-            ]
-        )
-    return [
-        "## Recovery",
-        "",
-        "`Coordinator.recover(run_id, segment_id)` on one run holding N settled "
-        "attempts and 10 unresolved ones (5 PREPARED, 5 DISPATCHED whose owner "
-        "died). Each repetition recovers a fresh copy of the store (synced to disk "
-        "before the clock starts, so the copy's own write-back is not timed) in a "
-        "freshly opened engine; only the `recover()` call is timed.",
-        "",
-        _md_table(["settled attempts", "recover()", "store size", "state after"], body),
-        "",
-        "The big stores are built by running one attempt through the API and "
-        "copying its rows (attempt, ledger entries, audit events re-chained) with "
-        "direct SQL; after each build the ledger check and the audit chain "
-        "verification pass. The dead owner's lease is moved into the past rather "
-        "than waited out.",
-        "",
-    ]
-
-
-def _resume_section(results: dict[str, Any]) -> list[str]:
-    r = results["resume"]
-    body = [
-        [name, _s(r[key]), _s({"sample": r[key]["to_exit"]})]
-        for key, name in (("charter", "Charter"), ("dbos", "DBOS"), ("langgraph", "LangGraph"))
-    ]
-    return [
-        "## Fresh process after SIGKILL",
-        "",
-        "A process runs a two-step unit (a Charter plan of two nodes, a DBOS workflow "
-        "of two steps, a LangGraph graph of two nodes) and kills itself with SIGKILL "
-        "as the second step starts. After a 1.5 s pause (not timed; Charter's dead "
-        "owner held a 1 s lease), a fresh process is timed from its start until the "
-        "second step starts again: interpreter start-up, imports, opening the store, "
-        "recovery and replay of the first step. Charter resumes through "
-        "`Coordinator.resume` (recover, then the resume policy); DBOS recovers "
-        "pending workflows in `DBOS.launch()` by re-enqueueing them on its internal "
-        "queue, which is polled every second by default, so its figure includes that "
-        "wait; LangGraph is invoked again on the same thread.",
-        "",
-        _md_table(["framework", "to the resumed step", "to process exit"], body),
-        "",
-    ]
-
-
-def _startup_memory_section(results: dict[str, Any]) -> list[str]:
-    s, mem = results["startup"], results["memory"]
-    store = mem["store"]
-    return [
-        "## Start-up and memory",
-        "",
-        _md_table(
-            ["measure", "value"],
-            [
-                ["`import charter` in a fresh interpreter", _s({"sample": s["import"]})],
-                [f"`{s['help_command']}`, whole process", _s({"sample": s["help"]})],
-                ["`python -c pass`, whole process", _s({"sample": s["bare_python"]})],
-                [
-                    f"peak RSS: open a store of {store['completed_runs']:,} finished runs "
-                    f"({store['size_bytes'] / 1e6:.0f} MB), execute one more",
-                    _s(mem),
-                ],
-                [
-                    "peak RSS: `import charter` alone",
-                    fmt(mem["baseline_import_only_bytes"], "bytes"),
-                ],
-            ],
-        ),
-        "",
-        "`import charter` is timed with `perf_counter` around the import inside a fresh "
-        "interpreter; `charter --help` is the wall time of the whole process. Bytecode "
-        "caches are allowed, as in an installed package (the bench removes "
-        "`PYTHONDONTWRITEBYTECODE` for its child processes; the warm-up writes them). "
-        "Peak RSS is the child process's `VmHWM` (MB = 10^6 bytes).",
-        "",
-    ]
-
-
-def _audit_section(results: dict[str, Any]) -> list[str]:
-    audit = results.get("audit")
-    if not audit:
-        return []
-    took = Sample.from_dict(audit["sample"])
-    return [
-        "## Audit verification",
-        "",
-        _md_table(
-            ["measure", "value"],
-            [
-                [
-                    f"`charter audit verify --mission M`, M holding {audit['events']:,} events "
-                    f"({audit['size_bytes'] / 1e6:.0f} MB store), whole process",
-                    _s(audit),
-                ],
-                ["the same, per event", fmt(took.median / audit["events"], "s")],
-                ["its peak RSS", fmt_sample(Sample.from_dict(audit["rss"]))],
-                [
-                    f"its peak RSS on the same mission at {audit['small']['events']} events",
-                    fmt_sample(Sample.from_dict(audit["small"]["rss"])),
-                ],
-            ],
-        ),
-        "",
-        "The chain is built by bulk insert of correctly chained events (not timed: "
-        f"{audit['build_seconds']:.0f} s), then verified by the command in a process of its "
-        "own, on SQLite. Verification reads the chain a page at a time, so its memory does "
-        "not grow with the chain; peak RSS is the child's `ru_maxrss` from `wait4`.",
-        "",
-    ]

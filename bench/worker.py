@@ -8,6 +8,7 @@ process-wide singleton with background threads).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,10 +19,12 @@ def _tasks() -> dict[str, Callable[..., Any]]:
     import auditverify
     import charter_bench
     import peers
+    import streams
 
     return {
         "charter.attempts": charter_bench.attempt_overhead,
         "charter.concurrent": charter_bench.concurrent_attempts,
+        "charter.streams.postgres": streams.postgres_streams,
         "charter.profile": charter_bench.profile_attempts,
         "charter.recovery": charter_bench.recovery,
         "charter.memory": charter_bench.memory,
@@ -37,7 +40,12 @@ def _tasks() -> dict[str, Callable[..., Any]]:
 
 def main(argv: list[str]) -> int:
     task, out, args = argv[1], Path(argv[2]), json.loads(Path(argv[3]).read_text())
+    # The machine's load beside every figure: a figure taken while other work
+    # ran says so (1-minute load average before and after the task).
+    before = os.getloadavg()[0]
     result = _tasks()[task](**args)
+    if isinstance(result, dict):
+        result["load"] = [before, os.getloadavg()[0]]
     out.write_text(json.dumps(result))
     return 0
 
