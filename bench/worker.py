@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     # ran says so (1-minute load average before and after the task).
     before = os.getloadavg()[0]
     result = _tasks()[task](**args)
-    if isinstance(result, dict):
+    if isinstance(result, dict) and "sample" in result:
         result["load"] = [before, os.getloadavg()[0]]
     out.write_text(json.dumps(result))
     return 0
