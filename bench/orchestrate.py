@@ -261,16 +261,18 @@ def concurrent_rounds(runner: Runner, plan: Plan) -> dict[str, Any]:
 
 
 def postgres_streams(runner: Runner, plan: Plan, server: pg.Server) -> dict[str, Any]:
-    """One stream, then eight processes with a connection each, on one store."""
+    """One stream, then eight processes with a connection each, on one store:
+    each on its own mission, then all on one."""
     out = {}
-    for streams in (1, 8):
-        out[str(streams)] = runner.task(
+    for label, streams, one in (("1", 1, True), ("8", 8, False), ("8, one mission", 8, True)):
+        out[label] = runner.task(
             "charter.streams.postgres",
-            url=pg.fresh_database(server, f"bench_streams_{streams}"),
+            url=pg.fresh_database(server, f"bench_streams_{streams}_{int(one)}"),
             streams=streams,
             attempts=plan.concurrent_attempts,
             warmup=plan.warmup,
             reps=plan.reps_per_round,
+            one_mission=one,
         )
     return out
 

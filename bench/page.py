@@ -110,18 +110,21 @@ def _streams_section(results: dict[str, Any]) -> list[str]:
     if not pg:
         return []
     body = []
-    for streams, entry in sorted(pg.items(), key=lambda kv: int(kv[0])):
+    for entry in pg.values():
         sample = sample_of(entry)
         per_s = f"{1 / sample.median:,.0f}" if sample is not None else "—"
-        body.append([streams, _s(entry), per_s, _load(entry)])
+        body.append([str(entry["streams"]), str(entry["missions"]), _s(entry), per_s, _load(entry)])
     return [
         "## Attempts in flight on PostgreSQL",
         "",
         f"{next(iter(pg.values()))['attempts']} attempts split over worker processes, "
         "each with its own engine (one connection) and its own run, started together; "
-        "wall time from the first start to the last finish, divided by the attempts.",
+        "wall time from the first start to the last finish, divided by the attempts. "
+        "Each process works on a mission of its own (independent agents), or all on "
+        "one mission: a mission's gate lets one transaction at a time change it, held "
+        "until its commit is durable, so one mission's commits do not overlap.",
         "",
-        _md_table(["processes", "per attempt", "attempts/s", "load"], body),
+        _md_table(["processes", "missions", "per attempt", "attempts/s", "load"], body),
         "",
     ]
 

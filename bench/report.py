@@ -257,7 +257,7 @@ def _streams_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
             2.0,
         ),
         _throughput_row(
-            "8 processes on PostgreSQL, a connection each, vs one",
+            "8 processes on PostgreSQL, a connection and a mission each, vs one",
             sample_of(pg.get("1")),
             sample_of(pg.get("8")),
             3.0,

@@ -1,10 +1,12 @@
 """Attempts in flight at once on PostgreSQL: several worker processes, one store.
 
 Each stream is a process of its own with its own engine (one connection) and
-its own run, as several workers of one deployment are. The processes start
-together at a barrier; the figure is the wall time from the first start to
-the last finish, divided by every attempt made. Compared with one stream, it
-says how much throughput more connections buy.
+its own run, as several workers of one deployment are: each on a mission of
+its own (independent agents), or all on one mission, whose gate lets one
+transaction at a time change it. The processes start together at a barrier;
+the figure is the wall time from the first start to the last finish, divided
+by every attempt made. Compared with one stream, it says how much throughput
+more connections buy.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import multiprocessing
 import time
 from typing import Any
 
-from charter_bench import setup
+from charter_bench import CONTRACT, setup
 from timing import repeat
 
 import charter
@@ -39,10 +41,14 @@ def _stream(job: dict[str, Any], barrier: Any, out: Any) -> None:
 
 
 def postgres_streams(
-    url: str, streams: int, attempts: int, warmup: int, reps: int
+    url: str, streams: int, attempts: int, warmup: int, reps: int, *, one_mission: bool = False
 ) -> dict[str, Any]:
     """``attempts`` attempts split over ``streams`` processes on one PostgreSQL store."""
-    engine, _, mission, cred = setup(url)
+    engine, agent, mission, cred = setup(url)
+    missions = [
+        mission if one_mission or s == 0 else engine.create_mission(CONTRACT, by=agent)
+        for s in range(streams)
+    ]
     engine.close()
     ctx = multiprocessing.get_context("spawn")
     each = attempts // streams
@@ -73,6 +79,11 @@ def postgres_streams(
     with charter.Engine.open(
         url, config=charter.EngineConfig(credentials={"agent": cred["digest"]})
     ) as check:
-        problems = check.check_ledger(mission)
+        problems = [p for m in set(missions) for p in check.check_ledger(m)]
     assert problems == [], problems
-    return {"sample": sample.to_dict(), "streams": streams, "attempts": each * streams}
+    return {
+        "sample": sample.to_dict(),
+        "streams": streams,
+        "attempts": each * streams,
+        "missions": len(set(missions)),
+    }
