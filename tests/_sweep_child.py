@@ -21,7 +21,10 @@ from charter.testing import AtCommit
 def main(argv: list[str]) -> int:
     cfg = json.loads(Path(argv[0]).read_text())
     hook = AtCommit(cfg["k"], cfg["when"], cfg["what"])
-    config = charter.EngineConfig(credentials=cfg["digests"])
+    lease = cfg.get("lease_seconds", 30.0)
+    config = charter.EngineConfig(
+        credentials=cfg["digests"], lease_seconds=lease, send_deadline_seconds=lease / 2
+    )
     engine = charter.Engine.open(cfg["store"], config=config, crash_hook=hook)
     end = "completed"
     try:
@@ -37,6 +40,8 @@ def main(argv: list[str]) -> int:
         end = f"blocked: {blocked.reason}"
     except charter.CharterError as exc:  # an injected store fault reached the worker
         end = f"{type(exc).__name__}: {exc.message}"
+    except charter.Fenced as exc:  # paused, and taken over meanwhile (F2)
+        end = f"fenced: {exc}"
     finally:
         engine.close()
     print(json.dumps({"end": end, "commits": hook.seen}), flush=True)

@@ -480,15 +480,55 @@ def test_F3_the_engine_checks_the_deadline_itself_before_calling_the_adapter(
     ) as engine:
         people = {n: engine.authenticate(c) for n, c in creds[0].items()}
         mission = engine.create_mission(default_contract(), by=people["alice"])
+        called: list[Dispatch] = []
         careless = RecordingAdapter()
-        careless.dispatch = lambda send: Outcome.succeeded()  # type: ignore[method-assign]
+        careless.dispatch = lambda send: called.append(send) or Outcome.succeeded()  # type: ignore[method-assign]
         ex = engine.start_run(mission, by=people["agent"], segment_id="seg-1")
         stall.append(LEASE + 1)
-        late = ex.attempt(careless, "write", {"n": 1}, effect_key="late")
+        # Unsent, the effect is tried again (A4); past its lease the executor is fenced.
+        with pytest.raises(charter.Fenced):
+            ex.attempt(careless, "write", {"n": 1}, effect_key="late")
+        assert called == []
+        [late] = engine.attempts(run_id=ex.run_id)
         assert late.status is AttemptStatus.FAILED
         assert "deadline" in (late.reason or "")
         (proof,) = engine.evidence(late.id)
         assert proof["verdict"] == "not_applied"
+
+
+def test_A4_F3_an_effect_left_unsent_past_its_deadline_is_tried_again_within_the_lease(
+    store_address: str,
+    creds: tuple[dict[str, str], dict[str, str]],
+    clock: ManualClock,
+) -> None:
+    """Found by pausing a worker after each commit: paused past its send deadline
+    (not its lease), it recorded its own refusal to send as the target's answer,
+    and the node failed though nothing had been sent. A4: an effect settled as not
+    applied is tried again as a new attempt, under the operation's retry policy."""
+    stall: list[float] = []
+
+    def hook(point: str) -> None:
+        if point == "dispatch.after" and stall:
+            clock.advance(stall.pop())
+
+    config = charter.EngineConfig(
+        credentials=creds[1], lease_seconds=LEASE, send_deadline_seconds=LEASE / 3
+    )
+    with charter.Engine.open(store_address, config=config, clock=clock, crash_hook=hook) as engine:
+        people = {n: engine.authenticate(c) for n, c in creds[0].items()}
+        mission = engine.create_mission(default_contract(), by=people["alice"])
+        target = RecordingAdapter()
+        ex = engine.start_run(mission, by=people["agent"], segment_id="seg-1")
+        stall.append(LEASE / 2)  # past the send deadline, within the lease
+        done = ex.attempt(target, "write", {"n": 1}, effect_key="paused")
+
+        assert done.status is AttemptStatus.SUCCEEDED
+        [first, second] = sorted(engine.attempts(run_id=ex.run_id), key=lambda a: a.generation)
+        assert (first.status, first.answered) == (AttemptStatus.FAILED, False)
+        assert (second.id, second.retry_of, second.generation) == (done.id, first.id, 2)
+        assert [s.attempt_id for s in target.sent] == [second.id]
+        assert engine.balances(mission)["calls"].spent == 1
+        assert engine.check_ledger(mission) == []
 
 
 def test_F1_recover_sets_the_lease_by_the_store_clock_not_the_process_clock(

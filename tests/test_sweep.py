@@ -6,7 +6,9 @@ the last to a new payee that needs ``maria``'s approval. A first run counts
 its physical commits (K). Then, for every k in 1..K, a fresh mission is run
 again with the child stopped at commit k — SIGKILLed just before it or just
 after it, or with the commit failing before it or after it succeeded (the
-connection lost once the server had committed). Each time an operator then
+connection lost once the server had committed), or paused (SIGSTOP) just
+after it until another segment has taken its run over, then resumed
+(SIGCONT): it must be fenced, and send nothing more (F2, F3). Each time an operator then
 finishes the mission through the public API, as a person would: recover
 (a dead owner is taken over at once), reconcile what is uncertain by the
 sandbox's lookup, confirm it, approve, resume. After each case the invariants
@@ -21,8 +23,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,6 +44,8 @@ from conftest import Principals
 
 HERE = Path(__file__).resolve().parent
 CHILD_TIMEOUT = 60
+#: The paused worker's lease (s): the other segment waits this long to take over.
+PAUSED_LEASE = 1.0
 Creds = tuple[dict[str, str], dict[str, str]]
 
 CONTRACT = {
@@ -65,6 +71,27 @@ class World:
 
     def child(self, mission: str, k: int, when: str = "before", what: str = "kill") -> Any:
         """Run the agent's executor in a child process stopped at commit ``k``."""
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
+        done = subprocess.run(
+            self._command(mission, k, when, what),
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT,
+            env=env,
+            check=False,
+        )
+        lines = [json.loads(line) for line in done.stdout.splitlines()]
+        return done.returncode, lines, done.stderr
+
+    def paused_child(self, mission: str, k: int) -> subprocess.Popen[str]:
+        """The agent's executor with a short lease, paused just after commit ``k``."""
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
+        command = self._command(mission, k, "after", "pause", lease_seconds=PAUSED_LEASE)
+        return subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+
+    def _command(self, mission: str, k: int, when: str, what: str, **extra: float) -> list[str]:
         config = self.dir / f"child-{mission}.json"
         config.write_text(
             json.dumps(
@@ -78,20 +105,11 @@ class World:
                     "k": k,
                     "when": when,
                     "what": what,
+                    **extra,
                 }
             )
         )
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
-        done = subprocess.run(
-            [sys.executable, str(HERE / "_sweep_child.py"), str(config)],
-            capture_output=True,
-            text=True,
-            timeout=CHILD_TIMEOUT,
-            env=env,
-            check=False,
-        )
-        lines = [json.loads(line) for line in done.stdout.splitlines()]
-        return done.returncode, lines, done.stderr
+        return [sys.executable, str(HERE / "_sweep_child.py"), str(config)]
 
 
 @pytest.fixture
@@ -196,6 +214,79 @@ def one_case(world: World, k: int, when: str, what: str) -> list[str]:
     return [f"k={k} {what} {when}: {v}" for v in violations(world, mission, run_id)]
 
 
+def _stopped(proc: subprocess.Popen[str]) -> bool:
+    """Whether the process is stopped by a signal (state T in /proc)."""
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def _take_over_paused(world: World, run_id: str) -> int | None:
+    """Recover the paused worker's run as soon as its lease has run out (its
+    process is alive, so nothing earlier may take it); the new epoch. ``None``
+    when the store stays busy: another thread of the paused worker was inside a
+    transaction, and holds the store's lock (SQLite's writer lock, or the
+    mission's gate) until it is resumed; the wait is bounded and typed."""
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    while True:
+        try:
+            return world.engine.coordinator.recover(run_id, "op-paused").epoch
+        except charter.StoreBusy:
+            return None
+        except charter.LeaseHeld:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def paused_case(world: World, k: int) -> list[str]:
+    """The worker paused just after commit ``k``, its run taken over, then resumed."""
+    engine = world.engine
+    mission = engine.create_mission(CONTRACT, by=world.who.alice, name=f"pause-{k}")
+    proc = world.paused_child(mission, k)
+    try:
+        deadline = time.monotonic() + CHILD_TIMEOUT
+        while not _stopped(proc):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return [f"k={k} pause: the child did not pause ({proc.poll()})"]
+            time.sleep(0.01)
+        runs = engine.runs(mission)
+        sent_before = len(world.box.requests())
+        fenced: tuple[str, set[str]] | None = None
+        epoch = _take_over_paused(world, runs[0].id) if runs else None
+        if epoch is not None:
+            dispatched = {
+                a.id for a in engine.attempts(run_id=runs[0].id) if a.dispatched_epoch == epoch - 1
+            }
+            fenced = (f"{runs[0].id}:{epoch - 1}", dispatched)
+        os.kill(proc.pid, signal.SIGCONT)
+        _, stderr = proc.communicate(timeout=CHILD_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        return [f"k={k} pause: the child ended {proc.returncode}: {stderr[-400:]}"]
+    found = []
+    if fenced is not None:
+        token, dispatched = fenced
+        late = [r for r in world.box.requests()[sent_before:] if r["fencing_token"] == token]
+        if late:
+            found.append(f"F3: the fenced worker sent after the takeover: {late}")
+        again = [
+            a.id
+            for a in engine.attempts(run_id=runs[0].id)
+            if a.dispatched_epoch == int(token.rsplit(":", 1)[1]) and a.id not in dispatched
+        ]
+        if again:
+            found.append(f"F2: dispatch commits from the fenced epoch: {again}")
+    run_id = finish(world, mission)
+    found += violations(world, mission, run_id)
+    return [f"k={k} pause after: {v}" for v in found]
+
+
 def workload_commits(world: World) -> int:
     """K: the commits the worker makes when nothing goes wrong (to its approval wait)."""
     mission = world.engine.create_mission(CONTRACT, by=world.who.alice, name="count")
@@ -219,6 +310,19 @@ def test_A2_A4_F1_R1_L0_every_commit_of_the_payment_workload_interrupted_is_reco
     commits = workload_commits(world)
     assert commits >= 10  # start, admissions, dispatches, settlements, node steps
     found = [v for k in range(1, commits + 1) for v in one_case(world, k, when, what)]
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.crash
+@pytest.mark.timeout(900)
+def test_F2_F3_A2_a_worker_paused_after_every_commit_is_fenced_once_taken_over(
+    world: World,
+) -> None:
+    """SIGSTOP just after each commit k, past the worker's lease; another segment
+    takes the run over; SIGCONT. The resumed worker commits nothing more under
+    its old epoch and sends nothing; the operator finishes the mission."""
+    commits = workload_commits(world)
+    found = [v for k in range(1, commits + 1) for v in paused_case(world, k)]
     assert found == [], "\n".join(found)
 
 

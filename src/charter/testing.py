@@ -76,7 +76,10 @@ class AtCommit:
       after: it is durable and nobody was told);
     - ``"fail"``: raise ``error`` (before: a commit that failed, nothing stored;
       after: one that succeeded while its caller was told it failed, as when
-      the connection is lost after the server committed).
+      the connection is lost after the server committed);
+    - ``"pause"``: SIGSTOP this process, which goes on where it was when it is
+      sent SIGCONT (a worker paused past its lease, then resumed; before the
+      commit it still holds the store's lock for it).
 
     With ``k = 0`` it only counts (``seen``), to learn a workload's commits.
     """
@@ -88,8 +91,8 @@ class AtCommit:
     seen: int = 0
 
     def __post_init__(self) -> None:
-        if self.when not in ("before", "after") or self.what not in ("kill", "fail"):
-            raise ValueError("when is 'before' or 'after'; what is 'kill' or 'fail'")
+        if self.when not in ("before", "after") or self.what not in ("kill", "fail", "pause"):
+            raise ValueError("when is 'before' or 'after'; what is 'kill', 'fail' or 'pause'")
 
     def __call__(self, name: str) -> None:
         if name not in COMMIT_POINTS:
@@ -100,6 +103,9 @@ class AtCommit:
             return
         if self.what == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.what == "pause":
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
         raise self.error or StoreError(f"the connection was lost at commit {self.k} ({self.when})")
 
 

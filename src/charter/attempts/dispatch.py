@@ -24,20 +24,24 @@ from charter.adapters import Adapter, Dispatch, EffectClass, Evidence, Outcome
 from charter.adapters.protocol import blocking, is_async
 from charter.attempts import admission, calls, settlement, store
 from charter.attempts.calls import REQUEST_JSON, Call, request_hash
-from charter.attempts.evidence import Report, garbage, record, recordable, unrecorded
+from charter.attempts.evidence import (
+    Report,
+    from_answer,
+    from_late,
+    from_raised,
+    record,
+    unrecorded,
+)
 from charter.attempts.model import Attempt, AttemptStatus, Effect, Lineage, changed
 from charter.clock import seconds_us
 from charter.contracts.authority import require
 from charter.contracts.contract import Contract
 from charter.contracts.principals import Right
 from charter.errors import (
-    AdapterError,
     AmountOverflow,
     ApprovalRequired,
     CharterError,
     Fenced,
-    NotApplied,
-    OutcomeUnknown,
     StateError,
 )
 from charter.ledger.incidents import open_incident
@@ -121,12 +125,12 @@ def send(adapter: Adapter, order: Dispatch, secrets: list[Secret]) -> Report:
     if is_async(adapter):
         return blocking(asend(adapter, order, secrets))
     if order.expired:
-        return _late(order)
+        return from_late(order)
     try:
         answer = adapter.dispatch(order)
     except Exception as exc:
-        return _raised(exc, secrets)
-    return _answered(answer, secrets)
+        return from_raised(exc, secrets)
+    return from_answer(answer, secrets)
 
 
 async def asend(adapter: Adapter, order: Dispatch, secrets: list[Secret]) -> Report:
@@ -135,41 +139,12 @@ async def asend(adapter: Adapter, order: Dispatch, secrets: list[Secret]) -> Rep
     if not is_async(adapter):
         return await asyncio.to_thread(send, adapter, order, secrets)
     if order.expired:
-        return _late(order)
+        return from_late(order)
     try:
         answer = await cast(Awaitable[Outcome], adapter.dispatch(order))
     except Exception as exc:
-        return _raised(exc, secrets)
-    return _answered(answer, secrets)
-
-
-def _late(order: Dispatch) -> Report:
-    why = "send deadline passed before the engine called the adapter"
-    return Report(
-        Evidence.not_applied({"reason": why, "deadline_us": order.send_deadline_us}),
-        f"not applied: {why}",
-    )
-
-
-def _raised(exc: Exception, secrets: list[Secret]) -> Report:
-    """What an adapter's exception reports: proof of non-application, a broken
-    protocol, or (anything else) an unknown outcome (A3)."""
-    if isinstance(exc, NotApplied):
-        proof = Evidence.not_applied({"reason": exc.reason, **exc.evidence})
-        return recordable(Report(proof, f"not applied: {exc.reason}"), secrets)
-    if isinstance(exc, OutcomeUnknown):  # unknown, with evidence to keep
-        reason = f"outcome unknown: {exc.reason}"
-        return recordable(Report(Evidence.indeterminate(exc.evidence), reason, keep=True), secrets)
-    if isinstance(exc, AdapterError):  # e.g. an Outcome out of range
-        return garbage(f"{type(exc).__name__}: {exc}", exc.message, secrets)
-    reason = secret.scrub_text(f"{type(exc).__name__}: {exc}", secrets)
-    return Report(Evidence.indeterminate(), reason)
-
-
-def _answered(answer: object, secrets: list[Secret]) -> Report:
-    if not isinstance(answer, Outcome):
-        return garbage(repr(answer), f"adapter returned {type(answer).__name__}", secrets)
-    return recordable(Report(Evidence.applied(answer)), secrets)
+        return from_raised(exc, secrets)
+    return from_answer(answer, secrets)
 
 
 def dispatch_prepared(
@@ -345,11 +320,14 @@ def performing(
                 "is PREPARED with its hold kept (see `charter approvals`)",
                 attempt_id=attempt.id,
             )
-        attempt = yield from sending(seg, attempt, adapter, started, call.secrets)
+        reports: list[Report] = []
+        attempt = yield from sending(seg, attempt, adapter, started, call.secrets, reports=reports)
         # A target that never answers cannot drain the budget: the
-        # operation's retry policy bounds the A7 write-off retries.
+        # operation's retry policy bounds the A7 write-off retries, and the
+        # new attempts of an effect this executor left unsent (A4).
         limit = call.adapter.operations[call.operation].retries
-        if retries >= limit or not _write_off_read_only(seg, attempt, call):
+        unsent = attempt.status is AttemptStatus.FAILED and reports[-1].unsent
+        if retries >= limit or not (unsent or _write_off_read_only(seg, attempt, call)):
             return attempt
         retries += 1
         effect = effect.retried_after(attempt.id)
@@ -409,9 +387,12 @@ def sending(
     adapter: Adapter,
     started_us: int,
     hidden: list[Secret] | None = None,
+    *,
+    reports: list[Report] | None = None,
 ) -> Sending[Attempt]:
     """Send through the one send path, then settle. ``hidden``: the request's
-    secrets, when the caller already knows them (otherwise it is searched)."""
+    secrets, when the caller already knows them (otherwise it is searched);
+    ``reports`` gets what the send reported."""
     if attempt.send_deadline_us is None or attempt.dispatched_at_us is None:
         raise StateError(f"attempt {attempt.id} has no dispatch commit; nothing is sent")
     seg.runtime.crash("dispatch.after")
@@ -425,6 +406,8 @@ def sending(
     if hidden is None:
         hidden = list(secret.found(attempt.request))
     report = yield Send(adapter, req, hidden)
+    if reports is not None:
+        reports.append(report)
     seg.runtime.crash("settlement.before")
     try:
         try:
@@ -504,7 +487,7 @@ def _settle_live(seg: Segment, tx: Tx, attempt: Attempt, report: Report) -> Atte
         evidence,
         reason=reason,
         from_statuses=(AttemptStatus.DISPATCHED,),
-        answered=True,
+        answered=not report.unsent,
         **kw,
     ):
         settlement.record_late(
@@ -528,7 +511,7 @@ def _settle_live(seg: Segment, tx: Tx, attempt: Attempt, report: Report) -> Atte
         price_source=(o.price_source if o is not None else None) or attempt.price_source,
         reason=reason if reason is not None else attempt.reason,
         settled_at_us=tx.now_us,
-        answered=True,
+        answered=not report.unsent,
     )
 
 

@@ -26,10 +26,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from charter import secret
-from charter.adapters import Evidence, Outcome
+from charter.adapters import Dispatch, Evidence, Outcome
 from charter.attempts import store
 from charter.attempts.model import Attempt
-from charter.errors import AdapterError, SettlementUnrecorded
+from charter.errors import (
+    AdapterError,
+    NotApplied,
+    OutcomeUnknown,
+    SettlementUnrecorded,
+)
 from charter.hashing import canonical
 from charter.secret import Secret
 from charter.storage import Tx
@@ -56,12 +61,15 @@ class Report:
     ``reason`` says why an outcome is unknown, or how non-application was
     proven; ``keep`` marks indeterminate evidence that must be stored: all
     there is of an unrecordable report, or what an adapter knew of an unknown
-    outcome (:class:`~charter.errors.OutcomeUnknown`).
+    outcome (:class:`~charter.errors.OutcomeUnknown`). ``unsent``: the engine
+    itself did not call the adapter (its send deadline had passed), so no
+    target answered anything.
     """
 
     evidence: Evidence
     reason: str | None = None
     keep: bool = False
+    unsent: bool = False
 
 
 def recordable(report: Report, secrets: list[Secret]) -> Report:
@@ -78,8 +86,43 @@ def recordable(report: Report, secrets: list[Secret]) -> Report:
         return garbage(repr(evidence), str(exc), secrets)
     reason = None if report.reason is None else secret.scrub_text(report.reason, secrets)
     return Report(
-        dataclasses.replace(evidence, outcome=outcome, detail=detail), reason, report.keep
+        dataclasses.replace(evidence, outcome=outcome, detail=detail),
+        reason,
+        report.keep,
+        report.unsent,
     )
+
+
+def from_late(order: Dispatch) -> Report:
+    """The engine did not call the adapter: the send deadline had passed (F3)."""
+    why = "send deadline passed before the engine called the adapter"
+    return Report(
+        Evidence.not_applied({"reason": why, "deadline_us": order.send_deadline_us}),
+        f"not applied: {why}",
+        unsent=True,
+    )
+
+
+def from_raised(exc: Exception, secrets: list[Secret]) -> Report:
+    """What an adapter's exception reports: proof of non-application, a broken
+    protocol, or (anything else) an unknown outcome (A3)."""
+    if isinstance(exc, NotApplied):
+        proof = Evidence.not_applied({"reason": exc.reason, **exc.evidence})
+        return recordable(Report(proof, f"not applied: {exc.reason}"), secrets)
+    if isinstance(exc, OutcomeUnknown):  # unknown, with evidence to keep
+        reason = f"outcome unknown: {exc.reason}"
+        return recordable(Report(Evidence.indeterminate(exc.evidence), reason, keep=True), secrets)
+    if isinstance(exc, AdapterError):  # e.g. an Outcome out of range
+        return garbage(f"{type(exc).__name__}: {exc}", exc.message, secrets)
+    reason = secret.scrub_text(f"{type(exc).__name__}: {exc}", secrets)
+    return Report(Evidence.indeterminate(), reason)
+
+
+def from_answer(answer: object, secrets: list[Secret]) -> Report:
+    """What an adapter returned: an Outcome, or something it should not have."""
+    if not isinstance(answer, Outcome):
+        return garbage(repr(answer), f"adapter returned {type(answer).__name__}", secrets)
+    return recordable(Report(Evidence.applied(answer)), secrets)
 
 
 def unrecorded(attempt_id: str, report: Report, cause: Exception) -> SettlementUnrecorded:

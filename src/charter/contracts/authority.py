@@ -17,7 +17,7 @@ from charter.contracts.principals import Authenticator, Principal, Right
 from charter.errors import AuthenticationError, NotAuthorized
 from charter.hashing import ENGINE_CHAIN
 from charter.storage import Tx
-from charter.storage.database import Refused
+from charter.storage.transaction import Refused
 
 
 class Authority:

@@ -20,8 +20,8 @@ from charter.contracts.model import Mission
 from charter.errors import ContractError, NotAuthorized, NotFound
 from charter.ledger import store as ledger_store
 from charter.storage import Tx
-from charter.storage.database import Refused
 from charter.storage.paging import Position
+from charter.storage.transaction import Refused
 
 
 class ContractCache:

@@ -12,9 +12,10 @@ from pathlib import Path
 from charter.clock import Clock
 from charter.errors import ConfigError, SchemaError, StoreNotFound
 from charter.ids import IdFactory
-from charter.storage.database import Database, Driver, Prefetched, Row, Tx
+from charter.storage.database import Database
 from charter.storage.schema import LATEST, MIGRATIONS
 from charter.storage.sqlite import SQLiteDriver
+from charter.storage.transaction import Driver, Prefetched, Row, Tx
 
 DEFAULT_PATH = Path(".charter") / "charter.db"
 

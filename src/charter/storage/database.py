@@ -1,23 +1,11 @@
-"""Transactions over a driver connection, shared by every backend.
+"""Serialised, bounded transactions over one driver connection.
 
-A :class:`Tx` is the only way domain code touches the store. It fixes the
-store's clock for the transaction, runs SQL through the dialect, and collects
-audit events that are chained and written *inside the same transaction* just
-before commit (S1). A refusal that must be recorded (an unauthenticated caller,
-a denied resolution) is staged with :meth:`Tx.refuse`: the audit event commits,
-then the error is raised, and nothing else changes.
-
-Two things keep a transaction short on a networked store:
-
-- **the mission's gate.** Every transaction that changes a mission takes its
-  gate first (:meth:`Tx.lock_mission`, or ``transaction(gate=...)`` to take it
-  with ``BEGIN``). The gate is also the only way onto the mission's audit
-  chain, so the chain's head read under it stays valid until commit.
-- **deferred writes.** A statement whose result nobody reads (a ledger entry,
-  a counter, an audit event) is given to :meth:`Tx.write`; a backend may send
-  it together with the next statement that returns something, or with
-  ``COMMIT``. It is still inside the transaction: it commits with everything
-  else or not at all, and a failure aborts the whole transaction.
+:class:`Database` lends its connection to one transaction at a time
+(:class:`~charter.storage.transaction.Tx`, where the statements, the store's
+time and the audit events of one transaction live), hands it to waiting
+threads one at a time, and lets writers that wait on each other share one
+commit (group commit), never answering any of them before that commit is
+durable.
 """
 
 from __future__ import annotations
@@ -25,361 +13,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any
 
 from charter.clock import Clock
-from charter.errors import CharterError, MissionSealed, StoreError
-from charter.hashing import (
-    HASHED_FIELDS,
-    canonical,
-    checkpoint_statement,
-    digest,
-    event_hash,
-    genesis,
-    head_table,
-)
+from charter.errors import StoreError
 from charter.ids import IdFactory
-from charter.storage.dialect import Dialect
-
-Row = Mapping[str, Any]
-#: An audit chain's head as its row keeps it: the last event's sequence number
-#: and hash (``hash`` is ``None`` while the chain is empty), and why the chain is
-#: sealed (``None`` while it takes events).
-Head = tuple[int, str | None, str | None]
-#: Signs a chain head's statement: returns the key's id and the signature (base64).
-HeadSigner = Callable[[bytes], tuple[str, str]]
-
-
-class Driver(Protocol):
-    """What a backend provides: raw statements and transaction control."""
-
-    dialect: Dialect
-
-    def execute(self, sql: str, params: Sequence[Any]) -> Any: ...
-
-    def defer(
-        self, sql: str, params: Sequence[Any], take: Callable[[Any], None] | None = None
-    ) -> None:
-        """Run a statement now or with the next one; ``take`` gets its result
-        (something with ``fetchone``) once it has run."""
-        ...
-
-    def flush(self) -> None:
-        """Send the deferred statements now."""
-        ...
-
-    def begin(self, write: bool, clock: Clock, gate: str | None) -> None:
-        """Start a transaction (``gate``: taking that mission's gate first); a
-        backend may send this with the transaction's first statement."""
-        ...
-
-    def now_us(self) -> int:
-        """The store's time for the current transaction (µs)."""
-        ...
-
-    def commit(self) -> None: ...
-
-    def rollback(self) -> None: ...
-
-    #: How many transactions may share one commit (1: each commits alone).
-    group_limit: int
-
-    def join(self, clock: Clock, member: str) -> None:
-        """Start another transaction inside the open one, as savepoint ``member``
-        (only for backends whose ``group_limit`` is above 1)."""
-        ...
-
-    def leave(self, member: str, *, keep: bool) -> None:
-        """End savepoint ``member``, keeping its changes or undoing them."""
-        ...
-
-    def gate(self, mission_id: str) -> None:
-        """Take the mission's gate until the transaction ends, before any later
-        statement: this transaction becomes the only one changing the mission
-        or appending to its audit chain."""
-        ...
-
-    def head(self, mission_id: str) -> Head | None:
-        """The head kept on the row of a mission whose gate is held (``None``:
-        no such row yet, as while the mission is being created)."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class Prefetched:
-    """The row of a read sent ahead (:meth:`Tx.prefetch`)."""
-
-    def __init__(self, driver: Driver) -> None:
-        self._driver = driver
-        self._row: Row | None = None
-        self._filled = False
-
-    def fill(self, result: Any) -> None:
-        self._row = result.fetchone()
-        self._filled = True
-
-    @property
-    def row(self) -> Row | None:
-        if not self._filled:
-            self._driver.flush()
-        if not self._filled:
-            raise StoreError("a prefetched read was not answered")
-        return self._row
-
-
-class Refused(BaseException):
-    """Carries a refusal out of a transaction body; see :meth:`Tx.refused`."""
-
-    def __init__(self, error: CharterError, event: dict[str, Any] | None, keep: bool) -> None:
-        super().__init__(error.message)
-        self.error = error
-        self.event = event
-        self.keep = keep
-
-
-class Tx:
-    """One transaction: statements, the store's time, and pending audit events."""
-
-    def __init__(
-        self, driver: Driver, ids: IdFactory, gate: str | None, sign: HeadSigner | None = None
-    ) -> None:
-        self._driver = driver
-        self._sql = driver.dialect.sql
-        self.ids = ids
-        self._now_us: int | None = None
-        self._events: list[dict[str, Any]] = []
-        self._sign = sign
-        #: Chains this transaction seals (with why) or opens again (S2, S5).
-        self._seals: dict[str, str | None] = {}
-        #: The missions whose gate this transaction holds.
-        self._gates: set[str] = set() if gate is None else {gate}
-
-    @property
-    def now_us(self) -> int:
-        """The store's time, fixed for the whole transaction."""
-        if self._now_us is None:
-            self._now_us = self._driver.now_us()
-        return self._now_us
-
-    # -- statements -----------------------------------------------------------
-    def one(self, sql: str, *params: Any) -> Row | None:
-        row: Row | None = self._driver.execute(self._sql(sql), params).fetchone()
-        return row
-
-    def all(self, sql: str, *params: Any) -> list[Row]:
-        return list(self._driver.execute(self._sql(sql), params).fetchall())
-
-    def run(self, sql: str, *params: Any) -> int:
-        """Execute a statement; return the number of rows it changed."""
-        count: int = self._driver.execute(self._sql(sql), params).rowcount
-        return count
-
-    def prefetch(self, sql: str, *params: Any) -> Prefetched:
-        """A read whose row is needed later in this transaction: it may travel
-        with the next statement that is sent (one round trip for both)."""
-        box = Prefetched(self._driver)
-        self._driver.defer(self._sql(sql), params, box.fill)
-        return box
-
-    def write(self, sql: str, *params: Any) -> None:
-        """A statement whose result is not needed; it may be sent later, in this
-        transaction (see the module's docstring)."""
-        self._driver.defer(self._sql(sql), params)
-
-    def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        """Deferred writes of one statement; an INSERT becomes multi-row statements.
-
-        Each carries at most as many parameters as the store allows in one
-        statement, in row counts that are powers of two, so that however many
-        rows a transaction writes, few distinct statements are prepared.
-        """
-        rows = list(rows)
-        head, sep, group = sql.rpartition(" VALUES ")
-        if len(rows) < 2 or not (sep and head.startswith("INSERT") and group.startswith("(")):
-            for row in rows:
-                self._driver.defer(self._sql(sql), row)
-            return
-        fits = max(1, self._driver.dialect.max_params // len(rows[0]))
-        size = 1 << (fits.bit_length() - 1)  # the largest power of two that fits
-        start = 0
-        while start < len(rows):
-            while size > len(rows) - start:
-                size >>= 1
-            chunk = rows[start : start + size]
-            self._driver.defer(
-                self._sql(f"{head}{sep}{', '.join([group] * size)}"),
-                [v for row in chunk for v in row],
-            )
-            start += size
-
-    # -- audit (S1) ---------------------------------------------------------------
-    def audit(
-        self,
-        mission_id: str,
-        kind: str,
-        entity: str,
-        *,
-        actor: str,
-        segment: str | None = None,
-        epoch: int | None = None,
-        before: str | None = None,
-        after: str | None = None,
-        payload: Any = None,
-    ) -> None:
-        """Stage an audit event; it is chained and written at commit."""
-        self._events.append(
-            {
-                "mission_id": mission_id,
-                "at_us": self.now_us,
-                "actor": actor,
-                "segment": segment,
-                "epoch": epoch,
-                "kind": kind,
-                "entity": entity,
-                "before": before,
-                "after": after,
-                "payload": canonical(payload if payload is not None else {}),
-            }
-        )
-
-    def copy(self, into: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Write ``rows`` as they are: ``into`` is the owner's ``INSERT INTO table``,
-        every row has the same columns. For restoring records verified elsewhere
-        (an imported snapshot), never for recording a change."""
-        if rows:
-            columns = list(rows[0])
-            self.many(
-                f"{into} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-                [tuple(row[c] for c in columns) for row in rows],
-            )
-
-    def seal(self, mission_id: str, reason: str | None) -> None:
-        """Seal ``mission_id``'s chain at commit, after this transaction's events, so
-        nothing more is recorded on it here (``reason`` says why); ``None`` opens a
-        sealed chain again for this transaction's events and after (an adoption)."""
-        self._seals[mission_id] = reason
-
-    def lock_mission(self, mission_id: str) -> None:
-        """Take the mission's gate before changing anything of it.
-
-        Every transaction that changes a mission's runs, attempts or allowances
-        takes its gate first, so there is one lock order and concurrent workers
-        queue instead of deadlocking (SQLite's single writer is a gate already).
-        """
-        if mission_id not in self._gates:
-            self._driver.gate(mission_id)
-            self._gates.add(mission_id)
-
-    def refused(
-        self,
-        error: CharterError,
-        *,
-        mission_id: str | None,
-        kind: str,
-        entity: str,
-        actor: str,
-        payload: Any = None,
-        keep_changes: bool = False,
-    ) -> Refused:
-        """An exception to raise that records a refusal and then raises ``error``.
-
-        By default the transaction's other changes roll back and only the
-        refusal's audit event commits: the caller is told, the store records
-        who was refused, nothing else changes. ``keep_changes`` commits
-        everything staged so far, for refusals whose rule requires a change
-        (pausing a run whose allowance is exhausted, L7).
-        """
-        if mission_id is not None:
-            self.audit(mission_id, kind, entity, actor=actor, payload=payload)
-        event = self._events[-1] if mission_id is not None else None
-        return Refused(error, event, keep_changes)
-
-    def _flush_audit(self) -> None:
-        if not self._events:
-            return
-        # Gates not held yet are taken in a fixed order, so two transactions
-        # never wait on each other's chains.
-        chains = sorted({ev["mission_id"] for ev in self._events})
-        for mission_id in chains:
-            self.lock_mission(mission_id)
-        heads: dict[str, tuple[int, str]] = {}
-        for mission_id in chains:
-            seq, hash_, sealed = self._driver.head(mission_id) or (0, None, None)
-            if sealed is not None and self._seals.get(mission_id, sealed) is not None:
-                raise MissionSealed(
-                    f"mission {mission_id} is sealed here ({sealed}): nothing more is "
-                    "recorded on it in this store",
-                    mission_id=mission_id,
-                    reason=sealed,
-                )
-            heads[mission_id] = (seq, hash_ or genesis(mission_id))
-        rows: list[tuple[Any, ...]] = []
-        for ev in self._events:
-            mission_id = ev["mission_id"]
-            seq, prev = heads[mission_id]
-            ev["seq"] = seq + 1
-            ev["payload_hash"] = digest(ev["payload"])
-            h = event_hash(prev, {k: ev[k] for k in HASHED_FIELDS})
-            heads[mission_id] = (seq + 1, h)
-            rows.append(
-                (
-                    mission_id,
-                    ev["seq"],
-                    ev["at_us"],
-                    ev["actor"],
-                    ev["segment"],
-                    ev["epoch"],
-                    ev["kind"],
-                    ev["entity"],
-                    ev["before"],
-                    ev["after"],
-                    ev["payload"],
-                    ev["payload_hash"],
-                    prev,
-                    h,
-                )
-            )
-        self.many(
-            "INSERT INTO audit_events (mission_id, seq, at_us, actor, segment, epoch, kind, "
-            "entity, before, after, payload, payload_hash, prev_hash, hash) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
-        )
-        # The heads move with the events: deferred writes too, so on PostgreSQL
-        # they travel with COMMIT and cost no round trip.
-        for mission_id in chains:
-            seq, hash_ = heads[mission_id]
-            self.write(
-                f"UPDATE {head_table(mission_id)} SET audit_seq = ?, audit_hash = ?, "
-                "audit_sealed = ? WHERE id = ?",
-                seq,
-                hash_,
-                self._seals.get(mission_id),
-                mission_id,
-            )
-            if self._sign is not None:
-                self._checkpoint(mission_id, seq, hash_)
-
-    def _checkpoint(self, chain: str, seq: int, hash_: str) -> None:
-        """Sign the head just moved (S2): a store rewritten consistently afterwards
-        no longer matches a signature its writer cannot make."""
-        assert self._sign is not None
-        key, signature = self._sign(checkpoint_statement(chain, seq, hash_))
-        self.write(
-            "INSERT INTO audit_checkpoints (mission_id, seq, hash, key_id, signature, at_us) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (mission_id) DO UPDATE SET seq = excluded.seq, "
-            "hash = excluded.hash, key_id = excluded.key_id, signature = excluded.signature, "
-            "at_us = excluded.at_us",
-            chain,
-            seq,
-            hash_,
-            key,
-            signature,
-            self.now_us,
-        )
+from charter.storage.transaction import Driver, HeadSigner, Refused, Tx
 
 
 class _Group:
@@ -496,8 +137,7 @@ class Database:
             if not refusal.keep:
                 # Only the refusal's audit event is kept (see Tx.refused).
                 kept = self._undo(group, member) and refusal.event is not None
-                tx._events = [refusal.event] if kept and refusal.event else []
-                tx._gates = set()  # the gates went with the undo
+                tx.undone(refusal.event if kept else None)
                 if kept:
                     try:
                         self._start(True, None, member)
@@ -508,7 +148,7 @@ class Database:
             self._undo(group, member)
         if kept:
             try:
-                tx._flush_audit()
+                tx.flush_audit()
                 if member is not None:
                     self.driver.leave(member, keep=True)
             except BaseException as exc:

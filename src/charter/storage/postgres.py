@@ -32,7 +32,7 @@ from charter.clock import Clock, SystemClock
 from charter.errors import ConfigError, MissingExtra, StoreBusy, StoreConflict, StoreError
 from charter.hashing import head_table
 from charter.storage import dialect
-from charter.storage.database import Head
+from charter.storage.transaction import Head
 
 try:
     import psycopg

@@ -17,7 +17,7 @@ from charter.clock import Clock
 from charter.errors import StoreBusy, StoreConflict, StoreError
 from charter.hashing import head_table
 from charter.storage import dialect
-from charter.storage.database import Head
+from charter.storage.transaction import Head
 
 #: A chain's head, by the table that keeps it (see :func:`charter.hashing.head_table`).
 _HEAD = {
