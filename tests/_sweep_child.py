@@ -1,7 +1,8 @@
 """The child of ``test_sweep.py``: the agent's executor, stopped at one commit.
 
 Run as ``python _sweep_child.py CONFIG.json``. It owns a new run of the
-mission and pays the invoices through the sandbox, with an
+mission and pays the invoices through the sandbox (the workload named in the
+config, see ``_sweep_workloads.py``), with an
 :class:`charter.testing.AtCommit` hook armed at commit ``k`` (``k = 0`` only
 counts). It prints ``{"run_id"}`` once the run exists and, if it lives to the
 end, ``{"end", "commits"}``: how far it got and how many commits it made.
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 import charter
-from charter.cli.demo import invoice_plan, payments_adapter
+from _sweep_workloads import WORKLOADS
 from charter.testing import AtCommit
 
 
@@ -29,8 +30,9 @@ def main(argv: list[str]) -> int:
     end = "completed"
     try:
         agent = engine.authenticate(cfg["credential"])
-        with payments_adapter(cfg["url"]) as payments:
-            plan = invoice_plan(payments)
+        make_adapter, make_plan = WORKLOADS[cfg.get("workload", "payments")]
+        with make_adapter(cfg["url"]) as payments:
+            plan = make_plan(payments)
             ex = engine.start_run(
                 cfg["mission"], by=agent, segment_id="seg-1", plan=plan, input=cfg["invoices"]
             )

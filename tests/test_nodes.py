@@ -431,6 +431,45 @@ def test_A6_unknown_attempt_blocks_the_node_and_the_run_needs_intervention(
     assert node_states(engine, ex.run_id) == [("send", 1, "blocked")]
 
 
+def test_A4_A7_a_read_whose_lost_answer_a_person_wrote_off_is_read_again_on_replay(
+    engine: charter.Engine, mission: str, who: Principals
+) -> None:
+    """Found by sweeping an agent loop: a read-only call's answer was lost, an
+    operator wrote it off (the only settlement a read with no lookup has), and
+    the replayed node failed on the write-off although reading again has no
+    effect anywhere. A read-only effect written off is read again as a new
+    attempt, under the operation's retry policy (A7), and the node goes on."""
+    answers = [TimeoutError("no answer")]
+
+    def flaky(send: Dispatch) -> Outcome:
+        if answers:
+            raise answers.pop()
+        return Outcome.succeeded(result={"text": "hello"}, cost={"usd": 1})
+
+    model = RecordingAdapter(script={"read": flaky})
+
+    @charter.node
+    def ask(ctx: charter.Context, value: Any) -> Any:
+        return ctx.attempt(model, "read", {"prompt": "hi"}, key="ask")["text"]
+
+    plan = charter.Plan("ask", (ask,))
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1", plan=plan)
+    with pytest.raises(charter.Blocked):
+        ex.execute(plan)
+    (lost,) = engine.attempts(run_id=ex.run_id)
+    engine.coordinator.resolve(
+        lost.id, by=who.alice, outcome="written_off", evidence="the answer was lost"
+    )
+
+    assert engine.coordinator.resume(ex.run_id, "seg-1", by=who.agent).execute(plan) == "hello"
+    assert engine.run(ex.run_id).status is RunStatus.COMPLETED
+    first, second = sorted(engine.attempts(run_id=ex.run_id), key=lambda a: a.generation)
+    assert (first.status, second.status) == (AttemptStatus.WRITTEN_OFF, AttemptStatus.SUCCEEDED)
+    assert (second.retry_of, second.generation) == (first.id, 2)
+    assert len(model.sent) == 2
+    assert engine.check_ledger(mission) == []
+
+
 @dataclass
 class GateAdapter(RecordingAdapter):
     """A recorder whose sends wait (bounded) for a second concurrent send."""

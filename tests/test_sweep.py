@@ -1,8 +1,10 @@
 """Every commit of a workload, interrupted (A1-A4, F1-F3, L0, R1-R8, S1).
 
-The workload is a payment mission with an approval, against the payments
-sandbox: the agent's executor runs in a child process and pays four invoices,
-the last to a new payee that needs ``maria``'s approval. A first run counts
+Two workloads (``_sweep_workloads.py``), each against the payments sandbox: a
+payment mission with an approval, whose executor runs in a child process and
+pays four invoices, the last to a new payee that needs an approval; and an
+agent loop that, each turn, makes a ``read_only`` call and a payment, through
+an ``idempotent_keyed`` operation and an ``unsafe`` one in turn. A first run counts
 its physical commits (K). Then, for every k in 1..K, a fresh mission is run
 again with the child stopped at commit k — SIGKILLed just before it or just
 after it, or with the commit failing before it or after it succeeded (the
@@ -36,8 +38,9 @@ from typing import Any
 import pytest
 
 import charter
+from _sweep_workloads import WORKLOADS
 from charter import AttemptStatus
-from charter.cli.demo import INVOICES, invoice_plan, payments_adapter
+from charter.cli.demo import INVOICES
 from charter.sandbox import Sandbox
 from charter.testing import RecordingAdapter
 from conftest import Principals
@@ -68,6 +71,7 @@ class World:
     store: str
     creds: Creds
     dir: Path
+    workload: str = "payments"
 
     def child(self, mission: str, k: int, when: str = "before", what: str = "kill") -> Any:
         """Run the agent's executor in a child process stopped at commit ``k``."""
@@ -105,6 +109,7 @@ class World:
                     "k": k,
                     "when": when,
                     "what": what,
+                    "workload": self.workload,
                     **extra,
                 }
             )
@@ -112,20 +117,25 @@ class World:
         return [sys.executable, str(HERE / "_sweep_child.py"), str(config)]
 
 
-@pytest.fixture
-def world(store_address: str, creds: Creds, tmp_path: Path) -> Iterator[World]:
+@pytest.fixture(params=sorted(WORKLOADS))
+def world(
+    store_address: str, creds: Creds, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[World]:
     config = charter.EngineConfig(credentials=creds[1])
     engine = charter.Engine.open(store_address, config=config)
     with Sandbox(tmp_path / "sandbox.db") as box:
-        yield World(engine, Principals(*creds, engine), box, store_address, creds, tmp_path)
+        yield World(
+            engine, Principals(*creds, engine), box, store_address, creds, tmp_path, request.param
+        )
     engine.close()
 
 
 def finish(world: World, mission: str) -> str:
     """What an operator does until the mission's run has completed; its run."""
     engine, who = world.engine, world.who
-    with payments_adapter(world.box.url) as payments:
-        plan = invoice_plan(payments)
+    make_adapter, make_plan = WORKLOADS[world.workload]
+    with make_adapter(world.box.url) as payments:
+        plan = make_plan(payments)
         runs = engine.runs(mission)
         if not runs:  # the worker died before its run existed: start it again
             ex = engine.start_run(
@@ -142,10 +152,19 @@ def finish(world: World, mission: str) -> str:
                 return run_id
             segment = _take_over(world, run_id, f"op-{turn}")
             for attempt in engine.attempts(run_id=run_id, unresolved=True):
-                if attempt.status is AttemptStatus.UNKNOWN:
-                    evidence = engine.coordinator.reconcile(attempt.id, payments, by=who.alice)
-                    assert evidence.conclusive, evidence  # the lookup by key always proves
-                    engine.coordinator.confirm(attempt.id, by=who.alice)
+                if attempt.status is not AttemptStatus.UNKNOWN:
+                    continue
+                if attempt.effect_class == "read_only":  # a look with no lookup: written off
+                    engine.coordinator.resolve(
+                        attempt.id,
+                        by=who.alice,
+                        outcome="written_off",
+                        evidence="a read with no effect; its answer was lost",
+                    )
+                    continue
+                evidence = engine.coordinator.reconcile(attempt.id, payments, by=who.alice)
+                assert evidence.conclusive, evidence  # the lookup by key always proves
+                engine.coordinator.confirm(attempt.id, by=who.alice)
             for approval in engine.approvals(run_id=run_id, pending=True):
                 engine.approve(approval.id, by=who.bob)
             ex = engine.coordinator.resume(run_id, segment, by=who.alice)
@@ -310,12 +329,13 @@ def workload_commits(world: World) -> int:
 
 
 @pytest.mark.crash
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     ("what", "when"),
     [("kill", "before"), ("kill", "after"), ("fail", "before"), ("fail", "after")],
     ids=["killed-before-commit", "killed-after-commit", "commit-fails", "commit-lost-after"],
 )
-def test_A2_A4_F1_R1_L0_every_commit_of_the_payment_workload_interrupted_is_recovered(
+def test_A2_A4_F1_R1_L0_every_commit_of_each_workload_interrupted_is_recovered(
     world: World, what: str, when: str
 ) -> None:
     commits = workload_commits(world)

@@ -348,9 +348,12 @@ class Context:
             return prior
         # Settled as not applied while the node was not waiting for it (by
         # evidence or a person): the node never saw it fail, so it goes on with
-        # a new attempt, under the operation's retry policy.
+        # a new attempt, under the operation's retry policy. So does a read
+        # written off (its answer lost): reading again has no effect (A7).
         unseen = prior.status is AttemptStatus.FAILED and not prior.answered
-        if unseen and prior.generation <= call.adapter.operations[call.operation].retries:
+        lost_read = reads and prior.status is AttemptStatus.WRITTEN_OFF
+        retries = call.adapter.operations[call.operation].retries
+        if (unseen or lost_read) and prior.generation <= retries:
             return _RETRY
         return prior
 
