@@ -24,7 +24,11 @@ def main(argv: list[str]) -> int:
     hook = AtCommit(cfg["k"], cfg["when"], cfg["what"])
     lease = cfg.get("lease_seconds", 30.0)
     config = charter.EngineConfig(
-        credentials=cfg["digests"], lease_seconds=lease, send_deadline_seconds=lease / 2
+        credentials=cfg["digests"],
+        lease_seconds=lease,
+        send_deadline_seconds=lease / 2,
+        artifacts=cfg["artifacts"],
+        workspace=cfg["workspace"],
     )
     engine = charter.Engine.open(cfg["store"], config=config, crash_hook=hook)
     end = "completed"

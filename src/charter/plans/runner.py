@@ -19,7 +19,14 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from charter.attempts.store import count_unresolved
-from charter.errors import Blocked, CharterError, NonDeterminismError, StateError, WaitPending
+from charter.errors import (
+    Blocked,
+    CharterError,
+    NonDeterminismError,
+    StateError,
+    StoreError,
+    WaitPending,
+)
 from charter.hashing import digest
 from charter.ledger.incidents import open_incident
 from charter.plans import files, versions
@@ -201,10 +208,7 @@ def _run_node(ex: Segment, n: Node, value: Any, plan: Plan | None = None) -> Any
                 raise _CheckFailed(f"node {n.name} result failed its check")
             result_json = json.dumps(result, sort_keys=True, separators=(",", ":"))
         except Blocked:
-            # Best effort: the store may be what blocked the node (a settlement
-            # it refused); recovery finds a node left running just as well.
-            with contextlib.suppress(CharterError):
-                _set_node(ex, n.name, execution, "blocked", None)
+            _blocked(ex, n.name, execution, None)
             raise
         except NonDeterminismError as exc:
             _set_node(ex, n.name, execution, "blocked", None)
@@ -212,6 +216,11 @@ def _run_node(ex: Segment, n: Node, value: Any, plan: Plan | None = None) -> Any
                 RunStatus.NEEDS_INTERVENTION, f"non-determinism in node {n.name}: {exc.message}"
             )
             raise
+        except StoreError as exc:
+            # The store failed under the node (an artifact's record, a journaled
+            # value, a wait): not the node's failure to end the run with (A4).
+            _blocked(ex, n.name, execution, f"the store failed in node {n.name}: {exc}")
+            raise Blocked(exc.message, run_id=ex.run_id) from exc
         except Exception as exc:
             failed = _set_node(ex, n.name, execution, "failed", f"{type(exc).__name__}: {exc}")
             if failed <= n.retries:
@@ -222,6 +231,16 @@ def _run_node(ex: Segment, n: Node, value: Any, plan: Plan | None = None) -> Any
         _complete(ex, n.name, execution, result_json)
         ex.runtime.crash("node.completed.after")
         return json.loads(result_json)
+
+
+def _blocked(ex: Segment, node_id: str, execution: int, intervene: str | None) -> None:
+    """Best effort: the store may be what blocked the node (a settlement it
+    refused); recovery finds a node left running just as well. ``intervene``:
+    why the run needs a person."""
+    with contextlib.suppress(CharterError):
+        _set_node(ex, node_id, execution, "blocked", None)
+        if intervene is not None:
+            ex.mark(RunStatus.NEEDS_INTERVENTION, intervene)
 
 
 class _CheckFailed(Exception):
