@@ -282,6 +282,7 @@ class Simulation:
             by=self.operator.who["alice"],
         )
         self.trace: list[str] = []
+        self.violations: list[Violation] = []
         self.stats = Stats()
         self.ordinal: dict[str, int] = {}
         self.counter = 0
@@ -610,6 +611,10 @@ class Simulation:
             pass
         if other.executor is not None and other.executor.run_id == run_id:
             other.executor = None
+        if self.rng.random() < 0.5:  # and a person settles it before the answer is back
+            for a in self.attempts(AttemptStatus.UNKNOWN):
+                if a.run_id == run_id:
+                    self.meanwhile_resolve(a.id)
 
     def meanwhile_pause(self, proc: Process) -> None:
         """The sender paused between its dispatch commit and its send (F3)."""
@@ -623,7 +628,15 @@ class Simulation:
 
     # -- invariants --------------------------------------------------------------------------
     def check_send(self, send: Dispatch) -> None:
-        """At the moment the target receives a send (A2, F2, F3)."""
+        """At the moment the target receives a send (A2, F2, F3); what is wrong is
+        kept for the end of the step (the engine would take an exception raised
+        in its adapter for an unknown outcome)."""
+        try:
+            self._check_send(send)
+        except Violation as exc:
+            self.violations.append(exc)
+
+    def _check_send(self, send: Dispatch) -> None:
         eng = self.operator.engine
         attempt = eng.attempt(send.attempt_id)
         run = eng.run(send.run_id)
@@ -640,6 +653,8 @@ class Simulation:
             raise Violation("F3", f"sent {send.attempt_id} after its run's lease expired")
 
     def check(self, where: str) -> None:
+        if self.violations:
+            raise self.violations[0]
         eng = self.operator.engine
         attempts = eng.attempts(mission_id=self.mission)
         by_id = {a.id: a for a in attempts}
