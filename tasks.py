@@ -106,7 +106,9 @@ def simulate() -> None:
             select = ["-k", args.pop(0)]
         else:
             raise SystemExit(f"simulate: unexpected argument {arg!r} (see tasks.py's docstring)")
-    target = "tests/test_simulation.py::test_A2_A4_F2_F3_L0_R7_R8_S1_hold_in_every_simulated_history"
+    target = (
+        "tests/test_simulation.py::test_A2_A4_F2_F3_L0_R7_R8_S1_hold_in_every_simulated_history"
+    )
     pytest([target, "-s", "-q", *select], env)
 
 

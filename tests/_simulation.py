@@ -29,12 +29,12 @@ prints the one command that replays it. See docs/reliability.md.
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import hashlib
 import random
 import traceback
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,12 +127,16 @@ class World:
         fate, self.fate = self.fate, "applied"
         first = all(r.attempt_id != send.attempt_id for r in self.received)
         if not first and OPERATIONS[send.operation].effect is EffectClass.IDEMPOTENT_KEYED:
-            self.received.append(Received(send.attempt_id, send.operation, send.run_id, send.epoch, False))
+            self.received.append(
+                Received(send.attempt_id, send.operation, send.run_id, send.epoch, False)
+            )
             if send.attempt_id in self.applied:  # deduplicated: the first answer again
                 return self._answer(send)
             fate = "applied"
         if fate in ("refused", "lost"):
-            self.received.append(Received(send.attempt_id, send.operation, send.run_id, send.epoch, False))
+            self.received.append(
+                Received(send.attempt_id, send.operation, send.run_id, send.epoch, False)
+            )
             if fate == "refused":
                 raise NotApplied("refused before processing", evidence={"to": send.attempt_id})
             raise ConnectionResetError("connection reset; nothing came back")
@@ -142,7 +146,9 @@ class World:
         elif self.sim.rng.random() < 0.3:
             cost["usd"] = self.sim.rng.randrange(cost["usd"] + 1)
         self.applied[send.attempt_id] = cost
-        self.received.append(Received(send.attempt_id, send.operation, send.run_id, send.epoch, True))
+        self.received.append(
+            Received(send.attempt_id, send.operation, send.run_id, send.epoch, True)
+        )
         if fate == "timeout":
             raise TimeoutError("applied, but the answer timed out")
         if fate == "late":
@@ -384,7 +390,9 @@ class Simulation:
         except charter.CharterError as exc:
             out = f"refused {type(exc).__name__}"
         except Exception as exc:
-            raise Violation("typed errors", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}") from exc
+            raise Violation(
+                "typed errors", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+            ) from exc
         return out
 
     def _state(self) -> str:
@@ -394,7 +402,9 @@ class Simulation:
         for a in attempts:
             self.ordinal.setdefault(a.id, len(self.ordinal))
         statuses = " ".join(f"{self.ordinal[a.id]}:{a.status.value[:2]}" for a in attempts)
-        bal = {u: (b.available, b.held, b.spent) for u, b in sorted(eng.balances(self.mission).items())}
+        bal = {
+            u: (b.available, b.held, b.spent) for u, b in sorted(eng.balances(self.mission).items())
+        }
         return f"{statuses} {bal}"
 
     # -- helpers ---------------------------------------------------------------------------
@@ -408,7 +418,9 @@ class Simulation:
             run = proc.engine.run(ex.run_id)
             if run.status is RunStatus.ACTIVE and run.epoch == ex.epoch:
                 return ex
-        ex = proc.engine.start_run(self.mission, by=proc.who["agent"], segment_id=f"seg-{self._next()}")
+        ex = proc.engine.start_run(
+            self.mission, by=proc.who["agent"], segment_id=f"seg-{self._next()}"
+        )
         proc.executor = ex
         return ex
 
@@ -453,7 +465,9 @@ class Simulation:
     def step_dispatch(self) -> str:
         proc = self.worker()
         ex = proc.executor
-        prepared = [a for a in self.attempts(AttemptStatus.PREPARED) if ex and a.run_id == ex.run_id]
+        prepared = [
+            a for a in self.attempts(AttemptStatus.PREPARED) if ex and a.run_id == ex.run_id
+        ]
         if ex is None or not prepared:
             return "nothing prepared"
         attempt = self.rng.choice(prepared)
@@ -471,7 +485,7 @@ class Simulation:
         ex = proc.executor
         if ex is None:
             return "no run"
-        mine = [a for a in proc.engine.attempts(run_id=ex.run_id)]
+        mine = list(proc.engine.attempts(run_id=ex.run_id))
         newest: dict[str, charter.Attempt] = {}
         for a in sorted(mine, key=lambda a: a.generation):
             newest[a.effect_key] = a
@@ -494,7 +508,9 @@ class Simulation:
         return f"{self.ordinal.get(last.id)} premature={premature} {fate} -> {done.status.value}"
 
     def step_decide(self) -> str:
-        pending = [a for a in self.operator.engine.approvals(pending=True) if a.mission_id == self.mission]
+        pending = [
+            a for a in self.operator.engine.approvals(pending=True) if a.mission_id == self.mission
+        ]
         if not pending:
             return "nothing pending"
         approval = self.rng.choice(pending)
@@ -529,14 +545,24 @@ class Simulation:
         lookup = pick(self.rng, LOOKUPS)
         self.world.lookup = lookup
         owner = next(
-            (p.executor for p in self.workers if p.executor and p.executor.run_id == attempt.run_id),
+            (
+                p.executor
+                for p in self.workers
+                if p.executor and p.executor.run_id == attempt.run_id
+            ),
             None,
         )
         executor = owner if self.rng.random() < 0.5 else None
         eng = self.operator.engine
-        evidence = eng.coordinator.reconcile(attempt.id, self.adapters[0], by=self.operator.who["alice"], executor=executor)
+        evidence = eng.coordinator.reconcile(
+            attempt.id, self.adapters[0], by=self.operator.who["alice"], executor=executor
+        )
         line = f"{self.ordinal.get(attempt.id)} {lookup} -> {evidence.verdict}"
-        if evidence.conclusive and eng.attempt(attempt.id).status.unresolved and self.rng.random() < 0.7:
+        if (
+            evidence.conclusive
+            and eng.attempt(attempt.id).status.unresolved
+            and self.rng.random() < 0.7
+        ):
             done = eng.coordinator.confirm(attempt.id, by=self.operator.who["alice"])
             line += f", confirmed {done.status.value}"
         return line
@@ -574,7 +600,9 @@ class Simulation:
             self.operator.engine.coordinator.reconcile(attempt_id, self.adapters[0])
         except charter.StateError as exc:
             if self._state() != before:
-                raise Violation("A4", f"a refused duplicate reply changed the store ({exc})") from exc
+                raise Violation(
+                    "A4", f"a refused duplicate reply changed the store ({exc})"
+                ) from exc
             return f"refused {type(exc).__name__}"
         return "reconciled"
 
@@ -589,7 +617,9 @@ class Simulation:
         unit = self.rng.choice(["usd", "calls"])
         bal = self.operator.engine.balances(self.mission)[unit]
         step = 20_000 if unit == "usd" else 4
-        version = self.operator.engine.raise_limit(self.mission, unit, bal.limit + step, by=self.operator.who["alice"])
+        version = self.operator.engine.raise_limit(
+            self.mission, unit, bal.limit + step, by=self.operator.who["alice"]
+        )
         return f"{unit} v{version}"
 
     def step_close_incident(self) -> str:
@@ -605,10 +635,8 @@ class Simulation:
         """The sender stalls past its lease; the other worker recovers its run."""
         self.clock.advance(LEASE + 1)
         other = next(p for p in self.workers if p is not self.acting)
-        try:
+        with contextlib.suppress(charter.CharterError):
             other.engine.coordinator.recover(run_id, f"seg-{self._next()}")
-        except charter.CharterError:
-            pass
         if other.executor is not None and other.executor.run_id == run_id:
             other.executor = None
         if self.rng.random() < 0.5:  # and a person settles it before the answer is back
@@ -621,10 +649,8 @@ class Simulation:
         self.clock.advance(LEASE + self.rng.choice([-1, 1, 5]))
 
     def meanwhile_resolve(self, attempt_id: str) -> None:
-        try:
+        with contextlib.suppress(charter.CharterError):
             self._resolve(attempt_id)
-        except charter.CharterError:
-            pass
 
     # -- invariants --------------------------------------------------------------------------
     def check_send(self, send: Dispatch) -> None:
@@ -641,12 +667,22 @@ class Simulation:
         attempt = eng.attempt(send.attempt_id)
         run = eng.run(send.run_id)
         first = all(r.attempt_id != send.attempt_id for r in self.world.received)
-        if first and (attempt.status is not AttemptStatus.DISPATCHED or attempt.dispatched_epoch != send.epoch):
-            raise Violation("A2", f"sent {send.attempt_id} while the store says {attempt.status.value} (epoch {attempt.dispatched_epoch})")
+        if first and (
+            attempt.status is not AttemptStatus.DISPATCHED or attempt.dispatched_epoch != send.epoch
+        ):
+            raise Violation(
+                "A2",
+                f"sent {send.attempt_id} while the store says {attempt.status.value} "
+                f"(epoch {attempt.dispatched_epoch})",
+            )
         if not attempt.status.unresolved:
-            raise Violation("A4", f"sent {send.attempt_id} again after it settled {attempt.status.value}")
+            raise Violation(
+                "A4", f"sent {send.attempt_id} again after it settled {attempt.status.value}"
+            )
         if run.epoch != send.epoch:
-            raise Violation("F2", f"sent {send.attempt_id} at epoch {send.epoch}; the run is at {run.epoch}")
+            raise Violation(
+                "F2", f"sent {send.attempt_id} at epoch {send.epoch}; the run is at {run.epoch}"
+            )
         if send.clock.monotonic_us() >= send.deadline_monotonic_us:
             raise Violation("F3", f"sent {send.attempt_id} after its deadline")
         if run.lease_expires_us <= self.clock.now_us():
@@ -673,14 +709,24 @@ class Simulation:
         for attempt_id, got in per.items():
             a = by_id.get(attempt_id)
             if a is None or a.dispatched_epoch is None:
-                raise Violation("A1", f"the target received {attempt_id}, which the store never dispatched")
+                raise Violation(
+                    "A1", f"the target received {attempt_id}, which the store never dispatched"
+                )
             if sum(r.applied for r in got) > 1:
-                raise Violation("A2", f"the target applied {attempt_id} {sum(r.applied for r in got)} times")
+                raise Violation(
+                    "A2", f"the target applied {attempt_id} {sum(r.applied for r in got)} times"
+                )
             if len(got) > 1 and OPERATIONS[a.operation].effect is not EffectClass.IDEMPOTENT_KEYED:
-                raise Violation("A2", f"{a.operation} attempt {attempt_id} was sent {len(got)} times")
+                raise Violation(
+                    "A2", f"{a.operation} attempt {attempt_id} was sent {len(got)} times"
+                )
         for a in by_id.values():
             if a.dispatched_epoch is not None and a.dispatched_epoch != a.admitted_epoch:
-                raise Violation("F2", f"{a.id} admitted at epoch {a.admitted_epoch}, dispatched at {a.dispatched_epoch}")
+                raise Violation(
+                    "F2",
+                    f"{a.id} admitted at epoch {a.admitted_epoch}, "
+                    f"dispatched at {a.dispatched_epoch}",
+                )
 
     def _check_effects(self, attempts: list[charter.Attempt]) -> None:
         open_: Counter[tuple[str, str, str]] = Counter()
@@ -725,9 +771,15 @@ class Simulation:
             actor = settled_by.get(a.id)
             rows = [r for r in eng.evidence(a.id) if r["settled"]]
             if not rows:
-                raise Violation("R7", f"{a.id} settled {a.status.value} with no evidence settling it")
-            by_target = all(r["verdict"] != "indeterminate" and r["source"] != "person" for r in rows)
-            if actor != "alice" and not (by_target and (actor == "agent" or self.config.evidence_settles == "auto")):
+                raise Violation(
+                    "R7", f"{a.id} settled {a.status.value} with no evidence settling it"
+                )
+            by_target = all(
+                r["verdict"] != "indeterminate" and r["source"] != "person" for r in rows
+            )
+            if actor != "alice" and not (
+                by_target and (actor == "agent" or self.config.evidence_settles == "auto")
+            ):
                 raise Violation("R8", f"{a.id} settled by {actor!r}, who may not resolve it")
 
 
@@ -738,14 +790,11 @@ def simulate(seed: int, url: str, backend: str, steps: int) -> tuple[str, Stats]
         digest = sim.run(steps)
     except Violation as exc:
         tail = "\n".join(sim.trace[-8:])
-        raise Violation(exc.rule, f"seed {seed}: {exc}\nlast steps:\n{tail}\nreplay: {replay_command(seed, steps, backend)}") from exc
+        raise Violation(
+            exc.rule,
+            f"seed {seed}: {exc}\nlast steps:\n{tail}\n"
+            f"replay: {replay_command(seed, steps, backend)}",
+        ) from exc
     finally:
         sim.close()
     return digest, sim.stats
-
-
-def seeds(first: int, count: int) -> Iterator[int]:
-    yield from range(first, first + count)
-
-
-__all__ = ["Simulation", "Stats", "Violation", "dataclasses", "replay_command", "seeds", "simulate"]
