@@ -3,6 +3,7 @@
     python3 tasks.py demo    # set up .venv if needed, run the example mission
     python3 tasks.py test    # set up .venv with test tools, lint, type-check, test
     python3 tasks.py faults [--long]   # the fault-injection tests alone; --long: more of them
+    python3 tasks.py simulate [--long] [--seed N] [--seeds N] [--steps N] [--backend NAME]
 
 Needs only Python 3.11+ (and, for installing, access to a package index). The
 tests run on SQLite and on PostgreSQL: ``test`` starts a throwaway PostgreSQL
@@ -69,6 +70,8 @@ FAULTS = [
     "tests/test_liveness.py",
     "tests/test_send_path.py",
     "tests/test_ledger.py::test_L0_L1_L2_hold_after_every_step_of_random_histories",
+    "tests/test_simulation.py",
+    "tests/test_attempt_model.py",
 ]
 
 
@@ -79,6 +82,34 @@ def faults() -> None:
     args = sys.argv[2:]
     env = {"CHARTER_FAULTS": "long"} if "--long" in args else {}
     pytest([*FAULTS, *(a for a in args if a != "--long")], env)
+
+
+def simulate() -> None:
+    """The deterministic simulator (docs/reliability.md): the fast profile, or
+    ``--long``, or ``--seeds N`` from ``--first N``, or one ``--seed N`` to replay,
+    ``--steps N`` each; ``--backend sqlite|postgresql`` for one store only."""
+    ensure_venv("test")
+    args, env, select = sys.argv[2:], {}, []
+    names = {
+        "--seed": "CHARTER_SIM_SEED",
+        "--seeds": "CHARTER_SIM_SEEDS",
+        "--first": "CHARTER_SIM_FIRST",
+        "--steps": "CHARTER_SIM_STEPS",
+    }
+    while args:
+        arg = args.pop(0)
+        if arg == "--long":
+            env["CHARTER_FAULTS"] = "long"
+        elif arg in names and args:
+            env[names[arg]] = str(int(args.pop(0)))
+        elif arg == "--backend" and args:
+            select = ["-k", args.pop(0)]
+        else:
+            raise SystemExit(f"simulate: unexpected argument {arg!r} (see tasks.py's docstring)")
+    target = (
+        "tests/test_simulation.py::test_A2_A4_F2_F3_L0_R7_R8_S1_hold_in_every_simulated_history"
+    )
+    pytest([target, "-s", "-q", *select], env)
 
 
 def pytest(args: list[str], extra: dict[str, str] | None = None) -> None:
@@ -111,7 +142,7 @@ def pytest(args: list[str], extra: dict[str, str] | None = None) -> None:
 if __name__ == "__main__":
     if sys.version_info < (3, 11):  # noqa: UP036 - this file must run on any python3
         raise SystemExit("Charter needs Python 3.11 or newer")
-    tasks = {"demo": demo, "test": test, "faults": faults}
+    tasks = {"demo": demo, "test": test, "faults": faults, "simulate": simulate}
     if len(sys.argv) < 2 or sys.argv[1] not in tasks:
         raise SystemExit(f"usage: python3 tasks.py {{{'|'.join(tasks)}}} [pytest args]")
     tasks[sys.argv[1]]()
