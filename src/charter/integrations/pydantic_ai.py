@@ -106,8 +106,9 @@ class ToolEffect:
     that deduplicates by it for ``dedupe_window_seconds``. ``estimate``: an
     upper bound on a call's cost per unit, fixed or from the call's arguments;
     ``cost``: the actual cost from the tool's return value (the estimate when
-    absent). ``lookup``: what the target did for a lost call, by its key (a
-    person decides without one).
+    absent). ``lookup``: what the target did for a lost call, by its key, as
+    evidence whose outcome holds the tool's return value (a person decides
+    without one).
     """
 
     effect: EffectClass = EffectClass.UNSAFE
@@ -202,10 +203,17 @@ class AgentAdapter:
             return Evidence.indeterminate(
                 {"lookup": f"tool {attempt.operation} declares no lookup; a person decides"}
             )
-        return tool.lookup(attempt)
+        found = tool.lookup(attempt)
+        if found.outcome is None:
+            return found
+        # Recorded as a replay reads it: the tool's value in PydanticAI's
+        # recorded form for a tool call, which it keeps loadable across releases.
+        recorded = {"kind": "tool_return", "result": found.outcome.result}
+        return dataclasses.replace(found, outcome=dataclasses.replace(found.outcome, result=recorded))
 
     def tool_outcome(self, name: str, args: dict[str, Any], payload: Any) -> Outcome:
-        """A tool's recorded result: its error settles the attempt FAILED (kept)."""
+        """A tool's recorded result (PydanticAI's recorded form of a tool call,
+        which names its kind): a tool's error settles the attempt FAILED, kept."""
         if payload.get("kind") in ("tool_failed", "validation_error"):
             return Outcome.failed(payload)
         tool = self.tools.get(name, ToolEffect())
@@ -297,7 +305,7 @@ class _Backend(DurableOperationBackend[None]):
     def __init__(self, durability: CharterDurability) -> None:
         self._durability = durability
 
-    def bind(self, operation: _Operation) -> Bound_Operation:
+    def bind(self, operation: _Operation) -> BoundDurableOperation[Any, Any, Any]:
         return _Bound(operation, self._durability)
 
     def config_for_tool(
@@ -309,7 +317,7 @@ class _Backend(DurableOperationBackend[None]):
         return ()
 
 
-class _Bound(Bound_Operation):
+class _Bound(BoundDurableOperation[Any, Any, Any]):
     def __init__(self, operation: _Operation, durability: CharterDurability):
         self._operation = operation
         self._durability = durability
