@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic_ai import Agent
+from pydantic_ai.models.test import TestModel
 
 import charter
 from _agent_turns import clerk_turns
@@ -20,6 +22,7 @@ from _fake_models import INPUT, OUTPUT, FakeProvider
 from charter import AttemptStatus
 from charter.adapters.models import ModelUnits, Usage
 from charter.adapters.models.pricing import Pricing
+from charter.integrations.pydantic_ai import CharterDurability, in_node
 from charter.sandbox import Sandbox
 from conftest import Principals
 
@@ -100,3 +103,75 @@ def test_A1_A5_A7_L8_each_model_request_and_tool_call_is_an_attempt_priced_and_k
     assert spent["usd"].spent == 3 * priced["usd"] + 12_00 * example.MICROS_PER_CENT
     assert spent["output_tokens"].spent == 3 * OUTPUT
     assert engine.check_ledger(mission) == []
+
+
+def test_L7_an_exhausted_token_allowance_pauses_the_agent_and_a_raised_limit_resumes_it(
+    engine: charter.Engine, who: Principals, provider: FakeProvider, box: Sandbox
+) -> None:
+    """Room for two requests' output bound, not three: the third request is
+    refused before it is sent and the run pauses; raising the limit resumes
+    the node, whose recorded calls come back without being made again."""
+    bound = example.MAX_TOKENS
+    mission = engine.create_mission(contract(output_tokens=bound + OUTPUT + 1), by=who.alice)
+    ex, plan = start(engine, who, provider, box, mission)
+
+    with pytest.raises(charter.Blocked, match="output_tokens needs 200"):
+        ex.execute(plan)
+    assert engine.run(ex.run_id).status is charter.RunStatus.PAUSED
+    assert len(provider.received) == 2  # the third request never left
+    assert len(box.payments()) == 1
+
+    engine.raise_limit(mission, "output_tokens", 1_000, by=who.alice)
+    assert ex.execute(plan) == "Paid the survey vendor."
+
+    assert engine.run(ex.run_id).status is charter.RunStatus.COMPLETED
+    assert len(provider.received) == 3  # nothing recorded was asked again
+    assert len(box.payments()) == 1
+    assert engine.balances(mission)["output_tokens"].spent == 3 * OUTPUT
+    assert engine.check_ledger(mission) == []
+
+
+def test_W2_a_tool_the_contract_requires_an_approval_for_waits_for_it(
+    engine: charter.Engine, who: Principals, provider: FakeProvider, box: Sandbox
+) -> None:
+    mission = engine.create_mission(
+        {**contract(), "approvals": {"required": ["clerk.pay"], "ttl_seconds": 3600}},
+        by=who.alice,
+    )
+    ex, plan = start(engine, who, provider, box, mission)
+
+    with pytest.raises(charter.Blocked):
+        ex.execute(plan)
+    assert engine.run(ex.run_id).status is charter.RunStatus.WAITING
+    [approval] = engine.approvals(run_id=ex.run_id, pending=True)
+    assert approval.scope == "clerk.pay"
+    assert box.payments() == []  # nothing paid before the approval
+
+    engine.approve(approval.id, by=who.alice)
+    assert ex.execute(plan) == "Paid the survey vendor."
+    assert len(box.payments()) == 1
+    assert len(provider.received) == 3
+
+
+def test_W2_pydantic_ais_own_approval_is_refused_for_the_contracts(
+    engine: charter.Engine, who: Principals
+) -> None:
+    """A tool asking for PydanticAI's approval would end the run outside
+    Charter's waits: the run is refused before anything is sent or recorded."""
+    agent = Agent(TestModel(), name="clerk", capabilities=[CharterDurability()])
+
+    @agent.tool_plain(requires_approval=True)
+    def wire(amount: int) -> str:
+        return "sent"
+
+    @charter.node
+    async def ask(ctx: charter.Context, _: Any) -> str:
+        with in_node(ctx):
+            return (await agent.run("wire it")).output
+
+    mission = engine.create_mission(contract(), by=who.alice)
+    plan = charter.Plan("wire", (ask,))
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1", plan=plan)
+    with pytest.raises(charter.ConfigError, match=r"\['wire'\].*approvals.required"):
+        ex.execute(plan)
+    assert engine.attempts(run_id=ex.run_id) == []

@@ -209,7 +209,9 @@ class AgentAdapter:
         # Recorded as a replay reads it: the tool's value in PydanticAI's
         # recorded form for a tool call, which it keeps loadable across releases.
         recorded = {"kind": "tool_return", "result": found.outcome.result}
-        return dataclasses.replace(found, outcome=dataclasses.replace(found.outcome, result=recorded))
+        return dataclasses.replace(
+            found, outcome=dataclasses.replace(found.outcome, result=recorded)
+        )
 
     def tool_outcome(self, name: str, args: dict[str, Any], payload: Any) -> Outcome:
         """A tool's recorded result (PydanticAI's recorded form of a tool call,
@@ -413,24 +415,28 @@ class CharterDurability(BaseDurabilityCapability[Any]):
         node.runs += 1
         return f"{node.ctx.run_id}:{node.ctx.node_id}:{node.runs}"
 
-    def _bind_to_agent(self, agent: Any) -> None:
-        """Refuse what Charter would not govern: PydanticAI's own approvals."""
+    async def before_run(self, ctx: Any) -> None:
+        """Refuse, before anything is sent, what Charter would not govern:
+        PydanticAI's own approvals, and a tool named as the model's operation."""
+        await super().before_run(ctx)
+        if not self.in_durable_context or self._agent is None:
+            return
         asking: list[str] = []
 
         def check(leaf: Any) -> None:
             if isinstance(leaf, FunctionToolset):
                 asking.extend(n for n, t in leaf.tools.items() if t.requires_approval)
 
-        for toolset in agent.toolsets:
+        for toolset in self._agent.toolsets:
             toolset.apply(check)
-        if asking or MODEL_REQUEST in self.tools:
+        if asking:
             raise ConfigError(
                 f"tools {sorted(asking)} ask for PydanticAI's approval; under Charter an approval "
-                "is the contract's: list the tool's scope in approvals.required instead"
-                if asking
-                else f"a tool may not be named {MODEL_REQUEST!r}: that is the model's operation"
+                "is the contract's: list the tool's scope in approvals.required instead",
+                tools=sorted(asking),
             )
-        super()._bind_to_agent(agent)
+        if MODEL_REQUEST in self.tools:
+            raise ConfigError(f"a tool may not be named {MODEL_REQUEST!r}: the model's operation")
 
     async def model_request(self, operation: _Operation, params: Any) -> Any:
         """One model request as a ``read_only`` attempt, priced from its usage."""
