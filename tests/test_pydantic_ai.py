@@ -7,6 +7,7 @@ request, a read-only ``quote``, a paying ``pay``, a last model request.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,3 +176,12 @@ def test_W2_pydantic_ais_own_approval_is_refused_for_the_contracts(
     with pytest.raises(charter.ConfigError, match=r"\['wire'\].*approvals.required"):
         ex.execute(plan)
     assert engine.attempts(run_id=ex.run_id) == []
+
+
+def test_the_integration_without_its_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pydantic_ai.durable_exec", None)
+    monkeypatch.delitem(sys.modules, "charter.integrations.pydantic_ai")
+    with pytest.raises(charter.MissingExtra) as missing:
+        importlib.import_module("charter.integrations.pydantic_ai")
+    assert missing.value.details["extra"] == "pydantic-ai"
+    assert "charter[pydantic-ai]" in missing.value.message
