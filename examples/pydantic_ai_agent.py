@@ -12,9 +12,9 @@ allowance in USD and tokens (:mod:`charter.integrations.pydantic_ai`):
 
 Run by ``tests/test_example_pydantic_ai.py`` across processes, one step per
 process, as ``python pydantic_ai_agent.py CONFIG.json`` (the test writes the
-configuration: the store, the model's and the sandbox's URLs): ``start`` a
-run, or ``resume`` one as a segment; the step prints one JSON line saying how
-it ended.
+configuration: the store, the model's and the sandbox's URLs): start a
+run, or resume one (``run``) as a segment; the step prints the run's id, then
+the agent's answer.
 """
 
 from __future__ import annotations
@@ -123,19 +123,15 @@ def main(argv: list[str]) -> int:
     hook = kill_at(cfg["kill_at"], cfg["nth"]) if cfg.get("kill_at") else None
     config = charter.EngineConfig(credentials=cfg["digests"])
     with charter.Engine.open(cfg["store"], config=config, crash_hook=hook) as engine:
-        agent = engine.authenticate(cfg["credential"])
-        plan = build_plan(cfg["model_url"], cfg["sandbox_url"])
-        if cfg["step"] == "start":
-            ex = engine.start_run(cfg["mission"], by=agent, segment_id="seg-1", input=cfg["task"])
-        else:
-            ex = engine.coordinator.resume(cfg["run"], cfg["segment"], by=agent)
+        me = engine.authenticate(cfg["credential"])
+        ex = (
+            engine.coordinator.resume(cfg["run"], cfg["segment"], by=me)
+            if "run" in cfg
+            else engine.start_run(cfg["mission"], by=me, segment_id="seg-1", input=cfg["task"])
+        )
         print(json.dumps({"run_id": ex.run_id}), flush=True)
-        try:
-            result = ex.execute(plan)
-        except charter.Blocked as blocked:
-            print(json.dumps({"ended": "blocked", "reason": blocked.reason}), flush=True)
-            return 0
-        print(json.dumps({"ended": "completed", "result": result}), flush=True)
+        result = ex.execute(build_plan(cfg["model_url"], cfg["sandbox_url"]))  # or Blocked, said
+        print(json.dumps({"completed": result}), flush=True)
     return 0
 
 

@@ -9,10 +9,7 @@ is what the provider billed plus what the sandbox took.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -23,6 +20,7 @@ from openai import AsyncOpenAI
 
 import charter
 from _agent_turns import clerk_turns
+from _examples import run_step
 from _fake_models import FakeProvider
 from charter import AttemptStatus
 from charter.adapters.models import ModelUnits, Usage
@@ -38,19 +36,7 @@ import pydantic_ai_agent as example  # noqa: E402 - the example, importable once
 
 
 def step(cfg: dict[str, Any], tmp: Path, **how: Any) -> tuple[int, list[dict[str, Any]]]:
-    path = tmp / f"step-{len(list(tmp.glob('step-*')))}.json"
-    path.write_text(json.dumps({**cfg, **how}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLE), str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
-    assert done.returncode in (0, -signal.SIGKILL), done.stderr
-    return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
+    return run_step(EXAMPLE, cfg, tmp, **how)
 
 
 @pytest.mark.crash
@@ -77,7 +63,7 @@ def test_A4_A6_R4_the_agent_killed_after_paying_is_recovered_and_pays_once(
         }
         # 1. Killed once the sandbox applied the payment, before its settlement
         # committed: the 4th attempt to settle (a request, quote, a request, pay).
-        code, out = step(cfg, tmp_path, step="start", kill_at="settlement.before", nth=4)
+        code, out = step(cfg, tmp_path, kill_at="settlement.before", nth=4)
         assert code == -signal.SIGKILL
         run_id = out[0]["run_id"]
         [pay] = [a for a in engine.attempts(run_id=run_id) if a.operation == "pay"]
@@ -95,8 +81,8 @@ def test_A4_A6_R4_the_agent_killed_after_paying_is_recovered_and_pays_once(
         engine.coordinator.confirm(pay.id, by=ops)
 
         # 3. A fresh process resumes: the recorded calls come back, the last request is made.
-        _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
-        assert out[-1] == {"ended": "completed", "result": "Paid the survey vendor."}
+        _, out = step(cfg, tmp_path, run=run_id, segment="seg-2")
+        assert out[-1] == {"completed": "Paid the survey vendor."}
 
         assert engine.run(run_id).status is charter.RunStatus.COMPLETED
         attempts = engine.attempts(run_id=run_id)

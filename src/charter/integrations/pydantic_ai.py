@@ -42,20 +42,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, ClassVar
 
-from charter import (
-    AttemptFailed,
-    ConfigError,
-    Context,
-    Dispatch,
-    EffectClass,
-    Estimate,
-    Evidence,
-    MissingExtra,
-    Operation,
-    Outcome,
-    RecordedAttempt,
-    StateError,
-)
+from charter import AttemptFailed, ConfigError, Context, Estimate, MissingExtra, StateError
+from charter.adapters import Dispatch, EffectClass, Evidence, Operation, Outcome, RecordedAttempt
 from charter.adapters.models import ModelUnits, Usage
 from charter.adapters.models.pricing import Pricing, UsageLookup, input_bound, max_tokens
 from charter.adapters.models.refusals import refused_or_raise
