@@ -15,15 +15,17 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent
+from pydantic_ai.messages import ModelResponse, TextPart
+from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.models.test import TestModel
 
 import charter
 from _agent_turns import clerk_turns
 from _fake_models import INPUT, OUTPUT, FakeProvider
-from charter import AttemptStatus
+from charter import AttemptStatus, EffectClass
 from charter.adapters.models import ModelUnits, Usage
 from charter.adapters.models.pricing import Pricing
-from charter.integrations.pydantic_ai import CharterDurability, in_node
+from charter.integrations.pydantic_ai import CharterDurability, ToolEffect, in_node
 from charter.sandbox import Sandbox
 from conftest import Principals
 
@@ -185,3 +187,34 @@ def test_the_integration_without_its_extra_names_the_extra(monkeypatch: pytest.M
         importlib.import_module("charter.integrations.pydantic_ai")
     assert missing.value.details["extra"] == "pydantic-ai"
     assert "charter[pydantic-ai]" in missing.value.message
+
+
+def test_A7_a_keyed_tool_must_declare_its_targets_dedupe_window() -> None:
+    with pytest.raises(charter.AdapterError, match="dedupe window"):
+        ToolEffect(EffectClass.IDEMPOTENT_KEYED)
+
+
+def test_L3_a_model_request_without_max_tokens_is_refused_before_anything_is_recorded(
+    engine: charter.Engine, who: Principals
+) -> None:
+    """Its estimate would have no upper bound on the output."""
+    agent = Agent(
+        FunctionModel(lambda messages, info: ModelResponse(parts=[TextPart("hi")])),
+        name="clerk",
+        capabilities=[CharterDurability(units=ModelUnits(money=None))],
+    )
+    answered: list[str] = []
+
+    @charter.node
+    async def ask(ctx: charter.Context, _: Any) -> str:
+        with in_node(ctx):
+            answered.append((await agent.run("hello")).output)
+        return answered[-1]
+
+    mission = engine.create_mission(contract(), by=who.alice)
+    plan = charter.Plan("ask", (ask,))
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1", plan=plan)
+    with pytest.raises(charter.AdmissionRefused, match="max_tokens"):
+        ex.execute(plan)
+    assert engine.attempts(run_id=ex.run_id) == []
+    assert answered == []

@@ -107,6 +107,9 @@ class ToolEffect:
     cost: Callable[[Any], Mapping[str, int]] | None = None
     lookup: Callable[[RecordedAttempt], Evidence] | None = None
 
+    def __post_init__(self) -> None:
+        self.operation()  # a keyed tool without its dedupe window is refused here
+
     def operation(self) -> Operation:
         return Operation(self.effect, dedupe_window_seconds=self.dedupe_window_seconds)
 
