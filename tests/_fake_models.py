@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -36,9 +36,12 @@ class Received:
 @dataclass
 class FakeProvider:
     """``faults``: consumed one per request, in order ('500_after_billing',
-    'drop_after_billing', 'cut_stream'); ``None`` or an empty list: answer."""
+    'drop_after_billing', 'cut_stream'); ``None`` or an empty list: answer.
+    ``chat``: the assistant message a chat completion answers, from the
+    request's body (an agent's turns: tool calls, then text); by default, text."""
 
     faults: list[str | None] = field(default_factory=list)
+    chat: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     received: list[Received] = field(default_factory=list)
     billed: dict[str, dict[str, Any]] = field(default_factory=dict)
     url: str = ""
@@ -102,7 +105,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         kind = self.path.rsplit("/", 1)[-1]  # completions, responses, messages
         if not body.get("stream"):
-            self._json(200, _answer(kind, model))
+            answer = _answer(kind, model)
+            if kind == "completions" and self.fake.chat is not None:
+                message = self.fake.chat(body)
+                finish = "tool_calls" if message.get("tool_calls") else "stop"
+                answer["choices"] = [{"index": 0, "message": message, "finish_reason": finish}]
+            self._json(200, answer)
             return
         events = list(_events(kind, model))
         self.send_response(200)

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 import charter
+from _examples import run_step
 from charter import AttemptStatus
 from charter.cli.demo import payments_adapter
 from charter.sandbox import Sandbox
@@ -39,19 +40,7 @@ import survey_mission  # noqa: E402 - the example, importable once examples/ is 
 
 
 def step(cfg: dict[str, Any], tmp: Path, **how: Any) -> tuple[int, list[dict[str, Any]]]:
-    path = tmp / f"step-{len(list(tmp.glob('step-*')))}.json"
-    path.write_text(json.dumps({**cfg, **how}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLE), str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
-    assert done.returncode in (0, -signal.SIGKILL), done.stderr
-    return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
+    return run_step(EXAMPLE, cfg, tmp, **how)
 
 
 class Cli:

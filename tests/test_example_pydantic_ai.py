@@ -1,0 +1,99 @@
+"""The example PydanticAI agent (examples/pydantic_ai_agent.py) killed after its
+payment was applied and before its settlement committed, then recovered in a
+fresh process (A4, A6, R1-R4).
+
+The sandbox holds the payment once; the fake provider billed each model
+request once, the resumed run having replayed the recorded ones; the ledger
+is what the provider billed plus what the sandbox took.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI
+
+import charter
+from _agent_turns import clerk_turns
+from _examples import run_step
+from _fake_models import FakeProvider
+from charter import AttemptStatus
+from charter.adapters.models import ModelUnits, Usage
+from charter.adapters.models.pricing import Pricing
+from charter.integrations.pydantic_ai import CharterDurability
+from charter.sandbox import Sandbox
+from charter.testing import credential
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "pydantic_ai_agent.py"
+sys.path.insert(0, str(EXAMPLE.parent))
+import pydantic_ai_agent as example  # noqa: E402 - the example, importable once examples/ is on the path
+
+
+def step(cfg: dict[str, Any], tmp: Path, **how: Any) -> tuple[int, list[dict[str, Any]]]:
+    return run_step(EXAMPLE, cfg, tmp, **how)
+
+
+@pytest.mark.crash
+def test_A4_A6_R4_the_agent_killed_after_paying_is_recovered_and_pays_once(
+    store_address: str, tmp_path: Path
+) -> None:
+    pairs = {name: credential(name) for name in ("agent", "ops")}
+    config = charter.EngineConfig(credentials={n: d for n, (_, d) in pairs.items()})
+    with (
+        charter.Engine.open(store_address, config=config) as engine,
+        Sandbox(tmp_path / "sandbox.db") as box,
+        FakeProvider(chat=clerk_turns) as provider,
+    ):
+        ops = engine.authenticate(pairs["ops"][0])
+        mission = engine.create_mission(example.CONTRACT, by=ops)
+        cfg = {
+            "store": store_address,
+            "digests": config.credentials,
+            "credential": pairs["agent"][0],
+            "model_url": f"{provider.url}/v1",
+            "sandbox_url": box.url,
+            "mission": mission,
+            "task": "Buy the survey.",
+        }
+        # 1. Killed once the sandbox applied the payment, before its settlement
+        # committed: the 4th attempt to settle (a request, quote, a request, pay).
+        code, out = step(cfg, tmp_path, kill_at="settlement.before", nth=4)
+        assert code == -signal.SIGKILL
+        run_id = out[0]["run_id"]
+        [pay] = [a for a in engine.attempts(run_id=run_id) if a.operation == "pay"]
+        assert pay.status is AttemptStatus.DISPATCHED
+        assert [p["idempotency_key"] for p in box.payments()] == [pay.idempotency_key]
+        assert len(provider.received) == 2
+
+        # 2. The dead owner is taken over; the payment is found by its key.
+        _, unresolved = engine.coordinator.recover(run_id, "seg-2")
+        assert unresolved == [pay.id]
+        async_client = AsyncOpenAI(base_url=cfg["model_url"], api_key="sk-test")
+        durability = CharterDurability.from_agent(example.build_agent(async_client, box.url))
+        assert durability is not None
+        assert engine.coordinator.reconcile(pay.id, durability.adapter, by=ops).conclusive
+        engine.coordinator.confirm(pay.id, by=ops)
+
+        # 3. A fresh process resumes: the recorded calls come back, the last request is made.
+        _, out = step(cfg, tmp_path, run=run_id, segment="seg-2")
+        assert out[-1] == {"completed": "Paid the survey vendor."}
+
+        assert engine.run(run_id).status is charter.RunStatus.COMPLETED
+        attempts = engine.attempts(run_id=run_id)
+        assert Counter(a.operation for a in attempts) == {"model_request": 3, "quote": 1, "pay": 1}
+        assert all(a.status is AttemptStatus.SUCCEEDED for a in attempts)
+        assert len(box.payments()) == 1  # paid once
+        keys = Counter(provider.keys())
+        models = {a.idempotency_key for a in attempts if a.operation == "model_request"}
+        assert set(keys) == models and set(keys.values()) == {1}  # each request billed once
+        pricing = Pricing("openai", ModelUnits())
+        billed = sum(pricing.amounts(Usage(**u))["usd"] for u in provider.billed.values())
+        paid = sum(p["amount"] for p in box.payments()) * example.MICROS_PER_CENT
+        assert engine.balances(mission)["usd"].spent == billed + paid
+        assert engine.check_ledger(mission) == []

@@ -1,0 +1,220 @@
+"""PydanticAI agents on Charter (charter.integrations.pydantic_ai), against the
+loopback fake provider and the payments sandbox (A1-A7, L3, L7, L8).
+
+The agent is the example's clerk (examples/pydantic_ai_agent.py): a model
+request, a read-only ``quote``, a paying ``pay``, a last model request.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelResponse, TextPart
+from pydantic_ai.models.function import FunctionModel
+from pydantic_ai.models.test import TestModel
+
+import charter
+from _agent_turns import clerk_turns
+from _fake_models import INPUT, OUTPUT, FakeProvider
+from charter import AttemptStatus, EffectClass
+from charter.adapters.models import ModelUnits, Usage
+from charter.adapters.models.pricing import Pricing
+from charter.integrations.pydantic_ai import CharterDurability, ToolEffect, in_node
+from charter.sandbox import Sandbox
+from conftest import Principals
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLE))
+import pydantic_ai_agent as example  # noqa: E402 - the example, importable once examples/ is on the path
+
+TASK = "Buy the survey."
+
+
+@pytest.fixture
+def provider() -> Iterator[FakeProvider]:
+    with FakeProvider(chat=clerk_turns) as fake:
+        yield fake
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Iterator[Sandbox]:
+    with Sandbox(tmp_path / "sandbox.db") as sandbox:
+        yield sandbox
+
+
+def contract(**allowance: int) -> dict[str, Any]:
+    """The example's contract, ``alice`` in the place of ``ops``."""
+    principals = {"agent": {"run": ["clerk.*"]}, "alice": example.CONTRACT["principals"]["ops"]}
+    budget = {**example.CONTRACT["allowance"], **allowance}
+    return {**example.CONTRACT, "principals": principals, "allowance": budget}
+
+
+def start(
+    engine: charter.Engine, who: Principals, provider: FakeProvider, box: Sandbox, mission: str
+) -> tuple[charter.Executor, charter.Plan]:
+    plan = example.build_plan(f"{provider.url}/v1", box.url)
+    return engine.start_run(mission, by=who.agent, segment_id="seg-1", plan=plan, input=TASK), plan
+
+
+def test_A1_A5_A7_L8_each_model_request_and_tool_call_is_an_attempt_priced_and_keyed(
+    engine: charter.Engine, who: Principals, provider: FakeProvider, box: Sandbox
+) -> None:
+    mission = engine.create_mission(contract(), by=who.alice)
+    ex, plan = start(engine, who, provider, box, mission)
+
+    assert ex.execute(plan) == "Paid the survey vendor."
+
+    attempts = engine.attempts(run_id=ex.run_id)
+    # Keyed by the agent run, then the request's turn or the model's tool-call id.
+    assert {
+        a.effect_key.split("/", 1)[1]: (a.scope, a.effect_class, a.status) for a in attempts
+    } == {
+        "model/1": ("clerk.model_request", "read_only", AttemptStatus.SUCCEEDED),
+        "tool/call_quote_1": ("clerk.quote", "read_only", AttemptStatus.SUCCEEDED),
+        "model/2": ("clerk.model_request", "read_only", AttemptStatus.SUCCEEDED),
+        "tool/call_pay_1": ("clerk.pay", "idempotent_keyed", AttemptStatus.SUCCEEDED),
+        "model/3": ("clerk.model_request", "read_only", AttemptStatus.SUCCEEDED),
+    }
+    models = [a for a in attempts if a.operation == "model_request"]
+    # Each request went out once, with its attempt's own key (A5), and was billed once.
+    assert sorted(provider.keys()) == sorted(a.idempotency_key for a in models)
+    priced = Pricing("openai", ModelUnits()).amounts(Usage("gpt-4o-mini", INPUT, OUTPUT))
+    for a in models:
+        assert a.actual == priced  # the usage, in USD and tokens (L8)
+        assert a.estimate["output_tokens"] == example.MAX_TOKENS  # the bound: max_tokens
+        assert a.estimate["input_tokens"] >= INPUT and a.estimate["usd"] >= priced["usd"]
+        assert a.price_source is not None and a.price_source.startswith("genai-prices ")
+        assert "timestamp" not in str(a.request) and a.request["model"] == "gpt-4o-mini"
+    # The tool calls: keyed by the model's call ids, their request the call itself.
+    pay = next(a for a in attempts if a.operation == "pay")
+    assert pay.effect_key.endswith("/tool/call_pay_1")
+    assert pay.request == {
+        "tool": "pay",
+        "tool_call_id": "call_pay_1",
+        "args": {"payee": "survey-vendor", "amount": 12_00, "reference": "survey-1"},
+    }
+    [paid] = box.payments()
+    assert paid["idempotency_key"] == pay.idempotency_key
+    assert pay.actual == {"usd": 12_00 * example.MICROS_PER_CENT}
+    spent = engine.balances(mission)
+    assert spent["usd"].spent == 3 * priced["usd"] + 12_00 * example.MICROS_PER_CENT
+    assert spent["output_tokens"].spent == 3 * OUTPUT
+    assert engine.check_ledger(mission) == []
+
+
+def test_L7_an_exhausted_token_allowance_pauses_the_agent_and_a_raised_limit_resumes_it(
+    engine: charter.Engine, who: Principals, provider: FakeProvider, box: Sandbox
+) -> None:
+    """Room for two requests' output bound, not three: the third request is
+    refused before it is sent and the run pauses; raising the limit resumes
+    the node, whose recorded calls come back without being made again."""
+    bound = example.MAX_TOKENS
+    mission = engine.create_mission(contract(output_tokens=bound + OUTPUT + 1), by=who.alice)
+    ex, plan = start(engine, who, provider, box, mission)
+
+    with pytest.raises(charter.Blocked, match="output_tokens needs 200"):
+        ex.execute(plan)
+    assert engine.run(ex.run_id).status is charter.RunStatus.PAUSED
+    assert len(provider.received) == 2  # the third request never left
+    assert len(box.payments()) == 1
+
+    engine.raise_limit(mission, "output_tokens", 1_000, by=who.alice)
+    assert ex.execute(plan) == "Paid the survey vendor."
+
+    assert engine.run(ex.run_id).status is charter.RunStatus.COMPLETED
+    assert len(provider.received) == 3  # nothing recorded was asked again
+    assert len(box.payments()) == 1
+    assert engine.balances(mission)["output_tokens"].spent == 3 * OUTPUT
+    assert engine.check_ledger(mission) == []
+
+
+def test_W2_a_tool_the_contract_requires_an_approval_for_waits_for_it(
+    engine: charter.Engine, who: Principals, provider: FakeProvider, box: Sandbox
+) -> None:
+    mission = engine.create_mission(
+        {**contract(), "approvals": {"required": ["clerk.pay"], "ttl_seconds": 3600}},
+        by=who.alice,
+    )
+    ex, plan = start(engine, who, provider, box, mission)
+
+    with pytest.raises(charter.Blocked):
+        ex.execute(plan)
+    assert engine.run(ex.run_id).status is charter.RunStatus.WAITING
+    [approval] = engine.approvals(run_id=ex.run_id, pending=True)
+    assert approval.scope == "clerk.pay"
+    assert box.payments() == []  # nothing paid before the approval
+
+    engine.approve(approval.id, by=who.alice)
+    assert ex.execute(plan) == "Paid the survey vendor."
+    assert len(box.payments()) == 1
+    assert len(provider.received) == 3
+
+
+def test_W2_pydantic_ais_own_approval_is_refused_for_the_contracts(
+    engine: charter.Engine, who: Principals
+) -> None:
+    """A tool asking for PydanticAI's approval would end the run outside
+    Charter's waits: the run is refused before anything is sent or recorded."""
+    agent = Agent(TestModel(), name="clerk", capabilities=[CharterDurability()])
+
+    @agent.tool_plain(requires_approval=True)
+    def wire(amount: int) -> str:
+        return "sent"
+
+    @charter.node
+    async def ask(ctx: charter.Context, _: Any) -> str:
+        with in_node(ctx):
+            return (await agent.run("wire it")).output
+
+    mission = engine.create_mission(contract(), by=who.alice)
+    plan = charter.Plan("wire", (ask,))
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1", plan=plan)
+    with pytest.raises(charter.ConfigError, match=r"\['wire'\].*approvals.required"):
+        ex.execute(plan)
+    assert engine.attempts(run_id=ex.run_id) == []
+
+
+def test_the_integration_without_its_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pydantic_ai.durable_exec", None)
+    monkeypatch.delitem(sys.modules, "charter.integrations.pydantic_ai")
+    with pytest.raises(charter.MissingExtra) as missing:
+        importlib.import_module("charter.integrations.pydantic_ai")
+    assert missing.value.details["extra"] == "pydantic-ai"
+    assert "charter[pydantic-ai]" in missing.value.message
+
+
+def test_A7_a_keyed_tool_must_declare_its_targets_dedupe_window() -> None:
+    with pytest.raises(charter.AdapterError, match="dedupe window"):
+        ToolEffect(EffectClass.IDEMPOTENT_KEYED)
+
+
+def test_L3_a_model_request_without_max_tokens_is_refused_before_anything_is_recorded(
+    engine: charter.Engine, who: Principals
+) -> None:
+    """Its estimate would have no upper bound on the output."""
+    agent = Agent(
+        FunctionModel(lambda messages, info: ModelResponse(parts=[TextPart("hi")])),
+        name="clerk",
+        capabilities=[CharterDurability(units=ModelUnits(money=None))],
+    )
+    answered: list[str] = []
+
+    @charter.node
+    async def ask(ctx: charter.Context, _: Any) -> str:
+        with in_node(ctx):
+            answered.append((await agent.run("hello")).output)
+        return answered[-1]
+
+    mission = engine.create_mission(contract(), by=who.alice)
+    plan = charter.Plan("ask", (ask,))
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1", plan=plan)
+    with pytest.raises(charter.AdmissionRefused, match="max_tokens"):
+        ex.execute(plan)
+    assert engine.attempts(run_id=ex.run_id) == []
+    assert answered == []
