@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -36,9 +36,12 @@ class Received:
 @dataclass
 class FakeProvider:
     """``faults``: consumed one per request, in order ('500_after_billing',
-    'drop_after_billing', 'cut_stream'); ``None`` or an empty list: answer."""
+    'drop_after_billing', 'cut_stream'); ``None`` or an empty list: answer.
+    ``script``: a function of (kind, request) giving the answer's output in place
+    of the fixed text (an agent's tool calls), for plain (unstreamed) requests."""
 
     faults: list[str | None] = field(default_factory=list)
+    script: Callable[[str, Any], Any] | None = None
     received: list[Received] = field(default_factory=list)
     billed: dict[str, dict[str, Any]] = field(default_factory=dict)
     url: str = ""
@@ -102,7 +105,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         kind = self.path.rsplit("/", 1)[-1]  # completions, responses, messages
         if not body.get("stream"):
-            self._json(200, _answer(kind, model))
+            answer = _answer(kind, model)
+            if self.fake.script is not None:
+                answer["output"] = self.fake.script(kind, body)
+            self._json(200, answer)
             return
         events = list(_events(kind, model))
         self.send_response(200)
@@ -281,3 +287,38 @@ def _events(kind: str, model: str) -> Iterator[tuple[str, Any]]:
         },
     )
     yield "message_stop", {"type": "message_stop"}
+
+
+#: The invoice the scripted agent pays (in micro-dollars), and its payee.
+INVOICE = {"payee": "gazette", "amount": 4_500_000, "reference": "inv-7"}
+
+
+def pay_invoice_script(kind: str, body: Any) -> list[dict[str, Any]]:
+    """An agent's turns, by how many tool results its request carries: look the
+    invoice up, pay it, then say it is paid (a Responses API output)."""
+    done = [i for i in body["input"] if i.get("type") == "function_call_output"]
+    if len(done) == 0:
+        return [_function_call("call_invoice", "invoice", {"payee": INVOICE["payee"]})]
+    if len(done) == 1:
+        return [_function_call("call_pay", "pay", INVOICE)]
+    text = f"Paid {INVOICE['reference']}."
+    return [
+        {
+            "type": "message",
+            "id": "msg_done",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+    ]
+
+
+def _function_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": f"fc_{call_id}",
+        "call_id": call_id,
+        "name": name,
+        "arguments": json.dumps(arguments),
+        "status": "completed",
+    }
