@@ -65,7 +65,11 @@ def tools(payments_url: str) -> AgentTools:
         paid: dict[str, Any] = answer.json()
         return paid
 
-    lookups = sandbox.declaration(payments_url, unit="usd").build()  # by key, for reconcile
+    def find_payment(attempt: charter.RecordedAttempt) -> charter.Evidence:
+        """What became of an uncertain payment: the sandbox looked up by its key."""
+        with sandbox.declaration(payments_url, unit="usd").build() as payments:
+            return payments.reconcile(attempt)
+
     return AgentTools(
         [invoice, pay],
         effects={
@@ -73,7 +77,7 @@ def tools(payments_url: str) -> AgentTools:
             "pay": Operation(EffectClass.IDEMPOTENT_KEYED, dedupe_window_seconds=86_400),
         },
         costs={"pay": lambda args: {"usd": args["amount"]}},
-        lookups={"pay": lookups.reconcile},
+        lookups={"pay": find_payment},
     )
 
 
