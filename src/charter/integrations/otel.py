@@ -87,7 +87,7 @@ class OtelObserver(Observer):
         )
         self._lock = threading.Lock()
         self._runs: dict[str, Any] = {}
-        self._nodes: dict[tuple[str, str, int], tuple[Any, object]] = {}
+        self._nodes: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self._open: dict[str, Any] = {}
 
     def run_started(self, run: ObservedRun) -> None:
