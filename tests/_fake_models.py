@@ -38,10 +38,13 @@ class FakeProvider:
     """``faults``: consumed one per request, in order ('500_after_billing',
     'drop_after_billing', 'cut_stream'); ``None`` or an empty list: answer.
     ``chat``: the assistant message a chat completion answers, from the
-    request's body (an agent's turns: tool calls, then text); by default, text."""
+    request's body (an agent's turns: tool calls, then text); by default, text.
+    ``script``: a function of (kind, request) giving the answer's output in place
+    of the fixed text (an agent's tool calls), for plain (unstreamed) requests."""
 
     faults: list[str | None] = field(default_factory=list)
     chat: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    script: Callable[[str, Any], Any] | None = None
     received: list[Received] = field(default_factory=list)
     billed: dict[str, dict[str, Any]] = field(default_factory=dict)
     url: str = ""
@@ -110,6 +113,8 @@ class _Handler(BaseHTTPRequestHandler):
                 message = self.fake.chat(body)
                 finish = "tool_calls" if message.get("tool_calls") else "stop"
                 answer["choices"] = [{"index": 0, "message": message, "finish_reason": finish}]
+            if self.fake.script is not None:
+                answer["output"] = self.fake.script(kind, body)
             self._json(200, answer)
             return
         events = list(_events(kind, model))
@@ -289,3 +294,38 @@ def _events(kind: str, model: str) -> Iterator[tuple[str, Any]]:
         },
     )
     yield "message_stop", {"type": "message_stop"}
+
+
+#: The invoice the scripted agent pays (in micro-dollars), and its payee.
+INVOICE = {"payee": "gazette", "amount": 4_500_000, "reference": "inv-7"}
+
+
+def pay_invoice_script(kind: str, body: Any) -> list[dict[str, Any]]:
+    """An agent's turns, by how many tool results its request carries: look the
+    invoice up, pay it, then say it is paid (a Responses API output)."""
+    done = [i for i in body["input"] if i.get("type") == "function_call_output"]
+    if len(done) == 0:
+        return [_function_call("call_invoice", "invoice", {"payee": INVOICE["payee"]})]
+    if len(done) == 1:
+        return [_function_call("call_pay", "pay", INVOICE)]
+    text = f"Paid {INVOICE['reference']}."
+    return [
+        {
+            "type": "message",
+            "id": "msg_done",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+    ]
+
+
+def _function_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "id": f"fc_{call_id}",
+        "call_id": call_id,
+        "name": name,
+        "arguments": json.dumps(arguments),
+        "status": "completed",
+    }

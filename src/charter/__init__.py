@@ -67,6 +67,7 @@ from charter.errors import (
     WaitPending,
 )
 from charter.secret import Secret
+from charter.telemetry import ObservedAttempt, ObservedNode, ObservedRun, Observer
 
 if TYPE_CHECKING:
     from charter.attempts.model import Attempt, AttemptStatus
@@ -161,6 +162,10 @@ __all__ = [
     "NotApplied",
     "NotAuthorized",
     "NotFound",
+    "ObservedAttempt",
+    "ObservedNode",
+    "ObservedRun",
+    "Observer",
     "Operation",
     "Outcome",
     "OutcomeUnknown",

@@ -2,7 +2,8 @@
 
 An :class:`~charter.engine.engine.Engine` builds one :class:`Runtime` and gives it to
 every executor and to its coordinator: the store, the configuration, the
-clocks, authority, randomness and the crash hook (the seams tests control).
+clocks, authority, randomness and the crash hook (the seams tests control),
+and the observer telemetry is given.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from charter.config import EngineConfig
 from charter.contracts.authority import Authority
 from charter.crashpoints import CrashHook
 from charter.storage import Database
+from charter.telemetry import Observer
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,8 @@ class Runtime:
     authority: Authority
     rng: random.Random
     crash_hook: CrashHook | None = None
+    #: Told of runs, nodes and attempts (:mod:`charter.telemetry`); ``None``: nobody.
+    observer: Observer | None = None
 
     def crash(self, point: str) -> None:
         """A durable boundary: where a test's crash hook may kill the process."""

@@ -54,6 +54,7 @@ from charter.runs.run import Run, RunStatus
 from charter.runtime import Runtime
 from charter.storage import Database, Tx, open_database
 from charter.storage.paging import Position
+from charter.telemetry import Observer
 from charter.waits import approvals as approvals_mod
 from charter.waits.approvals import Approval, ApprovalStatus
 
@@ -68,13 +69,21 @@ class Engine(GraphOperations, ArtifactOperations, Overview, Snapshots):
         clock: Clock,
         crash_hook: CrashHook | None,
         rng: random.Random | None = None,
+        *,
+        observer: Observer | None = None,
     ) -> None:
         self._db = db
         self.config = config
         self.clock = clock
         self._authority = Authority(config.credentials)
         self._runtime = Runtime(
-            db, config, clock, self._authority, rng or random.SystemRandom(), crash_hook
+            db,
+            config,
+            clock,
+            self._authority,
+            rng or random.SystemRandom(),
+            crash_hook,
+            observer,
         )
         self._coordinator: Coordinator | None = None
         self._sign_heads()
@@ -90,6 +99,7 @@ class Engine(GraphOperations, ArtifactOperations, Overview, Snapshots):
         crash_hook: CrashHook | None = None,
         store_clock: Clock | None = None,
         create: bool = True,
+        observer: Observer | None = None,
     ) -> Engine:
         """Open the store at ``url`` (default: ``./.charter/charter.db``).
 
@@ -104,6 +114,9 @@ class Engine(GraphOperations, ArtifactOperations, Overview, Snapshots):
         deadlines are measured by (F1), is the server's on PostgreSQL and this
         process's on SQLite; a test simulating several machines injects it as
         ``store_clock`` (with a skewed ``clock`` per worker).
+
+        ``observer`` is told of runs, nodes and attempts as they pass (see
+        :mod:`charter.telemetry`; OpenTelemetry: :mod:`charter.integrations.otel`).
         """
         config = config or EngineConfig()
         clock = clock or SystemClock()
@@ -117,7 +130,7 @@ class Engine(GraphOperations, ArtifactOperations, Overview, Snapshots):
             create=create,
         )
         db.on_commit = crash_hook
-        return cls(db, config, clock, crash_hook, rng)
+        return cls(db, config, clock, crash_hook, rng, observer=observer)
 
     def close(self) -> None:
         self._db.close()

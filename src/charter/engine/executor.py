@@ -33,8 +33,9 @@ from charter.adapters import Adapter, Evidence
 from charter.attempts import calls, dispatch
 from charter.attempts.admission import admission
 from charter.attempts.calls import Call
-from charter.attempts.model import Attempt, Effect, Lineage
+from charter.attempts.model import Attempt, AttemptStatus, Effect, Lineage
 from charter.config import import_path
+from charter.engine import observed
 from charter.errors import Blocked, NotFound, StateError
 from charter.plans import runner
 from charter.plans.lineage import lineage
@@ -74,6 +75,8 @@ class Executor(Segment):
         effect = Effect(node_id, execution, effect_key, generation, retry_of, lines)
         attempt = admission(self, call, effect, dispatch=False)
         self.runtime.crash("admission.after")
+        if self.runtime.observer is not None:
+            observed.report(self.runtime.observer, attempt)
         return attempt
 
     def dispatch(self, attempt_id: str, adapter: Adapter, *, request: Any = None) -> Attempt:
@@ -83,7 +86,10 @@ class Executor(Segment):
         caller has it (a replayed node does); it must be the recorded one. Without
         it the request is rebuilt from the record.
         """
-        return dispatch.dispatch_prepared(self, attempt_id, adapter, request=request)
+        attempt = dispatch.dispatch_prepared(self, attempt_id, adapter, request=request)
+        if self.runtime.observer is not None:
+            observed.report(self.runtime.observer, attempt, AttemptStatus.PREPARED)
+        return attempt
 
     def attempt(
         self,
@@ -105,7 +111,7 @@ class Executor(Segment):
         with the attempt left PREPARED and its hold kept; a settlement the store
         refuses raises :class:`~charter.errors.SettlementUnrecorded`.
         """
-        return dispatch.perform(
+        attempt = dispatch.perform(
             self,
             adapter,
             operation,
@@ -118,6 +124,9 @@ class Executor(Segment):
             call=call,
             lineage=self._lineage(node_id, execution),
         )
+        if self.runtime.observer is not None:
+            observed.report(self.runtime.observer, attempt)
+        return attempt
 
     def _lineage(self, node_id: str, execution: int) -> Lineage | None:
         """Where a node's effect was tried before (a node's context hands it down
@@ -151,8 +160,12 @@ class Executor(Segment):
             if not isinstance(plan, Plan):
                 raise StateError(f"{row['plan']} is not a charter.Plan")
         value = input if input is not None or row["input"] is None else json.loads(row["input"])
+        observer = self.runtime.observer
         try:
-            return runner.execute(self, plan, value)
+            if observer is None:
+                return runner.execute(self, plan, value)
+            with observed.observed_run(self, observer, plan):
+                return runner.execute(self, observed.observed_plan(self, observer, plan), value)
         except Blocked:
             self.release()
             raise

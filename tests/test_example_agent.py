@@ -1,0 +1,113 @@
+"""The OpenAI Agents SDK example (examples/openai_agents_agent.py) across fresh
+processes, killed once its payment was applied (A4, A8, R1-R4).
+
+The first process runs the agent and is SIGKILLed when the paying tool's
+answer is in (the sandbox applied the payment) and before its settlement
+commits. Recovery takes the dead owner's run over; the uncertain payment is
+settled by looking its key up at the sandbox. A fresh process resumes: the
+model calls and the tool calls already recorded are replayed, not made again,
+and the agent finishes. The sandbox took the payment once, the provider billed
+each model call once, and the ledger holds exactly what both took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import charter
+from _fake_models import INVOICE, FakeProvider, pay_invoice_script
+from charter import AttemptStatus
+from charter.adapters.models import ModelUnits, Usage
+from charter.adapters.models.pricing import Pricing
+from charter.sandbox import Sandbox
+from charter.testing import credential
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "openai_agents_agent.py"
+sys.path.insert(0, str(EXAMPLE.parent))
+import openai_agents_agent as example  # noqa: E402 - the example, once examples/ is on the path
+
+
+def step(cfg: dict[str, Any], tmp: Path, **how: Any) -> tuple[int, list[dict[str, Any]]]:
+    path = tmp / f"step-{len(list(tmp.glob('step-*')))}.json"
+    path.write_text(json.dumps({**cfg, **how}))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.returncode in (0, -signal.SIGKILL), done.stderr
+    return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.mark.crash
+def test_A4_A8_the_agent_killed_after_its_payment_resumes_without_paying_or_billing_twice(
+    store_address: str, tmp_path: Path
+) -> None:
+    pairs = {name: credential(name) for name in ("agent", "ops")}
+    digests = {n: d for n, (_, d) in pairs.items()}
+    config = charter.EngineConfig(credentials=digests)
+    with (
+        charter.Engine.open(store_address, config=config) as engine,
+        Sandbox(tmp_path / "sandbox.db") as box,
+        FakeProvider(script=pay_invoice_script) as provider,
+    ):
+        ops = engine.authenticate(pairs["ops"][0])
+        mission = engine.create_mission(example.CONTRACT, by=ops)
+        cfg = {
+            "store": store_address,
+            "digests": digests,
+            "credential": pairs["agent"][0],
+            "mission": mission,
+            "model_url": provider.url + "/v1",
+            "payments_url": box.url,
+        }
+        # 1. Killed once the paying tool answered: settlements of model call 1,
+        # the invoice, model call 2, then the payment's, which never commits.
+        code, out = step(cfg, tmp_path, step="start", kill_at="settlement.before", nth=4)
+        assert code == -signal.SIGKILL
+        run_id = out[0]["run_id"]
+        assert len(box.payments()) == 1  # the target applied it
+        [pay] = [a for a in engine.attempts(run_id=run_id) if a.scope == "tools.pay"]
+        assert pay.status is AttemptStatus.DISPATCHED
+
+        # 2. The dead owner's run is taken over; the payment is found by its key.
+        _, unresolved = engine.coordinator.recover(run_id, "seg-2")
+        assert unresolved == [pay.id]
+        evidence = engine.coordinator.reconcile(pay.id, example.tools(box.url), by=ops)
+        assert evidence.conclusive
+        engine.coordinator.confirm(pay.id, by=ops)
+
+        # 3. A fresh process resumes: what was recorded is replayed, the rest made.
+        _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
+        assert out[-1] == {"ended": "completed", "result": "Paid inv-7."}
+
+        assert engine.run(run_id).status is charter.RunStatus.COMPLETED
+        [paid] = box.payments()
+        assert (paid["amount"], paid["idempotency_key"]) == (INVOICE["amount"], pay.idempotency_key)
+        models = [a for a in engine.attempts(run_id=run_id) if a.adapter == "agent-models"]
+        assert len(models) == 3 and all(a.status is AttemptStatus.SUCCEEDED for a in models)
+        # each model call was billed once, under its attempt's key
+        assert sorted(provider.keys()) == sorted(a.idempotency_key for a in models)
+        pricing = Pricing("openai", ModelUnits())
+        billed = sum(pricing.amounts(Usage(**b))["usd"] for b in provider.billed.values())
+        balances = engine.balances(mission)
+        assert balances["usd"].spent == billed + paid["amount"]
+        assert balances["input_tokens"].spent == sum(
+            b["input_tokens"] for b in provider.billed.values()
+        )
+        assert balances["usd"].held == 0
+        assert engine.check_ledger(mission) == []
+        assert all(v.ok for v in engine.verify_audit(mission))

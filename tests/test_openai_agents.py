@@ -1,0 +1,169 @@
+"""The OpenAI Agents SDK on Charter: model and tool calls as attempts (A1-A7).
+
+An agent of the SDK, with the SDK's own Responses model, talks to the loopback
+fake provider (tests/_fake_models.py), which plays an agent's turns: look the
+invoice up, pay it, say so. The paying tool pays through the payments sandbox.
+Checked against what the provider received and billed and what the sandbox
+took.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agents import Agent, ModelSettings, function_tool
+
+import charter
+from _fake_models import INVOICE, FakeProvider, pay_invoice_script
+from charter import AttemptStatus, EffectClass
+from charter.adapters.models import ModelUnits, Usage
+from charter.adapters.models.pricing import Pricing
+from charter.integrations.openai_agents import AgentModels, AgentTools, run
+from charter.sandbox import Sandbox
+from conftest import Principals, stored
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+import openai_agents_agent as example  # noqa: E402 - the example, once examples/ is on the path
+
+
+@pytest.fixture
+def provider() -> Iterator[FakeProvider]:
+    with FakeProvider(script=pay_invoice_script) as fake:
+        yield fake
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Iterator[Sandbox]:
+    with Sandbox(tmp_path / "sandbox.db") as sandbox:
+        yield sandbox
+
+
+def mission(engine: charter.Engine, who: Principals, **changes: Any) -> str:
+    contract = {**example.CONTRACT, **changes}
+    contract["principals"] = {
+        "agent": {"run": ["agent-models.*", "tools.*"]},
+        "alice": ["approve", "resolve", "run", "stop"],
+    }
+    return engine.create_mission(contract, by=who.alice)
+
+
+def billed_usd(provider: FakeProvider) -> int:
+    """What the provider billed, priced as the adapters price it."""
+    pricing = Pricing("openai", ModelUnits())
+    return sum(pricing.amounts(Usage(**b))["usd"] for b in provider.billed.values())
+
+
+def test_A1_A7_an_agents_model_and_tool_calls_are_attempts_priced_and_sent_once(
+    engine: charter.Engine, who: Principals, provider: FakeProvider, box: Sandbox
+) -> None:
+    m = mission(engine, who)
+    plan = example.build_plan(provider.url + "/v1", box.url)
+    ex = engine.start_run(m, by=who.agent, segment_id="seg-1", input="gazette")
+
+    assert ex.execute(plan) == "Paid inv-7."
+
+    attempts = {a.effect_key: a for a in engine.attempts(run_id=ex.run_id)}
+    assert {k: (a.scope, a.effect_class, a.status) for k, a in attempts.items()} == {
+        "k:clerk:model:1": ("agent-models.responses", "read_only", AttemptStatus.SUCCEEDED),
+        "k:clerk:tool:call_invoice": ("tools.invoice", "read_only", AttemptStatus.SUCCEEDED),
+        "k:clerk:model:2": ("agent-models.responses", "read_only", AttemptStatus.SUCCEEDED),
+        "k:clerk:tool:call_pay": ("tools.pay", "idempotent_keyed", AttemptStatus.SUCCEEDED),
+        "k:clerk:model:3": ("agent-models.responses", "read_only", AttemptStatus.SUCCEEDED),
+    }
+    models = [attempts[f"k:clerk:model:{n}"] for n in (1, 2, 3)]
+    # each request carried its attempt's own key, and the SDK's retries were off
+    assert provider.keys() == [a.idempotency_key for a in models]
+    assert all(a.price_source.startswith("genai-prices ") for a in models if a.price_source)
+    assert all(a.estimate["output_tokens"] == 200 for a in models)
+    assert all(a.actual == {**a.actual, "input_tokens": 12, "output_tokens": 7} for a in models)
+    [paid] = box.payments()
+    assert (paid["amount"], paid["payee"]) == (INVOICE["amount"], "gazette")
+    pay = attempts["k:clerk:tool:call_pay"]
+    assert paid["idempotency_key"] == pay.idempotency_key  # the tool sent the attempt's key
+    balances = engine.balances(m)
+    assert balances["usd"].spent == billed_usd(provider) + paid["amount"]
+    assert balances["input_tokens"].spent == 3 * 12
+    assert balances["output_tokens"].spent == 3 * 7
+    assert engine.check_ledger(m) == []
+
+
+def test_W2_a_tool_that_needs_approval_waits_as_a_charter_approval(
+    engine: charter.Engine, who: Principals, provider: FakeProvider, box: Sandbox
+) -> None:
+    m = mission(engine, who, approvals={"required": ["tools.pay"], "ttl_seconds": 3600})
+    plan = example.build_plan(provider.url + "/v1", box.url)
+    ex = engine.start_run(m, by=who.agent, segment_id="seg-1", input="gazette")
+
+    with pytest.raises(charter.Blocked):
+        ex.execute(plan)
+    assert engine.run(ex.run_id).status is charter.RunStatus.WAITING
+    assert box.payments() == []
+    [approval] = engine.approvals(run_id=ex.run_id, pending=True)
+    assert approval.scope == "tools.pay"
+    engine.approve(approval.id, by=who.alice)
+
+    resumed = engine.coordinator.resume(ex.run_id, "seg-1", by=who.agent)
+    assert resumed.execute(plan) == "Paid inv-7."
+    assert len(box.payments()) == 1
+    # the two model calls before the wait were replayed, not made again
+    assert len(provider.received) == 3
+    assert len(set(provider.keys())) == 3
+
+
+def test_A6_tools_without_an_effect_class_or_with_the_sdks_approval_are_refused() -> None:
+    @function_tool
+    def lookup(city: str) -> str:
+        """Weather."""
+        return city
+
+    @function_tool(needs_approval=True)
+    def send(to: str) -> str:
+        """Send."""
+        return to
+
+    with pytest.raises(charter.ConfigError, match="no effect class"):
+        AgentTools([lookup], effects={})
+    with pytest.raises(charter.ConfigError, match=r"approvals\.required"):
+        AgentTools([send], effects={"send": EffectClass.UNSAFE})
+
+
+def test_A1_an_agent_with_an_undeclared_tool_or_its_own_model_is_refused_before_any_call(
+    engine: charter.Engine, who: Principals, provider: FakeProvider
+) -> None:
+    @function_tool
+    def lookup(city: str) -> str:
+        """Weather."""
+        return city
+
+    tools = AgentTools([], effects={})
+    models = AgentModels(base_url=provider.url + "/v1", api_key="sk-test")
+    settings = ModelSettings(max_tokens=50)
+    stray = Agent(name="a", model="gpt-4o-mini", model_settings=settings, tools=[lookup])
+
+    @charter.node
+    async def go(ctx: charter.Context, _: Any) -> str:
+        result = await run(ctx, stray, "hi", models=models, tools=tools)
+        return str(result.final_output)
+
+    m = mission(engine, who)
+    before = stored(engine, m, runs=False)
+    ex = engine.start_run(m, by=who.agent, segment_id="seg-1")
+    with pytest.raises(charter.ConfigError, match="does not govern"):
+        ex.execute(charter.Plan("p", (go,)))
+    assert stored(engine, m, runs=False)["attempts"] == before["attempts"] == []
+    assert provider.received == []
+
+
+def test_openai_agents_without_its_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "agents", None)
+    monkeypatch.delitem(sys.modules, "charter.integrations.openai_agents")
+    with pytest.raises(charter.MissingExtra) as missing:
+        importlib.import_module("charter.integrations.openai_agents")
+    assert missing.value.details["extra"] == "openai-agents"
+    assert "charter[openai-agents]" in missing.value.message
