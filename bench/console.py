@@ -102,36 +102,47 @@ def load(
 ) -> Any:
     """``clients`` closed-loop clients for ``seconds``; latencies per page, and the
     CPU the server (process ``server``) and this process spent meanwhile."""
-    sessions = [_signed_in(base, credential) for _ in range(clients)]
+    sessions: list[httpx.Client] = []
     times: dict[str, list[float]] = {"runs_list": [], "run_page": []}
     failures: list[str] = []
     lock = threading.Lock()
-    start = threading.Barrier(clients + 1)
+    ready, go = threading.Barrier(clients + 1), threading.Event()
     stop_at: list[float] = []
 
     def client(k: int) -> None:
-        http, rng = sessions[k], random.Random(k)
-        start.wait()
+        # Each signs in just before the start: a connection left idle while the
+        # others sign in one by one would outlive the server's keep-alive.
+        http, rng = _signed_in(base, credential), random.Random(k)
+        with lock:
+            sessions.append(http)
+        ready.wait()
+        go.wait()
         i = k
         while clock() < stop_at[0]:
             page = "runs_list" if i % 2 == 0 else "run_page"
             url = "/console/runs" if page == "runs_list" else f"/console/runs/{rng.choice(run_ids)}"
             t0 = clock()
-            answer = http.get(url)
+            try:
+                answer = http.get(url)
+                failed = answer.status_code != 200 or answer.url.path.endswith("/login")
+                why = str(answer.status_code)
+            except httpx.TransportError as exc:
+                failed, why = True, repr(exc)
             elapsed = clock() - t0
             with lock:
-                if answer.status_code != 200 or answer.url.path.endswith("/login"):
-                    failures.append(f"{url}: {answer.status_code}")
+                if failed:
+                    failures.append(f"{url}: {why}")
                 times[page].append(elapsed)
             i += 1
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
     for t in threads:
         t.start()
+    ready.wait()  # every client signed in
     load_before = os.getloadavg()
     server_cpu, own_cpu = _cpu_seconds(server), time.process_time()
     stop_at.append(clock() + seconds)
-    start.wait()
+    go.set()
     for t in threads:
         t.join()
     own_cpu = time.process_time() - own_cpu
