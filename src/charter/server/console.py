@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote
 
+import anyio
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -102,9 +103,12 @@ def _local(target: str | None) -> str:
 
 
 class Console:
-    def __init__(self, engine: Engine, sessions: Sessions, *, secure: bool) -> None:
+    def __init__(
+        self, engine: Engine, sessions: Sessions, reads: anyio.CapacityLimiter, *, secure: bool
+    ) -> None:
         self.engine = engine
         self.sessions = sessions
+        self.reads = reads  # the places for reading threads, shared with the API
         self.secure = secure
         self.env = _environment()
 
@@ -183,8 +187,12 @@ class Console:
                 where = quote(_here(request))
                 return RedirectResponse(f"/console/login?next={where}", status_code=303)
             try:
-                data = await run_in_threadpool(
-                    loader, self.engine, request.path_params, request.query_params
+                data = await anyio.to_thread.run_sync(
+                    loader,
+                    self.engine,
+                    request.path_params,
+                    request.query_params,
+                    limiter=self.reads,
                 )
             except CharterError as exc:
                 return self._refused(exc)
@@ -236,8 +244,10 @@ def _outcome(result: Any) -> str:
     return "done"
 
 
-def routes(engine: Engine, sessions: Sessions, *, secure_cookies: bool) -> list[Route]:
-    c = Console(engine, sessions, secure=secure_cookies)
+def routes(
+    engine: Engine, sessions: Sessions, reads: anyio.CapacityLimiter, *, secure_cookies: bool
+) -> list[Route]:
+    c = Console(engine, sessions, reads, secure=secure_cookies)
     post = ["POST"]
     return [
         Route("/console/login", c.login_form, methods=["GET"]),
