@@ -16,6 +16,7 @@ import _desk
 import charter
 from _raw import RawStore
 from charter.server import pages
+from charter.server.console import _environment
 from conftest import Principals, default_contract, stored
 
 
@@ -318,3 +319,10 @@ def test_the_timeline_index_exists_after_migrating(desk: charter.Engine, raw: Ra
     """Broken: a store migrated to the latest schema lacks the index the timeline reads by."""
     names = {str(r.get("name") or r.get("indexname")) for r in raw.dump()["schema"]}
     assert "audit_events_entity" in names
+
+
+def test_console_pages_read_a_records_keys_and_a_dicts_own_methods() -> None:
+    """Broken: reading a record's keys directly lets a key shadow a dict's own
+    method (a unit named ``items`` would break every amount shown)."""
+    page = _environment().from_string("{{ r.id }} {{ r.missing }}|{{ m.items() | list | length }}")
+    assert page.render(r={"id": "run_1"}, m={"items": 7, "usd": 1}) == "run_1 |2"
