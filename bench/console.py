@@ -8,11 +8,15 @@ runs of a one-node, one-attempt plan, ledger and audit chain intact). The
 server runs as users run it, ``charter serve`` in a process of its own; the
 clients are threads of this process, each signed in to the console with its
 own session, each asking as soon as its last answer came (a closed loop: the
-figures include queueing behind the other 49). Half the requests are the runs
-list (``/console/runs``, the first page), half a run page
+figures include queueing behind the other clients). Half the requests are the
+runs list (``/console/runs``, the first page), half a run page
 (``/console/runs/{id}``, a run drawn at random). Latency is from send to the
-last byte; the answer must be 200. Printed as JSON: p50, p90, p99, max and
-requests per second, per page and overall.
+last byte; the answer must be 200. Printed as JSON: p50, p95, p99 and max per
+page and overall, requests per second, failures, and what the machine was
+doing meanwhile: the load average before and after, the CPU seconds the
+server and this load generator spent (both share the machine's cores), and
+the server's CPU per request. Run it with ``--clients 1`` too: that is the
+cost of one request with no queueing.
 """
 
 from __future__ import annotations
@@ -69,8 +73,17 @@ def _signed_in(base: str, credential: str) -> httpx.Client:
     return http
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds process ``pid`` has used (Linux ``/proc``)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _percentiles(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
+    ordered = sorted(values) or [0.0]
 
     def at(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
@@ -78,47 +91,67 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     return {
         "n": len(ordered),
         "p50_ms": round(at(0.50), 1),
-        "p90_ms": round(at(0.90), 1),
+        "p95_ms": round(at(0.95), 1),
         "p99_ms": round(at(0.99), 1),
         "max_ms": round(ordered[-1] * 1000, 1),
     }
 
 
-def load(base: str, credential: str, run_ids: list[str], clients: int, seconds: float) -> Any:
-    """``clients`` closed-loop clients for ``seconds``; latencies per page."""
-    sessions = [_signed_in(base, credential) for _ in range(clients)]
+def load(
+    base: str, credential: str, run_ids: list[str], clients: int, seconds: float, *, server: int
+) -> Any:
+    """``clients`` closed-loop clients for ``seconds``; latencies per page, and the
+    CPU the server (process ``server``) and this process spent meanwhile."""
+    sessions: list[httpx.Client] = []
     times: dict[str, list[float]] = {"runs_list": [], "run_page": []}
     failures: list[str] = []
     lock = threading.Lock()
-    start = threading.Barrier(clients + 1)
+    ready, go = threading.Barrier(clients + 1), threading.Event()
     stop_at: list[float] = []
 
     def client(k: int) -> None:
-        http, rng = sessions[k], random.Random(k)
-        start.wait()
+        # Each signs in just before the start: a connection left idle while the
+        # others sign in one by one would outlive the server's keep-alive.
+        http, rng = _signed_in(base, credential), random.Random(k)
+        with lock:
+            sessions.append(http)
+        ready.wait()
+        go.wait()
         i = k
         while clock() < stop_at[0]:
             page = "runs_list" if i % 2 == 0 else "run_page"
             url = "/console/runs" if page == "runs_list" else f"/console/runs/{rng.choice(run_ids)}"
             t0 = clock()
-            answer = http.get(url)
+            try:
+                answer = http.get(url)
+                failed = answer.status_code != 200 or answer.url.path.endswith("/login")
+                why = str(answer.status_code)
+            except httpx.TransportError as exc:
+                failed, why = True, repr(exc)
             elapsed = clock() - t0
             with lock:
-                if answer.status_code != 200 or answer.url.path.endswith("/login"):
-                    failures.append(f"{url}: {answer.status_code}")
+                if failed:
+                    failures.append(f"{url}: {why}")
                 times[page].append(elapsed)
             i += 1
 
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
     for t in threads:
         t.start()
+    ready.wait()  # every client signed in
+    load_before = os.getloadavg()
+    server_cpu, own_cpu = _cpu_seconds(server), time.process_time()
     stop_at.append(clock() + seconds)
-    start.wait()
+    go.set()
     for t in threads:
         t.join()
+    own_cpu = time.process_time() - own_cpu
+    server_end = _cpu_seconds(server)
+    server_cpu = None if server_cpu is None or server_end is None else server_end - server_cpu
     for http in sessions:
         http.close()
     every = times["runs_list"] + times["run_page"]
+    served = max(1, len(every))
     return {
         "clients": clients,
         "seconds": seconds,
@@ -128,6 +161,14 @@ def load(base: str, credential: str, run_ids: list[str], clients: int, seconds: 
         "all": _percentiles(every),
         "failures": failures[:5],
         "failed": len(failures),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "server_cpu_seconds": None if server_cpu is None else round(server_cpu, 2),
+        "server_cpu_ms_per_request": (
+            None if server_cpu is None else round(server_cpu * 1000 / served, 2)
+        ),
+        "load_generator_cpu_seconds": round(own_cpu, 2),
+        "load_generator_cpu_ms_per_request": round(own_cpu * 1000 / served, 2),
     }
 
 
@@ -147,12 +188,17 @@ def main(argv: list[str]) -> int:
         proc, base = _serve(store, built["credential"]["digest"])
         try:
             result = load(
-                base, built["credential"]["credential"], run_ids, args.clients, args.seconds
+                base,
+                built["credential"]["credential"],
+                run_ids,
+                args.clients,
+                args.seconds,
+                server=proc.pid,
             )
         finally:
             proc.terminate()
             proc.wait(10)
-    result.update(runs_in_store=len(run_ids), cpus=os.cpu_count(), load_average=os.getloadavg())
+    result.update(runs_in_store=len(run_ids), cpus=os.cpu_count())
     print(json.dumps(result, indent=2))
     return 0
 

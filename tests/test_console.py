@@ -14,6 +14,9 @@ import pytest
 
 import _desk
 import charter
+from _raw import RawStore
+from charter.server import pages
+from charter.server.console import _environment
 from conftest import Principals, default_contract, stored
 
 
@@ -162,3 +165,164 @@ def test_P1_console_decision_is_the_engines_refused_without_the_right_and_audite
         e["kind"] == "authorization.refused" and e["actor"] == "mallory"
         for e in desk.timeline(run_id)
     )
+
+
+# -- a run's audit timeline, paged ------------------------------------------------------
+
+
+def finished(desk: charter.Engine, who: Principals, mission: str, to: str) -> str:
+    """A run of ``pay_plan`` carried to its end; its ID."""
+    ex = desk.start_run(
+        mission, by=who.agent, segment_id="s1", plan=_desk.pay_plan, input={"to": to, "amount": 1}
+    )
+    ex.execute()
+    return ex.run_id
+
+
+def two_runs(desk: charter.Engine, who: Principals) -> tuple[str, str, str]:
+    """Two finished runs of one mission, then refusals about the first: the first
+    run's events lie on both sides of the second's on the mission's chain."""
+    mission = desk.create_mission(default_contract(), by=who.alice)
+    ran = [finished(desk, who, mission, to) for to in ("a", "b")]
+    for _ in range(3):
+        with pytest.raises(charter.NotAuthorized):
+            desk.stop_run(ran[0], by=who.mallory)
+    return mission, ran[0], ran[1]
+
+
+def about(desk: charter.Engine, mission: str, run_id: str) -> list[int]:
+    """The seqs of the mission's events about ``run_id``: the run's own and its
+    nodes', its attempts' and its approvals'."""
+    mine = {run_id, *(a.id for a in desk.attempts(run_id=run_id))}
+    return [
+        e["seq"]
+        for e in desk.audit_events(mission)
+        if e["entity"] in mine or e["entity"].startswith(run_id + "/")
+    ]
+
+
+def test_S1_a_runs_timeline_is_its_own_events_newest_page_first(
+    desk: charter.Engine, who: Principals
+) -> None:
+    """Broken: the timeline shows another run's events, leaves out its nodes', or a
+    page is not the newest events before its cursor, in order."""
+    mission, first, second = two_runs(desk, who)
+    mine = about(desk, mission, first)
+    assert len(mine) > 7 and max(about(desk, mission, second)) < mine[-1]
+    assert [e["seq"] for e in desk.timeline(first)] == mine
+    assert {"node.started", "node.completed"} <= {e["kind"] for e in desk.timeline(first)}
+    pages, before = [], None
+    while True:
+        page = desk.timeline(first, before=before, limit=3)
+        if not page:
+            break
+        assert len(page) <= 3 and [e["seq"] for e in page] == sorted(e["seq"] for e in page)
+        pages.insert(0, [e["seq"] for e in page])
+        before = page[0]["seq"]
+    assert pages[-1] == mine[-3:]
+    assert [s for p in pages for s in p] == mine
+
+
+def test_S1_the_api_pages_a_runs_timeline_newest_first(
+    desk: charter.Engine,
+    base: str,
+    who: Principals,
+    creds: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    """Broken: ``GET /runs/{id}/timeline`` answers every event at once, or its
+    ``next`` cursor skips or repeats events."""
+    mission, first, _ = two_runs(desk, who)
+    mine = about(desk, mission, first)
+    auth = {"Authorization": f"Bearer {creds[0]['alice']}"}
+    pages_read: list[list[int]] = []
+    query = "?limit=3"
+    with httpx.Client(base_url=base, headers=auth) as http:
+        while query:
+            answer = http.get(f"/api/v1/runs/{first}/timeline{query}").json()
+            pages_read.insert(0, [e["seq"] for e in answer["items"]])
+            query = f"?limit=3&before={answer['next']}" if answer["next"] else ""
+        bad = http.get(f"/api/v1/runs/{first}/timeline?before=-1")
+    assert pages_read[-1] == mine[-3:] and [s for p in pages_read for s in p] == mine
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "usage_error"
+
+
+def test_a_timeline_page_of_no_events_is_refused_and_changes_nothing(
+    desk: charter.Engine, who: Principals
+) -> None:
+    """Bad input: a page size under one is a usage error that names the fix."""
+    mission, first, _ = two_runs(desk, who)
+    before = stored(desk, mission), desk.audit_events(mission)
+    with pytest.raises(charter.UsageError, match="limit"):
+        desk.timeline(first, limit=0)
+    assert (stored(desk, mission), desk.audit_events(mission)) == before
+
+
+def test_S1_the_run_page_shows_the_newest_events_and_links_to_older_ones(
+    desk: charter.Engine,
+    base: str,
+    who: Principals,
+    creds: tuple[dict[str, str], dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Broken: the run page lists every event of the run (or of its mission) at
+    once, its "older" link skips or repeats events, or another run's show up."""
+    monkeypatch.setattr(pages, "TIMELINE_ROWS", 4)
+    mission, first, second = two_runs(desk, who)
+    mine = about(desk, mission, first)
+    others = {a.id for a in desk.attempts(run_id=second)} | {second}
+    shown: list[list[int]] = []
+    with browse(base) as http:
+        sign_in(http, creds[0]["alice"])
+        url: str | None = f"/console/runs/{first}"
+        while url is not None:
+            html = http.get(url).text
+            rows = re.findall(r'<tr class="[^"]*" data-seq="(\d+)">', html)
+            shown.insert(0, [int(s) for s in rows])
+            assert not any(other in html for other in others)
+            older = re.search(r'href="(/console/runs/[^"]+)"[^>]*>older events', html)
+            url = older.group(1).replace("&amp;", "&") if older else None
+    assert shown[-1] == mine[-4:]
+    assert [s for p in shown for s in p] == mine
+
+
+def test_the_timeline_reads_by_index_whatever_else_the_mission_holds(
+    desk: charter.Engine, who: Principals, store_url: str
+) -> None:
+    """Broken: reading a run's timeline costs more the more events other runs of
+    its mission hold (a scan of the mission's chain). On SQLite only (asking for
+    ``store_url`` says so): it counts SQLite's virtual machine steps, and
+    SQLite's planner is the one that needs telling which index to read."""
+    mission, first, _ = two_runs(desk, who)
+    conn = desk._db.driver._conn  # type: ignore[attr-defined]
+    steps = [0]
+
+    def count() -> int:
+        steps[0] += 1
+        return 0
+
+    def cost() -> int:
+        steps[0] = 0
+        conn.set_progress_handler(count, 1)
+        try:
+            desk.timeline(first, limit=5)
+        finally:
+            conn.set_progress_handler(None, 1)
+        return steps[0]
+
+    alone = cost()
+    for _ in range(20):
+        finished(desk, who, mission, "c")
+    assert cost() <= alone * 1.1
+
+
+def test_the_timeline_index_exists_after_migrating(desk: charter.Engine, raw: RawStore) -> None:
+    """Broken: a store migrated to the latest schema lacks the index the timeline reads by."""
+    names = {str(r.get("name") or r.get("indexname")) for r in raw.dump()["schema"]}
+    assert "audit_events_entity" in names
+
+
+def test_console_pages_read_a_records_keys_and_a_dicts_own_methods() -> None:
+    """Broken: reading a record's keys directly lets a key shadow a dict's own
+    method (a unit named ``items`` would break every amount shown)."""
+    page = _environment().from_string("{{ r.id }} {{ r.missing }}|{{ m.items() | list | length }}")
+    assert page.render(r={"id": "run_1"}, m={"items": 7, "usd": 1}) == "run_1 |2"

@@ -15,6 +15,8 @@ from charter.audit.model import ChainHead
 from charter.hashing import head_table
 from charter.storage import Row, Tx
 
+_END = 2**63 - 1  # past every seq, and no limit at all
+
 
 def chain_ids(tx: Tx) -> set[str]:
     """Every chain with a head or an event: each mission's, the engine's, and any
@@ -68,19 +70,35 @@ def all_events(tx: Tx, chain: str) -> list[dict[str, Any]]:
     ]
 
 
-def run_events(tx: Tx, chain: str, run_id: str) -> list[dict[str, Any]]:
-    """The events of ``chain`` about one run: the run itself, its attempts and its
-    approvals (refusals included), in order."""
+#: The entities a run's events are filed under: the run, its nodes and artifacts
+#: (``RUN/NAME``), its attempts, approvals and waits. Each is read by its index.
+_RUN_ENTITIES = (
+    "SELECT id FROM runs WHERE id = ? "
+    "UNION ALL SELECT id FROM attempts WHERE run_id = ? "
+    "UNION ALL SELECT id FROM approvals WHERE run_id = ? "
+    "UNION ALL SELECT id FROM waits WHERE run_id = ? "
+    "UNION ALL SELECT run_id || '/' || node_id FROM node_executions WHERE run_id = ? "
+    "UNION ALL SELECT run_id || '/' || name FROM artifacts WHERE run_id = ?"
+)
+
+
+def run_events(
+    tx: Tx, chain: str, run_id: str, *, before: int | None, limit: int | None
+) -> list[dict[str, Any]]:
+    """The newest ``limit`` events of ``chain`` about one run before ``seq``
+    ``before`` (all of them when ``None``), refusals included, in order. Read by
+    the run's entities through ``audit_events_entity``: the cost follows the run,
+    never the length of its mission's chain."""
     rows = tx.all(
-        "SELECT * FROM audit_events WHERE mission_id = ? AND (entity = ? "
-        "OR entity IN (SELECT id FROM attempts WHERE run_id = ?) "
-        "OR entity IN (SELECT id FROM approvals WHERE run_id = ?)) ORDER BY seq",
+        "SELECT * FROM audit_events{indexed_by audit_events_entity} "
+        f"WHERE mission_id = ? AND entity IN ({_RUN_ENTITIES}) AND seq < ? "
+        "ORDER BY seq DESC LIMIT ?",
         chain,
-        run_id,
-        run_id,
-        run_id,
+        *[run_id] * 6,
+        _END if before is None else before,
+        _END if limit is None else limit,
     )
-    return [dict(r) for r in rows]
+    return [dict(r) for r in reversed(rows)]
 
 
 # -- snapshots (S2) and checkpoints -----------------------------------------------------

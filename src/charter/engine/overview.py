@@ -15,6 +15,7 @@ from charter.attempts import store as attempts_store
 from charter.attempts.model import Attempt
 from charter.audit import store as audit_store
 from charter.clock import Clock
+from charter.errors import UsageError
 from charter.ledger import store as ledger_store
 from charter.ledger.accounts import Balance
 from charter.runs import run as runs
@@ -43,13 +44,19 @@ class Overview:
     _db: Database
     clock: Clock
 
-    def timeline(self, run_id: str) -> list[dict[str, Any]]:
-        """The audit events about one run, in order: the run's own, its attempts'
-        and its approvals', refusals included (who tried what, and was refused).
-        An unknown run is :class:`~charter.errors.NotFound`."""
+    def timeline(
+        self, run_id: str, *, before: int | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The audit events about one run, in order: the run's own and its nodes',
+        its attempts', approvals' and waits', refusals included (who tried what,
+        and was refused). With ``limit``, the newest ``limit`` of those before
+        ``seq`` ``before``, so a page costs the same for a run of ten events or ten
+        thousand. An unknown run is :class:`~charter.errors.NotFound`."""
+        if limit is not None and limit < 1:
+            raise UsageError(f"limit is the most events a page shows, 1 or more; got {limit}")
         with self._db.read() as tx:
             run = runs.load(tx, run_id)
-            return audit_store.run_events(tx, run.mission_id, run_id)
+            return audit_store.run_events(tx, run.mission_id, run_id, before=before, limit=limit)
 
     def approval(self, approval_id: str) -> Approval:
         """One approval; an unknown one is :class:`~charter.errors.NotFound`."""

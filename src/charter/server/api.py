@@ -118,7 +118,17 @@ def _run(engine: Engine, who: Principal, call: Call) -> Any:
 
 
 def _timeline(engine: Engine, who: Principal, call: Call) -> Any:
-    return {"items": engine.timeline(call.path["run_id"])}
+    """The newest page of the run's events before ``before`` (a ``seq``), in
+    order; ``next`` is the cursor of the page of older events."""
+    size = limit(call.text("limit"))
+    before = call.text("before")
+    found = engine.timeline(
+        call.path["run_id"],
+        before=whole(before, "before", 1) if before else None,
+        limit=size + 1,
+    )
+    page = found[-size:]
+    return {"items": page, "next": str(page[0]["seq"]) if len(found) > size else None}
 
 
 def _attempts(engine: Engine, who: Principal, call: Call) -> Any:
@@ -292,8 +302,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     E("GET", "/runs", "runs", "List runs", "credential", _runs, ("mission", "status", *_PAGE)),
     E("GET", "/runs/{run_id}", "run",
       "A run's state: nodes, unresolved attempts, waits, next actions", "credential", _run),
-    E("GET", "/runs/{run_id}/timeline", "timeline", "The audit events about a run",
-      "credential", _timeline),
+    E("GET", "/runs/{run_id}/timeline", "timeline", "The audit events about a run, newest page",
+      "credential", _timeline, ("before", "limit")),
     E("POST", "/runs/{run_id}/recover", "recover",
       "Take a run over as a new segment (force: needs stop)", "credential", _recover,
       body={"segment": "string", "force": "boolean"}, required=("segment",)),

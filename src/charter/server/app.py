@@ -3,6 +3,9 @@ static files, and the one place errors become HTTP answers.
 
 Engine calls block (the store), so every one runs in a worker thread; the
 engine is shared by all of them (its store serialises what must be serial).
+Reads (the API's GETs, the console's pages) take one of :data:`READERS`
+places first: the engine runs one transaction at a time, so more reading
+threads than that would only queue on its lock, each woken at every release.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
     from charter import Engine
 
 HERE = Path(__file__).parent
+READERS = 4  # threads reading the store at once (see the module docstring)
 
 
 def failure(exc: CharterError) -> JSONResponse:
@@ -56,7 +61,7 @@ def _body(raw: bytes, ep: Endpoint) -> dict[str, Any]:
     return body
 
 
-def _api_route(engine: Engine, ep: Endpoint) -> Route:
+def _api_route(engine: Engine, ep: Endpoint, reads: anyio.CapacityLimiter) -> Route:
     async def endpoint(request: Request) -> Response:
         raw = await request.body() if ep.decides else b""
         header = request.headers.get("authorization")
@@ -67,7 +72,9 @@ def _api_route(engine: Engine, ep: Endpoint) -> Route:
             return jsonable(ep.handler(engine, who, call))
 
         try:
-            return JSONResponse(await run_in_threadpool(work))
+            if ep.decides:
+                return JSONResponse(await run_in_threadpool(work))
+            return JSONResponse(await anyio.to_thread.run_sync(work, limiter=reads))
         except CharterError as exc:
             return failure(exc)
 
@@ -103,7 +110,8 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 
 def build(engine: Engine, *, secure_cookies: bool) -> Starlette:
     sessions = Sessions()
-    routes: list[BaseRoute] = [_api_route(engine, ep) for ep in ENDPOINTS]
+    reads = anyio.CapacityLimiter(READERS)
+    routes: list[BaseRoute] = [_api_route(engine, ep, reads) for ep in ENDPOINTS]
     routes += [
         Route(
             PREFIX + "/openapi.json",
@@ -122,6 +130,6 @@ def build(engine: Engine, *, secure_cookies: bool) -> Starlette:
         ),
         Route("/", lambda request: RedirectResponse("/console/inbox", status_code=303)),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
-        *console.routes(engine, sessions, secure_cookies=secure_cookies),
+        *console.routes(engine, sessions, reads, secure_cookies=secure_cookies),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: _not_found})

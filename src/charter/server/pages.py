@@ -13,13 +13,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from charter import RunStatus, UsageError
-from charter.server.wire import PAGE, listing, next_action, position
+from charter.server.wire import PAGE, listing, next_action, position, whole
 
 if TYPE_CHECKING:
     from charter import Engine
 
 Values = Mapping[str, str]
 QUEUE_ROWS = 200  # the reconciliation queue shows this many unresolved attempts at most
+TIMELINE_ROWS = 50  # a run page shows this many of its newest audit events, then "older"
 
 
 def pretty(value: Any) -> str:
@@ -91,13 +92,23 @@ def runs(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
 
 
 def run(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
+    """The run's state, attempts and waits, and the newest page of its audit
+    timeline (``?before=SEQ``: the page before that event), with the cursor of
+    the page before it (``older``, or empty when it is the first)."""
     run_id = path["run_id"]
+    before = query.get("before")
     state = engine.coordinator.state(run_id).to_dict()
+    timeline = engine.timeline(
+        run_id,
+        before=None if not before else whole(before, "before", 1),
+        limit=TIMELINE_ROWS + 1,
+    )
     return {
         "state": state,
         "attempts": [a.to_dict() for a in engine.attempts(run_id=run_id)],
         "approvals": [a.to_dict() for a in engine.approvals(run_id=run_id)],
-        "timeline": engine.timeline(run_id),
+        "timeline": timeline[-TIMELINE_ROWS:],
+        "older": timeline[1]["seq"] if len(timeline) > TIMELINE_ROWS else "",
     }
 
 

@@ -9,6 +9,9 @@ backends cannot drift:
 - ``{without_rowid}`` after a table's DDL clusters it by its primary key on
   SQLite (PostgreSQL tables need nothing);
 - ``{group_concat}(text, separator)`` is the string aggregate;
+- ``{indexed_by NAME}`` after a table's name makes SQLite read it through that
+  index (its planner, without statistics, prefers the primary key whenever the
+  key's first column is constrained); PostgreSQL plans from its statistics;
 - ``max_params`` bounds the parameters of one statement.
 
 ``has_table`` finds a table of the store by name (the catalogues differ).
@@ -19,7 +22,10 @@ backends accept the same text.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+
+_INDEXED_BY = re.compile(r"\{indexed_by (\w+)\}")
 
 
 @dataclass
@@ -29,6 +35,7 @@ class Dialect:
     serial_pk: str
     without_rowid: str
     group_concat: str
+    indexed_by: str  # a format string for the index's name
     has_table: str
     #: The most parameters one statement may carry (multi-row writes are split under it).
     max_params: int
@@ -43,6 +50,7 @@ class Dialect:
                 .replace("{without_rowid}", self.without_rowid)
                 .replace("{group_concat}", self.group_concat)
             )
+            out = _INDEXED_BY.sub(lambda m: self.indexed_by.format(m.group(1)), out)
             if self.placeholder != "?":
                 out = out.replace("?", self.placeholder)
             self._cache[text] = out
@@ -57,6 +65,7 @@ def sqlite() -> Dialect:
         "INTEGER PRIMARY KEY",
         " WITHOUT ROWID",
         "group_concat",
+        " INDEXED BY {}",
         "SELECT 1 AS x FROM sqlite_master WHERE type = 'table' AND name = ?",
         32_766,
     )
@@ -70,6 +79,7 @@ def postgresql() -> Dialect:
         "BIGSERIAL PRIMARY KEY",
         "",
         "string_agg",
+        "",
         "SELECT 1 AS x FROM information_schema.tables "
         "WHERE table_schema = current_schema() AND table_name = ?",
         65_535,

@@ -439,4 +439,16 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        12,
+        "the operator's desk: a run's audit timeline read by its entities, not the mission's chain",
+        [
+            # A run page pages the events about the run, its nodes, attempts,
+            # approvals and waits: by entity, newest first, whatever the chain holds.
+            "CREATE INDEX audit_events_entity ON audit_events (mission_id, entity, seq)",
+        ],
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
