@@ -286,9 +286,12 @@ def paused_case(world: World, k: int) -> list[str]:
         deadline = time.monotonic() + CHILD_TIMEOUT
         while not _stopped(proc):
             if proc.poll() == 0:  # k not reached this time (see one_case)
+                proc.communicate()
                 return [f"k={k} pause after: {v}" for v in violations_after(world, mission)]
             if proc.poll() is not None or time.monotonic() > deadline:
-                return [f"k={k} pause: the child did not pause ({proc.poll()})"]
+                proc.kill()
+                _, stderr = proc.communicate()
+                return [f"k={k} pause: the child did not pause ({proc.poll()}): {stderr[-400:]}"]
             time.sleep(0.01)
         runs = engine.runs(mission)
         sent_before = len(world.box.requests())
@@ -306,7 +309,7 @@ def paused_case(world: World, k: int) -> list[str]:
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait()
+            proc.communicate()
     if proc.returncode != 0:
         return [f"k={k} pause: the child ended {proc.returncode}: {stderr[-400:]}"]
     found = []
