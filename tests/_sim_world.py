@@ -173,18 +173,9 @@ class WorldAdapter(RecordingAdapter):
 
 
 @dataclass
-class AsyncWorldAdapter(AsyncRecordingAdapter):
-    """The same adapter with ``async def`` send and lookup."""
-
-    world: World | None = None
-
-    def _answer(self, send: Dispatch) -> Outcome:
-        assert self.world is not None
-        return self.world.receive(send)
-
-    def _look_up(self, attempt: RecordedAttempt) -> Evidence:
-        assert self.world is not None
-        return self.world.look_up(attempt)
+class AsyncWorldAdapter(WorldAdapter, AsyncRecordingAdapter):
+    """The same adapter with ``async def`` send and lookup: the world's answers
+    from :class:`WorldAdapter`, the sending from ``AsyncRecordingAdapter``."""
 
 
 @dataclass

@@ -24,8 +24,10 @@ from typing import Any
 import pytest
 
 import charter
+from _fake_models import FakeProvider, pay_invoice_script
 from _raw import RawStore
 from charter.clock import Clock
+from charter.sandbox import Sandbox
 from charter.testing import (
     AsyncRecordingAdapter,
     ManualClock,
@@ -225,3 +227,18 @@ def adapter(request: pytest.FixtureRequest) -> RecordingAdapter:
 @pytest.fixture
 def mission(engine: charter.Engine, who: Principals) -> str:
     return engine.create_mission(default_contract(), by=who.alice)
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Iterator[Sandbox]:
+    """The payments sandbox, on a store of its own under ``tmp_path``."""
+    with Sandbox(tmp_path / "sandbox.db") as sandbox:
+        yield sandbox
+
+
+@pytest.fixture
+def provider() -> Iterator[FakeProvider]:
+    """A fake model provider playing the agent that pays an invoice; a module
+    whose agent plays another script defines its own."""
+    with FakeProvider(script=pay_invoice_script) as fake:
+        yield fake

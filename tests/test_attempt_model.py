@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 )
 
 import charter
-from charter import AttemptStatus, Dispatch, Evidence, NotApplied, Outcome, RunStatus
+from charter import Attempt, AttemptStatus, Dispatch, Evidence, NotApplied, Outcome, RunStatus
 from charter.adapters import RecordedAttempt
 from charter.engine.executor import Executor
 from charter.testing import ManualClock, RecordingAdapter, credential
@@ -206,6 +206,19 @@ class AttemptMachine(RuleBasedStateMachine):
         self.counter += 1
         return self.counter
 
+    def _attempted(self, ex: Executor, operation: str) -> Attempt | None:
+        """The next attempt at ``operation``, or None when the allowance refused
+        it; either way as the model says it must."""
+        admits = self.model.admits(operation)
+        n = self._next()
+        try:
+            done = ex.attempt(self.target, operation, {"n": n}, effect_key=f"k{n}")
+        except charter.AllowanceExceeded:
+            assert not admits
+            return None
+        assert admits
+        return done
+
     def _executor(self) -> Executor:
         ex = self.executor
         if ex is not None:
@@ -286,15 +299,10 @@ class AttemptMachine(RuleBasedStateMachine):
     @rule(operation=st.sampled_from(["read", "write"]), fate=FATES)
     def attempt(self, operation: str, fate: str) -> None:
         ex = self._executor()
-        admits = self.model.admits(operation)
         self.fate = fate
-        n = self._next()
-        try:
-            done = ex.attempt(self.target, operation, {"n": n}, effect_key=f"k{n}")
-        except charter.AllowanceExceeded:
-            assert not admits
+        done = self._attempted(ex, operation)
+        if done is None:
             return
-        assert admits
         self.model.outcome(done.id, fate)
 
     @rule(
@@ -395,17 +403,13 @@ class AttemptMachine(RuleBasedStateMachine):
         """F2: the answer comes back after the run was recovered (and maybe after a
         person settled it otherwise): kept as evidence, settling what is still open."""
         ex = self._executor()
-        admits = self.model.admits(operation)
         self.fate, self.meanwhile = "applied", "resolved" if resolved else "recovered"
-        n = self._next()
         try:
-            done = ex.attempt(self.target, operation, {"n": n}, effect_key=f"k{n}")
-        except charter.AllowanceExceeded:
-            assert not admits
-            return
+            done = self._attempted(ex, operation)
         finally:
             self.meanwhile = None
-        assert admits
+        if done is None:
+            return
         a = self.model.attempts[done.id]
         if a.status is S.UNKNOWN:
             self.model.settle(done.id, S.SUCCEEDED, dict(a.applied or {}))

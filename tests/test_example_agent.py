@@ -12,10 +12,7 @@ each model call once, and the ledger holds exactly what both took.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ from typing import Any
 import pytest
 
 import charter
+from _examples import run_step
 from _fake_models import INVOICE, FakeProvider, pay_invoice_script
 from charter import AttemptStatus
 from charter.adapters.models import ModelUnits, Usage
@@ -37,19 +35,7 @@ import openai_agents_agent as example  # noqa: E402 - the example, once examples
 
 
 def step(cfg: dict[str, Any], tmp: Path, **how: Any) -> tuple[int, list[dict[str, Any]]]:
-    path = tmp / f"step-{len(list(tmp.glob('step-*')))}.json"
-    path.write_text(json.dumps({**cfg, **how}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLE), str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
-    assert done.returncode in (0, -signal.SIGKILL), done.stderr
-    return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
+    return run_step(EXAMPLE, cfg, tmp, **how)
 
 
 @pytest.mark.crash

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 from agents import Agent, ModelSettings, function_tool
 
 import charter
-from _fake_models import INVOICE, FakeProvider, pay_invoice_script
+from _fake_models import INVOICE, FakeProvider
 from charter import AttemptStatus, EffectClass
 from charter.adapters.models import ModelUnits, Usage
 from charter.adapters.models.pricing import Pricing
@@ -30,18 +29,6 @@ from conftest import Principals, stored
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))
 import openai_agents_agent as example  # noqa: E402 - the example, once examples/ is on the path
-
-
-@pytest.fixture
-def provider() -> Iterator[FakeProvider]:
-    with FakeProvider(script=pay_invoice_script) as fake:
-        yield fake
-
-
-@pytest.fixture
-def box(tmp_path: Path) -> Iterator[Sandbox]:
-    with Sandbox(tmp_path / "sandbox.db") as sandbox:
-        yield sandbox
 
 
 def mission(engine: charter.Engine, who: Principals, **changes: Any) -> str:

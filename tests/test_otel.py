@@ -86,18 +86,6 @@ def observed(
         yield eng, Principals(creds[0], creds[1], eng)
 
 
-@pytest.fixture
-def provider() -> Iterator[FakeProvider]:
-    with FakeProvider(script=pay_invoice_script) as fake:
-        yield fake
-
-
-@pytest.fixture
-def box(tmp_path: Path) -> Iterator[Sandbox]:
-    with Sandbox(tmp_path / "sandbox.db") as sandbox:
-        yield sandbox
-
-
 def mission(engine: charter.Engine, who: Principals, **changes: Any) -> str:
     principals = {
         "agent": {"run": ["agent-models.*", "tools.*"]},

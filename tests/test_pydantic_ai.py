@@ -42,12 +42,6 @@ def provider() -> Iterator[FakeProvider]:
         yield fake
 
 
-@pytest.fixture
-def box(tmp_path: Path) -> Iterator[Sandbox]:
-    with Sandbox(tmp_path / "sandbox.db") as sandbox:
-        yield sandbox
-
-
 def contract(**allowance: int) -> dict[str, Any]:
     """The example's contract, ``alice`` in the place of ``ops``."""
     principals = {"agent": {"run": ["clerk.*"]}, "alice": example.CONTRACT["principals"]["ops"]}

@@ -54,7 +54,8 @@ from charter import (
     StateError,
 )
 from charter.adapters.models.base import ModelAdapter
-from charter.adapters.models.pricing import ModelUnits, Usage, UsageLookup, max_tokens
+from charter.adapters.models.openai import OpenAIModels
+from charter.adapters.models.pricing import Usage
 from charter.adapters.models.refusals import refused_or_raise
 
 try:
@@ -139,46 +140,27 @@ class AgentModels(ModelAdapter):
 
     ``client``: an ``openai.AsyncOpenAI`` (its retries are turned off here), or
     one is made from ``base_url`` and ``api_key``. ``api``: ``"responses"``
-    (the SDK's default) or ``"chat"``. ``units``, ``lookup`` and
-    ``input_bound`` are the model adapters' (:mod:`charter.adapters.models`).
+    (the SDK's default) or ``"chat"``. The other arguments (``timeout``,
+    ``units``, ``name``, ``key_header``, ``lookup``, ``input_bound``) are the
+    model adapters' (:class:`~charter.adapters.models.openai.OpenAIModels`).
     Every request must set ``ModelSettings(max_tokens=...)``: the estimate is
     an upper bound, and the output has none without it.
     """
 
-    def __init__(
-        self,
-        client: Any = None,
-        *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        timeout: float = 120.0,
-        api: str = "responses",
-        units: ModelUnits | None = None,
-        name: str = "agent-models",
-        key_header: str = "Idempotency-Key",
-        lookup: UsageLookup | None = None,
-        input_bound: Callable[[Any], int] | None = None,
-    ) -> None:
+    provider = "openai"
+    default_name = "agent-models"
+    _connect = staticmethod(OpenAIModels._connect)
+
+    def __init__(self, client: Any = None, *, api: str = "responses", **options: Any) -> None:
         if api not in APIS:
             raise ConfigError(f"api must be one of {sorted(APIS)}, got {api!r}")
-        if client is None:
-            client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout)
         self.api = api
-        self._setup(
-            openai,
-            client,
-            provider="openai",
-            operations=(api,),
-            name=name,
-            units=units,
-            key_header=key_header,
-            lookup=lookup,
-            input_bound=input_bound,
-        )
+        self.limits = {api: ("max_output_tokens",)}
+        super().__init__(client, **options)
 
-    def estimate(self, operation: str, request: Any) -> Estimate:
-        limit = max_tokens(request, ("max_output_tokens",), f"{self.name}.{operation}")
-        return self.pricing.estimate(request, limit, self.input_bound)
+    @staticmethod
+    def _load() -> Any:
+        return openai
 
     async def _send(self, client: Any, send: Dispatch) -> Outcome:
         call = _live(send)

@@ -11,12 +11,12 @@ from ``message_start``, the output tokens so far from ``message_delta``).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from charter.adapters import Dispatch, Estimate, Evidence, Outcome
+from charter.adapters import Dispatch, Evidence, Outcome
 from charter.adapters.models.base import ModelAdapter
-from charter.adapters.models.pricing import ModelUnits, Usage, UsageLookup, max_tokens
+from charter.adapters.models.pricing import Usage
 from charter.adapters.models.refusals import refused_or_raise, unknown_stream
 from charter.adapters.protocol import RecordedAttempt
 from charter.errors import MissingExtra
@@ -37,37 +37,14 @@ class AnthropicModels(ModelAdapter):
     """Messages (``messages``), ``read_only``; the arguments as for
     :class:`~charter.adapters.models.openai.OpenAIModels`."""
 
-    def __init__(
-        self,
-        client: Any = None,
-        *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        timeout: float = 120.0,
-        units: ModelUnits | None = None,
-        name: str = "anthropic",
-        key_header: str = "Idempotency-Key",
-        lookup: UsageLookup | None = None,
-        input_bound: Callable[[Any], int] | None = None,
-    ) -> None:
-        sdk = _anthropic()
-        if client is None:
-            client = sdk.AsyncAnthropic(base_url=base_url, api_key=api_key, timeout=timeout)
-        self._setup(
-            sdk,
-            client,
-            provider="anthropic",
-            operations=("messages",),
-            name=name,
-            units=units,
-            key_header=key_header,
-            lookup=lookup,
-            input_bound=input_bound,
-        )
+    provider = "anthropic"
+    default_name = "anthropic"
+    limits: Mapping[str, tuple[str, ...]] = {"messages": ("max_tokens",)}
+    _load = staticmethod(_anthropic)
 
-    def estimate(self, operation: str, request: Any) -> Estimate:
-        limit = max_tokens(request, ("max_tokens",), f"{self.name}.{operation}")
-        return self.pricing.estimate(request, limit, self.input_bound)
+    @staticmethod
+    def _connect(sdk: Any, *, base_url: str | None, api_key: str | None, timeout: float) -> Any:
+        return sdk.AsyncAnthropic(base_url=base_url, api_key=api_key, timeout=timeout)
 
     async def _send(self, client: Any, send: Dispatch) -> Outcome:
         body = dict(send.request)

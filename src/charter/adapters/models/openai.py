@@ -11,16 +11,13 @@ assembled answer, and a stream cut off is UNKNOWN with what it had reported.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from charter.adapters import Dispatch, Estimate, Evidence, Outcome
+from charter.adapters import Dispatch, Evidence, Outcome
 from charter.adapters.models.base import ModelAdapter
 from charter.adapters.models.pricing import (
-    ModelUnits,
     Usage,
-    UsageLookup,
-    max_tokens,
 )
 from charter.adapters.models.refusals import refused_or_raise, unknown_stream
 from charter.adapters.protocol import RecordedAttempt
@@ -52,37 +49,14 @@ class OpenAIModels(ModelAdapter):
     tokens, for requests with images or files.
     """
 
-    def __init__(
-        self,
-        client: Any = None,
-        *,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        timeout: float = 120.0,
-        units: ModelUnits | None = None,
-        name: str = "openai",
-        key_header: str = "Idempotency-Key",
-        lookup: UsageLookup | None = None,
-        input_bound: Callable[[Any], int] | None = None,
-    ) -> None:
-        sdk = _openai()
-        if client is None:
-            client = sdk.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout)
-        self._setup(
-            sdk,
-            client,
-            provider="openai",
-            operations=("chat", "responses"),
-            name=name,
-            units=units,
-            key_header=key_header,
-            lookup=lookup,
-            input_bound=input_bound,
-        )
+    provider = "openai"
+    default_name = "openai"
+    limits = _LIMITS
+    _load = staticmethod(_openai)
 
-    def estimate(self, operation: str, request: Any) -> Estimate:
-        limit = max_tokens(request, _LIMITS[operation], f"{self.name}.{operation}")
-        return self.pricing.estimate(request, limit, self.input_bound)
+    @staticmethod
+    def _connect(sdk: Any, *, base_url: str | None, api_key: str | None, timeout: float) -> Any:
+        return sdk.AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout)
 
     async def _send(self, client: Any, send: Dispatch) -> Outcome:
         body = dict(send.request)
