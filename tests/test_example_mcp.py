@@ -12,7 +12,6 @@ provider billed plus what the sandbox took.
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -23,13 +22,10 @@ from mcp import Client
 
 import charter
 from _agent_turns import clerk_turns
-from _examples import run_step
-from _fake_models import FakeProvider
+from _examples import agent_world, killed_after_paying, run_step
 from charter import AttemptStatus
 from charter.adapters.models import ModelUnits, Usage
 from charter.adapters.models.pricing import Pricing
-from charter.sandbox import Sandbox
-from charter.testing import credential
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "mcp_agent.py"
@@ -55,34 +51,12 @@ def desk_tools(sandbox_url: str) -> example.Tools:
 def test_A4_R8_the_mcp_agent_killed_after_paying_is_resolved_and_pays_once(
     store_address: str, tmp_path: Path
 ) -> None:
-    pairs = {name: credential(name) for name in ("agent", "ops")}
-    config = charter.EngineConfig(credentials={n: d for n, (_, d) in pairs.items()})
-    with (
-        charter.Engine.open(store_address, config=config) as engine,
-        Sandbox(tmp_path / "sandbox.db") as box,
-        FakeProvider(chat=clerk_turns) as provider,
-    ):
-        ops = engine.authenticate(pairs["ops"][0])
-        mission = engine.create_mission(example.CONTRACT, by=ops)
-        cfg = {
-            "store": store_address,
-            "digests": config.credentials,
-            "credential": pairs["agent"][0],
-            "model_url": f"{provider.url}/v1",
-            "sandbox_url": box.url,
-            "mission": mission,
-            "task": "Buy the survey.",
-        }
-        # 1. Killed once the sandbox applied the payment, before its settlement
-        # committed: the 4th attempt to settle (a model call, quote, a model call, pay).
-        code, out = step(cfg, tmp_path, kill_at="settlement.before", nth=4)
-        assert code == -signal.SIGKILL
-        run_id = out[0]["run_id"]
-        [pay] = [a for a in engine.attempts(run_id=run_id) if a.operation == "pay"]
-        assert pay.status is AttemptStatus.DISPATCHED
+    with agent_world(store_address, tmp_path, example.CONTRACT, clerk_turns) as world:
+        engine, box, provider, ops = world.engine, world.box, world.provider, world.ops
+        mission, cfg = world.mission, world.cfg
+        # 1. Killed once the sandbox applied the payment, before its settlement committed.
+        run_id, pay = killed_after_paying(EXAMPLE, world, tmp_path)
         [record] = box.payments()  # the tool got the attempt's key in its _meta
-        assert record["idempotency_key"] == pay.idempotency_key
-        assert len(provider.received) == 2
 
         # 2. The dead owner is taken over. MCP cannot look the call up, so an
         # operator settles it on the sandbox's record.
