@@ -19,11 +19,10 @@ the agent's answer.
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
+import _step as step
 import httpx
 from openai import AsyncOpenAI
 from pydantic_ai import Agent
@@ -33,7 +32,6 @@ from pydantic_ai.providers.openai import OpenAIProvider
 import charter
 from charter import EffectClass, Evidence, Outcome, RecordedAttempt
 from charter.integrations.pydantic_ai import CharterDurability, ToolEffect, current_send, in_node
-from charter.testing import kill_at
 
 PRICES = {"survey": 12_00}  # in cents
 MICROS_PER_CENT = 10_000  # the allowance counts dollars in micro-dollars
@@ -118,22 +116,5 @@ def build_plan(model_url: str, sandbox_url: str) -> charter.Plan:
     return charter.Plan("clerk", (clerk,))
 
 
-def main(argv: list[str]) -> int:
-    cfg = json.loads(Path(argv[0]).read_text())
-    hook = kill_at(cfg["kill_at"], cfg["nth"]) if cfg.get("kill_at") else None
-    config = charter.EngineConfig(credentials=cfg["digests"])
-    with charter.Engine.open(cfg["store"], config=config, crash_hook=hook) as engine:
-        me = engine.authenticate(cfg["credential"])
-        ex = (
-            engine.coordinator.resume(cfg["run"], cfg["segment"], by=me)
-            if "run" in cfg
-            else engine.start_run(cfg["mission"], by=me, segment_id="seg-1", input=cfg["task"])
-        )
-        print(json.dumps({"run_id": ex.run_id}), flush=True)
-        result = ex.execute(build_plan(cfg["model_url"], cfg["sandbox_url"]))  # or Blocked, said
-        print(json.dumps({"completed": result}), flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(step.main(sys.argv[1:], build_plan))

@@ -9,7 +9,6 @@ is what the provider billed plus what the sandbox took.
 
 from __future__ import annotations
 
-import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -20,14 +19,11 @@ from openai import AsyncOpenAI
 
 import charter
 from _agent_turns import clerk_turns
-from _examples import run_step
-from _fake_models import FakeProvider
+from _examples import agent_world, killed_after_paying, run_step
 from charter import AttemptStatus
 from charter.adapters.models import ModelUnits, Usage
 from charter.adapters.models.pricing import Pricing
 from charter.integrations.pydantic_ai import CharterDurability
-from charter.sandbox import Sandbox
-from charter.testing import credential
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "pydantic_ai_agent.py"
@@ -43,33 +39,11 @@ def step(cfg: dict[str, Any], tmp: Path, **how: Any) -> tuple[int, list[dict[str
 def test_A4_A6_R4_the_agent_killed_after_paying_is_recovered_and_pays_once(
     store_address: str, tmp_path: Path
 ) -> None:
-    pairs = {name: credential(name) for name in ("agent", "ops")}
-    config = charter.EngineConfig(credentials={n: d for n, (_, d) in pairs.items()})
-    with (
-        charter.Engine.open(store_address, config=config) as engine,
-        Sandbox(tmp_path / "sandbox.db") as box,
-        FakeProvider(chat=clerk_turns) as provider,
-    ):
-        ops = engine.authenticate(pairs["ops"][0])
-        mission = engine.create_mission(example.CONTRACT, by=ops)
-        cfg = {
-            "store": store_address,
-            "digests": config.credentials,
-            "credential": pairs["agent"][0],
-            "model_url": f"{provider.url}/v1",
-            "sandbox_url": box.url,
-            "mission": mission,
-            "task": "Buy the survey.",
-        }
-        # 1. Killed once the sandbox applied the payment, before its settlement
-        # committed: the 4th attempt to settle (a request, quote, a request, pay).
-        code, out = step(cfg, tmp_path, kill_at="settlement.before", nth=4)
-        assert code == -signal.SIGKILL
-        run_id = out[0]["run_id"]
-        [pay] = [a for a in engine.attempts(run_id=run_id) if a.operation == "pay"]
-        assert pay.status is AttemptStatus.DISPATCHED
-        assert [p["idempotency_key"] for p in box.payments()] == [pay.idempotency_key]
-        assert len(provider.received) == 2
+    with agent_world(store_address, tmp_path, example.CONTRACT, clerk_turns) as world:
+        engine, box, provider, ops = world.engine, world.box, world.provider, world.ops
+        mission, cfg = world.mission, world.cfg
+        # 1. Killed once the sandbox applied the payment, before its settlement committed.
+        run_id, pay = killed_after_paying(EXAMPLE, world, tmp_path)
 
         # 2. The dead owner is taken over; the payment is found by its key.
         _, unresolved = engine.coordinator.recover(run_id, "seg-2")
