@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from typing import Any
 import charter
 from _fake_models import FakeProvider
 from charter import AttemptStatus
+from charter.adapters.models import ModelUnits, Usage
+from charter.adapters.models.pricing import Pricing
 from charter.sandbox import Sandbox
 from charter.testing import credential
 
@@ -93,3 +96,25 @@ def killed_after_paying(example: Path, world: World, tmp: Path) -> tuple[str, An
     assert [p["idempotency_key"] for p in world.box.payments()] == [pay.idempotency_key]
     assert len(world.provider.received) == 2
     return run_id, pay
+
+
+def paid_once_billed_once(
+    world: World, run_id: str, model_op: str, tools: dict[str, int], micros_per_cent: int
+) -> None:
+    """The resumed run completed with every attempt succeeded: the sandbox holds
+    one payment, each model call was billed once under its own key, and the
+    mission spent what the provider billed plus what the sandbox took."""
+    engine, provider = world.engine, world.provider
+    assert engine.run(run_id).status is charter.RunStatus.COMPLETED
+    attempts = engine.attempts(run_id=run_id)
+    assert Counter(a.operation for a in attempts) == {model_op: 3, **tools}
+    assert all(a.status is AttemptStatus.SUCCEEDED for a in attempts)
+    assert len(world.box.payments()) == 1  # paid once
+    keys = Counter(provider.keys())
+    models = {a.idempotency_key for a in attempts if a.operation == model_op}
+    assert set(keys) == models and set(keys.values()) == {1}  # each call billed once
+    pricing = Pricing("openai", ModelUnits())
+    billed = sum(pricing.amounts(Usage(**u))["usd"] for u in provider.billed.values())
+    paid = sum(p["amount"] for p in world.box.payments()) * micros_per_cent
+    assert engine.balances(world.mission)["usd"].spent == billed + paid
+    assert engine.check_ledger(world.mission) == []

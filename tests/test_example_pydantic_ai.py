@@ -10,19 +10,14 @@ is what the provider billed plus what the sandbox took.
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
 
-import charter
 from _agent_turns import clerk_turns
-from _examples import agent_world, killed_after_paying, run_step
-from charter import AttemptStatus
-from charter.adapters.models import ModelUnits, Usage
-from charter.adapters.models.pricing import Pricing
+from _examples import agent_world, killed_after_paying, paid_once_billed_once, run_step
 from charter.integrations.pydantic_ai import CharterDurability
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,8 +35,7 @@ def test_A4_A6_R4_the_agent_killed_after_paying_is_recovered_and_pays_once(
     store_address: str, tmp_path: Path
 ) -> None:
     with agent_world(store_address, tmp_path, example.CONTRACT, clerk_turns) as world:
-        engine, box, provider, ops = world.engine, world.box, world.provider, world.ops
-        mission, cfg = world.mission, world.cfg
+        engine, box, ops, cfg = world.engine, world.box, world.ops, world.cfg
         # 1. Killed once the sandbox applied the payment, before its settlement committed.
         run_id, pay = killed_after_paying(EXAMPLE, world, tmp_path)
 
@@ -58,16 +52,6 @@ def test_A4_A6_R4_the_agent_killed_after_paying_is_recovered_and_pays_once(
         _, out = step(cfg, tmp_path, run=run_id, segment="seg-2")
         assert out[-1] == {"completed": "Paid the survey vendor."}
 
-        assert engine.run(run_id).status is charter.RunStatus.COMPLETED
-        attempts = engine.attempts(run_id=run_id)
-        assert Counter(a.operation for a in attempts) == {"model_request": 3, "quote": 1, "pay": 1}
-        assert all(a.status is AttemptStatus.SUCCEEDED for a in attempts)
-        assert len(box.payments()) == 1  # paid once
-        keys = Counter(provider.keys())
-        models = {a.idempotency_key for a in attempts if a.operation == "model_request"}
-        assert set(keys) == models and set(keys.values()) == {1}  # each request billed once
-        pricing = Pricing("openai", ModelUnits())
-        billed = sum(pricing.amounts(Usage(**u))["usd"] for u in provider.billed.values())
-        paid = sum(p["amount"] for p in box.payments()) * example.MICROS_PER_CENT
-        assert engine.balances(mission)["usd"].spent == billed + paid
-        assert engine.check_ledger(mission) == []
+        paid_once_billed_once(
+            world, run_id, "model_request", {"quote": 1, "pay": 1}, example.MICROS_PER_CENT
+        )
