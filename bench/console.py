@@ -22,6 +22,7 @@ cost of one request with no queueing.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -30,7 +31,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,11 +46,12 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _serve(store: Path, digest: str) -> tuple[subprocess.Popen[bytes], str]:
+def _serve(store: Path, digest: str, workers: int = 1) -> tuple[subprocess.Popen[bytes], str]:
     config = store.with_name("charter.toml")
     config.write_text(f'store = "{store}"\n[credentials]\nagent = "{digest}"\n')
     port = _free_port()
     cmd = [sys.executable, "-m", "charter", "serve", "--config", str(config), "--port", str(port)]
+    cmd += ["--workers", str(workers)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -64,22 +65,32 @@ def _serve(store: Path, digest: str) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError(f"charter serve did not start: {proc.stderr.read() if proc.stderr else ''}")
 
 
-def _signed_in(base: str, credential: str) -> httpx.Client:
-    http = httpx.Client(base_url=base, follow_redirects=True, timeout=60)
-    form = http.get("/console/login").text
-    token = re.search(r'name="csrf" value="([^"]+)"', form)
-    assert token is not None
-    http.post("/console/login", data={"csrf": token.group(1), "credential": credential})
-    return http
-
-
 def _cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU seconds process ``pid`` has used (Linux ``/proc``)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User plus system CPU seconds process ``pid`` and its live descendants (the
+    server's workers) have used (Linux ``/proc``)."""
+    total, found = 0.0, False
+    for each in _tree(pid):
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        found = True
+    return total if found else None
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, from each thread's ``children`` list."""
+    out, todo = [], [pid]
+    while todo:
+        each = todo.pop()
+        out.append(each)
+        for task in Path(f"/proc/{each}/task").glob("*/children"):
+            try:
+                todo += [int(c) for c in task.read_text().split()]
+            except OSError:
+                continue
+    return out
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -97,59 +108,98 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
+class _Connection:
+    """One client's keep-alive HTTP/1.1 connection, as lean as a client can be,
+    so the load generator's CPU (on the server's cores) stays small beside the
+    server's: a GET with the session cookie, then the status line, the headers
+    and a ``Content-Length`` body read off the socket."""
+
+    def __init__(self, host: str, port: int, cookie: str) -> None:
+        self.host, self.port, self.cookie = host, port, cookie
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        self.writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Cookie: {self.cookie}\r\n\r\n".encode()
+        )
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+        length = {k.lower(): v for k, v in headers.items()}.get("content-length")
+        if length is None:
+            raise RuntimeError(f"{path}: an answer without Content-Length")
+        body = await self.reader.readexactly(int(length))
+        return status, body
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _session_cookie(base: str, credential: str) -> str:
+    """Sign in through the console's own form; the session cookie it sets."""
+    with httpx.Client(base_url=base, follow_redirects=False, timeout=60) as http:
+        form = http.get("/console/login").text
+        token = re.search(r'name="csrf" value="([^"]+)"', form)
+        assert token is not None
+        answer = http.post(
+            "/console/login", data={"csrf": token.group(1), "credential": credential}
+        )
+        assert answer.status_code == 303, answer.text
+        return "; ".join(f"{k}={v}" for k, v in http.cookies.items() if k == "charter_session")
+
+
 def load(
     base: str, credential: str, run_ids: list[str], clients: int, seconds: float, *, server: int
 ) -> Any:
     """``clients`` closed-loop clients for ``seconds``; latencies per page, and the
     CPU the server (process ``server``) and this process spent meanwhile."""
-    sessions: list[httpx.Client] = []
+    cookies = [_session_cookie(base, credential) for _ in range(clients)]
+    host, port = base.removeprefix("http://").split(":")
     times: dict[str, list[float]] = {"runs_list": [], "run_page": []}
     failures: list[str] = []
-    lock = threading.Lock()
-    ready, go = threading.Barrier(clients + 1), threading.Event()
-    stop_at: list[float] = []
 
-    def client(k: int) -> None:
-        # Each signs in just before the start: a connection left idle while the
-        # others sign in one by one would outlive the server's keep-alive.
-        http, rng = _signed_in(base, credential), random.Random(k)
-        with lock:
-            sessions.append(http)
-        ready.wait()
-        go.wait()
-        i = k
-        while clock() < stop_at[0]:
-            page = "runs_list" if i % 2 == 0 else "run_page"
-            url = "/console/runs" if page == "runs_list" else f"/console/runs/{rng.choice(run_ids)}"
-            t0 = clock()
-            try:
-                answer = http.get(url)
-                failed = answer.status_code != 200 or answer.url.path.endswith("/login")
-                why = str(answer.status_code)
-            except httpx.TransportError as exc:
-                failed, why = True, repr(exc)
-            elapsed = clock() - t0
-            with lock:
+    async def client(k: int, stop_at: float) -> None:
+        conn, rng, i = _Connection(host, int(port), cookies[k]), random.Random(k), k
+        try:
+            while clock() < stop_at:
+                page = "runs_list" if i % 2 == 0 else "run_page"
+                url = (
+                    "/console/runs"
+                    if page == "runs_list"
+                    else f"/console/runs/{rng.choice(run_ids)}"
+                )
+                t0 = clock()
+                try:
+                    status, body = await conn.get(url)
+                    failed, why = status != 200 or b'action="/console/login"' in body, str(status)
+                except (OSError, asyncio.IncompleteReadError, RuntimeError) as exc:
+                    failed, why = True, repr(exc)
+                    conn.close()
+                    conn = _Connection(host, int(port), cookies[k])
+                times[page].append(clock() - t0)
                 if failed:
                     failures.append(f"{url}: {why}")
-                times[page].append(elapsed)
-            i += 1
+                i += 1
+        finally:
+            conn.close()
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    ready.wait()  # every client signed in
-    load_before = os.getloadavg()
-    server_cpu, own_cpu = _cpu_seconds(server), time.process_time()
-    stop_at.append(clock() + seconds)
-    go.set()
-    for t in threads:
-        t.join()
-    own_cpu = time.process_time() - own_cpu
-    server_end = _cpu_seconds(server)
-    server_cpu = None if server_cpu is None or server_end is None else server_end - server_cpu
-    for http in sessions:
-        http.close()
+    async def everyone() -> tuple[list[float], float | None, float]:
+        before = list(os.getloadavg())
+        server_cpu, own_cpu = _cpu_seconds(server), time.process_time()
+        stop_at = clock() + seconds
+        await asyncio.gather(*(client(k, stop_at) for k in range(clients)))
+        own = time.process_time() - own_cpu
+        end = _cpu_seconds(server)
+        return before, (None if server_cpu is None or end is None else end - server_cpu), own
+
+    load_before, server_cpu, own_cpu = asyncio.run(everyone())
     every = times["runs_list"] + times["run_page"]
     served = max(1, len(every))
     return {
@@ -177,6 +227,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--runs", type=int, default=10_000, help="finished runs in the store")
     p.add_argument("--clients", type=int, default=50, help="concurrent clients")
     p.add_argument("--seconds", type=float, default=20.0, help="how long the load lasts")
+    p.add_argument("--workers", type=int, default=1, help="charter serve --workers")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "desk.db"
@@ -185,7 +236,7 @@ def main(argv: list[str]) -> int:
 
         with sqlite3.connect(str(store)) as conn:
             run_ids = [r[0] for r in conn.execute("SELECT id FROM runs")]
-        proc, base = _serve(store, built["credential"]["digest"])
+        proc, base = _serve(store, built["credential"]["digest"], args.workers)
         try:
             result = load(
                 base,
@@ -198,7 +249,7 @@ def main(argv: list[str]) -> int:
         finally:
             proc.terminate()
             proc.wait(10)
-    result.update(runs_in_store=len(run_ids), cpus=os.cpu_count())
+    result.update(runs_in_store=len(run_ids), workers=args.workers, cpus=os.cpu_count())
     print(json.dumps(result, indent=2))
     return 0
 

@@ -5,6 +5,8 @@ form needs the session's CSRF token; a refused form changes nothing.
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -326,3 +328,21 @@ def test_console_pages_read_a_records_keys_and_a_dicts_own_methods() -> None:
     method (a unit named ``items`` would break every amount shown)."""
     page = _environment().from_string("{{ r.id }} {{ r.missing }}|{{ m.items() | list | length }}")
     assert page.render(r={"id": "run_1"}, m={"items": 7, "usd": 1}) == "run_1 |2"
+
+
+def test_a_forged_or_malformed_notes_cookie_shows_nothing_or_shows_it_escaped(
+    desk: charter.Engine, base: str, creds: tuple[dict[str, str], dict[str, str]]
+) -> None:
+    """Broken: a notes cookie the browser was handed back altered breaks the page,
+    or what it says reaches the page as markup."""
+    forged = base64.urlsafe_b64encode(json.dumps(["<script>x()</script>"]).encode()).decode()
+    with browse(base) as http:
+        sign_in(http, creds[0]["alice"])
+        for packed in ("%%%not-base64", base64.urlsafe_b64encode(b"{}").decode(), "bm90IGpzb24="):
+            http.cookies.set("charter_notes", packed, domain="127.0.0.1", path="/console")
+            page = http.get("/console/inbox")
+            assert page.status_code == 200 and 'class="note' not in page.text
+        http.cookies.set("charter_notes", forged, domain="127.0.0.1", path="/console")
+        page = http.get("/console/inbox")
+        assert "&lt;script&gt;x()&lt;/script&gt;" in page.text and "<script>x()" not in page.text
+        assert 'class="note' not in http.get("/console/inbox").text  # shown once

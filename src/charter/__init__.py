@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from charter.audit.signing import new_signing_key
     from charter.config import EngineConfig
     from charter.contracts.contract import Contract
+    from charter.contracts.model import SignIn
     from charter.contracts.principals import Principal, Right, hash_secret, new_credential
     from charter.engine.engine import Engine
     from charter.engine.executor import Executor
@@ -102,6 +103,7 @@ _LAZY = {
     "Right": "charter.contracts.principals",
     "hash_secret": "charter.contracts.principals",
     "new_credential": "charter.contracts.principals",
+    "SignIn": "charter.contracts.model",
     "new_signing_key": "charter.audit.signing",
     "handoff_markdown": "charter.audit.handoff",
     "Run": "charter.runs.run",
@@ -182,6 +184,7 @@ __all__ = [
     "SecretUnavailable",
     "SegmentReused",
     "SettlementUnrecorded",
+    "SignIn",
     "SignatureInvalid",
     "SnapshotMalformed",
     "SnapshotRefused",

@@ -169,6 +169,13 @@ def _port(text: str) -> int:
     return value
 
 
+def _workers(text: str) -> int:
+    value = _whole(text, 1, 64)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"takes 1 to 64 worker processes, got {text!r}")
+    return value
+
+
 def _limit(text: str) -> int:
     value = _whole(text, 1, MAX_PAGE)
     if value is None:
@@ -240,6 +247,9 @@ def _looking(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
     _serving(cmd["sandbox"])
     cmd["serve"].add_argument("--host", default="127.0.0.1", help="address (default loopback)")
     cmd["serve"].add_argument("--port", type=_port, default=8765, help="port (default 8765)")
+    cmd["serve"].add_argument(
+        "--workers", type=_workers, default=1, help="server processes over the store (default 1)"
+    )
     _paged(cmd["missions"], "msn")
     _paged(cmd["runs"], "run").add_argument("--mission", help="only runs of this mission")
     cmd["show"].add_argument("run", help="run ID")

@@ -346,11 +346,15 @@ def _audit(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _serve(engine: Engine, args: argparse.Namespace) -> Any:
-    from charter.server import serve  # noqa: PLC0415 - the server extra, loaded when run
+    from charter.server import serve, serve_workers  # noqa: PLC0415 - the extra, loaded when run
 
     base = f"http://{args.host}:{args.port}"
     print(f"serving {base}/api/v1 and {base}/console/ (Ctrl-C stops it)", flush=True)
-    serve(engine, host=args.host, port=args.port)
+    if args.workers == 1:
+        serve(engine, host=args.host, port=args.port)
+    else:
+        config = None if args.config is None else str(Path(args.config).resolve())
+        serve_workers(args.store, config, host=args.host, port=args.port, workers=args.workers)
     return {"served": base}, "stopped"
 
 

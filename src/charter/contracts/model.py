@@ -1,9 +1,12 @@
-"""A mission as a record: plain data, read and written by :mod:`charter.contracts.store`."""
+"""A mission and a sign-in as records: plain data, read and written by
+:mod:`charter.contracts.store`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from charter.contracts.principals import Principal
 
 
 @dataclass(frozen=True)
@@ -26,3 +29,14 @@ class Mission:
             "attempts_admitted": self.attempts_admitted,
             "attempts_failed": self.attempts_failed,
         }
+
+
+@dataclass(frozen=True)
+class SignIn:
+    """A held sign-in: a credential checked once, then held as a session (P1). ``id``
+    is the bearer value: given to its holder, kept in the store only by digest."""
+
+    id: str = field(repr=False)
+    principal: Principal
+    csrf: str = field(repr=False)  # the token every form of this sign-in carries
+    expires_us: int

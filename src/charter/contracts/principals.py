@@ -101,6 +101,12 @@ class Authenticator:
                 principal=str(getattr(principal, "name", principal)),
             )
 
+    def holder(self, name: str) -> Principal | None:
+        """The principal ``name`` for a sign-in the engine issued after checking
+        that name's credential (:mod:`charter.contracts.signins`); ``None`` once the
+        name has no credential configured here."""
+        return Principal(name, self._proof(name)) if name in self._digests else None
+
     def system(self, name: str) -> Principal:
         """A principal for the engine's own actions (recorded as ``engine:<name>``)."""
         full = f"engine:{name}"

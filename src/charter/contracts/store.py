@@ -1,4 +1,5 @@
-"""The contracts room's tables: every statement on ``missions`` and ``contract_versions``.
+"""The contracts room's tables: every statement on ``missions``, ``contract_versions``
+and ``sign_ins``.
 
 A mission's allowance accounts (``allowances``) are the ledger's: their rows
 are opened and moved by :mod:`charter.ledger.store`.
@@ -6,6 +7,7 @@ are opened and moved by :mod:`charter.ledger.store`.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -141,3 +143,44 @@ def restore(tx: Tx, tables: Mapping[str, Sequence[Mapping[str, Any]]], *, sealed
     """Write a verified snapshot's mission, sealed with ``sealed``, and its versions."""
     tx.copy("INSERT INTO missions", [{**r, "audit_sealed": sealed} for r in tables["missions"]])
     tx.copy("INSERT INTO contract_versions", tables["contract_versions"])
+
+
+# -- sign-ins ------------------------------------------------------------------------------
+# A sign-in's ID is a bearer secret: the table holds its digest (S3). The principal
+# is named, not proven, by a row: :class:`~charter.engine.signins.SignIns` asks the
+# authenticator whether that name still has a credential.
+
+
+def sign_in_digest(sign_in_id: str) -> str:
+    """The stored form of a sign-in ID."""
+    return hashlib.sha256(sign_in_id.encode()).hexdigest()
+
+
+def insert_sign_in(tx: Tx, sign_in_id: str, principal: str, csrf: str, expires_us: int) -> None:
+    tx.run(
+        "INSERT INTO sign_ins (id_digest, principal, csrf, created_at_us, expires_us) "
+        "VALUES (?, ?, ?, ?, ?)",
+        sign_in_digest(sign_in_id),
+        principal,
+        csrf,
+        tx.now_us,
+        expires_us,
+    )
+
+
+def live_sign_in(tx: Tx, sign_in_id: str) -> Row | None:
+    """The sign-in's row if it has not ended by the store's clock."""
+    return tx.one(
+        "SELECT principal, csrf, expires_us FROM sign_ins WHERE id_digest = ? AND expires_us > ?",
+        sign_in_digest(sign_in_id),
+        tx.now_us,
+    )
+
+
+def end_sign_in(tx: Tx, sign_in_id: str) -> int:
+    return tx.run("DELETE FROM sign_ins WHERE id_digest = ?", sign_in_digest(sign_in_id))
+
+
+def purge_sign_ins(tx: Tx) -> int:
+    """Forget the sign-ins that have ended; their rows prove nothing any more."""
+    return tx.run("DELETE FROM sign_ins WHERE expires_us <= ?", tx.now_us)

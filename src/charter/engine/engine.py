@@ -33,6 +33,7 @@ from charter.engine.coordinator import Coordinator
 from charter.engine.executor import Executor
 from charter.engine.graphs import ArtifactOperations, GraphOperations
 from charter.engine.overview import Overview
+from charter.engine.signins import SignIns
 from charter.engine.snapshots import Snapshots
 from charter.errors import (
     AuthenticationError,
@@ -59,7 +60,7 @@ from charter.waits import approvals as approvals_mod
 from charter.waits.approvals import Approval, ApprovalStatus
 
 
-class Engine(GraphOperations, ArtifactOperations, Overview, Snapshots):
+class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
     """A Charter engine bound to one store (its operator reads: :class:`Overview`)."""
 
     def __init__(

@@ -10,13 +10,20 @@ first use; without them :class:`~charter.MissingExtra` names the extra.
 
 from __future__ import annotations
 
+import gc
 import importlib
+import json
+import os
+import secrets
 from typing import TYPE_CHECKING, Any
 
 from charter import MissingExtra
 
 if TYPE_CHECKING:
     from charter import Engine
+
+#: Where a worker of ``serve_workers`` finds what it shares with the others.
+WORKER_ENVIRONMENT = "CHARTER_SERVE_WORKER"
 
 #: Hosts that are this machine: cookies go without ``Secure`` only here.
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -32,14 +39,17 @@ def _require() -> None:
             ) from None
 
 
-def create_app(engine: Engine, *, secure_cookies: bool = False) -> Any:
+def create_app(engine: Engine, *, secure_cookies: bool = False, key: bytes | None = None) -> Any:
     """The ASGI application over ``engine``: the API under ``/api/v1``, the console
     under ``/console``, ``/metrics``. ``secure_cookies`` marks the session cookie
-    ``Secure`` (needed whenever the console is reached over anything but loopback)."""
+    ``Secure`` (needed whenever the console is reached over anything but loopback).
+    ``key`` binds the sign-in form's CSRF tokens: processes serving one console
+    behind one address must share it (default: a new one, for a process alone).
+    Sign-ins themselves live in the store, so any process serves any of them."""
     _require()
     from charter.server.app import build  # noqa: PLC0415 - the extra, loaded on first use
 
-    return build(engine, secure_cookies=secure_cookies)
+    return build(engine, secure_cookies=secure_cookies, key=key or secrets.token_bytes(32))
 
 
 def serve(engine: Engine, *, host: str = "127.0.0.1", port: int = 8765) -> None:
@@ -47,4 +57,50 @@ def serve(engine: Engine, *, host: str = "127.0.0.1", port: int = 8765) -> None:
     app = create_app(engine, secure_cookies=host not in LOOPBACK)
     import uvicorn  # noqa: PLC0415 - the extra, checked by create_app
 
+    settled()
     uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def settled() -> None:
+    """Keep what is loaded by now (modules, templates, the application) out of the
+    garbage collector's reach: a full collection would otherwise walk all of it
+    while a request waits, a pause of milliseconds at the tail of every page."""
+    gc.collect()
+    gc.freeze()
+
+
+def serve_workers(
+    store: str | None,
+    config: str | None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    workers: int = 2,
+) -> None:
+    """Serve the store at ``store`` (``None``: the configuration's) from ``workers``
+    processes sharing one listening socket, each with its own engine opened with
+    the configuration file ``config`` (``None``: found as the command line finds
+    it). Sign-ins are in the store; the sign-in forms' key is made here and given
+    to the workers in their environment (:mod:`charter.server.workers`)."""
+    _require()
+    import uvicorn  # noqa: PLC0415 - the extra, checked above
+
+    os.environ[WORKER_ENVIRONMENT] = json.dumps(
+        {
+            "store": store,
+            "config": config,
+            "secure": host not in LOOPBACK,
+            "key": secrets.token_hex(32),
+        }
+    )
+    try:
+        uvicorn.run(
+            "charter.server.workers:app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level="warning",
+        )
+    finally:
+        os.environ.pop(WORKER_ENVIRONMENT, None)

@@ -26,7 +26,7 @@ from starlette.staticfiles import StaticFiles
 from charter import CharterError, UsageError
 from charter.server import console, metrics, openapi
 from charter.server.api import ENDPOINTS, PREFIX, Call, Endpoint
-from charter.server.auth import Sessions, bearer
+from charter.server.auth import SignInForms, bearer
 from charter.server.wire import error_body, jsonable, status_of
 
 if TYPE_CHECKING:
@@ -108,8 +108,9 @@ async def _not_found(request: Request, exc: Exception) -> Response:
     return PlainTextResponse(f"{status}: nothing here", status_code=status)
 
 
-def build(engine: Engine, *, secure_cookies: bool) -> Starlette:
-    sessions = Sessions()
+def build(engine: Engine, *, secure_cookies: bool, key: bytes) -> Starlette:
+    """The application over ``engine``; ``key`` binds the sign-in form's CSRF
+    tokens, the same in every process serving one console."""
     reads = anyio.CapacityLimiter(READERS)
     routes: list[BaseRoute] = [_api_route(engine, ep, reads) for ep in ENDPOINTS]
     routes += [
@@ -130,6 +131,6 @@ def build(engine: Engine, *, secure_cookies: bool) -> Starlette:
         ),
         Route("/", lambda request: RedirectResponse("/console/inbox", status_code=303)),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
-        *console.routes(engine, sessions, reads, secure_cookies=secure_cookies),
+        *console.routes(engine, SignInForms(key), reads, secure_cookies=secure_cookies),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: _not_found})

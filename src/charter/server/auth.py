@@ -4,10 +4,11 @@ the console.
 The API takes ``Authorization: Bearer NAME:SECRET`` on every request, checked by
 the engine (a bad or missing credential is refused and audited on the engine's
 chain). The console signs in with the same credential once and then holds a
-session: a random ID in a cookie (HttpOnly, SameSite=Strict, Secure off
-loopback) that the server issued itself, a fresh one at every sign-in, so a
-session ID planted before sign-in is never the one signed in (session
-fixation). Every form carries the session's CSRF token; the sign-in form, which
+session: an engine sign-in (:meth:`~charter.Engine.sign_in`, kept in the store,
+so every server process knows it), whose ID travels in a cookie (HttpOnly,
+SameSite=Strict, Secure off loopback). A fresh ID at every sign-in, the one held
+before ended, so a session ID planted before sign-in is never the one signed in
+(session fixation). Every form carries the session's CSRF token; the sign-in form, which
 comes before any session, carries one bound to a short-lived sign-in cookie.
 """
 
@@ -15,10 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
-import threading
-import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from charter import AuthenticationError
@@ -47,53 +44,15 @@ def bearer(engine: Engine, header: str | None) -> Principal:
         ) from None
 
 
-@dataclass
-class Session:
-    id: str
-    principal: Principal
-    csrf: str
-    expires: float  # time.monotonic()
-    notes: list[str] = field(default_factory=list)  # shown once on the next page
+class SignInForms:
+    """CSRF tokens for the sign-in form, which comes before any sign-in: each is
+    bound to a nonce in a short-lived sign-in cookie by a key every server
+    process shares (a form served by one process is posted to another)."""
 
+    def __init__(self, key: bytes) -> None:
+        self._key = key
 
-class Sessions:
-    """The console's sessions, in this process's memory: a restart signs everyone out."""
-
-    def __init__(self, seconds: float = SESSION_SECONDS) -> None:
-        self._seconds = seconds
-        self._by_id: dict[str, Session] = {}
-        self._lock = threading.Lock()
-        self._key = secrets.token_bytes(32)  # binds sign-in CSRF tokens to their cookie
-
-    def open(self, principal: Principal, replacing: str | None = None) -> Session:
-        """A new session with a new ID and CSRF token; ``replacing`` is closed."""
-        session = Session(
-            secrets.token_urlsafe(32),
-            principal,
-            secrets.token_urlsafe(32),
-            time.monotonic() + self._seconds,
-        )
-        with self._lock:
-            if replacing is not None:
-                self._by_id.pop(replacing, None)
-            self._by_id[session.id] = session
-        return session
-
-    def get(self, session_id: str | None) -> Session | None:
-        if not session_id:
-            return None
-        with self._lock:
-            session = self._by_id.get(session_id)
-            if session is not None and session.expires < time.monotonic():
-                del self._by_id[session_id]
-                return None
-            return session
-
-    def close(self, session_id: str | None) -> None:
-        with self._lock:
-            self._by_id.pop(session_id or "", None)
-
-    def signin_token(self, nonce: str) -> str:
+    def token(self, nonce: str) -> str:
         """The sign-in form's CSRF token for the sign-in cookie ``nonce``."""
         return hmac.new(self._key, nonce.encode(), hashlib.sha256).hexdigest()
 

@@ -12,10 +12,10 @@ page it came from, with the engine's error code.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import secrets
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,27 +31,28 @@ from starlette.routing import Route
 from charter import AuthenticationError, CharterError
 from charter.server import pages
 from charter.server.api import ENDPOINTS, Call
-from charter.server.auth import SESSION_COOKIE, SIGNIN_COOKIE, Session, Sessions, check_csrf
+from charter.server.auth import (
+    SESSION_COOKIE,
+    SESSION_SECONDS,
+    SIGNIN_COOKIE,
+    SignInForms,
+    check_csrf,
+)
 from charter.server.wire import CsrfRefused, status_of, whole
 
 if TYPE_CHECKING:
-    from charter import Engine
+    from charter import Engine, SignIn
 
 HERE = Path(__file__).parent
 BY_NAME = {ep.name: ep for ep in ENDPOINTS}
 Loader = Callable[["Engine", Mapping[str, str], Mapping[str, str]], dict[str, Any]]
 Endpoint = Callable[[Request], Awaitable[Response]]
+NOTES_COOKIE = "charter_notes"
+NOTES_KEPT = 5  # decisions' outcomes a browser keeps to show on its next page
+NOTE_CHARS = 400
 
 
-def _when(us: int | None) -> str:
-    return "-" if us is None else _second(us // 1_000_000)
-
-
-@functools.lru_cache(maxsize=4096)
-def _second(seconds: int) -> str:
-    """A moment as people read it; cached, since every refresh of a page shows
-    the same moments again."""
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
+_DICT_NAMES = frozenset(dir(dict))
 
 
 class _Pages(Environment):
@@ -61,7 +62,7 @@ class _Pages(Environment):
     (``m.items()``) still win over its keys, as in Jinja2."""
 
     def getattr(self, obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and attribute in obj and not hasattr(dict, attribute):
+        if type(obj) is dict and attribute in obj and attribute not in _DICT_NAMES:
             return obj[attribute]
         return super().getattr(obj, attribute)
 
@@ -74,7 +75,8 @@ def _environment() -> Environment:
         lstrip_blocks=True,
         auto_reload=False,  # the templates are the package's: no stat of each per page
     )
-    env.filters["when"] = _when
+    env.filters["when"] = pages.when
+    env.filters["run_rows"] = pages.run_rows
     env.filters["pretty"] = pages.pretty
     env.filters["json"] = lambda v: json.dumps(v, sort_keys=True, default=str)
     return env
@@ -104,10 +106,10 @@ def _local(target: str | None) -> str:
 
 class Console:
     def __init__(
-        self, engine: Engine, sessions: Sessions, reads: anyio.CapacityLimiter, *, secure: bool
+        self, engine: Engine, forms: SignInForms, reads: anyio.CapacityLimiter, *, secure: bool
     ) -> None:
         self.engine = engine
-        self.sessions = sessions
+        self.forms = forms
         self.reads = reads  # the places for reading threads, shared with the API
         self.secure = secure
         self.env = _environment()
@@ -127,8 +129,9 @@ class Console:
             secure=self.secure,
         )
 
-    def session(self, request: Request) -> Session | None:
-        return self.sessions.get(request.cookies.get(SESSION_COOKIE))
+    def _held(self, request: Request) -> SignIn | None:
+        """The request's sign-in, read from the store (blocking: call it in a thread)."""
+        return self.engine.signed_in(request.cookies.get(SESSION_COOKIE))
 
     # -- sign-in ------------------------------------------------------------------------
     async def login_form(self, request: Request, error: str = "", status: int = 200) -> Response:
@@ -136,7 +139,7 @@ class Console:
         response = self._render(
             "login.html",
             status,
-            csrf=self.sessions.signin_token(nonce),
+            csrf=self.forms.token(nonce),
             next=_local(request.query_params.get("next")),
             error=error,
             me=None,
@@ -148,28 +151,39 @@ class Console:
         form = dict(parse_qsl((await request.body()).decode(errors="replace")))
         nonce = request.cookies.get(SIGNIN_COOKIE, "")
         try:
-            check_csrf(self.sessions.signin_token(nonce) if nonce else "", form.get("csrf"))
-            principal = await run_in_threadpool(
-                self.engine.authenticate, form.get("credential", "")
+            check_csrf(self.forms.token(nonce) if nonce else "", form.get("csrf"))
+            # A new sign-in ID every time; whatever ID the browser held is ended.
+            held = await run_in_threadpool(
+                functools.partial(
+                    self.engine.sign_in,
+                    form.get("credential", ""),
+                    seconds=SESSION_SECONDS,
+                    replacing=request.cookies.get(SESSION_COOKIE),
+                )
             )
         except (AuthenticationError, CsrfRefused) as exc:
             return await self.login_form(request, f"{exc.code}: {exc.message}", status_of(exc))
-        # A new session ID at every sign-in; whatever ID the browser held is dropped.
-        session = self.sessions.open(principal, replacing=request.cookies.get(SESSION_COOKIE))
         response = RedirectResponse(_local(form.get("next")), status_code=303)
-        self._cookie(response, SESSION_COOKIE, session.id, "/", 8 * 3600)
+        self._cookie(response, SESSION_COOKIE, held.id, "/", SESSION_SECONDS)
         response.delete_cookie(SIGNIN_COOKIE, path="/console/login")
         return response
 
     async def logout(self, request: Request) -> Response:
-        session = self.session(request)
         form = dict(parse_qsl((await request.body()).decode(errors="replace")))
-        if session is not None:
-            try:
-                check_csrf(session.csrf, form.get("csrf"))
-            except CsrfRefused as exc:
-                return self._refused(exc)
-            self.sessions.close(session.id)
+
+        def work() -> Response | None:
+            held = self._held(request)
+            if held is not None:
+                try:
+                    check_csrf(held.csrf, form.get("csrf"))
+                except CsrfRefused as exc:
+                    return self._refused(exc)
+                self.engine.sign_out(held.id)
+            return None
+
+        refused = await run_in_threadpool(work)
+        if refused is not None:
+            return refused
         response = RedirectResponse("/console/login", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path="/")
         return response
@@ -182,33 +196,35 @@ class Console:
     # -- pages and forms -----------------------------------------------------------------
     def page(self, loader: Loader, template: str, section: str) -> Endpoint:
         async def endpoint(request: Request) -> Response:
-            session = self.session(request)
-            if session is None:
-                where = quote(_here(request))
-                return RedirectResponse(f"/console/login?next={where}", status_code=303)
-            try:
-                data = await anyio.to_thread.run_sync(
-                    loader,
-                    self.engine,
-                    request.path_params,
-                    request.query_params,
-                    limiter=self.reads,
-                )
-            except CharterError as exc:
-                return self._refused(exc)
+            # A live refresh (htmx) leaves the notes for the next whole page.
             live = request.headers.get("hx-request") == "true"
-            notes = [] if live else session.notes[:]
-            if not live:
-                session.notes.clear()
-            return self._render(
-                template,
-                section=section,
-                me=session.principal.name,
-                csrf=session.csrf,
-                notes=notes,
-                here=_here(request),
-                **data,
-            )
+            notes = [] if live else _notes(request)
+
+            def work() -> Response:
+                # One thread for the sign-in, the page's reads and its rendering:
+                # the event loop only moves bytes.
+                held = self._held(request)
+                if held is None:
+                    where = quote(_here(request))
+                    return RedirectResponse(f"/console/login?next={where}", status_code=303)
+                try:
+                    data = loader(self.engine, request.path_params, request.query_params)
+                except CharterError as exc:
+                    return self._refused(exc)
+                return self._render(
+                    template,
+                    section=section,
+                    me=held.principal.name,
+                    csrf=held.csrf,
+                    notes=notes,
+                    here=_here(request),
+                    **data,
+                )
+
+            response = await anyio.to_thread.run_sync(work, limiter=self.reads)
+            if notes and response.status_code == 200:
+                response.delete_cookie(NOTES_COOKIE, path="/console")
+            return response
 
         return endpoint
 
@@ -217,23 +233,54 @@ class Console:
         ep = BY_NAME[name]
 
         async def endpoint(request: Request) -> Response:
-            session = self.session(request)
-            if session is None:
-                return self._refused(AuthenticationError("sign in first: /console/login"))
             form = dict(parse_qsl((await request.body()).decode(errors="replace")))
-            try:
-                check_csrf(session.csrf, form.get("csrf"))
-            except CsrfRefused as exc:
-                return self._refused(exc)
-            call = Call(request.path_params, {}, {**_body(form, name), **fixed})
-            try:
-                result = await run_in_threadpool(ep.handler, self.engine, session.principal, call)
-                session.notes.append(f"{ep.summary}: {_outcome(result)}")
-            except CharterError as exc:
-                session.notes.append(f"refused ({exc.code}): {exc.message}")
-            return RedirectResponse(_local(form.get("back")), status_code=303)
+
+            def work() -> Response | str:
+                held = self._held(request)
+                if held is None:
+                    return self._refused(AuthenticationError("sign in first: /console/login"))
+                try:
+                    check_csrf(held.csrf, form.get("csrf"))
+                except CsrfRefused as exc:
+                    return self._refused(exc)
+                call = Call(request.path_params, {}, {**_body(form, name), **fixed})
+                try:
+                    result = ep.handler(self.engine, held.principal, call)
+                except CharterError as exc:
+                    return f"refused ({exc.code}): {exc.message}"
+                return f"{ep.summary}: {_outcome(result)}"
+
+            outcome = await run_in_threadpool(work)
+            if isinstance(outcome, Response):
+                return outcome
+            response = RedirectResponse(_local(form.get("back")), status_code=303)
+            notes = [*_notes(request), outcome][-NOTES_KEPT:]
+            self._cookie(response, NOTES_COOKIE, _packed(notes), "/console", 600)
+            return response
 
         return endpoint
+
+
+def _notes(request: Request) -> list[str]:
+    """The outcomes of this browser's last decisions, shown once on its next page.
+    They travel in a cookie of their own (any server process may show them); a
+    malformed one shows nothing, and the page escapes what it shows."""
+    packed = request.cookies.get(NOTES_COOKIE)
+    if not packed:
+        return []
+    try:
+        notes = json.loads(base64.urlsafe_b64decode(packed.encode()))
+    except ValueError:
+        return []
+    if not isinstance(notes, list):
+        return []
+    return [str(n) for n in notes[-NOTES_KEPT:]]
+
+
+def _packed(notes: list[str]) -> str:
+    """Notes as a cookie value, each cut short enough that a few fit in one cookie."""
+    short = [n if len(n) <= NOTE_CHARS else n[: NOTE_CHARS - 1] + "…" for n in notes]
+    return base64.urlsafe_b64encode(json.dumps(short).encode()).decode()
 
 
 def _outcome(result: Any) -> str:
@@ -245,9 +292,9 @@ def _outcome(result: Any) -> str:
 
 
 def routes(
-    engine: Engine, sessions: Sessions, reads: anyio.CapacityLimiter, *, secure_cookies: bool
+    engine: Engine, forms: SignInForms, reads: anyio.CapacityLimiter, *, secure_cookies: bool
 ) -> list[Route]:
-    c = Console(engine, sessions, reads, secure=secure_cookies)
+    c = Console(engine, forms, reads, secure=secure_cookies)
     post = ["POST"]
     return [
         Route("/console/login", c.login_form, methods=["GET"]),

@@ -8,9 +8,14 @@ costs the same with ten runs in the store or a hundred thousand.
 
 from __future__ import annotations
 
+import functools
+import html
 import json
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from markupsafe import Markup
 
 from charter import RunStatus, UsageError
 from charter.server.wire import PAGE, listing, next_action, position, whole
@@ -110,6 +115,33 @@ def run(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
         "timeline": timeline[-TIMELINE_ROWS:],
         "older": timeline[1]["seq"] if len(timeline) > TIMELINE_ROWS else "",
     }
+
+
+def run_rows(items: list[dict[str, Any]]) -> Markup:
+    """The runs list's table rows. The longest page the console renders, so it is
+    built here with :func:`html.escape` on every value, not cell by cell by the
+    template engine (a fifth of the cost)."""
+    e = html.escape
+    return Markup(
+        "".join(
+            f'<tr><td><a href="/console/runs/{e(r["id"])}">{e(r["id"])}</a></td>'
+            f'<td>{e(r["mission_id"])}</td><td class="status">{e(r["status"])}</td>'
+            f"<td>{int(r['epoch'])}</td><td>{e(str(r['owner_segment']))}</td>"
+            f"<td>{e(r['principal'])}</td><td>{when(r['created_at_us'])}</td></tr>\n"
+            for r in items
+        )
+    )
+
+
+def when(us: int | None) -> str:
+    return "-" if us is None else _second(us // 1_000_000)
+
+
+@functools.lru_cache(maxsize=4096)
+def _second(seconds: int) -> str:
+    """A moment as people read it; cached, since every refresh of a page shows
+    the same moments again."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
 
 
 def ledger(engine: Engine, path: Values, query: Values) -> dict[str, Any]:

@@ -451,4 +451,23 @@ MIGRATIONS.append(
     )
 )
 
+MIGRATIONS.append(
+    (
+        13,
+        "sign-ins: a credential checked once and held as a session, known to every server (P1)",
+        [
+            # The session's ID only by digest (S3); the principal by name, so a
+            # credential taken out of the configuration ends its sign-ins.
+            """CREATE TABLE sign_ins (
+                id_digest TEXT PRIMARY KEY,
+                principal TEXT NOT NULL,
+                csrf TEXT NOT NULL,
+                created_at_us BIGINT NOT NULL,
+                expires_us BIGINT NOT NULL
+            )""",
+            "CREATE INDEX sign_ins_expires ON sign_ins (expires_us)",
+        ],
+    )
+)
+
 LATEST = MIGRATIONS[-1][0]
