@@ -112,7 +112,8 @@ class _Connection:
     """One client's keep-alive HTTP/1.1 connection, as lean as a client can be,
     so the load generator's CPU (on the server's cores) stays small beside the
     server's: a GET with the session cookie, then the status line, the headers
-    and a ``Content-Length`` body read off the socket."""
+    and a ``Content-Length`` body read off the socket; connected again, as any
+    client does, when the server answers ``Connection: close``."""
 
     def __init__(self, host: str, port: int, cookie: str) -> None:
         self.host, self.port, self.cookie = host, port, cookie
@@ -131,10 +132,14 @@ class _Connection:
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split(" ", 2)[1])
         headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
-        length = {k.lower(): v for k, v in headers.items()}.get("content-length")
+        lowered = {k.lower(): v for k, v in headers.items()}
+        length = lowered.get("content-length")
         if length is None:
             raise RuntimeError(f"{path}: an answer without Content-Length")
         body = await self.reader.readexactly(int(length))
+        if lowered.get("connection", "").lower() == "close":  # the server asks: reconnect
+            self.close()
+            self.reader = self.writer = None
         return status, body
 
     def close(self) -> None:

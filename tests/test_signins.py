@@ -10,10 +10,12 @@ is shown to be used, and ended, on the other.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import http.client
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +23,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -178,9 +181,16 @@ def _answers(base: str) -> bool:
 
 
 def _children(pid: int) -> list[int]:
+    """The server's worker processes (not the helper that tracks their semaphores)."""
     found: list[int] = []
     for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        found += [int(c) for c in task.read_text().split()]
+        for child in task.read_text().split():
+            try:
+                command = Path(f"/proc/{child}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"spawn_main" in command:
+                found.append(int(child))
     return found
 
 
@@ -231,6 +241,8 @@ def _on_each_worker(base: str, proc: subprocess.Popen[bytes]) -> list[_Connectio
     for _ in range(200):
         conn = _Connection(port)
         conn.ask("GET", "/console/login", {})  # the worker has accepted it by now
+        if conn.http.sock is None:  # a crowded worker asked it to reconnect
+            continue
         pid = _holder(conn.http.sock.getsockname()[1], port, pids)
         if pid is not None and pid not in held:
             held[pid] = conn
@@ -293,3 +305,110 @@ def test_serve_with_no_or_too_many_workers_is_refused_before_serving(workers: st
         timeout=60,
     )
     assert run.returncode == 2 and "worker processes" in run.stdout + run.stderr
+
+
+def test_a_worker_killed_is_replaced_and_the_sessions_survive_it(
+    workers: tuple[str, subprocess.Popen[bytes]],
+    creds: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    """Broken: a server worker that dies leaves the port served by fewer workers
+    for good, or its death signs people out."""
+    base, proc = workers
+    port = int(base.rsplit(":", 1)[1])
+    conn = _Connection(port)
+    status, headers, text = conn.ask("GET", "/console/login", {})
+    signin = {"charter_signin": _cookie(headers, "charter_signin")}
+    form = {"csrf": _csrf(text), "credential": creds[0]["alice"]}
+    _, headers, _ = conn.ask("POST", "/console/login", signin, form)
+    session = {"charter_session": _cookie(headers, "charter_session")}
+    conn.http.close()
+    before = _children(proc.pid)
+    os.kill(before[0], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while not (len(now := _children(proc.pid)) == 2 and before[0] not in now):
+        assert time.monotonic() < deadline, "the killed worker was not replaced"
+        time.sleep(0.1)
+    assert before[1] in now and proc.poll() is None
+    for _ in range(20):  # new connections, dealt to either worker
+        fresh = _Connection(port)
+        status, _, page = fresh.ask("GET", "/console/inbox", session)
+        fresh.http.close()
+        assert status == 200 and 'id="me">alice<' in page
+
+
+def test_a_worker_that_cannot_start_stops_the_server_with_its_error(
+    desk: charter.Engine, tmp_path: Path
+) -> None:
+    """Broken: workers that fail at start are restarted for ever, and the command
+    never says why (here the store does not exist)."""
+    port = _free_port()
+    command = ["serve", "--workers", "2", "--port", str(port)]
+    run = subprocess.run(
+        [sys.executable, "-m", "charter", *command, "--store", str(tmp_path / "missing.db")],
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "store" in (run.stdout + run.stderr).lower()
+
+
+def test_serving_on_a_port_already_taken_is_refused_with_a_typed_error() -> None:
+    """Broken: a taken port gives a traceback, or workers that never serve."""
+    from charter.server.workers import Spec, supervise
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(charter.ConfigError, match="cannot serve on"):
+            supervise(
+                Spec(None, None, secure=False, key=b"k" * 32),
+                host="127.0.0.1",
+                port=port,
+                workers=2,
+            )
+
+
+def test_a_crowded_worker_asks_one_client_to_reconnect_then_waits() -> None:
+    """Broken: a worker holding more kept-alive connections than another keeps
+    them all (its clients wait longer for good), or sheds them all at once."""
+    from charter.server.workers import RESPREAD_SECONDS, Seat, _Spread
+
+    asked: list[list[tuple[bytes, bytes]]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def send(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            asked.append(message["headers"])
+
+    async def ask(spread: _Spread) -> bool:
+        await spread({"type": "http"}, None, send)
+        return (b"connection", b"close") in asked[-1]
+
+    held = [0, 0]
+    spread = _Spread(app, Seat(held, 0))
+    spread.connections = {object() for _ in range(13)}
+    held[1] = 12
+    assert not asyncio.run(ask(spread)) and held[0] == 13  # one above: fair enough
+    held[1] = 11
+    assert asyncio.run(ask(spread))  # two above: one client is asked to go
+    assert not asyncio.run(ask(spread))  # the next waits for that one to have gone
+    time.sleep(RESPREAD_SECONDS)
+    assert asyncio.run(ask(spread))
+    assert asyncio.run(_passes_other_scopes(spread))
+
+
+async def _passes_other_scopes(spread: Any) -> bool:
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["type"])
+
+    spread.app = app
+    await spread({"type": "lifespan"}, None, None)
+    return seen == ["lifespan"]

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import gc
 import importlib
-import json
-import os
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -21,9 +19,6 @@ from charter import MissingExtra
 
 if TYPE_CHECKING:
     from charter import Engine
-
-#: Where a worker of ``serve_workers`` finds what it shares with the others.
-WORKER_ENVIRONMENT = "CHARTER_SERVE_WORKER"
 
 #: Hosts that are this machine: cookies go without ``Secure`` only here.
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -78,29 +73,13 @@ def serve_workers(
     workers: int = 2,
 ) -> None:
     """Serve the store at ``store`` (``None``: the configuration's) from ``workers``
-    processes sharing one listening socket, each with its own engine opened with
-    the configuration file ``config`` (``None``: found as the command line finds
-    it). Sign-ins are in the store; the sign-in forms' key is made here and given
-    to the workers in their environment (:mod:`charter.server.workers`)."""
+    processes on one port, each with its own engine opened with the configuration
+    file ``config`` (``None``: found as the command line finds it), until
+    interrupted. Sign-ins are in the store, so any worker serves any session; how
+    the workers share the port and what else they share:
+    :mod:`charter.server.workers`."""
     _require()
-    import uvicorn  # noqa: PLC0415 - the extra, checked above
+    from charter.server.workers import Spec, supervise  # noqa: PLC0415 - with the extra
 
-    os.environ[WORKER_ENVIRONMENT] = json.dumps(
-        {
-            "store": store,
-            "config": config,
-            "secure": host not in LOOPBACK,
-            "key": secrets.token_hex(32),
-        }
-    )
-    try:
-        uvicorn.run(
-            "charter.server.workers:app",
-            factory=True,
-            host=host,
-            port=port,
-            workers=workers,
-            log_level="warning",
-        )
-    finally:
-        os.environ.pop(WORKER_ENVIRONMENT, None)
+    spec = Spec(store, config, secure=host not in LOOPBACK, key=secrets.token_bytes(32))
+    supervise(spec, host=host, port=port, workers=workers)

@@ -4,8 +4,12 @@ static files, and the one place errors become HTTP answers.
 Engine calls block (the store), so every one runs in a worker thread; the
 engine is shared by all of them (its store serialises what must be serial).
 Reads (the API's GETs, the console's pages) take one of :data:`READERS`
-places first: the engine runs one transaction at a time, so more reading
-threads than that would only queue on its lock, each woken at every release.
+places first. The engine runs one transaction at a time and Python one thread
+at a time, so a second reading thread would add no work done, only
+interleaving; with one, pages are answered in the order they came, and a
+slow one (verifying every chain) holds up the others no longer than the
+engine's lock would anyway. Several processes use several cores
+(:mod:`charter.server.workers`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ if TYPE_CHECKING:
     from charter import Engine
 
 HERE = Path(__file__).parent
-READERS = 4  # threads reading the store at once (see the module docstring)
+READERS = 1  # threads reading the store at once, per process (see the module docstring)
 
 
 def failure(exc: CharterError) -> JSONResponse:
