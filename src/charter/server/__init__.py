@@ -10,7 +10,6 @@ first use; without them :class:`~charter.MissingExtra` names the extra.
 
 from __future__ import annotations
 
-import gc
 import importlib
 import secrets
 from typing import TYPE_CHECKING, Any
@@ -52,16 +51,10 @@ def serve(engine: Engine, *, host: str = "127.0.0.1", port: int = 8765) -> None:
     app = create_app(engine, secure_cookies=host not in LOOPBACK)
     import uvicorn  # noqa: PLC0415 - the extra, checked by create_app
 
+    from charter.server.app import settled  # noqa: PLC0415 - the extra, loaded on first use
+
     settled()
     uvicorn.run(app, host=host, port=port, log_level="warning")
-
-
-def settled() -> None:
-    """Keep what is loaded by now (modules, templates, the application) out of the
-    garbage collector's reach: a full collection would otherwise walk all of it
-    while a request waits, a pause of milliseconds at the tail of every page."""
-    gc.collect()
-    gc.freeze()
 
 
 def serve_workers(

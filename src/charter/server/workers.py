@@ -36,7 +36,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from charter import ConfigError, Engine, EngineConfig
-from charter.server import create_app, settled
+from charter.server.app import build, settled
 
 #: Seconds between looks at whether every worker is alive.
 WATCH_SECONDS = 0.5
@@ -117,7 +117,7 @@ def work(
     sock = shared if shared is not None else _listener(*where, listen=True)
     config = EngineConfig.from_file(spec.config) if spec.config else EngineConfig.discover()
     with Engine.open(spec.store, config=config, create=False) as engine:
-        app = _Spread(create_app(engine, secure_cookies=spec.secure, key=spec.key), seat)
+        app = _Spread(build(engine, secure_cookies=spec.secure, key=spec.key), seat)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         app.connections = server.server_state.connections
         settled()
