@@ -346,3 +346,51 @@ def test_a_forged_or_malformed_notes_cookie_shows_nothing_or_shows_it_escaped(
         page = http.get("/console/inbox")
         assert "&lt;script&gt;x()&lt;/script&gt;" in page.text and "<script>x()" not in page.text
         assert 'class="note' not in http.get("/console/inbox").text  # shown once
+
+
+def test_a_ledger_chart_reads_a_window_of_newest_entries_and_ends_at_the_balance(
+    desk: charter.Engine, who: Principals, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Broken: the ledger page's chart reads every entry a mission ever made (a
+    long mission's page grows without bound), or a window of the newest ones
+    draws a line that does not end at the balance."""
+    mission = desk.create_mission(default_contract(), by=who.alice)
+    ex = desk.start_run(mission, by=who.agent, segment_id="s1")
+    for i in range(4):
+        ex.attempt(_desk.ADAPTER, "write", {"to": "a", "amount": i}, effect_key=f"pay-{i}")
+    now = desk.balances(mission)["usd"]
+    every = desk.ledger_entries(mission, unit="usd")
+    assert desk.ledger_entries(mission, unit="usd", newest=3) == every[-3:]
+    assert len(every) > 3 and {e["unit"] for e in every} == {"usd"}
+    whole = pages.chart("usd", every, now)
+    window = pages.chart("usd", every[-3:], now)
+    top = whole["top"]
+
+    def last(points: str) -> float:
+        return float(points.split()[-1].split(",")[1])
+
+    assert last(whole["spent"]) == pytest.approx(80 - 78 * now.spent / top, abs=0.1)
+    assert last(window["spent"]) == pytest.approx(80 - 78 * now.spent / window["top"], abs=0.1)
+    assert last(window["limit"]) == pytest.approx(80 - 78 * now.limit / window["top"], abs=0.1)
+    assert float(whole["spent"].split()[0].split(",")[1]) > last(whole["spent"])  # spend rose
+    asked: list[dict[str, Any]] = []
+    read = desk.ledger_entries
+
+    def spy(*args: Any, **options: Any) -> list[dict[str, Any]]:
+        asked.append(options)
+        return read(*args, **options)
+
+    monkeypatch.setattr(desk, "ledger_entries", spy)
+    page = pages.ledger(desk, {}, {"mission": mission})
+    assert {c["unit"] for c in page["charts"]} == set(desk.balances(mission))
+    assert asked and all(o["newest"] == pages.CHART_ENTRIES for o in asked)
+
+
+@pytest.mark.parametrize("newest", [0, -1, True, "3", 2.5])
+def test_a_ledger_window_of_no_entries_is_refused(
+    desk: charter.Engine, who: Principals, newest: Any
+) -> None:
+    """Broken: a window of no (or no whole number of) entries reads something."""
+    mission = desk.create_mission(default_contract(), by=who.alice)
+    with pytest.raises(charter.UsageError):
+        desk.ledger_entries(mission, newest=newest)

@@ -41,6 +41,7 @@ from charter.errors import (
     NotAuthorized,
     RunTerminal,
     StateError,
+    UsageError,
 )
 from charter.hashing import ENGINE_CHAIN, canonical
 from charter.ids import IdFactory
@@ -534,10 +535,19 @@ class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
             missions.load(tx, mission_id)
             return ledger.cached(tx, mission_id)
 
-    def ledger_entries(self, mission_id: str) -> list[dict[str, Any]]:
+    def ledger_entries(
+        self, mission_id: str, *, unit: str | None = None, newest: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The mission's ledger entries (of one ``unit``) in the order they were
+        written; with ``newest``, only that many of the latest, so a chart of a
+        long mission reads a bounded window."""
+        if newest is not None and (
+            isinstance(newest, bool) or not isinstance(newest, int) or newest < 1
+        ):
+            raise UsageError(f"newest is how many entries to read, 1 or more; got {newest!r}")
         with self._db.read() as tx:
             missions.load(tx, mission_id)
-            return ledger_store.entries(tx, mission_id)
+            return ledger_store.entries(tx, mission_id, unit=unit, newest=newest)
 
     def check_ledger(self, mission_id: str) -> list[str]:
         """Problems with L0/L1/L2 for the mission; empty when the ledger holds."""

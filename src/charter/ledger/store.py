@@ -106,12 +106,25 @@ def from_entries(tx: Tx, mission_id: str) -> dict[str, Balance]:
     return balances(Move(r["unit"], r["kind"], r["source"], r["target"], r["amount"]) for r in rows)
 
 
-def entries(tx: Tx, mission_id: str) -> list[dict[str, Any]]:
-    """The mission's ledger entries, in the order they were written."""
-    return [
-        dict(r)
-        for r in tx.all("SELECT * FROM ledger_entries WHERE mission_id = ? ORDER BY id", mission_id)
-    ]
+def entries(
+    tx: Tx, mission_id: str, *, unit: str | None = None, newest: int | None = None
+) -> list[dict[str, Any]]:
+    """The mission's ledger entries (of one ``unit``), in the order they were
+    written; with ``newest``, only that many of the latest."""
+    where, params = "mission_id = ?", [mission_id]
+    if unit is not None:
+        where += " AND unit = ?"
+        params.append(unit)
+    if newest is None:
+        rows = tx.all(f"SELECT * FROM ledger_entries WHERE {where} ORDER BY id", *params)
+    else:
+        rows = tx.all(
+            f"SELECT * FROM (SELECT * FROM ledger_entries WHERE {where} ORDER BY id DESC LIMIT ?) "
+            "AS newest ORDER BY id",
+            *params,
+            newest,
+        )
+    return [dict(r) for r in rows]
 
 
 def problems(tx: Tx, mission_id: str) -> list[str]:

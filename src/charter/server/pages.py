@@ -13,7 +13,7 @@ import html
 import json
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from markupsafe import Markup
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 Values = Mapping[str, str]
 QUEUE_ROWS = 200  # the reconciliation queue shows this many unresolved attempts at most
 TIMELINE_ROWS = 50  # a run page shows this many of its newest audit events, then "older"
+CHART_ENTRIES = 500  # a ledger chart draws this many of a unit's newest entries
 
 
 def pretty(value: Any) -> str:
@@ -155,25 +156,35 @@ def ledger(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
         "mission": chosen,
         "balances": [{"unit": u, **b.__dict__} for u, b in balances.items()],
         "problems": engine.check_ledger(chosen),
-        "charts": [chart(u, engine.ledger_entries(chosen)) for u in balances],
+        "charts": [
+            chart(u, engine.ledger_entries(chosen, unit=u, newest=CHART_ENTRIES), b)
+            for u, b in balances.items()
+        ],
         "incidents": engine.incidents(chosen, limit=QUEUE_ROWS),
     }
 
 
-def chart(unit: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Spend against the limit over time for one unit, as SVG polyline points in a
-    300 x 80 box (time left to right, amount bottom to top)."""
-    limit = spent = 0
+class Standing(Protocol):
+    """What a chart needs of a unit's balance (:meth:`charter.Engine.balances`)."""
+
+    limit: int
+    spent: int
+
+
+def chart(unit: str, entries: list[dict[str, Any]], now: Standing) -> dict[str, Any]:
+    """Spend against the limit over the time ``entries`` (the newest of ``unit``)
+    cover, as SVG polyline points in a 300 x 80 box (time left to right, amount
+    bottom to top). The window starts where the balance ``now`` was before them,
+    so a long mission's chart reads a bounded window and still ends at its
+    balance."""
+    limit, spent = now.limit, now.spent
+    for e in entries:  # back to before the window
+        d_limit, d_spent = _moved(e)
+        limit, spent = limit - d_limit, spent - d_spent
     steps: list[tuple[int, int, int]] = []  # (at_us, limit, spent) after each entry
     for e in entries:
-        if e["unit"] != unit:
-            continue
-        if e["kind"] == "fund":
-            limit += e["amount"]
-        elif e["kind"] == "reduce":
-            limit -= e["amount"]
-        elif e["target"] == "spent":
-            spent += e["amount"]
+        d_limit, d_spent = _moved(e)
+        limit, spent = limit + d_limit, spent + d_spent
         steps.append((e["at_us"], limit, spent))
     if not steps:
         return {"unit": unit, "limit": "", "spent": "", "top": 0}
@@ -188,6 +199,15 @@ def chart(unit: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
         return " ".join(out)
 
     return {"unit": unit, "limit": points(1), "spent": points(2), "top": top}
+
+
+def _moved(entry: dict[str, Any]) -> tuple[int, int]:
+    """What one entry does to (limit, spent)."""
+    if entry["kind"] == "fund":
+        return entry["amount"], 0
+    if entry["kind"] == "reduce":
+        return -entry["amount"], 0
+    return 0, entry["amount"] if entry["target"] == "spent" else 0
 
 
 def audit(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
