@@ -924,7 +924,7 @@ def _as_before_schema_6(raw: RawStore) -> None:
     raw.execute("DROP INDEX approvals_run")
     raw.execute("DROP INDEX runs_created")
     raw.execute("DROP INDEX audit_events_entity")
-    for table in ("waits", "artifacts", "plan_versions"):
+    for table in ("waits", "artifacts", "plan_versions", "sign_ins"):
         raw.execute(f"DROP TABLE {table}")
     raw.execute("DELETE FROM schema_migrations WHERE version >= 6")
 

@@ -367,7 +367,7 @@ def test_a_ledger_chart_reads_a_window_of_newest_entries_and_ends_at_the_balance
     top = whole["top"]
 
     def last(points: str) -> float:
-        return float(points.split()[-1].split(",")[1])
+        return float(points.rsplit(maxsplit=1)[-1].split(",")[1])
 
     assert last(whole["spent"]) == pytest.approx(80 - 78 * now.spent / top, abs=0.1)
     assert last(window["spent"]) == pytest.approx(80 - 78 * now.spent / window["top"], abs=0.1)

@@ -65,6 +65,7 @@ PUBLIC = [
     "SecretUnavailable",
     "SegmentReused",
     "SettlementUnrecorded",
+    "SignIn",
     "SignatureInvalid",
     "SnapshotMalformed",
     "SnapshotRefused",

@@ -315,6 +315,8 @@ def test_a_worker_killed_is_replaced_and_the_sessions_survive_it(
     for good, or its death signs people out."""
     base, proc = workers
     port = int(base.rsplit(":", 1)[1])
+    for serving in _on_each_worker(base, proc):  # both serve: killed now, one is replaced
+        serving.http.close()
     conn = _Connection(port)
     status, headers, text = conn.ask("GET", "/console/login", {})
     signin = {"charter_signin": _cookie(headers, "charter_signin")}
