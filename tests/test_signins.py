@@ -102,14 +102,15 @@ def test_P1_a_sign_in_ends_when_its_credential_leaves_the_configuration(
     assert desk.signed_in(held.id) is not None
 
 
-@pytest.mark.parametrize("seconds", [0, -1, 7 * 24 * 3600 + 1, float("nan")])
+@pytest.mark.parametrize("seconds", [0, -1, 7 * 24 * 3600 + 1, float("nan"), "60", True, None])
 def test_a_sign_in_of_no_time_or_too_long_is_refused_and_stores_nothing(
     desk: charter.Engine,
     raw: RawStore,
     creds: tuple[dict[str, str], dict[str, str]],
     seconds: float,
 ) -> None:
-    """Broken: a sign-in that never lasts, or lasts for ever, is opened."""
+    """Broken: a sign-in that never lasts, lasts for ever, or lasts for something
+    that is not a number of seconds is opened (or fails untyped)."""
     before = raw.dump()
     with pytest.raises(charter.UsageError):
         desk.sign_in(creds[0]["alice"], seconds=seconds)

@@ -103,7 +103,7 @@ class Authenticator:
 
     def holder(self, name: str) -> Principal | None:
         """The principal ``name`` for a sign-in the engine issued after checking
-        that name's credential (:mod:`charter.contracts.signins`); ``None`` once the
+        that name's credential (:mod:`charter.engine.signins`); ``None`` once the
         name has no credential configured here."""
         return Principal(name, self._proof(name)) if name in self._digests else None
 

@@ -33,10 +33,14 @@ class SignIns:
         token. ``replacing``, the ID the caller held before, is ended: whatever a
         browser held before signing in is never the ID it holds after (session
         fixation). Ended sign-ins are forgotten here."""
-        if not 0 < seconds <= MAX_SIGN_IN_SECONDS:
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not 0 < seconds <= MAX_SIGN_IN_SECONDS
+        ):
             raise UsageError(
                 f"a sign-in lasts more than 0 and at most {MAX_SIGN_IN_SECONDS} seconds; "
-                f"got {seconds}"
+                f"got {seconds!r}"
             )
         principal = self.authenticate(credential)
         sign_in_id, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)

@@ -8,8 +8,9 @@ session: an engine sign-in (:meth:`~charter.Engine.sign_in`, kept in the store,
 so every server process knows it), whose ID travels in a cookie (HttpOnly,
 SameSite=Strict, Secure off loopback). A fresh ID at every sign-in, the one held
 before ended, so a session ID planted before sign-in is never the one signed in
-(session fixation). Every form carries the session's CSRF token; the sign-in form, which
-comes before any session, carries one bound to a short-lived sign-in cookie.
+(session fixation). Every form carries the session's CSRF token; the sign-in
+form, which comes before any session, carries one bound to a short-lived
+sign-in cookie.
 """
 
 from __future__ import annotations
