@@ -8,6 +8,8 @@ the store holds.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +45,18 @@ class Overview:
 
     _db: Database
     clock: Clock
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Reads in this block (on this thread) see the store at one moment and
+        share one read transaction: a page that shows a run's state, its
+        attempts and its timeline shows them as they were together, never a
+        settlement in one and not the other. A decision inside is
+        :class:`~charter.errors.UsageError` (it would act on a moment that has
+        passed); other threads' transactions wait until the block ends, so keep
+        it to the reads."""
+        with self._db.reading():
+            yield
 
     def timeline(
         self, run_id: str, *, before: int | None = None, limit: int | None = None

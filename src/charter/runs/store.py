@@ -40,12 +40,17 @@ _STANDING = (
 _SET_LEASE = "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ?"
 
 
+#: A stored status to its member: a dict read, where calling the enum is a
+#: microsecond per row of a listing.
+_STATUS = {s.value: s for s in RunStatus}
+
+
 def from_row(r: Row) -> Run:
     return Run(
         r["id"],
         r["mission_id"],
         r["principal"],
-        RunStatus(r["status"]),
+        _STATUS[r["status"]],
         r["status_reason"],
         r["epoch"],
         r["owner_segment"],

@@ -1,15 +1,10 @@
 """The ASGI application: routes for the API, the console, the metrics and the
 static files, and the one place errors become HTTP answers.
 
-Engine calls block (the store), so every one runs in a worker thread; the
-engine is shared by all of them (its store serialises what must be serial).
-Reads (the API's GETs, the console's pages) take one of :data:`READERS`
-places first. The engine runs one transaction at a time and Python one thread
-at a time, so a second reading thread would add no work done, only
-interleaving; with one, pages are answered in the order they came, and a
-slow one (verifying every chain) holds up the others no longer than the
-engine's lock would anyway. Several processes use several cores
-(:mod:`charter.server.workers`).
+Engine calls block (the store), so none runs on the event loop; the engine
+is shared by all of them (its store serialises what must be serial). Reads
+(the API's GETs, the console's pages) run on the process's one reading thread
+(:mod:`charter.server.reader`), decisions in a worker thread each.
 """
 
 from __future__ import annotations
@@ -19,7 +14,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import anyio
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -32,13 +26,13 @@ from charter import CharterError, UsageError
 from charter.server import console, metrics, openapi
 from charter.server.api import ENDPOINTS, PREFIX, Call, Endpoint
 from charter.server.auth import SignInForms, bearer
+from charter.server.reader import Reader
 from charter.server.wire import error_body, jsonable, status_of
 
 if TYPE_CHECKING:
     from charter import Engine
 
 HERE = Path(__file__).parent
-READERS = 1  # threads reading the store at once, per process (see the module docstring)
 
 
 def failure(exc: CharterError) -> JSONResponse:
@@ -66,7 +60,7 @@ def _body(raw: bytes, ep: Endpoint) -> dict[str, Any]:
     return body
 
 
-def _api_route(engine: Engine, ep: Endpoint, reads: anyio.CapacityLimiter) -> Route:
+def _api_route(engine: Engine, ep: Endpoint, read: Reader) -> Route:
     async def endpoint(request: Request) -> Response:
         raw = await request.body() if ep.decides else b""
         header = request.headers.get("authorization")
@@ -79,7 +73,7 @@ def _api_route(engine: Engine, ep: Endpoint, reads: anyio.CapacityLimiter) -> Ro
         try:
             if ep.decides:
                 return JSONResponse(await run_in_threadpool(work))
-            return JSONResponse(await anyio.to_thread.run_sync(work, limiter=reads))
+            return JSONResponse(await read(work))
         except CharterError as exc:
             return failure(exc)
 
@@ -116,8 +110,8 @@ async def _not_found(request: Request, exc: Exception) -> Response:
 def build(engine: Engine, *, secure_cookies: bool, key: bytes) -> Starlette:
     """The application over ``engine``; ``key`` binds the sign-in form's CSRF
     tokens, the same in every process serving one console."""
-    reads = anyio.CapacityLimiter(READERS)
-    routes: list[BaseRoute] = [_api_route(engine, ep, reads) for ep in ENDPOINTS]
+    read = Reader()
+    routes: list[BaseRoute] = [_api_route(engine, ep, read) for ep in ENDPOINTS]
     routes += [
         Route(
             PREFIX + "/openapi.json",
@@ -136,7 +130,7 @@ def build(engine: Engine, *, secure_cookies: bool, key: bytes) -> Starlette:
         ),
         Route("/", lambda request: RedirectResponse("/console/inbox", status_code=303)),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
-        *console.routes(engine, SignInForms(key), reads, secure_cookies=secure_cookies),
+        *console.routes(engine, SignInForms(key), read, secure_cookies=secure_cookies),
     ]
     return Starlette(routes=routes, exception_handlers={HTTPException: _not_found})
 

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote
 
-import anyio
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -38,6 +37,7 @@ from charter.server.auth import (
     SignInForms,
     check_csrf,
 )
+from charter.server.reader import Reader
 from charter.server.wire import CsrfRefused, status_of, whole
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ def _environment() -> Environment:
     )
     env.filters["when"] = pages.when
     env.filters["run_rows"] = pages.run_rows
+    env.filters["timeline_rows"] = pages.timeline_rows
     env.filters["pretty"] = pages.pretty
     env.filters["json"] = lambda v: json.dumps(v, sort_keys=True, default=str)
     return env
@@ -105,12 +106,10 @@ def _local(target: str | None) -> str:
 
 
 class Console:
-    def __init__(
-        self, engine: Engine, forms: SignInForms, reads: anyio.CapacityLimiter, *, secure: bool
-    ) -> None:
+    def __init__(self, engine: Engine, forms: SignInForms, read: Reader, *, secure: bool) -> None:
         self.engine = engine
         self.forms = forms
-        self.reads = reads  # the places for reading threads, shared with the API
+        self.read = read  # the process's reading thread, shared with the API
         self.secure = secure
         self.env = _environment()
 
@@ -201,14 +200,16 @@ class Console:
             notes = [] if live else _notes(request)
 
             def work() -> Response:
-                # One thread for the sign-in, the page's reads and its rendering:
-                # the event loop only moves bytes.
-                held = self._held(request)
-                if held is None:
-                    where = quote(_here(request))
-                    return RedirectResponse(f"/console/login?next={where}", status_code=303)
+                # The reading thread signs in, reads and renders: the event loop
+                # only moves bytes. The sign-in and the page's reads are one
+                # moment of the store, read in one transaction.
                 try:
-                    data = loader(self.engine, request.path_params, request.query_params)
+                    with self.engine.reading():
+                        held = self._held(request)
+                        if held is None:
+                            where = quote(_here(request))
+                            return RedirectResponse(f"/console/login?next={where}", status_code=303)
+                        data = loader(self.engine, request.path_params, request.query_params)
                 except CharterError as exc:
                     return self._refused(exc)
                 return self._render(
@@ -221,7 +222,7 @@ class Console:
                     **data,
                 )
 
-            response = await anyio.to_thread.run_sync(work, limiter=self.reads)
+            response = await self.read(work)
             if notes and response.status_code == 200:
                 response.delete_cookie(NOTES_COOKIE, path="/console")
             return response
@@ -292,9 +293,9 @@ def _outcome(result: Any) -> str:
 
 
 def routes(
-    engine: Engine, forms: SignInForms, reads: anyio.CapacityLimiter, *, secure_cookies: bool
+    engine: Engine, forms: SignInForms, read: Reader, *, secure_cookies: bool
 ) -> list[Route]:
-    c = Console(engine, forms, reads, secure=secure_cookies)
+    c = Console(engine, forms, read, secure=secure_cookies)
     post = ["POST"]
     return [
         Route("/console/login", c.login_form, methods=["GET"]),

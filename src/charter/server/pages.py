@@ -120,18 +120,54 @@ def run(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
 
 def run_rows(items: list[dict[str, Any]]) -> Markup:
     """The runs list's table rows. The longest page the console renders, so it is
-    built here with :func:`html.escape` on every value, not cell by cell by the
-    template engine (a fifth of the cost)."""
-    e = html.escape
-    return Markup(
-        "".join(
-            f'<tr><td><a href="/console/runs/{e(r["id"])}">{e(r["id"])}</a></td>'
-            f'<td>{e(r["mission_id"])}</td><td class="status">{e(r["status"])}</td>'
-            f"<td>{int(r['epoch'])}</td><td>{e(str(r['owner_segment']))}</td>"
-            f"<td>{e(r['principal'])}</td><td>{when(r['created_at_us'])}</td></tr>\n"
+    built here, its values escaped all at once (:func:`escaped`), not cell by
+    cell by the template engine (half the page's cost)."""
+    cells = escaped(
+        [
+            str(r[k])
             for r in items
-        )
+            for k in ("id", "mission_id", "status", "owner_segment", "principal")
+        ]
     )
+    rows = []
+    for n, r in enumerate(items):
+        run_id, mission, status, owner, principal = cells[5 * n : 5 * n + 5]
+        rows.append(
+            f'<tr><td><a href="/console/runs/{run_id}">{run_id}</a></td>'
+            f'<td>{mission}</td><td class="status">{status}</td>'
+            f"<td>{int(r['epoch'])}</td><td>{owner}</td>"
+            f"<td>{principal}</td><td>{when(r['created_at_us'])}</td></tr>\n"
+        )
+    return Markup("".join(rows))
+
+
+def timeline_rows(events: list[dict[str, Any]]) -> Markup:
+    """A run page's audit timeline rows, built like :func:`run_rows`: a timeline
+    is most of a run page's cells."""
+    keys = ("actor", "kind", "entity", "before", "after", "payload")
+    cells = escaped([str(e[k] or "") for e in events for k in keys])
+    rows = []
+    for n, e in enumerate(events):
+        actor, kind, entity, before, after, payload = cells[6 * n : 6 * n + 6]
+        refusal = "refusal" if e["kind"].endswith("refused") else ""
+        change = before + (f" → {after}" if after else "")
+        rows.append(
+            f'<tr class="{refusal}" data-seq="{int(e["seq"])}"><td>{int(e["seq"])}</td>'
+            f"<td>{when(e['at_us'])}</td><td>{actor}</td><td>{kind}</td><td>{entity}</td>"
+            f"<td>{change}</td><td><code>{payload}</code></td></tr>\n"
+        )
+    return Markup("".join(rows))
+
+
+_APART = "\x1f"  # between values escaped together: escaping leaves it, IDs never hold it
+
+
+def escaped(values: list[str]) -> list[str]:
+    """Each value HTML-escaped (quotes too), in one call of the escaper for them
+    all instead of one per value. A value that holds the separator itself would
+    split wrongly, so then each is escaped alone."""
+    out = html.escape(_APART.join(values)).split(_APART)
+    return out if len(out) == len(values) else [html.escape(v) for v in values]
 
 
 def when(us: int | None) -> str:

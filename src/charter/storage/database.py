@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from charter.clock import Clock
-from charter.errors import StoreError
+from charter.errors import StoreError, UsageError
 from charter.ids import IdFactory
 from charter.storage.transaction import Driver, HeadSigner, Refused, Tx
 
@@ -80,6 +80,8 @@ class Database:
         self._line: collections.deque[_Waiter] = collections.deque()
         self._waiting = {True: 0, False: 0}  # threads in line to write / to read
         self._group: _Group | None = None
+        #: The read transaction a thread holds open for several reads (:meth:`reading`).
+        self._reading = threading.local()
         #: Physical commits made (a group counts once): for the curious and for tests.
         self.commits = 0
         #: A test seam, called with ``"commit.before"`` and ``"commit.after"`` around
@@ -119,7 +121,15 @@ class Database:
     @contextmanager
     def transaction(self, *, write: bool = True, gate: str | None = None) -> Iterator[Tx]:
         """A transaction; ``write`` takes the writer lock up front (BEGIN IMMEDIATE),
-        ``gate`` takes that mission's gate with ``BEGIN`` (one round trip)."""
+        ``gate`` takes that mission's gate with ``BEGIN`` (one round trip).
+        Inside :meth:`reading`, a read is part of the open one, and a write is
+        refused: it would see a moment that has passed."""
+        held: Tx | None = getattr(self._reading, "tx", None)
+        if held is not None:
+            if write:
+                raise UsageError("a reading only reads: decide outside it")
+            yield held
+            return
         self._acquire(write)
         group = self._group if write else None
         member = None if group is None else f"member_{group.size}"
@@ -259,6 +269,21 @@ class Database:
     def read(self) -> Any:
         """A read-only transaction with a consistent snapshot."""
         return self.transaction(write=False)
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """One read transaction for every read this thread makes in the block:
+        they see the store at one moment, and pay for one transaction. Nested,
+        it is the enclosing one."""
+        if getattr(self._reading, "tx", None) is not None:
+            yield
+            return
+        with self.transaction(write=False) as tx:
+            self._reading.tx = tx
+            try:
+                yield
+            finally:
+                self._reading.tx = None
 
     def close(self) -> None:
         self._acquire(False)  # as a reader: after any open group has committed
