@@ -2,21 +2,25 @@
 finished runs in the store, 50 concurrent clients.
 
     python bench/console.py [--runs 10000] [--clients 50] [--seconds 20]
+                            [--workers 2] [--warmup 3]
 
 The store is built by bulk copy (``charter_bench.build_runs_store``: completed
 runs of a one-node, one-attempt plan, ledger and audit chain intact). The
-server runs as users run it, ``charter serve`` in a process of its own; the
-clients are threads of this process, each signed in to the console with its
-own session, each asking as soon as its last answer came (a closed loop: the
+server runs as users run it, ``charter serve`` in a process of its own
+(``--workers`` of them). The clients are kept-alive HTTP/1.1 connections on
+one event loop of this process, each signed in to the console with its own
+session, each asking as soon as its last answer came (a closed loop: the
 figures include queueing behind the other clients). Half the requests are the
 runs list (``/console/runs``, the first page), half a run page
-(``/console/runs/{id}``, a run drawn at random). Latency is from send to the
-last byte; the answer must be 200. Printed as JSON: p50, p95, p99 and max per
-page and overall, requests per second, failures, and what the machine was
-doing meanwhile: the load average before and after, the CPU seconds the
-server and this load generator spent (both share the machine's cores), and
-the server's CPU per request. Run it with ``--clients 1`` too: that is the
-cost of one request with no queueing.
+(``/console/runs/{id}``, a run drawn at random). The clients run ``--warmup``
+seconds before the measured ``--seconds``: the steady state is measured, not
+the first second, when fifty connections arrive at once and are dealt out to
+the workers. Latency is from send to the last byte; the answer must be 200.
+Printed as JSON: p50, p95, p99 and max per page and overall, requests per
+second, failures, and what the machine was doing meanwhile: the load average
+before and after, the CPU seconds the server and this load generator spent
+(both share the machine's cores), and the server's CPU per request. Run it
+with ``--clients 1`` too: that is the cost of one request with no queueing.
 """
 
 from __future__ import annotations
@@ -161,16 +165,24 @@ def _session_cookie(base: str, credential: str) -> str:
 
 
 def load(
-    base: str, credential: str, run_ids: list[str], clients: int, seconds: float, *, server: int
+    base: str,
+    credential: str,
+    run_ids: list[str],
+    clients: int,
+    seconds: float,
+    *,
+    server: int,
+    warmup: float = 0.0,
 ) -> Any:
-    """``clients`` closed-loop clients for ``seconds``; latencies per page, and the
-    CPU the server (process ``server``) and this process spent meanwhile."""
+    """``clients`` closed-loop clients for ``warmup`` then ``seconds`` more; the
+    latencies of the requests sent after the warm-up, per page, and the CPU the
+    server (process ``server``) and this process spent meanwhile."""
     cookies = [_session_cookie(base, credential) for _ in range(clients)]
     host, port = base.removeprefix("http://").split(":")
     times: dict[str, list[float]] = {"runs_list": [], "run_page": []}
     failures: list[str] = []
 
-    async def client(k: int, stop_at: float) -> None:
+    async def client(k: int, start_at: float, stop_at: float) -> None:
         conn, rng, i = _Connection(host, int(port), cookies[k]), random.Random(k), k
         try:
             while clock() < stop_at:
@@ -188,7 +200,8 @@ def load(
                     failed, why = True, repr(exc)
                     conn.close()
                     conn = _Connection(host, int(port), cookies[k])
-                times[page].append(clock() - t0)
+                if t0 >= start_at:
+                    times[page].append(clock() - t0)
                 if failed:
                     failures.append(f"{url}: {why}")
                 i += 1
@@ -197,9 +210,12 @@ def load(
 
     async def everyone() -> tuple[list[float], float | None, float]:
         before = list(os.getloadavg())
+        start_at = clock() + warmup
+        stop_at = start_at + seconds
+        running = asyncio.gather(*(client(k, start_at, stop_at) for k in range(clients)))
+        await asyncio.sleep(warmup)
         server_cpu, own_cpu = _cpu_seconds(server), time.process_time()
-        stop_at = clock() + seconds
-        await asyncio.gather(*(client(k, stop_at) for k in range(clients)))
+        await running
         own = time.process_time() - own_cpu
         end = _cpu_seconds(server)
         return before, (None if server_cpu is None or end is None else end - server_cpu), own
@@ -209,6 +225,7 @@ def load(
     served = max(1, len(every))
     return {
         "clients": clients,
+        "warmup_seconds": warmup,
         "seconds": seconds,
         "requests_per_second": round(len(every) / seconds, 1),
         "runs_list": _percentiles(times["runs_list"]),
@@ -233,6 +250,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--clients", type=int, default=50, help="concurrent clients")
     p.add_argument("--seconds", type=float, default=20.0, help="how long the load lasts")
     p.add_argument("--workers", type=int, default=1, help="charter serve --workers")
+    p.add_argument(
+        "--warmup", type=float, default=3.0, help="seconds of load before the measured ones"
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "desk.db"
@@ -250,6 +270,7 @@ def main(argv: list[str]) -> int:
                 args.clients,
                 args.seconds,
                 server=proc.pid,
+                warmup=args.warmup,
             )
         finally:
             proc.terminate()

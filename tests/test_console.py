@@ -330,6 +330,24 @@ def test_console_pages_read_a_records_keys_and_a_dicts_own_methods() -> None:
     assert page.render(r={"id": "run_1"}, m={"items": 7, "usd": 1}) == "run_1 |2"
 
 
+def test_every_page_template_is_compiled_before_the_first_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Broken: templates compile on first use, so each worker's first visitors (and
+    everyone queued behind them) wait for the compiler."""
+    env = _environment()
+    assert env.loader is not None
+    templates = env.loader.list_templates()
+    assert {"run.html", "runs.html", "inbox.html", "queue.html", "base.html"} <= set(templates)
+
+    def compiling(*args: Any) -> Any:
+        raise AssertionError("a template was compiled on a request")
+
+    monkeypatch.setattr(env.loader, "get_source", compiling)
+    for name in templates:
+        env.get_template(name)  # from the compiled cache only
+
+
 def test_a_forged_or_malformed_notes_cookie_shows_nothing_or_shows_it_escaped(
     desk: charter.Engine, base: str, creds: tuple[dict[str, str], dict[str, str]]
 ) -> None:
