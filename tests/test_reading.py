@@ -81,6 +81,17 @@ def test_a_decision_inside_a_reading_is_refused_and_changes_nothing(
     assert engine.balances(mission)["usd"].limit == 2_000_000
 
 
+def test_closing_the_engine_inside_a_reading_is_refused_not_a_deadlock(
+    engine: charter.Engine, mission: str
+) -> None:
+    """Broken: closing inside a reading waits for the connection this thread holds."""
+    with engine.reading():
+        with pytest.raises(charter.UsageError, match="after its reading"):
+            engine.close()
+        assert engine.mission(mission).id == mission
+    engine.close()
+
+
 def test_a_failure_inside_a_reading_ends_it_and_other_threads_go_on(
     engine: charter.Engine, mission: str, who: Principals
 ) -> None:

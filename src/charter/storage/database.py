@@ -286,6 +286,8 @@ class Database:
                 self._reading.tx = None
 
     def close(self) -> None:
+        if getattr(self._reading, "tx", None) is not None:
+            raise UsageError("close the engine after its reading, not inside it")
         self._acquire(False)  # as a reader: after any open group has committed
         try:
             self.driver.close()
