@@ -17,6 +17,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 
@@ -57,7 +58,8 @@ def test() -> None:
     run(BIN / "ruff", "check", "src", "tests", "bench", "tasks.py")
     run(BIN / "ruff", "format", "--check", "src", "tests", "bench", "tasks.py")
     run(BIN / "mypy")
-    pytest(sys.argv[2:])
+    args = sys.argv[2:]
+    pytest(args, beside=[] if args else BESIDE)
 
 
 #: The tests that inject faults: every commit interrupted, store faults, real
@@ -73,6 +75,12 @@ FAULTS = [
     "tests/test_simulation.py",
     "tests/test_attempt_model.py",
 ]
+
+
+#: Run beside the rest of the whole suite, in a pytest process of its own: the
+#: sweep spends its time waiting on the child processes it kills, pauses and
+#: restarts (a fifth of a core), a quarter of the suite's time when run in turn.
+BESIDE = ["tests/test_sweep.py"]
 
 
 def faults() -> None:
@@ -112,11 +120,14 @@ def simulate() -> None:
     pytest([target, "-s", "-q", *select], env)
 
 
-def pytest(args: list[str], extra: dict[str, str] | None = None) -> None:
-    """pytest on SQLite and on a PostgreSQL server (one started here if needed)."""
+def pytest(
+    args: list[str], extra: dict[str, str] | None = None, *, beside: list[str] | None = None
+) -> None:
+    """pytest on SQLite and on a PostgreSQL server (one started here if needed);
+    the files ``beside`` in a second pytest process at the same time."""
     base = {**os.environ, **(extra or {})}
     if base.get("CHARTER_TEST_POSTGRES_URL"):
-        run(PY, "-m", "pytest", *args, env=base)
+        suite(args, base, beside or [])
         return
     sys.path.insert(0, str(ROOT))
     # stdlib only; importable once the checkout is on sys.path (one cluster starter).
@@ -127,16 +138,40 @@ def pytest(args: list[str], extra: dict[str, str] | None = None) -> None:
             if os.environ.get("CI") == "true":
                 raise SystemExit("CI needs PostgreSQL 15 (initdb and pg_ctl) for its tests")
             print("PostgreSQL not found: the tests run on SQLite only", flush=True)
-            run(PY, "-m", "pytest", *args, env=base)
+            suite(args, base, beside or [])
             return
         print(f"PostgreSQL: throwaway cluster at {srv.base_url}", flush=True)
-        run(
-            PY,
-            "-m",
-            "pytest",
-            *args,
-            env={**base, "CHARTER_TEST_POSTGRES_URL": srv.url("postgres")},
-        )
+        suite(args, {**base, "CHARTER_TEST_POSTGRES_URL": srv.url("postgres")}, beside or [])
+
+
+def suite(args: list[str], env: dict[str, str], beside: list[str]) -> None:
+    """The tests in ``args``, and the files ``beside`` in a pytest process of their
+    own meanwhile (its own temporary folder, no shared cache); its output is
+    printed once it ends. Fails if either fails."""
+    if not beside:
+        run(PY, "-m", "pytest", *args, env=env)
+        return
+    with (
+        tempfile.TemporaryDirectory(prefix="charter-beside-") as tmp,
+        (Path(tmp) / "log").open("w+") as log,
+    ):
+        side = [PY, "-m", "pytest", "-p", "no:cacheprovider", "--basetemp", f"{tmp}/t", *beside]
+        print("+", " ".join(map(str, side)), "(beside; its output follows the rest)", flush=True)
+        proc = subprocess.Popen(side, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            main = [PY, "-m", "pytest", *args, *(f"--ignore={b}" for b in beside)]
+            print("+", " ".join(map(str, main)), flush=True)
+            code = subprocess.call(main, cwd=ROOT, env=env)
+            side_code = proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        log.seek(0)
+        print(f"--- {' '.join(beside)} (ran beside the rest) ---", flush=True)
+        print(log.read(), flush=True)
+    if code or side_code:
+        raise SystemExit(code or side_code)
 
 
 if __name__ == "__main__":

@@ -93,7 +93,11 @@ def server(env_var: str | None = ENV) -> Iterator[Server | None]:
             check=True,
             capture_output=True,
         )
-        options = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root}"
+        # Room for the suite's two pytest processes and their children at once.
+        options = (
+            f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root} "
+            "-c max_connections=200"
+        )
         subprocess.run(
             [
                 *prefix,
