@@ -125,9 +125,9 @@ def pytest(
 ) -> None:
     """pytest on SQLite and on a PostgreSQL server (one started here if needed);
     the files ``beside`` in a second pytest process at the same time."""
-    base = {**os.environ, **(extra or {})}
+    base, beside = {**os.environ, **(extra or {})}, beside or []
     if base.get("CHARTER_TEST_POSTGRES_URL"):
-        suite(args, base, beside or [])
+        suite(args, base, beside)
         return
     sys.path.insert(0, str(ROOT))
     # stdlib only; importable once the checkout is on sys.path (one cluster starter).
@@ -138,10 +138,10 @@ def pytest(
             if os.environ.get("CI") == "true":
                 raise SystemExit("CI needs PostgreSQL 15 (initdb and pg_ctl) for its tests")
             print("PostgreSQL not found: the tests run on SQLite only", flush=True)
-            suite(args, base, beside or [])
+            suite(args, base, beside)
             return
         print(f"PostgreSQL: throwaway cluster at {srv.base_url}", flush=True)
-        suite(args, {**base, "CHARTER_TEST_POSTGRES_URL": srv.url("postgres")}, beside or [])
+        suite(args, {**base, "CHARTER_TEST_POSTGRES_URL": srv.url("postgres")}, beside)
 
 
 def suite(args: list[str], env: dict[str, str], beside: list[str]) -> None:

@@ -330,6 +330,30 @@ def test_console_pages_read_a_records_keys_and_a_dicts_own_methods() -> None:
     assert page.render(r={"id": "run_1"}, m={"items": 7, "usd": 1}) == "run_1 |2"
 
 
+@pytest.mark.parametrize("raw", [True, False], ids=["request-line", "url-object"])
+def test_a_page_knows_its_own_path_with_an_encoded_question_mark_kept_in_it(raw: bool) -> None:
+    """Broken: the path a page links back to (its forms' ``back``, its live
+    refresh) decodes ``%3F``, so the rest of the path turns into a query."""
+    from starlette.requests import Request
+
+    from charter.server.console import _here
+
+    scope: dict[str, Any] = {
+        "type": "http",
+        "method": "GET",
+        "scheme": "http",
+        "server": ("127.0.0.1", 80),
+        "root_path": "",
+        "path": "/console/runs/a?b",
+        "query_string": b"before=7",
+        "headers": [(b"host", b"127.0.0.1")],
+    }
+    if raw:
+        scope["raw_path"] = b"/console/runs/a%3Fb"
+    assert _here(Request(scope)) == "/console/runs/a%3Fb?before=7"
+    assert _here(Request({**scope, "query_string": b""})) == "/console/runs/a%3Fb"
+
+
 def test_every_page_template_is_compiled_before_the_first_request(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

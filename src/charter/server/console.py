@@ -99,12 +99,16 @@ def _body(form: Mapping[str, str], name: str) -> dict[str, Any]:
 
 
 def _here(request: Request) -> str:
-    """The page's own path and query, from the request as it came (building the
-    whole URL object for it was a twentieth of a page's cost)."""
-    scope = request.scope
-    query = scope.get("query_string", b"").decode("latin-1")
-    path: str = scope.get("root_path", "") + scope["path"]
-    return path + ("?" + query if query else "")
+    """The page's own path and query as the browser sent them, still
+    percent-encoded (an encoded ``?`` in a path stays part of the path). Read
+    from the request line, not from a URL object built for it, which was a
+    twentieth of a page's cost; a server that does not pass the request line
+    on gets the URL object."""
+    raw: bytes | None = request.scope.get("raw_path")
+    if not raw:
+        return request.url.path + ("?" + request.url.query if request.url.query else "")
+    query: bytes = request.scope.get("query_string", b"")
+    return (raw + (b"?" + query if query else b"")).decode("latin-1")
 
 
 def _local(target: str | None) -> str:

@@ -46,6 +46,12 @@ class _Waiter:
         self.turn.acquire()  # released by whoever hands the connection over
 
 
+class _Reading(threading.local):
+    """The read transaction this thread holds open for several reads, if any."""
+
+    tx: Tx | None = None
+
+
 class Database:
     """A backend connection with serialised, bounded transactions.
 
@@ -81,7 +87,7 @@ class Database:
         self._waiting = {True: 0, False: 0}  # threads in line to write / to read
         self._group: _Group | None = None
         #: The read transaction a thread holds open for several reads (:meth:`reading`).
-        self._reading = threading.local()
+        self._reading = _Reading()
         #: Physical commits made (a group counts once): for the curious and for tests.
         self.commits = 0
         #: A test seam, called with ``"commit.before"`` and ``"commit.after"`` around
@@ -124,7 +130,7 @@ class Database:
         ``gate`` takes that mission's gate with ``BEGIN`` (one round trip).
         Inside :meth:`reading`, a read is part of the open one, and a write is
         refused: it would see a moment that has passed."""
-        held: Tx | None = getattr(self._reading, "tx", None)
+        held = self._reading.tx
         if held is not None:
             if write:
                 raise UsageError("a reading only reads: decide outside it")
@@ -275,7 +281,7 @@ class Database:
         """One read transaction for every read this thread makes in the block:
         they see the store at one moment, and pay for one transaction. Nested,
         it is the enclosing one."""
-        if getattr(self._reading, "tx", None) is not None:
+        if self._reading.tx is not None:
             yield
             return
         with self.transaction(write=False) as tx:
@@ -286,7 +292,7 @@ class Database:
                 self._reading.tx = None
 
     def close(self) -> None:
-        if getattr(self._reading, "tx", None) is not None:
+        if self._reading.tx is not None:
             raise UsageError("close the engine after its reading, not inside it")
         self._acquire(False)  # as a reader: after any open group has committed
         try:
