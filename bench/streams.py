@@ -59,7 +59,7 @@ def postgres_streams(
             ctx.Process(
                 target=_stream,
                 args=(
-                    {**cred, "url": url, "mission": mission, "n": each, "tag": f"{i}-{s}"},
+                    {**cred, "url": url, "mission": missions[s], "n": each, "tag": f"{i}-{s}"},
                     barrier,
                     out,
                 ),
