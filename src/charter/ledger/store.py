@@ -62,7 +62,7 @@ def record(
         "WHERE mission_id = ? AND unit = ?",
         [
             (d.limit, d.available, d.held, d.spent, d.overrun, mission_id, unit)
-            for unit, d in balances(moves).items()
+            for unit, d in change.items()
         ],
     )
 

@@ -46,6 +46,17 @@ class SQLiteDriver:
     #: Writers on one connection share commits, up to this many per commit (the
     #: file's write lock is held meanwhile, so other processes wait no longer).
     group_limit = 32
+    #: WAL pages written before a commit folds them into the database file
+    #: (SQLite's default is 1,000). An attempt writes about 25 pages over its two
+    #: commits, so the default checkpointed every 40 attempts, and each
+    #: checkpoint writes and syncs the database file; at 10,000 (a 40 MB log,
+    #: reused, never truncated) the hot pages of a mission are copied once per
+    #: 400 attempts instead of ten times. Durability is the same: every commit
+    #: still syncs the log before it returns. Measured on the attempt path: about
+    #: 8% less time per attempt in steady state, and more for the first 400 or so
+    #: of a process that opens the file alone (the log is new then, and a sync
+    #: of a growing file also writes its size).
+    checkpoint_pages = 10_000
 
     def __init__(self, path: Path, *, busy_timeout: float = 5.0) -> None:
         self.dialect = dialect.sqlite()
@@ -60,6 +71,7 @@ class SQLiteDriver:
             self._conn.row_factory = sqlite3.Row
             mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
             self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.execute(f"PRAGMA wal_autocheckpoint={self.checkpoint_pages}")
             self._conn.execute("PRAGMA foreign_keys=ON")
             self.dialect.max_params = self._conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         except sqlite3.Error as exc:

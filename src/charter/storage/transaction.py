@@ -193,8 +193,8 @@ class Tx:
         rows a transaction writes, few distinct statements are prepared.
         """
         rows = list(rows)
-        head, sep, group = sql.rpartition(" VALUES ")
-        if len(rows) < 2 or not (sep and head.startswith("INSERT") and group.startswith("(")):
+        head, sep, group = sql.rpartition(" VALUES ") if len(rows) > 1 else ("", "", "")
+        if not (sep and head.startswith("INSERT") and group.startswith("(")):
             for row in rows:
                 self._driver.defer(self._sql(sql), row)
             return
