@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -222,10 +223,41 @@ def attempt_shape(
     finally:
         delattr(driver, name)
     ex.finish()
-    out = {k: v / n for k, v in counts.items()}
+    out: dict[str, Any] = {k: v / n for k, v in counts.items()}
     if not pipelined:
         out.pop("round_trips")  # in-process: every statement is a call, not a trip
+        out["log_pages"] = log_pages(engine, agent, mission, n)
     return out
+
+
+def log_pages(
+    engine: charter.Engine, agent: charter.Principal, mission: str, n: int
+) -> dict[str, float]:
+    """The pages ``n`` attempts write to SQLite's write-ahead log, per attempt,
+    by the table or index each page belongs to (``total`` for all): every page
+    is written and synced at a commit, so each B-tree an attempt touches costs
+    time on a disk. The log is emptied first (a checkpoint from a second
+    connection), then its frames since are read and their pages looked up in
+    ``dbstat``."""
+    store = engine._db.driver.path
+    ex = engine.start_run(mission, by=agent, segment_id="seg-pages")
+    with closing(sqlite3.connect(str(store))) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    adapter = RecordingAdapter()
+    for k in range(n):
+        ex.attempt(adapter, "write", {"k": k}, effect_key=f"pages{k}")
+    wal = Path(f"{store}-wal").read_bytes()
+    ex.finish()  # after the read: its commit is not counted
+    size, salt = int.from_bytes(wal[8:12], "big"), wal[16:24]
+    pages = [
+        int.from_bytes(wal[at : at + 4], "big")
+        for at in range(32, len(wal) - 24 - size + 1, 24 + size)
+        if wal[at + 8 : at + 16] == salt
+    ]
+    with closing(sqlite3.connect(str(store))) as conn:
+        owner = dict(conn.execute("SELECT pageno, name FROM dbstat").fetchall())
+    by_tree = Counter(owner.get(page, "free page") for page in pages)
+    return {"total": len(pages) / n, **{tree: count / n for tree, count in by_tree.items()}}
 
 
 def profile_attempts(workdir: str, steps: int, top: int = 25) -> str:

@@ -219,6 +219,15 @@ def _attempt_section(results: dict[str, Any], plan: dict[str, Any]) -> list[str]
         if shapes
         else []
     )
+    pages = a["sqlite"].get("charter", {}).get("shape", {}).get("log_pages")
+    if pages:
+        trees = sorted(((v, k) for k, v in pages.items() if k != "total"), reverse=True)
+        shape_line.append(
+            f"- What one attempt writes to SQLite's log over its two commits: "
+            f"{pages['total']:.1f} pages of 4 KiB, by B-tree: "
+            + ", ".join(f"{k} {v:.1f}" for v, k in trees)
+            + ". The floor writes one page per commit."
+        )
     return [
         "## Attempt overhead",
         "",
