@@ -459,18 +459,23 @@ def memory(workdir: str, runs: int, warmup: int, reps: int) -> dict[str, Any]:
 
 # -- start-up ------------------------------------------------------------------------------
 def startup(warmup: int, reps: int) -> dict[str, Any]:
-    """``import charter`` inside a fresh interpreter; ``charter --help`` as a whole process."""
+    """``import charter`` inside a fresh interpreter; ``charter --help`` as a whole process.
+
+    Each with Python's bytecode cache on, as an installed package has it (the
+    warm-up runs write it when the environment says not to, which would
+    otherwise time compiling every module on each run)."""
     py = sys.executable
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     script = Path(py).with_name("charter")
     code = "import time; t = time.perf_counter(); import charter; print(time.perf_counter() - t)"
 
     def import_time(_: int) -> float:
-        proc = subprocess.run([py, "-c", code], check=True, capture_output=True, text=True)
+        proc = subprocess.run([py, "-c", code], check=True, capture_output=True, text=True, env=env)
         return float(proc.stdout.strip())
 
     def wall(cmd: list[str]) -> float:
         t0 = clock()
-        subprocess.run(cmd, check=True, capture_output=True)
+        subprocess.run(cmd, check=True, capture_output=True, env=env)
         return clock() - t0
 
     help_cmd = [str(script), "--help"] if script.exists() else [py, "-m", "charter", "--help"]

@@ -232,6 +232,30 @@ def test_importing_loads_no_store(name: str) -> None:
     _fail_on(loaded, f"store modules loaded by `import {name}`")
 
 
+#: What ``import charter`` and ``charter --help`` leave unloaded: an event loop
+#: (asyncio with the ssl and logging it loads, half of the import's time) is
+#: loaded when something is awaited, not before.
+STARTUP = {
+    "import charter": "import charter",
+    "charter --help": (
+        "import contextlib, io\n"
+        "from charter.cli.app import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(['--help'])"
+    ),
+}
+
+
+@pytest.mark.parametrize("what", list(STARTUP))
+def test_starting_loads_no_event_loop(what: str) -> None:
+    """The startup targets of the bench (import, ``--help``) hold by what is loaded."""
+    code = STARTUP[what] + "\nimport sys\nprint(*sorted({'asyncio', 'ssl'} & set(sys.modules)))"
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    _fail_on(loaded, f"modules loaded by `{what}`")
+
+
 # -- SQL ---------------------------------------------------------------------------------
 
 

@@ -20,10 +20,8 @@ async, and an async adapter's send is awaited on the caller's event loop
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Awaitable, Coroutine, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
@@ -258,6 +256,11 @@ def blocking(aw: Awaitable[T]) -> T:
 
     async def main() -> T:
         return await aw
+
+    # asyncio (with the ssl and logging it loads) was half of `import charter`,
+    # and a program that never awaits an adapter needs none of it.
+    import asyncio  # noqa: PLC0415 - loaded on first use
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - likewise
 
     coro: Coroutine[Any, Any, T] = main()
     try:

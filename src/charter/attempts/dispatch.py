@@ -13,7 +13,6 @@ is an uncertainty (A4): the attempt stays DISPATCHED and nothing is retried.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Awaitable, Generator
 from dataclasses import dataclass
@@ -93,6 +92,8 @@ async def adrive(steps: Sending[T]) -> T:
     """Run ``steps`` to the end on the caller's event loop: the short store
     commits in a worker thread, each send awaited here. A send cancelled while
     the adapter is awaited is settled UNKNOWN (A3) before the cancellation goes on."""
+    import asyncio  # noqa: PLC0415 - the running loop loaded it (see blocking)
+
     step = await asyncio.to_thread(_advance, steps, None)
     while isinstance(step, Send):
         try:
@@ -137,6 +138,8 @@ async def asend(adapter: Adapter, order: Dispatch, secrets: list[Secret]) -> Rep
     """:func:`send` on the caller's event loop: an async adapter is awaited
     here, a synchronous one is sent from a worker thread so the loop goes on."""
     if not is_async(adapter):
+        import asyncio  # noqa: PLC0415 - the running loop loaded it (see blocking)
+
         return await asyncio.to_thread(send, adapter, order, secrets)
     if order.expired:
         return from_late(order)

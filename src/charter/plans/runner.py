@@ -9,7 +9,6 @@ completed (or failed, with nothing in flight).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import inspect
 import json
@@ -42,6 +41,8 @@ T = TypeVar("T")
 
 def call_node(fn: NodeFn, ctx: Context, value: Any) -> Any:
     """Run a node function, sync or async."""
+    import asyncio  # noqa: PLC0415 - for async nodes only (see adapters.protocol.blocking)
+
     if inspect.iscoroutinefunction(fn):
         coro: Awaitable[Any] = fn(ctx, value)
         return asyncio.run(_await(coro))
