@@ -53,11 +53,11 @@ class InterruptAfterDispatch:
 
 
 def setup(
-    store: Path | str, *, crash_hook: Any = None
+    store: Path | str, *, crash_hook: Any = None, lease_seconds: float = 30.0
 ) -> tuple[charter.Engine, charter.Principal, str, dict[str, str]]:
     """A store with one mission that ``agent`` may run on the recorder adapter."""
     cred, digest = credential("agent")
-    config = charter.EngineConfig(credentials={"agent": digest})
+    config = charter.EngineConfig(credentials={"agent": digest}, lease_seconds=lease_seconds)
     engine = charter.Engine.open(str(store), config=config, crash_hook=crash_hook)
     agent = engine.authenticate(cred)
     mission = engine.create_mission(CONTRACT, by=agent)
@@ -293,7 +293,8 @@ def build_recovery_store(store: Path, settled: int, unresolved: int) -> dict[str
     dead owner's lease is then put in the past, as if its 30 s had run out.
     """
     hook = InterruptAfterDispatch()
-    engine, agent, mission, cred = setup(store, crash_hook=hook)
+    # The bulk copy takes about 30 s on a slow machine: the run's lease must outlast it.
+    engine, agent, mission, cred = setup(store, crash_hook=hook, lease_seconds=3600)
     ex = engine.start_run(mission, by=agent, segment_id="seg-1")
     adapter = RecordingAdapter()
     template = ex.attempt(adapter, "write", {"k": 0}, effect_key=storebuild.KEY_TEMPLATE)
