@@ -232,9 +232,9 @@ def test_importing_loads_no_store(name: str) -> None:
     _fail_on(loaded, f"store modules loaded by `import {name}`")
 
 
-#: What ``import charter`` and ``charter --help`` leave unloaded: an event loop
-#: (asyncio with the ssl and logging it loads, half of the import's time) is
-#: loaded when something is awaited, not before.
+#: What ``import charter``, ``charter --help`` and a synchronous program leave
+#: unloaded: an event loop (asyncio with the ssl and logging it loads, half of
+#: the import's time) is loaded when something is awaited, not before.
 STARTUP = {
     "import charter": "import charter",
     "charter --help": (
@@ -243,15 +243,32 @@ STARTUP = {
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
         "    main(['--help'])"
     ),
+    "a plan of synchronous nodes": (
+        "import sys, charter\n"
+        "from charter.testing import RecordingAdapter, credential\n"
+        "cred, digest = credential('agent')\n"
+        "config = charter.EngineConfig(credentials={'agent': digest})\n"
+        "with charter.Engine.open(sys.argv[1] + '/s.db', config=config) as engine:\n"
+        "    agent = engine.authenticate(cred)\n"
+        "    mission = engine.create_mission({'objective': 'o', 'principals': "
+        "{'agent': {'run': ['recorder.*']}}, 'allowance': {'calls': 9}}, by=agent)\n"
+        "    adapter = RecordingAdapter()\n"
+        "    @charter.node\n"
+        "    def read(ctx, week):\n"
+        "        return ctx.attempt(adapter, 'read', {'week': week})['ok']\n"
+        "    plan = charter.Plan('p', (read,))\n"
+        "    run = engine.start_run(mission, by=agent, segment_id='s', plan=plan, input='w')\n"
+        "    assert run.execute(plan) is True"
+    ),
 }
 
 
 @pytest.mark.parametrize("what", list(STARTUP))
-def test_starting_loads_no_event_loop(what: str) -> None:
+def test_starting_loads_no_event_loop(what: str, tmp_path: Path) -> None:
     """The startup targets of the bench (import, ``--help``) hold by what is loaded."""
     code = STARTUP[what] + "\nimport sys\nprint(*sorted({'asyncio', 'ssl'} & set(sys.modules)))"
     loaded = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True
     ).stdout.split()
     _fail_on(loaded, f"modules loaded by `{what}`")
 

@@ -14,12 +14,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from charter.adapters import (
     Dispatch,
@@ -34,6 +33,9 @@ from charter.clock import ManualClock, SkewedClock
 from charter.contracts.principals import new_credential as credential
 from charter.crashpoints import COMMIT_POINTS, POINTS, CrashHook
 from charter.errors import StoreError
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
     "COMMIT_POINTS",
@@ -201,10 +203,14 @@ class AsyncRecordingAdapter(RecordingAdapter):
     loops: list[asyncio.AbstractEventLoop] = field(default_factory=list)
 
     async def dispatch(self, send: Dispatch) -> Outcome:
+        import asyncio  # noqa: PLC0415 - the running loop loaded it; `import charter.testing` does not
+
         self.loops.append(asyncio.get_running_loop())
         await asyncio.sleep(0)  # a real await: the loop may run other tasks here
         return self._answer(send)
 
     async def reconcile(self, attempt: RecordedAttempt) -> Evidence:
+        import asyncio  # noqa: PLC0415 - as in dispatch
+
         await asyncio.sleep(0)
         return self._look_up(attempt)

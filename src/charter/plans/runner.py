@@ -41,15 +41,21 @@ T = TypeVar("T")
 
 def call_node(fn: NodeFn, ctx: Context, value: Any) -> Any:
     """Run a node function, sync or async."""
-    import asyncio  # noqa: PLC0415 - for async nodes only (see adapters.protocol.blocking)
-
     if inspect.iscoroutinefunction(fn):
         coro: Awaitable[Any] = fn(ctx, value)
-        return asyncio.run(_await(coro))
+        return _run(coro)
     result = fn(ctx, value)
     if inspect.isawaitable(result):
-        return asyncio.run(_await(result))
+        return _run(result)
     return result
+
+
+def _run(aw: Awaitable[T]) -> T:
+    """An async node's value, on a loop of its own; asyncio is loaded only for
+    plans that have such nodes (see :func:`charter.adapters.protocol.blocking`)."""
+    import asyncio  # noqa: PLC0415 - loaded on first use
+
+    return asyncio.run(_await(aw))
 
 
 async def _await(aw: Awaitable[T]) -> T:
