@@ -265,7 +265,8 @@ STARTUP = {
 
 @pytest.mark.parametrize("what", list(STARTUP))
 def test_starting_loads_no_event_loop(what: str, tmp_path: Path) -> None:
-    """The startup targets of the bench (import, ``--help``) hold by what is loaded."""
+    """The bench's startup targets (import, ``--help``) and a synchronous
+    program's start hold by what is loaded: no event loop."""
     code = STARTUP[what] + "\nimport sys\nprint(*sorted({'asyncio', 'ssl'} & set(sys.modules)))"
     loaded = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True

@@ -52,10 +52,11 @@ class SQLiteDriver:
     #: checkpoint writes and syncs the database file; at 10,000 (a 40 MB log,
     #: reused, never truncated) the hot pages of a mission are copied once per
     #: 400 attempts instead of ten times. Durability is the same: every commit
-    #: still syncs the log before it returns. Measured on the attempt path: about
-    #: 8% less time per attempt in steady state, and more for the first 400 or so
-    #: of a process that opens the file alone (the log is new then, and a sync
-    #: of a growing file also writes its size).
+    #: still syncs the log before it returns. Measured on the attempt path, in
+    #: three paired runs on the bench's disk: 8 to 18% less time per attempt in
+    #: steady state; the first 400 or so attempts of a process that opens the
+    #: file alone are slower (the log is new then, and a sync of a growing file
+    #: also writes its size).
     checkpoint_pages = 10_000
 
     def __init__(self, path: Path, *, busy_timeout: float = 5.0) -> None:
