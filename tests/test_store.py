@@ -126,6 +126,69 @@ def test_an_older_store_is_migrated_forward(
     assert {"node_executions", "journal"} <= set(raw.tables())
 
 
+def _attempt_indexes(raw: RawStore) -> set[str]:
+    """The names of the indexes on ``attempts`` (SQLite names a constraint's own)."""
+    if raw.backend == "sqlite":
+        return {r["name"] for r in raw.rows("PRAGMA index_list(attempts)")}
+    return {
+        r["indexname"]
+        for r in raw.rows(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
+            "AND tablename = 'attempts'"
+        )
+    }
+
+
+def test_A5_upgrading_drops_the_index_of_the_derived_key_and_keeps_every_attempt(
+    make_engine: Callable[..., charter.Engine],
+    raw: RawStore,
+    creds: tuple[dict[str, str], dict[str, str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Schema 14 copies the attempts into a table without an index for the
+    idempotency key (it is the id's, A5): evidence keeps pointing at its attempt."""
+    from charter import storage
+
+    monkeypatch.setattr(storage, "MIGRATIONS", MIGRATIONS[:13])
+    monkeypatch.setattr(storage, "LATEST", 13)
+    old = make_engine()
+    agent = old.authenticate(creds[0]["agent"])
+    mission = old.create_mission(default_contract(), by=old.authenticate(creds[0]["alice"]))
+    adapter = RecordingAdapter()
+
+    def lost(send: charter.Dispatch) -> charter.Outcome:
+        raise charter.OutcomeUnknown("cut off", evidence={"seen": send.attempt_id})
+
+    adapter.script["write"] = lost
+    ex = old.start_run(mission, by=agent, segment_id="s1")
+    ex.attempt(adapter, "read", {"k": 1}, effect_key="r1")
+    assert ex.attempt(adapter, "write", {"k": 2}, effect_key="w1").status.value == "unknown"
+    old.close()
+    assert len(raw.rows("SELECT * FROM evidence")) == 1
+    keyed = _attempt_indexes(raw)
+    before = {t: raw.dump()["rows"][t] for t in ("attempts", "evidence", "runs", "ledger_entries")}
+    monkeypatch.undo()
+
+    upgraded = make_engine()
+    assert migrations(raw)[-1][0] == LATEST
+    after = raw.dump()["rows"]
+    assert {t: after[t] for t in before} == before  # every row as it was
+    assert len(_attempt_indexes(raw)) == len(keyed) - 1
+    assert all(
+        r["idempotency_key"] == f"charter-{r['id']}"
+        for r in raw.rows("SELECT id, idempotency_key FROM attempts")
+    )
+    if raw.backend == "sqlite":
+        assert raw.rows("PRAGMA foreign_key_check") == []
+    # The effect's identity is still unique, and the upgraded store goes on.
+    with pytest.raises(Exception, match=r"(?i)unique"):
+        raw.execute("INSERT INTO attempts SELECT * FROM attempts WHERE effect_key = 'r1'")
+    ex = upgraded.start_run(mission, by=upgraded.authenticate(creds[0]["agent"]), segment_id="s2")
+    assert ex.attempt(RecordingAdapter(), "read", {"k": 3}, effect_key="r2").status.value == (
+        "succeeded"
+    )
+
+
 def test_a_failing_migration_leaves_the_store_at_its_previous_version(
     make_engine: Callable[..., charter.Engine], raw: RawStore
 ) -> None:

@@ -102,7 +102,9 @@ def migrate(db: Database) -> int:
             if done:
                 continue
             for statement in statements:
-                tx.run(statement)
+                backend, sql = statement if isinstance(statement, tuple) else (None, statement)
+                if backend in (None, db.dialect.name):
+                    tx.run(sql)
             tx.run(
                 "INSERT INTO schema_migrations (version, name, applied_at_us) VALUES (?, ?, ?)",
                 version,

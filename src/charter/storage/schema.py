@@ -8,7 +8,11 @@ guessed at.
 
 from __future__ import annotations
 
-MIGRATIONS: list[tuple[int, str, list[str]]] = [
+#: A statement of a migration: SQL for every backend, or ``(backend, SQL)`` for the
+#: one backend (a dialect's name) whose schema needs it.
+Statement = str | tuple[str, str]
+
+MIGRATIONS: list[tuple[int, str, list[Statement]]] = [
     (
         1,
         "core: missions, contracts, allowances, ledger, runs, attempts, audit",
@@ -466,6 +470,82 @@ MIGRATIONS.append(
                 expires_us BIGINT NOT NULL
             )""",
             "CREATE INDEX sign_ins_expires ON sign_ins (expires_us)",
+        ],
+    )
+)
+
+#: The attempts table as migration 14 leaves it: no index of its own for the
+#: idempotency key, which is derived from the attempt's id (A5), so the id's
+#: uniqueness is the key's. Columns in their order since migration 7.
+_ATTEMPT_COLUMNS = (
+    "id, mission_id, run_id, node_id, execution, effect_key, generation, adapter, operation, "
+    "effect_class, status, principal, admitted_epoch, dispatched_epoch, idempotency_key, "
+    "request_hash, request, estimate, actual, result, receipt, price_source, retry_of, reason, "
+    "send_deadline_us, prepared_at_us, dispatched_at_us, settled_at_us, answered"
+)
+
+MIGRATIONS.append(
+    (
+        14,
+        "one page less per attempt: the idempotency key, derived from the id, has no index (A5)",
+        [
+            (
+                "postgresql",
+                "ALTER TABLE attempts DROP CONSTRAINT IF EXISTS attempts_idempotency_key_key",
+            ),
+            # SQLite drops a constraint's index only with its table: the attempts are
+            # copied aside and back into the table made again. Evidence refers to
+            # attempts; its references are checked at commit, when every attempt is
+            # back under its id (a reference still dangling then fails the migration).
+            ("sqlite", "PRAGMA defer_foreign_keys = ON"),
+            ("sqlite", "CREATE TABLE attempts_v13 AS SELECT * FROM attempts"),
+            ("sqlite", "DROP TABLE attempts"),
+            (
+                "sqlite",
+                """CREATE TABLE attempts (
+                id TEXT PRIMARY KEY,
+                mission_id TEXT NOT NULL,
+                run_id TEXT NOT NULL REFERENCES runs(id),
+                node_id TEXT NOT NULL,
+                execution INTEGER NOT NULL,
+                effect_key TEXT NOT NULL,
+                generation INTEGER NOT NULL,
+                adapter TEXT NOT NULL,
+                operation TEXT NOT NULL,
+                effect_class TEXT NOT NULL,
+                status TEXT NOT NULL,
+                principal TEXT NOT NULL,
+                admitted_epoch BIGINT NOT NULL,
+                dispatched_epoch BIGINT,
+                idempotency_key TEXT NOT NULL,
+                request_hash TEXT NOT NULL,
+                request TEXT NOT NULL,
+                estimate TEXT NOT NULL,
+                actual TEXT,
+                result TEXT,
+                receipt TEXT,
+                price_source TEXT,
+                retry_of TEXT,
+                reason TEXT,
+                send_deadline_us BIGINT,
+                prepared_at_us BIGINT NOT NULL,
+                dispatched_at_us BIGINT,
+                settled_at_us BIGINT,
+                answered INTEGER NOT NULL DEFAULT 0,
+                UNIQUE (run_id, node_id, execution, effect_key, generation)
+            )""",
+            ),
+            (
+                "sqlite",
+                f"INSERT INTO attempts ({_ATTEMPT_COLUMNS}) "
+                f"SELECT {_ATTEMPT_COLUMNS} FROM attempts_v13 ORDER BY id",
+            ),
+            ("sqlite", "DROP TABLE attempts_v13"),
+            (
+                "sqlite",
+                """CREATE INDEX attempts_unresolved ON attempts (run_id)
+                WHERE status IN ('prepared', 'dispatched', 'unknown')""",
+            ),
         ],
     )
 )
