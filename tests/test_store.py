@@ -726,6 +726,55 @@ def test_a_failing_deferred_write_aborts_its_whole_transaction(
     assert engine.mission(mission).name != "renamed"
 
 
+def test_a_counter_moves_with_its_transaction_and_only_then(
+    engine: charter.Engine, mission: str
+) -> None:
+    """A counter on the mission's row (A1's admitted and failed counts) is added
+    as its transaction ends, in the chain head's statement when the chain moves
+    and on its own when it does not; a refusal or a failure takes it back."""
+    from charter.contracts import store as contracts_store
+    from charter.errors import StoreConflict
+
+    def counts() -> tuple[int, int]:
+        with engine._db.read() as tx:
+            found = contracts_store.counts(tx, mission)
+        assert found is not None
+        return found
+
+    events = engine.verify_audit(mission)[0].events
+    with engine._db.transaction(gate=mission) as tx:  # with an event: in the head's update
+        tx.count(mission, "attempts_admitted")
+        tx.count(mission, "attempts_admitted")
+        tx.count(mission, "attempts_failed")
+        tx.audit(mission, "test.counted", mission, actor="alice")
+    assert counts() == (2, 1)
+    with engine._db.transaction(gate=mission) as tx:  # no event: a statement of its own
+        tx.count(mission, "attempts_failed")
+    assert counts() == (2, 2)
+    assert engine.verify_audit(mission)[0].events == events + 1
+
+    with pytest.raises(charter.NotAuthorized), engine._db.transaction(gate=mission) as tx:
+        tx.count(mission, "attempts_admitted")
+        raise tx.refused(
+            charter.NotAuthorized("no"),
+            mission_id=mission,
+            kind="test.refused",
+            entity=mission,
+            actor="mallory",
+        )
+    with pytest.raises(StoreConflict), engine._db.transaction(gate=mission) as tx:
+        tx.count(mission, "attempts_admitted")
+        tx.audit(mission, "test.counted", mission, actor="alice")
+        tx.write(
+            "INSERT INTO missions (id, name, created_by, created_at_us, contract_version) "
+            "VALUES (?, 'twin', 'alice', 0, 0)",
+            mission,
+        )
+    assert counts() == (2, 2)
+    assert engine.verify_audit(mission)[0].events == events + 2  # the refusal's only
+    assert all(v.ok for v in engine.verify_audit(mission))
+
+
 def test_a_statement_the_store_refuses_leaves_the_connection_usable(
     engine: charter.Engine, who: Principals, mission: str
 ) -> None:

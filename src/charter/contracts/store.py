@@ -69,18 +69,12 @@ def set_contract_version(tx: Tx, mission_id: str, version: int) -> None:
 
 def count_admitted(tx: Tx, mission_id: str) -> None:
     """One more attempt admitted: the count stop conditions read (A1)."""
-    tx.write(
-        "UPDATE missions SET attempts_admitted = attempts_admitted + 1 WHERE id = ?",
-        mission_id,
-    )
+    tx.count(mission_id, "attempts_admitted")
 
 
 def count_failed(tx: Tx, mission_id: str) -> None:
     """One more attempt settled FAILED: the count stop conditions read (A1)."""
-    tx.write(
-        "UPDATE missions SET attempts_failed = attempts_failed + 1 WHERE id = ?",
-        mission_id,
-    )
+    tx.count(mission_id, "attempts_failed")
 
 
 def counts(tx: Tx, mission_id: str) -> tuple[int, int] | None:

@@ -152,6 +152,8 @@ class Tx:
         self._seals: dict[str, str | None] = {}
         #: The missions whose gate this transaction holds.
         self._gates: set[str] = set() if gate is None else {gate}
+        #: Counters on a mission's row, added when the transaction ends (see count).
+        self._counts: dict[str, dict[str, int]] = {}
 
     @property
     def now_us(self) -> int:
@@ -241,6 +243,15 @@ class Tx:
             }
         )
 
+    def count(self, mission_id: str, column: str) -> None:
+        """Add one to a counter on the mission's row (``column``, named by the
+        row's owner) as the transaction ends: in the statement that moves the
+        mission's chain head when the transaction appends to the chain, as every
+        change of a mission does, so a counted change costs no statement of its
+        own. Nothing in the transaction reads the counter after counting."""
+        counters = self._counts.setdefault(mission_id, {})
+        counters[column] = counters.get(column, 0) + 1
+
     def copy(self, into: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Write ``rows`` as they are: ``into`` is the owner's ``INSERT INTO table``,
         every row has the same columns. For restoring records verified elsewhere
@@ -298,10 +309,13 @@ class Tx:
         of its audit events only ``keep`` (a refusal's) is still to be written."""
         self._events = [keep] if keep is not None else []
         self._gates = set()
+        self._counts = {}
 
     def flush_audit(self) -> None:
-        """Chain and write the staged audit events, just before commit (S1)."""
+        """Chain and write the staged audit events, just before commit (S1); the
+        counters staged with :meth:`count` go with the heads."""
         if not self._events:
+            self._write_counts(self._counts)
             return
         # Gates not held yet are taken in a fixed order, so two transactions
         # never wait on each other's chains.
@@ -355,9 +369,11 @@ class Tx:
         # they travel with COMMIT and cost no round trip.
         for mission_id in chains:
             seq, hash_ = heads[mission_id]
+            counters = self._counts.pop(mission_id, {})
             self.write(
-                f"UPDATE {head_table(mission_id)} SET audit_seq = ?, audit_hash = ?, "
-                "audit_sealed = ? WHERE id = ?",
+                f"UPDATE {head_table(mission_id)} SET {_added(counters)}audit_seq = ?, "
+                "audit_hash = ?, audit_sealed = ? WHERE id = ?",
+                *counters.values(),
                 seq,
                 hash_,
                 self._seals.get(mission_id),
@@ -365,6 +381,17 @@ class Tx:
             )
             if self._sign is not None:
                 self._checkpoint(mission_id, seq, hash_)
+        self._write_counts(self._counts)
+
+    def _write_counts(self, counts: dict[str, dict[str, int]]) -> None:
+        """Counters of missions whose chain this transaction left as it was."""
+        for mission_id, counters in counts.items():
+            self.write(
+                f"UPDATE missions SET {_added(counters).removesuffix(', ')} WHERE id = ?",
+                *counters.values(),
+                mission_id,
+            )
+        self._counts = {}
 
     def _checkpoint(self, chain: str, seq: int, hash_: str) -> None:
         """Sign the head just moved (S2): a store rewritten consistently afterwards
@@ -383,3 +410,8 @@ class Tx:
             signature,
             self.now_us,
         )
+
+
+def _added(counters: Mapping[str, int]) -> str:
+    """``column = column + ?, `` for each counter, in order."""
+    return "".join(f"{c} = {c} + ?, " for c in counters)
