@@ -249,6 +249,34 @@ def history(
 # -- every transition, one event, same transaction ------------------------------------------
 
 
+def test_S1_canonical_json_is_the_standard_encoding_with_sorted_keys() -> None:
+    """What a hash covers is exactly ``json.dumps`` with sorted keys and no spaces
+    (what any verifier can recompute), whichever encoder the engine runs; a value
+    that contains itself is refused as the standard encoder refuses it."""
+    import json
+    from decimal import Decimal
+
+    values: list[Any] = [
+        {"b": 1, "a": [1, 2.5, None, True, False, 'é\u2028\x00"q"', -(2**70)]},
+        "text",
+        0,
+        None,
+        [],
+        {},
+        {"z": {"y": float("inf"), "x": float("nan"), "w": 1e-300}, "": [[], {}]},
+        {"n": Decimal("1.10"), "t": (1, 2)},  # default=str; tuples are arrays
+        {"emoji": "\U0001f600", "deep": [[[[["x"]]]]]},
+    ]
+    for value in values:
+        expected = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+        assert canonical(value) == expected
+    looped: list[Any] = []
+    looped.append(looped)
+    with pytest.raises(ValueError, match="Circular"):
+        canonical({"loop": looped})
+    assert canonical({"after": "a failure"}) == '{"after":"a failure"}'
+
+
 def test_S1_every_transition_appends_its_events_and_refusals_only_events(
     history: History, engine: charter.Engine
 ) -> None:
