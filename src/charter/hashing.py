@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 #: Where every chain began before schema 6 (see :func:`genesis`).
@@ -18,31 +18,39 @@ LEGACY_GENESIS = "0" * 64
 #: Missions are chains; refusals that concern no mission go on this chain.
 ENGINE_CHAIN = "engine"
 
-#: One encoder for every call (``json.dumps`` with options builds a new one each time).
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
-#: The same encoding, from CPython's C encoder made once (``JSONEncoder.encode`` makes
-#: it anew on each call: 4% of an attempt's instructions). It keeps no record of the
-#: containers it is inside (a failed call would leave that record behind): a value
-#: that contains itself is found by the depth it reaches instead.
+#: CPython's C JSON encoder, made once per encoding (``JSONEncoder.encode`` makes it
+#: anew on each call: 4% of an attempt's instructions).
 _C_ENCODER = getattr(json.encoder, "c_make_encoder", None)
-_FAST = (
-    None
-    if _C_ENCODER is None
-    else _C_ENCODER(
-        None, str, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, True
+
+
+def json_encoder(default: Callable[[Any], Any], *, allow_nan: bool = True) -> Callable[[Any], str]:
+    """Canonical JSON (sorted keys, no whitespace, ASCII), ``default`` giving what
+    JSON cannot hold; with ``allow_nan=False`` NaN and infinities are a ValueError.
+
+    The encoder keeps no record of the containers it is inside (a failed call
+    would leave that record behind for the next): a value that contains itself is
+    found by the depth it reaches, and is a ValueError as with ``json.dumps``.
+    """
+    slow = json.JSONEncoder(
+        sort_keys=True, separators=(",", ":"), allow_nan=allow_nan, default=default
     )
-)
+    if _C_ENCODER is None:  # pragma: no cover - an interpreter without the C encoder
+        return slow.encode
+    fast = _C_ENCODER(
+        None, default, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, allow_nan
+    )
+
+    def encode(value: Any) -> str:
+        try:
+            return "".join(fast(value, 0))
+        except RecursionError:
+            raise ValueError("Circular reference detected (or nesting too deep)") from None
+
+    return encode
 
 
-def canonical(value: Any) -> str:
-    """Deterministic JSON: sorted keys, no whitespace."""
-    if _FAST is None:  # pragma: no cover - an interpreter without the C encoder
-        return _CANONICAL.encode(value)
-    try:
-        return "".join(_FAST(value, 0))
-    except RecursionError:
-        # As JSONEncoder says it: a value that contains itself (or nests as deep).
-        raise ValueError("Circular reference detected (or nesting too deep)") from None
+#: Deterministic JSON: sorted keys, no whitespace; what JSON cannot hold, as its text.
+canonical = json_encoder(str)
 
 
 def digest(text: str) -> str:

@@ -8,21 +8,18 @@ only, no key that would read back as a secret.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from charter import secret
 from charter.adapters import Adapter, EffectClass, Estimate
 from charter.errors import AdapterError, AdmissionRefused
-from charter.hashing import digest
+from charter.hashing import digest, json_encoder
 from charter.secret import Secret
 
 #: Requests are recorded as canonical JSON; NaN and infinities are refused.
 #: Requests are recorded (and hashed) with each secret as its name only (S3).
-REQUEST_JSON = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), allow_nan=False, default=secret.placeholder
-)
+encode_request = json_encoder(secret.placeholder, allow_nan=False)
 
 
 @dataclass(frozen=True)
@@ -65,7 +62,7 @@ def prepare(adapter: Adapter, operation: str, request: Any) -> Call:
             operation=operation,
         )
     try:
-        request_json = REQUEST_JSON.encode(request)
+        request_json = encode_request(request)
     except (TypeError, ValueError) as exc:
         raise AdmissionRefused(
             f"the request for {adapter.name}.{operation} must be JSON-serialisable ({exc}); "

@@ -22,7 +22,7 @@ from charter import secret
 from charter.adapters import Adapter, Dispatch, EffectClass, Evidence, Outcome
 from charter.adapters.protocol import blocking, is_async
 from charter.attempts import admission, calls, settlement, store
-from charter.attempts.calls import REQUEST_JSON, Call, request_hash
+from charter.attempts.calls import Call, encode_request, request_hash
 from charter.attempts.evidence import (
     Report,
     from_answer,
@@ -183,7 +183,7 @@ def _commit_dispatch(
     if attempt.run_id != seg.run_id:
         raise StateError(f"attempt {attempt_id} belongs to run {attempt.run_id}, not {seg.run_id}")
     if request is not None:
-        live = request_hash(attempt.adapter, attempt.operation, REQUEST_JSON.encode(request))
+        live = request_hash(attempt.adapter, attempt.operation, encode_request(request))
         if live != attempt.request_hash:
             raise StateError(
                 f"the request given for attempt {attempt_id} is not the one recorded; "

@@ -35,7 +35,7 @@ from charter.errors import (
     OutcomeUnknown,
     SettlementUnrecorded,
 )
-from charter.hashing import canonical
+from charter.hashing import canonical, json_encoder
 from charter.secret import Secret
 from charter.storage import Tx
 
@@ -47,7 +47,7 @@ def _text(value: Any) -> Any:
 
 
 #: How reports are checked: the canonical form they are stored in, refusing NaN.
-_STRICT = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False, default=_text)
+_strict = json_encoder(_text, allow_nan=False)
 
 
 class Unrecordable(Exception):
@@ -139,7 +139,7 @@ def unrecorded(attempt_id: str, report: Report, cause: Exception) -> SettlementU
         "is never retried on a guess: recover the run, then reconcile the attempt",
         attempt_id=attempt_id,
         verdict=evidence.verdict,
-        outcome=None if evidence.outcome is None else _STRICT.encode(evidence.outcome.result),
+        outcome=None if evidence.outcome is None else _strict(evidence.outcome.result),
     )
 
 
@@ -156,7 +156,7 @@ def _outcome(outcome: Outcome, secrets: list[Secret]) -> Outcome:
 
 def _value(value: Any, secrets: list[Secret]) -> Any:
     """``value`` as the store will hold it: the final text must be clean (S3)."""
-    text = _STRICT.encode(value)
+    text = _strict(value)
     if not secrets and f'"{secret.MARK}"' not in text:
         return value
     return json.loads(secret.scrub_text(text, secrets))
