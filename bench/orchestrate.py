@@ -197,6 +197,16 @@ def attempt_rounds(run: Runner, plan: Plan, server: pg.Server | None) -> dict[st
         )
         keep(
             "postgresql",
+            "floor_read",
+            run.task(
+                "floor.postgres",
+                url=pg.fresh_database(server, f"bench_floor_read_{r}"),
+                read_first=True,
+                **kw,
+            ),
+        )
+        keep(
+            "postgresql",
             "charter",
             run.task(
                 "charter.attempts",

@@ -178,6 +178,7 @@ def _attempt_section(results: dict[str, Any], plan: dict[str, Any]) -> list[str]
         ("dbos_wal", "DBOS, its SQLite file put in WAL first"),
         ("langgraph", 'LangGraph: one superstep, `durability="sync"`'),
         ("floor", "floor: two commits of one `INSERT` each"),
+        ("floor_read", "floor, each commit a read round trip then the `INSERT` with `COMMIT`"),
     )
     for key, label in who:
         body.append(
@@ -268,7 +269,11 @@ def _attempt_section(results: dict[str, Any], plan: dict[str, Any]) -> list[str]
         "(on a fresh file the log grows and each sync also writes the file's new size: "
         f"{fmt(floor['fresh_file_per_step'], 's') if 'fresh_file_per_step' in floor else '—'} "
         "per step there). The PostgreSQL floor commits each `INSERT` as its own "
-        "implicit transaction: one round trip per durable commit." + growth,
+        "implicit transaction: one round trip per durable commit. Its second row "
+        "gives each commit the shape of a transaction that decides on what it reads, "
+        "as Charter's do: `BEGIN` with a read, waited for, then the `INSERT` with "
+        "`COMMIT`; the difference between the two rows is what a second round trip "
+        "per commit costs here." + growth,
         "- DBOS runs on its own SQLite system database (`sqlite:///…`): as shipped it "
         "keeps SQLite's rollback journal; the second DBOS row puts the same file in WAL "
         "before DBOS opens it. The SQLite targets name which one each ratio uses. "

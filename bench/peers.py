@@ -82,9 +82,18 @@ def floor_sqlite(workdir: str, steps: int, warmup: int, reps: int) -> dict[str, 
     }
 
 
-def floor_postgres(url: str, steps: int, warmup: int, reps: int) -> dict[str, Any]:
+def floor_postgres(
+    url: str, steps: int, warmup: int, reps: int, read_first: bool = False
+) -> dict[str, Any]:
     """Two commits per step, each one ``INSERT`` in its own implicit transaction:
-    one round trip per durable commit, the least a networked store can do."""
+    one round trip per durable commit, the least a networked store can do.
+
+    ``read_first``: each commit is a transaction that first reads a row and
+    waits for it (``BEGIN`` and the read in one round trip), then sends the
+    ``INSERT`` with ``COMMIT`` (a second): the shape of a transaction that
+    decides on what it read, as Charter's do. What it adds to the floor is
+    what a second round trip costs here.
+    """
     import psycopg
 
     conn = psycopg.connect(url, autocommit=True)
@@ -92,14 +101,28 @@ def floor_postgres(url: str, steps: int, warmup: int, reps: int) -> dict[str, An
         "CREATE TABLE effects (id BIGSERIAL PRIMARY KEY, step INTEGER NOT NULL, "
         "phase TEXT NOT NULL, body TEXT NOT NULL)"
     )
+    conn.execute("CREATE TABLE heads (id INTEGER PRIMARY KEY, seq BIGINT NOT NULL)")
+    conn.execute("INSERT INTO heads VALUES (1, 0)")
     body = '{"request":{"k":0},"status":"prepared"}'
     insert = "INSERT INTO effects (step, phase, body) VALUES (%s, %s, %s)"
+
+    def commit(k: int, phase: str) -> None:
+        if not read_first:
+            conn.execute(insert, (k, phase, body), prepare=True)
+            return
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            read = conn.execute("SELECT seq FROM heads WHERE id = 1", prepare=True)
+        read.fetchone()
+        with conn.pipeline():
+            conn.execute(insert, (k, phase, body), prepare=True)
+            conn.execute("COMMIT")
 
     def once(_: int) -> float:
         t0 = clock()
         for k in range(steps):
-            conn.execute(insert, (k, "dispatched", body), prepare=True)
-            conn.execute(insert, (k, "settled", body), prepare=True)
+            commit(k, "dispatched")
+            commit(k, "settled")
         return (clock() - t0) / steps
 
     sample = repeat(once, warmup=warmup, reps=reps, unit="s")
@@ -108,7 +131,11 @@ def floor_postgres(url: str, steps: int, warmup: int, reps: int) -> dict[str, An
         for name in ("fsync", "synchronous_commit", "wal_sync_method")
     }
     conn.close()
-    return {"sample": sample.to_dict(), "settings": settings, "round_trips_per_commit": 1}
+    return {
+        "sample": sample.to_dict(),
+        "settings": settings,
+        "round_trips_per_commit": 2 if read_first else 1,
+    }
 
 
 # -- DBOS ---------------------------------------------------------------------------------

@@ -144,6 +144,21 @@ def _row(
     }
 
 
+def _info_row(check: str, ours: Sample, theirs: Sample, reference: str) -> dict[str, Any]:
+    """A ratio shown for what it tells, with no target."""
+    ratio = ours.median / theirs.median
+    return {
+        "check": check,
+        "Charter": fmt_sample(ours),
+        "compared with": reference,
+        "value": f"{ratio:.2f}x",
+        "target": "(none)",
+        "result": "info",
+        "measured": ratio,
+        "limit": None,
+    }
+
+
 def _ratio_text(ratio: float | None, target: float) -> str:
     """Two decimals, or three when two would hide which side of the target it is."""
     if ratio is None:
@@ -213,6 +228,17 @@ def _attempt_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                     theirs_missing=f"{short}: pending (no PostgreSQL server)",
                 )
             )
+    pg_got = results["attempts"].get("postgresql", {})
+    ours, two_trips = sample_of(pg_got.get("charter")), sample_of(pg_got.get("floor_read"))
+    if ours is not None and two_trips is not None:
+        out.append(
+            _info_row(
+                "attempt vs floor of two commits of two round trips each (PostgreSQL)",
+                ours,
+                two_trips,
+                f"floor {fmt_sample(two_trips)}",
+            )
+        )
     tmpfs = results["attempts"].get("sqlite", {}).get("charter_tmpfs", {})
     cpu = sample_of({"sample": tmpfs["cpu"]}) if "cpu" in tmpfs else None
     disk = results["attempts"].get("sqlite", {}).get("charter", {})
@@ -306,18 +332,13 @@ def _resume_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     ]
     lg = sample_of(resume["langgraph"])
     if ours is not None and lg is not None:
-        ratio = ours.median / lg.median
         out.append(
-            {
-                "check": "fresh process after SIGKILL to the resumed step vs LangGraph",
-                "Charter": fmt_sample(ours),
-                "compared with": f"LangGraph {fmt_sample(lg)}",
-                "value": f"{ratio:.2f}x",
-                "target": "(none)",
-                "result": "info",
-                "measured": ratio,
-                "limit": None,
-            }
+            _info_row(
+                "fresh process after SIGKILL to the resumed step vs LangGraph",
+                ours,
+                lg,
+                f"LangGraph {fmt_sample(lg)}",
+            )
         )
     return out
 
@@ -388,18 +409,13 @@ def _concurrent_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         alone = sample_of(by.get("8 threads, one commit per transaction"))
         if shared is None or alone is None:
             continue
-        ratio = shared.median / alone.median
         out.append(
-            {
-                "check": f"8 threads on one engine, shared commits ({disk})",
-                "Charter": fmt_sample(shared),
-                "compared with": f"one commit each: {fmt_sample(alone)}",
-                "value": f"{ratio:.2f}x",
-                "target": "(none)",
-                "result": "info",
-                "measured": ratio,
-                "limit": None,
-            }
+            _info_row(
+                f"8 threads on one engine, shared commits ({disk})",
+                shared,
+                alone,
+                f"one commit each: {fmt_sample(alone)}",
+            )
         )
     return out
 
