@@ -272,8 +272,9 @@ def _attempt_section(results: dict[str, Any], plan: dict[str, Any]) -> list[str]
         "implicit transaction: one round trip per durable commit. Its second row "
         "gives each commit the shape of a transaction that decides on what it reads, "
         "as Charter's do: `BEGIN` with a read, waited for, then the `INSERT` with "
-        "`COMMIT`; the difference between the two rows is what a second round trip "
-        "per commit costs here." + growth,
+        "`COMMIT`, through psycopg's pipeline. The difference between the two rows is "
+        "what that shape costs here: a second round trip, three more statements and "
+        "the client's work for them." + growth,
         "- DBOS runs on its own SQLite system database (`sqlite:///…`): as shipped it "
         "keeps SQLite's rollback journal; the second DBOS row puts the same file in WAL "
         "before DBOS opens it. The SQLite targets name which one each ratio uses. "
