@@ -31,10 +31,10 @@ def json_encoder(default: Callable[[Any], Any], *, allow_nan: bool = True) -> Ca
     would leave that record behind for the next): a value that contains itself is
     found by the depth it reaches, and is a ValueError as with ``json.dumps``.
     """
-    slow = json.JSONEncoder(
-        sort_keys=True, separators=(",", ":"), allow_nan=allow_nan, default=default
-    )
     if _C_ENCODER is None:  # pragma: no cover - an interpreter without the C encoder
+        slow = json.JSONEncoder(
+            sort_keys=True, separators=(",", ":"), allow_nan=allow_nan, default=default
+        )
         return slow.encode
     fast = _C_ENCODER(
         None, default, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, allow_nan

@@ -315,7 +315,7 @@ class Tx:
         """Chain and write the staged audit events, just before commit (S1); the
         counters staged with :meth:`count` go with the heads."""
         if not self._events:
-            self._write_counts(self._counts)
+            self._write_counts()
             return
         # Gates not held yet are taken in a fixed order, so two transactions
         # never wait on each other's chains.
@@ -381,11 +381,11 @@ class Tx:
             )
             if self._sign is not None:
                 self._checkpoint(mission_id, seq, hash_)
-        self._write_counts(self._counts)
+        self._write_counts()
 
-    def _write_counts(self, counts: dict[str, dict[str, int]]) -> None:
+    def _write_counts(self) -> None:
         """Counters of missions whose chain this transaction left as it was."""
-        for mission_id, counters in counts.items():
+        for mission_id, counters in self._counts.items():
             self.write(
                 f"UPDATE missions SET {_added(counters).removesuffix(', ')} WHERE id = ?",
                 *counters.values(),
