@@ -1057,3 +1057,32 @@ def test_R3_R4_N5_a_run_with_10_000_attempts_in_flight_is_stopped_and_recovered(
     assert engine.check_ledger(mission) == []
     assert all(v.ok for v in engine.verify_audit())
     assert adapter.sent == []
+
+
+# -- identifiers ---------------------------------------------------------------------------
+
+
+def test_ids_spell_their_time_and_randomness_in_base32_and_sort_by_time() -> None:
+    """An ID is its prefix and 26 base32 characters, most significant first: 48
+    bits of milliseconds, then 80 random bits. Read back, they give both; IDs
+    made later sort later."""
+    import random
+
+    from charter.ids import IdFactory
+
+    alphabet = "0123456789abcdefghjkmnpqrstvwxyz"
+    clock = ManualClock(start_us=1_796_180_974_320_920)
+    rng = random.Random(7)
+    expected_bits = random.Random(7)
+    made = []
+    for _ in range(300):
+        made.append(IdFactory(clock, rng).new("att"))
+        prefix, _, body = made[-1].partition("_")
+        assert (prefix, len(body), set(body) <= set(alphabet)) == ("att", 26, True)
+        value = 0
+        for ch in body:
+            value = value * 32 + alphabet.index(ch)
+        assert value >> 80 == clock.now_us() // 1000
+        assert value & ((1 << 80) - 1) == expected_bits.getrandbits(80)
+        clock.advance(0.0015)
+    assert made == sorted(made)
