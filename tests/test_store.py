@@ -76,6 +76,15 @@ def test_migrations_are_recorded_with_their_versions(
     } <= set(raw.tables())
 
 
+def test_a_statement_for_one_backend_names_a_backend_that_exists() -> None:
+    """A migration's ``(backend, sql)`` runs only there: a misspelt name would
+    make every store skip it, so each name must be a dialect's."""
+    names = {sqlite_dialect().name, postgresql_dialect().name}
+    tagged = [s for _, _, statements in MIGRATIONS for s in statements if isinstance(s, tuple)]
+    assert tagged, "schema 14 has statements for one backend"
+    assert {backend for backend, _ in tagged} <= names
+
+
 def test_reopening_a_store_is_idempotent(
     make_engine: Callable[..., charter.Engine],
     raw: RawStore,
