@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import sqlite3
 import subprocess
@@ -22,6 +23,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import record_sql
 import storebuild
 from timing import Sample, clock, repeat
 
@@ -123,23 +125,29 @@ def attempt_overhead(
     sample = repeat(once, warmup=warmup, reps=reps, unit="s")
     shape = attempt_shape(engine, agent, mission)
     checks = _checks(engine, mission)
+    captured = record_sql.capture(engine, agent, mission) if url is None else None
     engine.close()
-    settings: dict[str, Any] = {}
-    if url is None:
-        with closing(sqlite3.connect(store)) as conn:
-            settings = {
-                "journal_mode": conn.execute("PRAGMA journal_mode").fetchone()[0],
-                "synchronous": "FULL (set by Charter on its connection)",
-            }
-    return {
+    out: dict[str, Any] = {
         "sample": sample.to_dict(),
         "loop_only": loop_only.to_dict(),
         "cpu": cpu.to_dict(),
         "statuses": sorted(statuses),
         "shape": shape,
         "checks": checks,
-        "settings": settings,
+        "settings": {},
     }
+    if captured is not None:
+        with closing(sqlite3.connect(store)) as conn:
+            out["settings"] = {
+                "journal_mode": conn.execute("PRAGMA journal_mode").fetchone()[0],
+                "synchronous": "FULL (set by Charter on its connection)",
+            }
+        # Warmed past the log's first fold into the file (about 400 attempts), as
+        # Charter's own loop is by the end of its repetitions.
+        out["record_sql"] = record_sql.replay(
+            Path(store), captured, steps, warmup=max(warmup, 3), reps=reps
+        )
+    return out
 
 
 def concurrent_attempts(
@@ -150,6 +158,7 @@ def concurrent_attempts(
     attempt. ``shared=False`` turns group commit off (a driver attribute, not
     public API) to show what it changes."""
     commits: list[float] = []
+    cpu, switches = Sample("s"), Sample("switches")
 
     def once(i: int) -> float:
         store = Path(workdir) / f"concurrent-{i}.db"
@@ -162,6 +171,7 @@ def concurrent_attempts(
         adapter = RecordingAdapter()
         each = attempts // threads
         before = engine._db.commits
+        usage = resource.getrusage(resource.RUSAGE_SELF)
 
         def work(ex: charter.Executor) -> None:
             for k in range(each):
@@ -174,10 +184,17 @@ def concurrent_attempts(
         for w in workers:
             w.join()
         elapsed = clock() - t0
+        after = resource.getrusage(resource.RUSAGE_SELF)
         done = each * threads
         assert len(adapter.sent) == done
         if i >= warmup:
             commits.append((engine._db.commits - before) / done)
+            # CPU and context switches of the whole process (every thread's, and
+            # SQLite's work in them): what threads cost besides the work itself.
+            used = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
+            cpu.values.append(used / done)
+            moved = after.ru_nvcsw + after.ru_nivcsw - usage.ru_nvcsw - usage.ru_nivcsw
+            switches.values.append(moved / done)
         assert engine.check_ledger(mission) == []
         engine.close()
         remove_store(store)
@@ -187,6 +204,8 @@ def concurrent_attempts(
     return {
         "sample": sample.to_dict(),
         "commits_per_attempt": sum(commits) / len(commits),
+        "cpu": cpu.to_dict(),
+        "switches": switches.to_dict(),
         "threads": threads,
         "attempts": attempts,
         "shared": shared,

@@ -148,6 +148,10 @@ def _concurrent_section(results: dict[str, Any]) -> list[str]:
                     _s(entry),
                     per_s,
                     f"{entry['commits_per_attempt']:.2f}",
+                    _s({"sample": entry["cpu"]}) if "cpu" in entry else "—",
+                    f"{Sample.from_dict(entry['switches']).median:.1f}"
+                    if "switches" in entry
+                    else "—",
                 ]
             )
     any_entry = next(iter(next(iter(conc["disks"].values())).values()))
@@ -161,10 +165,44 @@ def _concurrent_section(results: dict[str, Any]) -> list[str]:
         "comparison turns sharing off. The second disk is this one with every "
         "`fsync`/`fdatasync` made 2 ms slower by an `LD_PRELOAD` shim that still "
         f"performs the sync ({conc['shim']}): a stand-in for disks that sync in "
-        "milliseconds.",
+        "milliseconds. CPU and context switches are the whole process's (every thread's, "
+        "SQLite's work included) per attempt: what running the same attempts from "
+        "several threads of one interpreter costs besides the attempts themselves.",
         "",
-        _md_table(["disk", "threads", "per attempt", "attempts/s", "commits per attempt"], body),
+        _md_table(
+            [
+                "disk",
+                "threads",
+                "per attempt",
+                "attempts/s",
+                "commits per attempt",
+                "CPU per attempt",
+                "context switches per attempt",
+            ],
+            body,
+        ),
         "",
+    ]
+
+
+def _record_sql_lines(a: dict[str, Any]) -> list[str]:
+    """The attempt's own statements replayed without the engine (record_sql.py)."""
+    parts = []
+    for key, where in (("charter", "on this disk"), ("charter_tmpfs", "on tmpfs")):
+        got = a["sqlite"].get(key, {}).get("record_sql")
+        if got:
+            parts.append(f"{where} {_s(got)}, of which CPU {_s({'sample': got['cpu']})}")
+    if not parts:
+        return []
+    return [
+        "- The same statements without the engine: the "
+        f"{a['sqlite']['charter']['record_sql']['statements']} statements one attempt sent "
+        "to SQLite, captured after the timed runs and sent again on a plain `sqlite3` "
+        "connection to the same file, with Charter's settings (WAL, `synchronous=FULL`, "
+        "its checkpoint interval, foreign keys on), a fresh attempt id, effect key and "
+        "audit sequence numbers each time and nothing computed (no rule, no JSON, no "
+        "hash): " + "; ".join(parts) + ". Charter's time above this is its own code's; "
+        "this above the floor is the record's: its statements and the pages they write."
     ]
 
 
@@ -263,6 +301,7 @@ def _attempt_section(results: dict[str, Any], plan: dict[str, Any]) -> list[str]
         *shape_line,
         "- Charter's CPU per attempt (the process's CPU time over the attempt loop, "
         "SQLite's work and the kernel's included): " + ("; ".join(cpu_lines) or "—") + ".",
+        *_record_sql_lines(a),
         "- The SQLite floor is timed on a file in steady state: "
         f"{floor.get('prewarm_commits', 0):,} commits are made first, past SQLite's first "
         "automatic checkpoint, so its write-ahead log has its full size and is reused "

@@ -420,10 +420,42 @@ def _concurrent_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _record_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Info rows (no target): an attempt's time split at its own statements,
+    replayed on a plain connection (see record_sql.py): what the engine's code
+    adds above them, and what the record adds above the floor."""
+    got = results["attempts"].get("sqlite", {})
+    ours, floor = sample_of(got.get("charter")), sample_of(got.get("floor"))
+    replayed = sample_of(got.get("charter", {}).get("record_sql"))
+    if replayed is None:
+        return []
+    out = []
+    if ours is not None:
+        out.append(
+            _info_row(
+                "attempt vs its own statements replayed without the engine (SQLite)",
+                ours,
+                replayed,
+                f"replayed: {fmt_sample(replayed)}",
+            )
+        )
+    if floor is not None:
+        out.append(
+            _info_row(
+                "an attempt's statements replayed without the engine vs steady floor (SQLite)",
+                replayed,
+                floor,
+                f"floor {fmt_sample(floor)}",
+            )
+        )
+    return out
+
+
 def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target row, in the order of the issue that set them."""
     return [
         *_attempt_rows(results),
+        *_record_rows(results),
         *_streams_rows(results),
         *_concurrent_rows(results),
         *_recovery_rows(results),
