@@ -142,12 +142,22 @@ def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return merged.to_dict()
 
 
-def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The rounds of one framework: samples merged, other fields from the last round."""
+def _merged(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Samples merged over the rounds, at any depth; other fields from the last round."""
     out = dict(results[-1])
     for key, value in results[-1].items():
+        if not all(key in r for r in results):
+            continue
         if _is_sample(value):
             out[key] = _merge([r[key] for r in results])
+        elif isinstance(value, dict):
+            out[key] = _merged([r[key] for r in results])
+    return out
+
+
+def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds of one framework: samples merged, other fields from the last round."""
+    out = _merged(results)
     # The load around every round's process, not only the last one's.
     out["load"] = [x for r in results for x in r.get("load", [])]
     return out
