@@ -49,8 +49,8 @@ def audit_verify(workdir: str, events: int, warmup: int, reps: int) -> dict[str,
     engine.close()
     small_rss = Sample("bytes")
     for i in range(warmup + reps):
-        _, rss, _ = _verify(store, mission)
-        (small_rss.warmup if i < warmup else small_rss.values).append(float(rss))
+        _, small_peak, _ = _verify(store, mission)
+        (small_rss.warmup if i < warmup else small_rss.values).append(float(small_peak))
     small_events = _verify(store, mission)[2][0]["events"]
     t0 = clock()
     storebuild.append_events(store, mission, events - small_events)

@@ -258,7 +258,8 @@ def log_pages(
     time on a disk. The log is emptied first (a checkpoint from a second
     connection), then its frames since are read and their pages looked up in
     ``dbstat``."""
-    store = engine._db.driver.path
+    driver: Any = engine._db.driver  # the SQLite driver: the file it keeps
+    store = driver.path
     ex = engine.start_run(mission, by=agent, segment_id="seg-pages")
     with closing(sqlite3.connect(str(store))) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -364,7 +365,9 @@ def build_recovery_store(store: Path, settled: int, unresolved: int) -> dict[str
     }
 
 
-def recovery(workdir: str, sizes: list[int], unresolved: int, warmup: int, reps: int) -> dict:
+def recovery(
+    workdir: str, sizes: list[int], unresolved: int, warmup: int, reps: int
+) -> dict[str, Any]:
     """``recover()`` latency on a copy of each big store (a fresh copy per repetition)."""
     out: dict[str, Any] = {}
     for size in sizes:

@@ -66,7 +66,8 @@ def _serve(store: Path, digest: str, workers: int = 1) -> tuple[subprocess.Popen
         except httpx.TransportError:
             time.sleep(0.1)
     proc.kill()
-    raise RuntimeError(f"charter serve did not start: {proc.stderr.read() if proc.stderr else ''}")
+    said = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    raise RuntimeError(f"charter serve did not start: {said}")
 
 
 def _cpu_seconds(pid: int) -> float | None:

@@ -164,7 +164,7 @@ def _combine(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def attempt_rounds(run: Runner, plan: Plan, server: pg.Server | None) -> dict[str, dict[str, Any]]:
-    kw = {"steps": plan.steps, "warmup": plan.warmup, "reps": plan.reps_per_round}
+    kw: dict[str, Any] = {"steps": plan.steps, "warmup": plan.warmup, "reps": plan.reps_per_round}
     got: dict[str, dict[str, list[dict[str, Any]]]] = {"sqlite": {}, "postgresql": {}}
 
     def keep(backend: str, who: str, result: dict[str, Any]) -> None:

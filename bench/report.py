@@ -257,7 +257,9 @@ def _attempt_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _throughput_row(check: str, one: Sample | None, many: Sample | None, target: float) -> dict:
+def _throughput_row(
+    check: str, one: Sample | None, many: Sample | None, target: float
+) -> dict[str, Any]:
     """Throughput of many streams against one: the ratio of time per attempt."""
     ratio = one.median / many.median if one is not None and many is not None else None
     return _row(

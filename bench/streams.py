@@ -73,7 +73,8 @@ def postgres_streams(
             p.join()
             assert p.exitcode == 0, p.exitcode
         assert sum(n for _, _, n in spans) == each * streams
-        return (max(t1 for _, t1, _ in spans) - min(t0 for t0, _, _ in spans)) / (each * streams)
+        wall = max(t1 for _, t1, _ in spans) - min(t0 for t0, _, _ in spans)
+        return float(wall) / (each * streams)
 
     sample = repeat(once, warmup=warmup, reps=reps, unit="s")
     with charter.Engine.open(

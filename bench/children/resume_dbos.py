@@ -36,7 +36,7 @@ def second() -> int:
 
 @DBOS.workflow()
 def flow() -> int:
-    return first() + second()
+    return int(first() + second())
 
 
 def main(argv: list[str]) -> int:
