@@ -28,6 +28,7 @@ import storebuild
 from timing import Sample, clock, repeat
 
 import charter
+from charter.storage.sqlite import SQLiteDriver
 from charter.testing import RecordingAdapter, credential
 
 HERE = Path(__file__).resolve().parent
@@ -150,6 +151,14 @@ def attempt_overhead(
     return out
 
 
+#: Attempts made on each store before the threads start: past the first fold of
+#: its log into the file (every 10,000 pages, at about 25 an attempt), so that one
+#: thread and eight are both timed on a log of full size, reused, as the steady
+#: floor is. On a growing log each sync also writes the file's size, which would
+#: weigh on one thread's two syncs per attempt more than on shared commits.
+STEADY_ATTEMPTS = SQLiteDriver.checkpoint_pages // 20
+
+
 def concurrent_attempts(
     workdir: str, *, threads: int, attempts: int, shared: bool, warmup: int, reps: int
 ) -> dict[str, Any]:
@@ -163,6 +172,10 @@ def concurrent_attempts(
     def once(i: int) -> float:
         store = Path(workdir) / f"concurrent-{i}.db"
         engine, agent, mission, _ = setup(store)
+        steady = engine.start_run(mission, by=agent, segment_id="seg-steady")
+        for k in range(STEADY_ATTEMPTS):
+            steady.attempt(RecordingAdapter(), "write", {"k": k}, effect_key=f"s{k}")
+        steady.finish()
         if not shared:
             engine._db.driver.group_limit = 1
         executors = [
@@ -208,6 +221,7 @@ def concurrent_attempts(
         "switches": switches.to_dict(),
         "threads": threads,
         "attempts": attempts,
+        "steady_attempts": STEADY_ATTEMPTS,
         "shared": shared,
     }
 

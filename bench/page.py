@@ -159,7 +159,9 @@ def _concurrent_section(results: dict[str, Any]) -> list[str]:
         "## Concurrent attempts: group commit",
         "",
         f"{any_entry['attempts']} attempts through one engine on SQLite, made by threads "
-        "that each own a run (wall time divided by the attempts). A write transaction "
+        "that each own a run (wall time divided by the attempts), on a store that "
+        f"has already made {any_entry.get('steady_attempts', 0):,} attempts, so that its "
+        "log has its full size. A write transaction "
         "that finishes while another writer waits shares the next one's commit; every "
         "attempt is still told its outcome only once that commit is durable. The "
         "comparison turns sharing off. The second disk is this one with every "
