@@ -93,7 +93,9 @@ def replay(
     store: Path, captured: dict[str, Any], steps: int, warmup: int, reps: int
 ) -> dict[str, Any]:
     """Time units of ``steps`` replays (wall and process CPU per attempt)."""
-    inserts = [(sql, p) for sql, p in captured["statements"] if sql.startswith("INSERT INTO audit")]
+    inserts = [
+        (sql, p) for sql, p in captured["statements"] if sql.startswith("INSERT INTO audit_events")
+    ]
     assert inserts, "the captured attempt wrote no audit event"
     mission, first = inserts[0][1][0], inserts[0][1][1]
     events = sum(len(_seq_positions(sql, len(p))) for sql, p in inserts)
