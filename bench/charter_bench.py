@@ -86,6 +86,13 @@ def _checks(engine: charter.Engine, mission: str) -> dict[str, Any]:
     }
 
 
+#: Attempts after which a fresh store's log has its full size: past its first fold
+#: into the file (every 10,000 pages; about 25 an attempt makes that ~400, and 20
+#: leaves a margin). On a growing log each sync also writes the file's size, so a
+#: figure taken before this pays for the growth; one taken after it is steady.
+STEADY_ATTEMPTS = SQLiteDriver.checkpoint_pages // 20
+
+
 # -- attempt overhead ---------------------------------------------------------------------
 def attempt_overhead(
     workdir: str, steps: int, warmup: int, reps: int, url: str | None = None
@@ -143,27 +150,25 @@ def attempt_overhead(
                 "journal_mode": conn.execute("PRAGMA journal_mode").fetchone()[0],
                 "synchronous": "FULL (set by Charter on its connection)",
             }
-        # Warmed past the log's first fold into the file (about 400 attempts), as
-        # Charter's own loop is by the end of its repetitions.
+        # Warmed until its log is steady, as Charter's own loop is by the end of
+        # its repetitions.
         out["record_sql"] = record_sql.replay(
-            Path(store), captured, steps, warmup=max(warmup, 3), reps=reps
+            Path(store),
+            captured,
+            steps,
+            warmup=max(warmup, -(-STEADY_ATTEMPTS // steps)),
+            reps=reps,
         )
     return out
-
-
-#: Attempts made on each store before the threads start: past the first fold of
-#: its log into the file (every 10,000 pages, at about 25 an attempt), so that one
-#: thread and eight are both timed on a log of full size, reused, as the steady
-#: floor is. On a growing log each sync also writes the file's size, which would
-#: weigh on one thread's two syncs per attempt more than on shared commits.
-STEADY_ATTEMPTS = SQLiteDriver.checkpoint_pages // 20
 
 
 def concurrent_attempts(
     workdir: str, *, threads: int, attempts: int, shared: bool, warmup: int, reps: int
 ) -> dict[str, Any]:
     """``attempts`` attempts made by ``threads`` threads through one engine, each
-    thread owning a run; wall time per attempt, and physical commits per
+    thread owning a run, on a store whose log is steady (one thread and eight
+    alike: a growing log would weigh on one thread's two syncs per attempt more
+    than on shared commits); wall time per attempt, and physical commits per
     attempt. ``shared=False`` turns group commit off (a driver attribute, not
     public API) to show what it changes."""
     commits: list[float] = []
@@ -173,8 +178,9 @@ def concurrent_attempts(
         store = Path(workdir) / f"concurrent-{i}.db"
         engine, agent, mission, _ = setup(store)
         steady = engine.start_run(mission, by=agent, segment_id="seg-steady")
+        warming = RecordingAdapter()
         for k in range(STEADY_ATTEMPTS):
-            steady.attempt(RecordingAdapter(), "write", {"k": k}, effect_key=f"s{k}")
+            steady.attempt(warming, "write", {"k": k}, effect_key=f"s{k}")
         steady.finish()
         if not shared:
             engine._db.driver.group_limit = 1
