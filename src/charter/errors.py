@@ -35,6 +35,7 @@ message says what was wrong and what to do about it::
     └── StoreError                  the store cannot serve the request
         ├── StoreBusy               bounded busy wait ran out
         ├── StoreConflict           a uniqueness or integrity rule refused a write
+        ├── StoreChanged            rows a transaction recalled had changed; nothing written
         ├── SchemaError             the store's schema is unknown or newer
         ├── SettlementUnrecorded    sent, but its settlement could not be committed (A4)
         └── StoreNotFound           no store there, and none was to be created
@@ -237,6 +238,16 @@ class StoreBusy(StoreError):
 
 class StoreConflict(StoreError):
     code = "store_conflict"
+
+
+class StoreChanged(StoreError):
+    """A transaction decided on rows it recalled from its engine's last commit on
+    the mission, and the store found under the mission's gate that one of them
+    had changed since: nothing of it was written. The engine runs it again on
+    fresh reads; it reaches a caller only from a transaction opened by hand
+    with ``recall=True``."""
+
+    code = "store_changed"
 
 
 class SchemaError(StoreError):

@@ -182,8 +182,9 @@ def admission(seg: Segment, call: Call, effect: Effect, *, dispatch: bool = True
     """The admission transaction; a repeat of an effect's generation is reported
     as such, and records nothing."""
     try:
-        with seg.runtime.db.transaction(gate=seg.mission_id) as tx:
-            return admit(seg, tx, call, effect, dispatch=dispatch)
+        return seg.runtime.db.transact(
+            lambda tx: admit(seg, tx, call, effect, dispatch=dispatch), gate=seg.mission_id
+        )
     except StoreConflict:
         # The unique index refused the row (it may travel with COMMIT): say
         # which attempt the effect already has.

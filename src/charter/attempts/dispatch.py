@@ -414,8 +414,9 @@ def sending(
     seg.runtime.crash("settlement.before")
     try:
         try:
-            with seg.runtime.db.transaction(gate=seg.mission_id) as tx:
-                settled = _settle_live(seg, tx, attempt, report)
+            settled = seg.runtime.db.transact(
+                lambda tx: _settle_live(seg, tx, attempt, report), gate=seg.mission_id
+            )
         except AmountOverflow as exc:  # a valid cost the ledger's sums cannot take (A9)
             settled = _unaddable(seg, attempt, report, exc)
     except Exception as exc:  # A4: an unrecordable settlement is an uncertainty

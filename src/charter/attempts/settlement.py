@@ -36,7 +36,7 @@ def _count(tx: Tx, status: AttemptStatus, attempt: Attempt) -> None:
 def _run_status(tx: Tx, attempt: Attempt) -> Prefetched:
     """The run's status, read under the gate and sent with the decisive update
     (no round trip of its own): settling the last attempt of a stopping run ends it."""
-    return run_store.status_ahead(tx, attempt.run_id)
+    return run_store.status_ahead(tx, attempt.mission_id, attempt.run_id)
 
 
 def _conclude(

@@ -76,7 +76,7 @@ class Segment:
         standing; renew the lease if half of it is used."""
         self._check_process()
         tx.lock_mission(self.mission_id)
-        row = store.standing(tx, self.run_id)
+        row = store.standing(tx, self.mission_id, self.run_id)
         if row is None:
             raise self.fenced("the run no longer exists", -1)
         if row["epoch"] != self.epoch or row["owner_segment"] != self.segment_id:

@@ -150,9 +150,10 @@ def status(tx: Tx, run_id: str) -> RunStatus | None:
     return None if row is None else RunStatus(row["status"])
 
 
-def status_ahead(tx: Tx, run_id: str) -> Prefetched:
-    """The run's status as a read sent ahead: it travels with the next statement."""
-    return tx.prefetch("SELECT status FROM runs WHERE id = ?", run_id)
+def status_ahead(tx: Tx, mission_id: str, run_id: str) -> Prefetched:
+    """The run's status as a read sent ahead (it travels with the next
+    statement), or recalled: a settlement makes it on every attempt."""
+    return tx.recall(mission_id, "SELECT status FROM runs WHERE id = ?", run_id)
 
 
 def follower(tx: Tx, run_id: str) -> str | None:
@@ -189,12 +190,13 @@ def settled_counts(tx: Tx, run_id: str) -> dict[str, int] | None:
 # -- ownership (F1, F2) --------------------------------------------------------------
 
 
-def standing(tx: Tx, run_id: str) -> Row | None:
+def standing(tx: Tx, mission_id: str, run_id: str) -> Row | None:
     """What its owner checks before every write: the run's owner, epoch, claim
     and lease, with the mission's contract version, counters, open incidents and
-    available amounts (``unit:amount,...``), in one round trip. It reads the
-    missions', allowances' and incidents' tables too."""
-    return tx.one(_STANDING, run_id)
+    available amounts (``unit:amount,...``), in one statement. It reads the
+    missions', allowances' and incidents' tables too, all of the mission's own
+    rows: recalled (see :meth:`Tx.recall`)."""
+    return tx.recall(mission_id, _STANDING, run_id).row
 
 
 def current_epoch(tx: Tx, run_id: str) -> int | None:

@@ -15,12 +15,14 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from charter.clock import Clock
-from charter.errors import StoreError, UsageError
+from charter.errors import StoreChanged, StoreError, UsageError
 from charter.ids import IdFactory
 from charter.storage.transaction import Driver, HeadSigner, Refused, Tx
+
+T = TypeVar("T")
 
 
 class _Group:
@@ -125,11 +127,15 @@ class Database:
             self._hand_over()
 
     @contextmanager
-    def transaction(self, *, write: bool = True, gate: str | None = None) -> Iterator[Tx]:
+    def transaction(
+        self, *, write: bool = True, gate: str | None = None, recall: bool = False
+    ) -> Iterator[Tx]:
         """A transaction; ``write`` takes the writer lock up front (BEGIN IMMEDIATE),
         ``gate`` takes that mission's gate with ``BEGIN`` (one round trip).
         Inside :meth:`reading`, a read is part of the open one, and a write is
-        refused: it would see a moment that has passed."""
+        refused: it would see a moment that has passed. ``recall``: the body may
+        decide on rows remembered from this engine's last commit on the mission
+        (see :meth:`transact`, which runs it again when they had changed)."""
         held = self._reading.tx
         if held is not None:
             if write:
@@ -140,7 +146,7 @@ class Database:
         group = self._group if write else None
         member = None if group is None else f"member_{group.size}"
         try:
-            self._start(write, gate, member)
+            self._start(write, gate, member, recall)
         except BaseException as exc:  # nothing of this transaction exists
             self._end(write, group, kept=False, outcome=exc)
         tx = Tx(self.driver, self.ids, gate, self.sign)
@@ -149,8 +155,12 @@ class Database:
         try:
             yield tx
         except Refused as refusal:
-            outcome = refusal.error
-            if not refusal.keep:
+            # A refusal that keeps its changes commits them, guards included.
+            outcome = refusal.error if refusal.keep else self._held(refusal.error)
+            if outcome is not refusal.error:
+                kept = False
+                self._undo(group, member)
+            elif not refusal.keep:
                 # Only the refusal's audit event is kept (see Tx.refused).
                 kept = self._undo(group, member) and refusal.event is not None
                 tx.undone(refusal.event if kept else None)
@@ -160,7 +170,7 @@ class Database:
                     except BaseException as exc:
                         outcome, kept = exc, False
         except BaseException as exc:
-            outcome, kept = exc, False
+            outcome, kept = self._held(exc), False
             self._undo(group, member)
         if kept:
             try:
@@ -168,13 +178,44 @@ class Database:
                 if member is not None:
                     self.driver.leave(member, keep=True)
             except BaseException as exc:
-                outcome, kept = exc, False
+                outcome, kept = self._held(exc), False
                 self._undo(group, member)
         self._end(write, group, kept, outcome)
 
-    def _start(self, write: bool, gate: str | None, member: str | None) -> None:
+    def _held(self, outcome: BaseException) -> BaseException:
+        """What a transaction that ends otherwise than by its commit reports: its
+        own outcome, unless it decided on recalled rows that had changed (then
+        that outcome may rest on them; a dying process is not asked)."""
+        if isinstance(outcome, KeyboardInterrupt | SystemExit | StoreChanged):
+            return outcome
+        if self.driver.confirm():
+            return outcome
+        return StoreChanged(
+            "rows this transaction decided on had changed in the store; nothing of it was written",
+            retryable=True,
+        )
+
+    def transact(self, body: Callable[[Tx], T], *, gate: str) -> T:
+        """``body`` in a write transaction on the mission ``gate``, first on the
+        rows this engine remembers of the mission (on a store that remembers: no
+        round trip before the commit), then, if the store found that any of them
+        had changed, once more on fresh reads. ``body`` may therefore run twice:
+        it must change nothing outside its transaction that its second run does
+        not set again. Nothing of a first run that did not hold is stored."""
+        if self.driver.recalls:
+            try:
+                with self.transaction(gate=gate, recall=True) as tx:
+                    return body(tx)
+            except StoreChanged:
+                pass
+        with self.transaction(gate=gate) as tx:
+            return body(tx)
+
+    def _start(
+        self, write: bool, gate: str | None, member: str | None, recall: bool = False
+    ) -> None:
         if member is None:
-            self.driver.begin(write, self.clock, gate)
+            self.driver.begin(write, self.clock, gate, recall)
         else:
             self.driver.join(self.clock, member)
             if gate is not None:

@@ -17,7 +17,9 @@ so leases mean the same on every machine; tests may inject a clock instead.
 Round trips are what an attempt costs here. Nothing is sent until a statement
 needs its result: ``BEGIN``, the gate, the clock and the deferred writes wait
 and travel with that statement, or with ``COMMIT``, as one libpq pipeline of
-prepared statements. An attempt makes four round trips.
+prepared statements. A transaction that may decide on what this connection
+remembers of the mission (:mod:`charter.storage.recall`) sends nothing before
+its ``COMMIT``: an attempt then makes two round trips, one per commit.
 """
 
 from __future__ import annotations
@@ -29,9 +31,25 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from charter.clock import Clock, SystemClock
-from charter.errors import ConfigError, MissingExtra, StoreBusy, StoreConflict, StoreError
+from charter.errors import (
+    ConfigError,
+    MissingExtra,
+    StoreBusy,
+    StoreChanged,
+    StoreConflict,
+    StoreError,
+)
 from charter.hashing import head_table
 from charter.storage import dialect
+from charter.storage.recall import (
+    CLOCK_SLACK_US,
+    Key,
+    Memories,
+    Memory,
+    Recalled,
+    asserting,
+    matching,
+)
 from charter.storage.transaction import Head
 
 try:
@@ -41,11 +59,16 @@ try:
     from psycopg.pq import ExecStatus
 
     COMMAND_OK = ExecStatus.COMMAND_OK
+    FATAL_ERROR = ExecStatus.FATAL_ERROR
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
 
 
-_NOW = "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT AS now"
+_CLOCK_US = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT"
+_NOW = f"SELECT {_CLOCK_US} AS now"
+#: The clock a transaction estimated, within :data:`CLOCK_SLACK_US` of the
+#: server's once the gate is held.
+_CLOCK_GUARD = f"SELECT 1 / (ABS({_CLOCK_US} - %s::BIGINT) <= %s::BIGINT)::int AS ok"
 
 
 def _translate(exc: Exception, busy_timeout: float) -> Exception:
@@ -69,6 +92,12 @@ def _translate(exc: Exception, busy_timeout: float) -> Exception:
 #: A statement waiting to be sent, and what to do with its result.
 _Pending = tuple[str, Sequence[Any], "Callable[[Result], None] | None"]
 
+
+def _guard(result: Result) -> None:
+    """What a guard's result is given to: nothing; it marks the statement as one
+    whose failure means the transaction decided on rows that had changed."""
+
+
 _GATE = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 #: Statements with more parameters than this are not kept prepared.
 _PREPARED_PARAMS = 1_000
@@ -80,6 +109,11 @@ _HEAD = {
     table: "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT AS now, "
     "h.audit_seq, h.audit_hash, h.audit_sealed FROM (SELECT 1) AS one LEFT JOIN "
     f"(SELECT audit_seq, audit_hash, audit_sealed FROM {table} WHERE id = %s) AS h ON true"
+    for table in ("missions", "audit_chains")
+}
+#: The head alone, as a commit reads it again for the next transaction.
+_HEAD_ONLY = {
+    table: f"SELECT audit_seq, audit_hash, audit_sealed FROM {table} WHERE id = %s"
     for table in ("missions", "audit_chains")
 }
 
@@ -135,6 +169,8 @@ class PostgresDriver:
     """
 
     group_limit = 1
+    #: Transactions may decide on what the connection remembers (see recall).
+    recalls = True
 
     def __init__(self, url: str, *, busy_timeout: float = 5.0) -> None:
         if psycopg is None:
@@ -154,6 +190,20 @@ class PostgresDriver:
         self._now: int | None = None
         self._heads: dict[str, Head | None] = {}
         self._names = itertools.count()
+        self._memories = Memories()
+        self._clock: Clock = SystemClock()
+        #: The server's clock as last read, and this process's monotonic clock
+        #: when the pipeline that read it was sent: the server's time now is at
+        #: most ``server + (monotonic now - sent)`` (an estimate never early).
+        self._base: tuple[int, int] | None = None
+        self._sent_us = 0
+        #: The mission whose copy this transaction decided on, until its guards
+        #: have been answered (see recall).
+        self._recalling: str | None = None
+        self._trusted: str | None = None  # ... and once they all held
+        #: The missions whose gate this transaction holds: their reads are taken
+        #: again at its commit.
+        self._gated: list[str] = []
         self._connect()
 
     def _connect(self) -> None:
@@ -170,6 +220,7 @@ class PostgresDriver:
         #: Statement text -> the name it is prepared under on this connection.
         self._prepared: dict[str, bytes] = {}
         self._loaders = Transformer(self._conn)
+        self._memories.clear()
 
     def execute(self, sql: str, params: Sequence[Any]) -> Result:
         return self._send((sql, params, None))
@@ -183,6 +234,49 @@ class PostgresDriver:
         if self._pending:
             self._send()
 
+    def recall(
+        self, mission_id: str, sql: str, params: Sequence[Any], take: Callable[[Any], None]
+    ) -> None:
+        """A read of the mission's own rows: answered from the copy when this
+        transaction decides on it (and guarded), otherwise sent ahead; either way
+        taken again at every commit on the mission from now on."""
+        key = (sql, tuple(params))
+        self._memories.want(mission_id, key)
+        memory = self._memories.copy(mission_id) if self._recalling == mission_id else None
+        if memory is not None and key in memory.rows:
+            row = memory.rows[key]
+            guard = matching(sql, params, row)
+            if guard is not None:
+                self._pending.append((guard[0], guard[1], _guard))
+                take(Result([] if row is None else [dict(row)], 0))  # the copy stays as read
+                return
+        self._pending.append((sql, params, take))
+
+    def count(self, sql: str, params: Sequence[Any]) -> int:
+        """The rows a write changed. A transaction deciding on a copy assumes one
+        and sends the write as a guard of that (no round trip)."""
+        if self._recalling is not None:
+            wrapped = asserting(sql)
+            if wrapped is not None:
+                self._pending.append((wrapped, params, _guard))
+                return 1
+        return self.execute(sql, params).rowcount
+
+    def confirm(self) -> bool:
+        """Before a transaction that decided on a copy ends other than by its
+        commit: whether every row it decided on held (its pending statements are
+        sent, then rolled back). A store that cannot be asked leaves the ending
+        as it was."""
+        if self._recalling is None:
+            return True
+        try:
+            self._send(("ROLLBACK", (), None))
+        except StoreChanged:
+            return False
+        except StoreError:
+            return True
+        return True
+
     def _send(self, last: _Pending | None = None) -> Result:
         """Everything pending (and ``last``) in one pipeline: one round trip.
 
@@ -190,12 +284,45 @@ class PostgresDriver:
         pipeline) and later only bound and executed; a big one (a multi-row
         write) is sent unnamed, so the server keeps no plan of it. The server
         runs the statements in order; after an error it skips the rest, and
-        the transaction is aborted.
+        the transaction is aborted. ``COMMIT`` and ``ROLLBACK`` go alone after
+        a sync point, so they end the transaction whatever came before (in an
+        aborted transaction ``COMMIT`` rolls back).
         """
         batch = self._pending if last is None else [*self._pending, last]
         self._pending = []
-        # (name, text to prepare or None, parameters): built before anything is sent;
-        # no name: a statement sent once, unnamed.
+        ending = last[0] if last is not None and last[0] in ("COMMIT", "ROLLBACK") else None
+        alone = ending is not None
+        commands = self._commands(batch)
+        new = {sql: c[0] for (sql, _, _), c in zip(batch, commands, strict=True) if c[1] and c[0]}
+        pg = self._conn.pgconn
+        self._sent_us = self._clock.monotonic_us()
+        try:
+            results = self._exchange(pg, commands, split=len(commands) - 1 if alone else None)
+        except psycopg.Error as exc:
+            raise _translate(exc, self._busy_timeout) from None
+        failed = next((i for i, r in enumerate(results) if r.status == FATAL_ERROR), None)
+        if failed is not None:
+            if batch[failed][2] is _guard:
+                self._changed()
+            # Statements first seen here are prepared afresh next time.
+            error = pg_errors.error_from_result(results[failed], self._conn.info.encoding)
+            raise _translate(error, self._busy_timeout)
+        self._prepared.update(new)
+        if self._recalling is not None:
+            self._trusted, self._recalling = self._recalling, None
+        # Only what somebody reads is loaded: deferred writes' results are not.
+        for res, (_, _, take) in zip(results, batch, strict=True):
+            if take is not None and take is not _guard:
+                take(self._load(res))
+        if ending is not None and results[-1].command_status != ending.encode():
+            raise StoreError(f"PostgreSQL ended the transaction otherwise than by {ending}")
+        return self._load(results[-1])
+
+    def _commands(
+        self, batch: list[_Pending]
+    ) -> list[tuple[bytes | None, bytes | None, list[bytes | None] | None]]:
+        """(name, text to prepare or None, parameters) of each statement, built
+        before anything is sent; no name: a statement sent once, unnamed."""
         commands: list[tuple[bytes | None, bytes | None, list[bytes | None] | None]] = []
         new: dict[str, bytes] = {}
         for sql, params, _ in batch:
@@ -210,50 +337,54 @@ class PostgresDriver:
                 [v.encode() if type(v) is str else _text(v) for v in params] if params else None
             )
             commands.append((name, text, values))
-        pg = self._conn.pgconn
+        return commands
+
+    def _exchange(
+        self,
+        pg: Any,
+        commands: list[tuple[bytes | None, bytes | None, list[bytes | None] | None]],
+        split: int | None,
+    ) -> list[Any]:
+        """Send ``commands`` as one pipeline (with a sync point before the one at
+        ``split``) and return each one's result."""
+        pg.nonblocking = 0  # so the sync below flushes everything queued
+        pg.enter_pipeline_mode()
         try:
-            pg.nonblocking = 0  # so the sync below flushes everything queued
-            pg.enter_pipeline_mode()
+            for i, (name, text, values) in enumerate(commands):
+                if i == split:
+                    pg.pipeline_sync()
+                if name is None:
+                    assert text is not None
+                    pg.send_query_params(text, values)
+                    continue
+                if text is not None:
+                    pg.send_prepare(name, text)
+                pg.send_query_prepared(name, values)
+            pg.pipeline_sync()
+            results: list[Any] = []
+            for i, (name, text, _) in enumerate(commands):
+                if i == split:
+                    self._synced(pg)
+                prepared = self._next(pg) if name and text is not None else None
+                result = self._next(pg)
+                failed_prepare = prepared is not None and prepared.status != COMMAND_OK
+                results.append(prepared if failed_prepare else result)
+            self._synced(pg)
+            return results
+        finally:
             try:
-                for name, text, values in commands:
-                    if name is None:
-                        assert text is not None
-                        pg.send_query_params(text, values)
-                        continue
-                    if text is not None:
-                        pg.send_prepare(name, text)
-                    pg.send_query_prepared(name, values)
-                pg.pipeline_sync()
-                results: list[Any] = []
-                for name, text, _ in commands:
-                    prepared = self._next(pg) if name and text is not None else None
-                    result = self._next(pg)
-                    failed_prepare = prepared is not None and prepared.status != COMMAND_OK
-                    results.append(prepared if failed_prepare else result)
-                sync = _result(pg)
-                if sync is None or sync.status != ExecStatus.PIPELINE_SYNC:
-                    raise StoreError("PostgreSQL answered a pipeline out of order")
-            finally:
-                try:
-                    pg.exit_pipeline_mode()
-                    pg.nonblocking = 1
-                except psycopg.Error:
-                    # Interrupted with results in flight (or already broken): the
-                    # connection cannot be reused; closing it rolls its transaction back.
-                    self._conn.close()
-        except psycopg.Error as exc:
-            raise _translate(exc, self._busy_timeout) from None
-        failed = next((r for r in results if r.status == ExecStatus.FATAL_ERROR), None)
-        if failed is not None:
-            # Statements first seen here are prepared afresh next time.
-            error = pg_errors.error_from_result(failed, self._conn.info.encoding)
-            raise _translate(error, self._busy_timeout)
-        self._prepared.update(new)
-        # Only what somebody reads is loaded: deferred writes' results are not.
-        for res, (_, _, take) in zip(results, batch, strict=True):
-            if take is not None:
-                take(self._load(res))
-        return self._load(results[-1])
+                pg.exit_pipeline_mode()
+                pg.nonblocking = 1
+            except psycopg.Error:
+                # Interrupted with results in flight (or already broken): the
+                # connection cannot be reused; closing it rolls its transaction back.
+                self._conn.close()
+
+    @staticmethod
+    def _synced(pg: Any) -> None:
+        sync = _result(pg)
+        if sync is None or sync.status != ExecStatus.PIPELINE_SYNC:
+            raise StoreError("PostgreSQL answered a pipeline out of order")
 
     @staticmethod
     def _next(pg: Any) -> Any:
@@ -273,24 +404,73 @@ class PostgresDriver:
             )
         return Result(rows, res.command_tuples or 0)
 
-    def begin(self, write: bool, clock: Clock, gate: str | None) -> None:
+    def _changed(self) -> None:
+        """A guard failed: the transaction decided on a copy that no longer held."""
+        mission_id = self._recalling
+        self._recalling = None
+        if mission_id is not None:
+            self._memories.changed(mission_id)
+        raise StoreChanged(
+            f"rows of mission {mission_id} this transaction decided on had changed in the "
+            "store; nothing of it was written",
+            mission_id=mission_id,
+            retryable=True,
+        )
+
+    def begin(self, write: bool, clock: Clock, gate: str | None, recall: bool = False) -> None:
         if self._conn.closed:
             self._connect()
         begin = "BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
         self._pending = [(begin, (), None)]
         self._heads = {}
+        self._gated = []
+        self._recalling = self._trusted = None
+        self._clock = clock
         # The server's clock is read once, with the gate if there is one;
         # tests and simulations may inject a clock instead.
-        self._now = None if isinstance(clock, SystemClock) else clock.now_us()
+        system = isinstance(clock, SystemClock)
+        self._now = None if system else clock.now_us()
+        if system:
+            # With a gate, read before waiting for it too: the estimate a later
+            # transaction makes from this reading is then early by no more than
+            # the way here (see _recall).
+            self._pending.append((_NOW, (), self._take_base if gate else self._take_now))
+        if gate is not None and write and recall and self._recall(gate, system):
+            return
         if gate is not None:
             self.gate(gate)
-        elif self._now is None:
-            self._pending.append((_NOW, (), self._take_now))
 
-    def _take_now(self, result: Result) -> None:
+    def _recall(self, mission_id: str, system: bool) -> bool:
+        """Begin on the mission's copy, if there is one and the clock can be
+        estimated: its head and the clock are guarded after the gate."""
+        memory = self._memories.recallable(mission_id)
+        if memory is None or (system and self._base is None):
+            return False
+        self._recalling = mission_id
+        self._gated.append(mission_id)
+        self._heads[mission_id] = memory.head
+        head_sql = _HEAD_ONLY[head_table(mission_id)]
+        row = dict(zip(("audit_seq", "audit_hash", "audit_sealed"), memory.head, strict=True))
+        guard = matching(head_sql, (mission_id,), row)
+        assert guard is not None
+        self._pending += [(_GATE, (mission_id,), None), (guard[0], guard[1], _guard)]
+        if system:
+            # Never early: the server read its clock after the pipeline was sent.
+            assert self._base is not None
+            server, sent = self._base
+            self._now = server + self._clock.monotonic_us() - sent
+            self._pending.append((_CLOCK_GUARD, (self._now, CLOCK_SLACK_US), _guard))
+        return True
+
+    def _take_base(self, result: Result) -> None:
         row = result.fetchone()
         assert row is not None
-        self._now = int(row["now"])
+        self._base = (int(row["now"]), self._sent_us)
+
+    def _take_now(self, result: Result) -> None:
+        self._take_base(result)
+        assert self._base is not None
+        self._now = self._base[0]
 
     def now_us(self) -> int:
         if self._now is None:
@@ -307,7 +487,7 @@ class PostgresDriver:
 
     def gate(self, mission_id: str) -> None:
         """An advisory lock on the mission until the transaction ends, then its
-        chain head (sent with the next statement)."""
+        chain head and the clock (sent with the next statement)."""
 
         def take(result: Result) -> None:
             row = result.fetchone()
@@ -318,7 +498,8 @@ class PostgresDriver:
             self._heads[mission_id] = None if seq is None else (seq, hash_, row["audit_sealed"])
 
         # A clock reading not sent yet is dropped: the one after the gate replaces it.
-        self._pending = [p for p in self._pending if p[0] != _NOW]
+        self._pending = [p for p in self._pending if p[2] != self._take_now]
+        self._gated.append(mission_id)
         head = _HEAD[head_table(mission_id)]
         self._pending += [(_GATE, (mission_id,), None), (head, (mission_id,), take)]
 
@@ -328,10 +509,44 @@ class PostgresDriver:
         return self._heads[mission_id]
 
     def commit(self) -> None:
+        """Commit, reading the gated missions' heads and repeated reads again
+        just before (after every write, under their gates): the copies the next
+        transactions on them may decide on."""
+        again = [self._read_again(mission_id) for mission_id in self._gated]
         self.execute("COMMIT", ())
+        if self._trusted is not None:
+            self._memories.held(self._trusted)
+        for mission_id, heads, rows in filter(None, again):
+            if heads and heads[0] is not None:
+                self._memories.keep(mission_id, Memory(heads[0], rows))
+
+    def _read_again(
+        self, mission_id: str
+    ) -> tuple[str, list[Head | None], dict[Key, Recalled]] | None:
+        """Send the mission's head and repeated reads with the commit; their rows
+        arrive in the lists returned (none: nothing of it is repeated)."""
+        keys = self._memories.wanted(mission_id)
+        if not keys:
+            return None
+        heads: list[Head | None] = []
+        rows: dict[Key, Recalled] = {}
+
+        def head(result: Result) -> None:
+            row = result.fetchone()
+            heads.append(
+                None if row is None else (row["audit_seq"], row["audit_hash"], row["audit_sealed"])
+            )
+
+        def keep(key: Key) -> Callable[[Result], None]:
+            return lambda result: rows.__setitem__(key, result.fetchone())
+
+        self._pending.append((_HEAD_ONLY[head_table(mission_id)], (mission_id,), head))
+        self._pending += [(key[0], key[1], keep(key)) for key in keys]
+        return mission_id, heads, rows
 
     def rollback(self) -> None:
         self._pending = []
+        self._recalling = self._trusted = None
         if self._conn.closed:
             return
         if self._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:

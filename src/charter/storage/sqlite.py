@@ -46,6 +46,8 @@ class SQLiteDriver:
     #: Writers on one connection share commits, up to this many per commit (the
     #: file's write lock is held meanwhile, so other processes wait no longer).
     group_limit = 32
+    #: Every read is fresh: nothing is remembered between transactions.
+    recalls = False
     #: WAL pages written before a commit folds them into the database file
     #: (SQLite's default is 1,000). An attempt writes about 25 pages over its two
     #: commits, so the default checkpointed every 40 attempts, and each
@@ -97,7 +99,21 @@ class SQLiteDriver:
     def flush(self) -> None:
         """Nothing waits."""
 
-    def begin(self, write: bool, clock: Clock, gate: str | None) -> None:
+    def recall(
+        self, mission_id: str, sql: str, params: Sequence[Any], take: Callable[[Any], None]
+    ) -> None:
+        """In-process, a read costs no round trip: it is simply run."""
+        take(self.execute(sql, params))
+
+    def count(self, sql: str, params: Sequence[Any]) -> int:
+        count: int = self.execute(sql, params).rowcount
+        return count
+
+    def confirm(self) -> bool:
+        """Nothing is recalled here."""
+        return True
+
+    def begin(self, write: bool, clock: Clock, gate: str | None, recall: bool = False) -> None:
         # BEGIN IMMEDIATE makes this transaction the only writer: the gate of
         # every mission at once.
         self.execute("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED", ())

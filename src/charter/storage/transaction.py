@@ -66,9 +66,30 @@ class Driver(Protocol):
         """Send the deferred statements now."""
         ...
 
-    def begin(self, write: bool, clock: Clock, gate: str | None) -> None:
+    def recall(
+        self, mission_id: str, sql: str, params: Sequence[Any], take: Callable[[Any], None]
+    ) -> None:
+        """A read of the mission's own rows (see :meth:`Tx.recall`); ``take`` gets
+        its result, now or with the next statement."""
+        ...
+
+    def count(self, sql: str, params: Sequence[Any]) -> int:
+        """Run a write and return how many rows it changed (see :meth:`Tx.run`)."""
+        ...
+
+    def confirm(self) -> bool:
+        """Before a transaction ends other than by its commit: whether the rows
+        it recalled held (``True`` when it recalled nothing)."""
+        ...
+
+    #: Whether transactions may decide on rows remembered from earlier ones.
+    recalls: bool
+
+    def begin(self, write: bool, clock: Clock, gate: str | None, recall: bool = False) -> None:
         """Start a transaction (``gate``: taking that mission's gate first); a
-        backend may send this with the transaction's first statement."""
+        backend may send this with the transaction's first statement.
+        ``recall``: the transaction may decide on what the connection remembers
+        of the gated mission (see :mod:`charter.storage.recall`)."""
         ...
 
     def now_us(self) -> int:
@@ -171,9 +192,23 @@ class Tx:
         return list(self._driver.execute(self._sql(sql), params).fetchall())
 
     def run(self, sql: str, *params: Any) -> int:
-        """Execute a statement; return the number of rows it changed."""
-        count: int = self._driver.execute(self._sql(sql), params).rowcount
-        return count
+        """Execute a statement; return the number of rows it changed. In a
+        transaction that recalls (:meth:`recall`), a one-row write may be
+        assumed to change its row, and the store then refuses the whole
+        transaction if it did not."""
+        return self._driver.count(self._sql(sql), params)
+
+    def recall(self, mission_id: str, sql: str, *params: Any) -> Prefetched:
+        """A read of ``mission_id``'s own rows (one row, or none) that the
+        engine makes in most of its transactions on the mission, under its
+        gate. A store that remembers may answer it from what the read returned
+        inside the engine's last commit on the mission, and then checks under
+        the gate, before any write, that the read still returns that row
+        (:mod:`charter.storage.recall`); otherwise it is a read sent ahead."""
+        self.lock_mission(mission_id)
+        box = Prefetched(self._driver)
+        self._driver.recall(mission_id, self._sql(sql), params, box.fill)
+        return box
 
     def prefetch(self, sql: str, *params: Any) -> Prefetched:
         """A read whose row is needed later in this transaction: it may travel

@@ -1,0 +1,141 @@
+"""What a networked store's connection remembers of a mission between its
+transactions, and the guards that hold a transaction to it.
+
+A transaction on a networked store pays a round trip for every answer it
+waits for. Most of an executor's transactions on a mission begin with the same
+reads (the run's standing, the chain's head), and between two of them nobody
+else usually changes the mission. So a connection keeps what those reads
+returned as its last commit on the mission left them (read again inside that
+commit, after its writes, under the gate), and the next transaction may decide
+on that copy without asking.
+
+Nothing is trusted unchecked. For each remembered row the transaction used, it
+sends a **guard** ahead of its writes, in the same pipeline and under the same
+gate: the read again, compared with the copy, dividing by zero when they
+differ. A conditional write whose row count the transaction assumed (one row)
+is sent as a guard too, and so is the clock the transaction estimated. The
+server runs them in order, so a failed guard aborts the transaction before any
+write it covers, and nothing of it is stored: the engine runs the transaction
+again on fresh reads (:class:`~charter.errors.StoreChanged`). A transaction
+therefore commits only if every row it decided on was, under the gate, the row
+a fresh read returns, which is what a transaction that read first decides on.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from typing import Any
+
+from charter.storage.transaction import Head
+
+#: A read as it is sent (statement text and parameters): the key of its copy.
+Key = tuple[str, tuple[Any, ...]]
+#: A remembered row (``None``: the read found none).
+Recalled = dict[str, Any] | None
+
+#: Reads kept per mission, the most recently used first: each is read again at
+#: every commit on the mission, so only the few its transactions repeat.
+KEYS_PER_MISSION = 4
+#: Missions remembered per connection, the most recently committed on kept.
+MISSIONS = 256
+#: How far the clock a transaction estimated may be from the server's, when
+#: the guard runs after the gate: further, and it is run again with the
+#: server's clock read after the gate (F1). It bounds how much younger a lease
+#: may look than by a clock read after the gate.
+CLOCK_SLACK_US = 20_000
+#: Transactions on a mission decided on fresh reads after a guard failed there,
+#: doubling with each failure in a row up to this (several workers sharing a
+#: mission change it under each other: guessing would cost a round trip each).
+MOST_DOUBT = 64
+
+
+class Memory:
+    """One mission's copy: its chain head and the rows of its repeated reads."""
+
+    def __init__(self, head: Head, rows: dict[Key, Recalled]) -> None:
+        self.head = head
+        self.rows = rows
+
+
+class Memories:
+    """A connection's copies of the missions it committed on, and its doubts."""
+
+    def __init__(self) -> None:
+        self._memories: collections.OrderedDict[str, Memory] = collections.OrderedDict()
+        #: The reads to take again at each commit, per mission (most recent first).
+        self._keys: dict[str, list[Key]] = {}
+        #: mission -> (transactions still to decide on fresh reads, failures in a row)
+        self._doubt: dict[str, tuple[int, int]] = {}
+
+    def recallable(self, mission_id: str) -> Memory | None:
+        """The copy a transaction on the mission may decide on, if it may now."""
+        skip, streak = self._doubt.get(mission_id, (0, 0))
+        if skip:
+            self._doubt[mission_id] = (skip - 1, streak)
+            return None
+        return self._memories.get(mission_id)
+
+    def copy(self, mission_id: str) -> Memory | None:
+        return self._memories.get(mission_id)
+
+    def want(self, mission_id: str, key: Key) -> None:
+        """``key`` is read again at the commits on the mission from now on."""
+        keys = self._keys.setdefault(mission_id, [])
+        if keys and keys[0] == key:
+            return
+        if key in keys:
+            keys.remove(key)
+        keys.insert(0, key)
+        del keys[KEYS_PER_MISSION:]
+
+    def wanted(self, mission_id: str) -> list[Key]:
+        return list(self._keys.get(mission_id, ()))
+
+    def keep(self, mission_id: str, memory: Memory) -> None:
+        self._memories[mission_id] = memory
+        self._memories.move_to_end(mission_id)
+        while len(self._memories) > MISSIONS:
+            old, _ = self._memories.popitem(last=False)
+            self._keys.pop(old, None)
+            self._doubt.pop(old, None)
+
+    def held(self, mission_id: str) -> None:
+        """A transaction that decided on the copy committed: no doubt left."""
+        self._doubt.pop(mission_id, None)
+
+    def changed(self, mission_id: str) -> None:
+        """A guard failed: forget the copy, and decide on fresh reads for a while."""
+        self._memories.pop(mission_id, None)
+        _, streak = self._doubt.get(mission_id, (0, 0))
+        self._doubt[mission_id] = (min(1 << streak, MOST_DOUBT), streak + 1)
+
+    def clear(self) -> None:
+        self._memories.clear()
+
+
+def matching(sql: str, params: Sequence[Any], row: Recalled) -> tuple[str, list[Any]] | None:
+    """A guard that fails unless ``sql`` still returns ``row`` (one row, equal
+    in every column, or none); ``None`` when ``row`` holds a value that cannot be
+    compared as sent (only text, integers, booleans and NULL are)."""
+    if row is None:
+        return f"SELECT 1 / (COUNT(*) = 0)::int AS ok FROM ({sql}) AS fresh", list(params)
+    if not all(v is None or isinstance(v, str | int) for v in row.values()):
+        return None
+    columns = ", ".join(f'fresh."{name}"' for name in row)
+    marks = ", ".join("%s" for _ in row)
+    same = f"ROW({columns}) IS NOT DISTINCT FROM ROW({marks})"
+    return (
+        f"SELECT 1 / COALESCE(COUNT(*) = 1 AND bool_and({same}), false)::int AS ok "
+        f"FROM ({sql}) AS fresh",
+        [*row.values(), *params],
+    )
+
+
+def asserting(sql: str) -> str | None:
+    """A one-row write as a guard: it fails unless the write changes exactly one
+    row; ``None`` for a statement that cannot be wrapped so."""
+    head = sql.lstrip()[:6].upper()
+    if head not in ("UPDATE", "INSERT", "DELETE") or "RETURNING" in sql.upper():
+        return None
+    return f"WITH changed AS ({sql} RETURNING 1) SELECT 1 / (COUNT(*) = 1)::int AS ok FROM changed"
