@@ -340,3 +340,39 @@ def test_a_one_row_write_assumed_is_refused_when_it_changes_none_or_several(
     assert raw.rows("SELECT n FROM counted ORDER BY id") == [{"n": 2}, {"n": 1}]
     assert recall.asserting("SELECT 1") is None
     assert recall.asserting("UPDATE counted SET n = 1 RETURNING id") is None
+
+
+def test_A4_L6_a_settlement_whose_attempt_was_changed_by_hand_meanwhile_settles_it_once(
+    engine: charter.Engine,
+    mission: str,
+    who: Principals,
+    raw: RawStore,
+    backend: str,
+) -> None:
+    """While the target handles the send, an operator marks the attempt UNKNOWN
+    by hand (the chain's head does not move). The settlement assumed its
+    decisive update changes the attempt's row; the store refuses that, the
+    settlement runs again on fresh reads, finds the attempt UNKNOWN and settles
+    it from the report as late evidence: one spend, nothing lost."""
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    costs = {"write": {"usd": 5_000, "calls": 1}}
+    _warm(ex, RecordingAdapter(costs=costs))
+
+    class Meddled(RecordingAdapter):
+        def dispatch(self, send: charter.Dispatch) -> charter.Outcome:
+            raw.execute("UPDATE attempts SET status = 'unknown' WHERE id = ?", send.attempt_id)
+            return super().dispatch(send)
+
+    target = Meddled(costs=costs)
+    attempt = ex.attempt(target, "write", {"k": 9}, effect_key="meddled")
+    assert len(target.sent) == 1
+    assert attempt.status.value == "succeeded"
+    [late] = engine.evidence(attempt.id)
+    assert (late["source"], late["settled"], late["epoch"]) == ("late settlement (epoch 1)", 1, 1)
+    kinds = [
+        e["kind"]
+        for e in raw.rows("SELECT kind FROM ledger_entries WHERE attempt_id = ?", attempt.id)
+    ]
+    assert sorted(kinds) == ["hold", "hold", "spend", "spend"]  # usd and calls, once each
+    assert engine.check_ledger(mission) == []
+    assert _doubted(engine, mission) is (backend == "postgresql")
