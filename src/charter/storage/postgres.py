@@ -66,9 +66,6 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 _CLOCK_US = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT"
 _NOW = f"SELECT {_CLOCK_US} AS now"
-#: The clock a transaction estimated, within :data:`CLOCK_SLACK_US` of the
-#: server's once the gate is held.
-_CLOCK_GUARD = f"SELECT 1 / (ABS({_CLOCK_US} - %s::BIGINT) <= %s::BIGINT)::int AS ok"
 
 
 def _translate(exc: Exception, busy_timeout: float) -> Exception:
@@ -93,10 +90,21 @@ def _translate(exc: Exception, busy_timeout: float) -> Exception:
 _Pending = tuple[str, Sequence[Any], "Callable[[Result], None] | None"]
 
 
-def _guard(result: Result) -> None:
-    """What a guard's result is given to: nothing; it marks the statement as one
-    whose failure means the transaction decided on rows that had changed."""
+class _Guard:
+    """Marks a statement as a guard: its failure means the transaction decided
+    on rows that had changed (see recall); ``take`` gets its row, if wanted."""
 
+    __slots__ = ("take",)
+
+    def __init__(self, take: Callable[[Result], None] | None = None) -> None:
+        self.take = take
+
+    def __call__(self, result: Result) -> None:
+        if self.take is not None:
+            self.take(result)
+
+
+_GUARD = _Guard()
 
 _GATE = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 #: Statements with more parameters than this are not kept prepared.
@@ -111,11 +119,19 @@ _HEAD = {
     f"(SELECT audit_seq, audit_hash, audit_sealed FROM {table} WHERE id = %s) AS h ON true"
     for table in ("missions", "audit_chains")
 }
-#: The head alone, as a commit reads it again for the next transaction.
-_HEAD_ONLY = {
-    table: f"SELECT audit_seq, audit_hash, audit_sealed FROM {table} WHERE id = %s"
+#: The guard of a recalled head and of the estimated clock, in one statement after
+#: the gate: the head is still the one recalled, and the server's clock is within
+#: the slack of the estimate (parameters: the mission and its head, then the
+#: estimate and the slack). It returns the clock, as the head's read does.
+_HEAD_GUARD = {
+    table: f"SELECT c.now, 1 / ((SELECT COUNT(*) FROM {table} WHERE id = %s AND audit_seq = %s "
+    "AND audit_hash IS NOT DISTINCT FROM %s AND audit_sealed IS NOT DISTINCT FROM %s) = 1 "
+    "AND ABS(c.now - %s::BIGINT) <= %s::BIGINT)::int AS ok "
+    f"FROM (SELECT {_CLOCK_US} AS now) AS c"
     for table in ("missions", "audit_chains")
 }
+#: The slack given to the clock's guard when the clock is injected (it is not the server's).
+_ANY_TIME = 1 << 62
 
 
 class Result:
@@ -247,7 +263,7 @@ class PostgresDriver:
             row = memory.rows[key]
             guard = matching(sql, params, row)
             if guard is not None:
-                self._pending.append((guard[0], guard[1], _guard))
+                self._pending.append((guard[0], guard[1], _GUARD))
                 take(Result([] if row is None else [dict(row)], 0))  # the copy stays as read
                 return
         self._pending.append((sql, params, take))
@@ -258,7 +274,7 @@ class PostgresDriver:
         if self._recalling is not None:
             wrapped = asserting(sql)
             if wrapped is not None:
-                self._pending.append((wrapped, params, _guard))
+                self._pending.append((wrapped, params, _GUARD))
                 return 1
         return self.execute(sql, params).rowcount
 
@@ -302,7 +318,7 @@ class PostgresDriver:
             raise _translate(exc, self._busy_timeout) from None
         failed = next((i for i, r in enumerate(results) if r.status == FATAL_ERROR), None)
         if failed is not None:
-            if batch[failed][2] is _guard:
+            if isinstance(batch[failed][2], _Guard):
                 self._changed()
             # Statements first seen here are prepared afresh next time.
             error = pg_errors.error_from_result(results[failed], self._conn.info.encoding)
@@ -312,7 +328,7 @@ class PostgresDriver:
             self._trusted, self._recalling = self._recalling, None
         # Only what somebody reads is loaded: deferred writes' results are not.
         for res, (_, _, take) in zip(results, batch, strict=True):
-            if take is not None and take is not _guard:
+            if take is not None and take is not _GUARD:
                 take(self._load(res))
         if ending is not None and results[-1].command_status != ending.encode():
             raise StoreError(f"PostgreSQL ended the transaction otherwise than by {ending}")
@@ -430,15 +446,12 @@ class PostgresDriver:
         # tests and simulations may inject a clock instead.
         system = isinstance(clock, SystemClock)
         self._now = None if system else clock.now_us()
-        if system:
-            # With a gate, read before waiting for it too: the estimate a later
-            # transaction makes from this reading is then early by no more than
-            # the way here (see _recall).
-            self._pending.append((_NOW, (), self._take_base if gate else self._take_now))
         if gate is not None and write and recall and self._recall(gate, system):
             return
         if gate is not None:
             self.gate(gate)
+        elif system:
+            self._pending.append((_NOW, (), self._take_now))
 
     def _recall(self, mission_id: str, system: bool) -> bool:
         """Begin on the mission's copy, if there is one and the clock can be
@@ -449,28 +462,32 @@ class PostgresDriver:
         self._recalling = mission_id
         self._gated.append(mission_id)
         self._heads[mission_id] = memory.head
-        head_sql = _HEAD_ONLY[head_table(mission_id)]
-        row = dict(zip(("audit_seq", "audit_hash", "audit_sealed"), memory.head, strict=True))
-        guard = matching(head_sql, (mission_id,), row)
-        assert guard is not None
-        self._pending += [(_GATE, (mission_id,), None), (guard[0], guard[1], _guard)]
         if system:
-            # Never early: the server read its clock after the pipeline was sent.
+            # Never early: the server read its clock after that pipeline was sent.
             assert self._base is not None
             server, sent = self._base
             self._now = server + self._clock.monotonic_us() - sent
-            self._pending.append((_CLOCK_GUARD, (self._now, CLOCK_SLACK_US), _guard))
+        assert self._now is not None
+        slack = CLOCK_SLACK_US if system else _ANY_TIME
+        guard = (mission_id, *memory.head, self._now if system else 0, slack)
+        self._pending += [
+            (_GATE, (mission_id,), None),
+            (_HEAD_GUARD[head_table(mission_id)], guard, _Guard(self._take_base)),
+        ]
         return True
 
     def _take_base(self, result: Result) -> None:
+        """A reading of the server's clock: what later estimates start from."""
         row = result.fetchone()
         assert row is not None
-        self._base = (int(row["now"]), self._sent_us)
+        if isinstance(self._clock, SystemClock):
+            self._base = (int(row["now"]), self._sent_us)
 
     def _take_now(self, result: Result) -> None:
         self._take_base(result)
-        assert self._base is not None
-        self._now = self._base[0]
+        row = result.fetchone()
+        assert row is not None
+        self._now = int(row["now"])
 
     def now_us(self) -> int:
         if self._now is None:
@@ -494,6 +511,7 @@ class PostgresDriver:
             assert row is not None
             if self._now is None:
                 self._now = int(row["now"])
+                self._take_base(result)
             seq, hash_ = row["audit_seq"], row["audit_hash"]
             self._heads[mission_id] = None if seq is None else (seq, hash_, row["audit_sealed"])
 
@@ -508,41 +526,36 @@ class PostgresDriver:
             self._send()
         return self._heads[mission_id]
 
+    def moved(self, mission_id: str, head: Head) -> None:
+        self._heads[mission_id] = head
+
     def commit(self) -> None:
-        """Commit, reading the gated missions' heads and repeated reads again
-        just before (after every write, under their gates): the copies the next
-        transactions on them may decide on."""
+        """Commit, reading the gated missions' repeated reads again just before
+        (after every write, under their gates): with the heads the transaction
+        left, the copies the next transactions on them may decide on."""
         again = [self._read_again(mission_id) for mission_id in self._gated]
         self.execute("COMMIT", ())
         if self._trusted is not None:
             self._memories.held(self._trusted)
-        for mission_id, heads, rows in filter(None, again):
-            if heads and heads[0] is not None:
-                self._memories.keep(mission_id, Memory(heads[0], rows))
+        for mission_id, head, rows in filter(None, again):
+            self._memories.keep(mission_id, Memory(head, rows))
 
-    def _read_again(
-        self, mission_id: str
-    ) -> tuple[str, list[Head | None], dict[Key, Recalled]] | None:
-        """Send the mission's head and repeated reads with the commit; their rows
-        arrive in the lists returned (none: nothing of it is repeated)."""
+    def _read_again(self, mission_id: str) -> tuple[str, Head, dict[Key, Recalled]] | None:
+        """Send the mission's repeated reads with the commit; their rows arrive in
+        the dict returned, with the head as this transaction leaves it (known:
+        read or recalled under the gate, or moved by the transaction itself).
+        ``None``: nothing of the mission is repeated, or it has no head yet."""
         keys = self._memories.wanted(mission_id)
-        if not keys:
+        head = self._heads.get(mission_id)
+        if not keys or head is None:
             return None
-        heads: list[Head | None] = []
         rows: dict[Key, Recalled] = {}
-
-        def head(result: Result) -> None:
-            row = result.fetchone()
-            heads.append(
-                None if row is None else (row["audit_seq"], row["audit_hash"], row["audit_sealed"])
-            )
 
         def keep(key: Key) -> Callable[[Result], None]:
             return lambda result: rows.__setitem__(key, result.fetchone())
 
-        self._pending.append((_HEAD_ONLY[head_table(mission_id)], (mission_id,), head))
         self._pending += [(key[0], key[1], keep(key)) for key in keys]
-        return mission_id, heads, rows
+        return mission_id, head, rows
 
     def rollback(self) -> None:
         self._pending = []

@@ -123,6 +123,11 @@ class Driver(Protocol):
         no such row yet, as while the mission is being created)."""
         ...
 
+    def moved(self, mission_id: str, head: Head) -> None:
+        """This transaction moves the mission's head to ``head`` (the statement
+        that writes it is deferred): a backend may keep it for what follows."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -405,15 +410,17 @@ class Tx:
         for mission_id in chains:
             seq, hash_ = heads[mission_id]
             counters = self._counts.pop(mission_id, {})
+            sealed = self._seals.get(mission_id)
             self.write(
                 f"UPDATE {head_table(mission_id)} SET {_added(counters)}audit_seq = ?, "
                 "audit_hash = ?, audit_sealed = ? WHERE id = ?",
                 *counters.values(),
                 seq,
                 hash_,
-                self._seals.get(mission_id),
+                sealed,
                 mission_id,
             )
+            self._driver.moved(mission_id, (seq, hash_, sealed))
             if self._sign is not None:
                 self._checkpoint(mission_id, seq, hash_)
         self._write_counts()
