@@ -3,7 +3,8 @@
 1. start-up (``import charter``, ``charter --help``), while the machine is quiet;
 2. attempt overhead in interleaved rounds — every round measures the raw
    floor, Charter, DBOS and LangGraph in turn, on SQLite then PostgreSQL — so
-   that a slow minute of the disk falls on every framework alike;
+   that a slow minute of the disk falls on every framework alike; then the
+   PostgreSQL rows again through a proxy that adds a network's latency;
 3. ``recover()`` on runs holding 1,000 / 10,000 / 100,000 settled attempts;
 4. a fresh process resuming after SIGKILL, interleaved across frameworks;
 5. peak RSS of a process that executes one more run on a 10,000-run store;
@@ -23,8 +24,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import killresume
+import latency
 import page
 import pg
 import report
@@ -241,6 +244,40 @@ def attempt_rounds(run: Runner, plan: Plan, server: pg.Server | None) -> dict[st
     }
 
 
+#: What the latency proxy holds every byte for, each way (see latency.py): with
+#: its own hand-offs, a round trip of about half a millisecond, as between two
+#: machines of one data centre.
+NETWORK_DELAY_US = 150
+
+
+def network_rounds(run: Runner, plan: Plan, server: pg.Server) -> dict[str, Any]:
+    """The PostgreSQL attempt rows again, every connection through a proxy that
+    adds a network's latency: what a server on another machine would cost."""
+    kw: dict[str, Any] = {"steps": plan.steps, "warmup": plan.warmup, "reps": plan.reps_per_round}
+    port = int(urlsplit(server.base_url).port or 5432)
+    got: dict[str, list[dict[str, Any]]] = {}
+    with latency.proxy(port, NETWORK_DELAY_US) as far:
+        away = pg.Server(server.base_url.replace(f":{port}", f":{far}"), server.origin)
+        trips = Sample("s", values=latency.round_trips(away.url("postgres"), 300))
+        for r in range(plan.rounds):
+            say(f"attempt overhead on PostgreSQL behind the latency proxy, round {r + 1}")
+            tasks: list[tuple[str, str, dict[str, Any]]] = [
+                ("floor", "floor.postgres", {}),
+                ("charter", "charter.attempts", {"workdir": str(run.dir("charter-far"))}),
+                ("dbos", "dbos", {}),
+                ("langgraph", "langgraph.postgres", {}),
+            ]
+            for who, task, extra in tasks:
+                pg.fresh_database(server, f"bench_far_{who}_{r}")
+                url = away.url(f"bench_far_{who}_{r}")
+                got.setdefault(who, []).append(run.task(task, url=url, **extra, **kw))
+    return {
+        "delay_us": NETWORK_DELAY_US,
+        "round_trip": trips.to_dict(),
+        "attempts": {who: _combine(results) for who, results in got.items()},
+    }
+
+
 #: A memory file system, for the attempt loop without the disk's syncs.
 TMPFS = Path("/dev/shm")
 
@@ -327,6 +364,7 @@ def run(args: argparse.Namespace) -> int:
             if server is not None:
                 say("attempts in flight on PostgreSQL: one stream, eight processes")
                 results["streams_postgres"] = postgres_streams(runner, plan, server)
+                results["network"] = network_rounds(runner, plan, server)
         say("concurrent attempts on one engine: shared commits or one per transaction")
         results["concurrent"] = concurrent_rounds(runner, plan)
         say("recover() on big runs (the stores are built first)")

@@ -187,6 +187,33 @@ def _concurrent_section(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def _network_lines(results: dict[str, Any]) -> list[str]:
+    """The PostgreSQL rows taken again through the latency proxy (latency.py)."""
+    net = results.get("network", {})
+    got = net.get("attempts", {})
+    if not got or "round_trip" not in net:
+        return []
+    trip = Sample.from_dict(net["round_trip"])
+    per_step = "; ".join(
+        f"{name} {fmt_sample(s)}"
+        for key, name in (
+            ("charter", "Charter"),
+            ("langgraph", "LangGraph"),
+            ("dbos", "DBOS"),
+            ("floor", "floor"),
+        )
+        if (s := sample_of(got.get(key))) is not None
+    )
+    return [
+        "- PostgreSQL a network away: the same PostgreSQL steps again, every "
+        "connection through a proxy on this machine that holds each byte "
+        f"{net['delay_us']} µs each way (`bench/latency.py`), so that a `SELECT 1` "
+        f"takes {fmt_sample(trip)} on its connection, as between two machines of one "
+        f"data centre. Per step: {per_step}. Here each round trip counts: Charter's "
+        "attempt makes two (one per commit), the floor two.",
+    ]
+
+
 def _record_sql_lines(a: dict[str, Any]) -> list[str]:
     """The attempt's own statements replayed without the engine (record_sql.py)."""
     parts = []
@@ -304,6 +331,7 @@ def _attempt_section(results: dict[str, Any], plan: dict[str, Any]) -> list[str]
         "- Charter's CPU per attempt (the process's CPU time over the attempt loop, "
         "SQLite's work and the kernel's included): " + ("; ".join(cpu_lines) or "—") + ".",
         *_record_sql_lines(a),
+        *_network_lines(results),
         "- The SQLite floor is timed on a file in steady state: "
         f"{floor.get('prewarm_commits', 0):,} commits are made first, past SQLite's first "
         "automatic checkpoint, so its write-ahead log has its full size and is reused "

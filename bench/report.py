@@ -257,6 +257,27 @@ def _attempt_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _network_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The PostgreSQL ratios again with the server a network's latency away."""
+    net = results.get("network", {})
+    got = net.get("attempts", {})
+    ours = sample_of(got.get("charter"))
+    if ours is None or "round_trip" not in net:
+        return []
+    trip = fmt(Sample.from_dict(net["round_trip"]).median, "s")
+    out = []
+    for key, name in (
+        ("langgraph", "LangGraph sync superstep"),
+        ("dbos", "DBOS step"),
+        ("floor", "floor of two one-round-trip commits"),
+    ):
+        theirs = sample_of(got.get(key))
+        if theirs is not None:
+            check = f"attempt vs {name} (PostgreSQL, round trip {trip})"
+            out.append(_info_row(check, ours, theirs, f"{key} {fmt_sample(theirs)}"))
+    return out
+
+
 def _throughput_row(
     check: str, one: Sample | None, many: Sample | None, target: float
 ) -> dict[str, Any]:
@@ -457,6 +478,7 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target row, in the order of the issue that set them."""
     return [
         *_attempt_rows(results),
+        *_network_rows(results),
         *_record_rows(results),
         *_streams_rows(results),
         *_concurrent_rows(results),

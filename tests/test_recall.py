@@ -21,6 +21,7 @@ import charter
 from _raw import RawStore
 from charter.clock import ManualClock
 from charter.errors import StoreChanged
+from charter.runs import store as runs_store
 from charter.storage import recall
 from charter.testing import RecordingAdapter
 from conftest import Principals, default_contract
@@ -158,13 +159,12 @@ def test_a_transaction_on_a_copy_that_changed_raises_StoreChanged_and_writes_not
     ex = first.start_run(mission, by=who.agent, segment_id="seg-1")
     _warm(ex, adapter)
     second.stop_run(ex.run_id, by=second.authenticate(who.credentials["alice"]))
-    read = "SELECT status FROM runs WHERE id = ?"
     seen: list[str] = []
     with (
         pytest.raises(StoreChanged) as changed,
         first._db.transaction(gate=mission, recall=True) as tx,
     ):
-        row = tx.recall(mission, read, ex.run_id).row
+        row = runs_store.standing(tx, mission, ex.run_id)  # what the last commit read again
         assert row is not None
         seen.append(row["status"])
         tx.write("UPDATE missions SET name = 'renamed' WHERE id = ?", mission)
@@ -173,7 +173,7 @@ def test_a_transaction_on_a_copy_that_changed_raises_StoreChanged_and_writes_not
     assert first.mission(mission).name != "renamed"  # ... and nothing of it was stored
 
     def body(tx: Any) -> str:
-        row = tx.recall(mission, read, ex.run_id).row
+        row = runs_store.standing(tx, mission, ex.run_id)
         seen.append(row["status"])
         tx.write("UPDATE missions SET name = name || '+' WHERE id = ?", mission)
         return str(row["status"])
@@ -376,3 +376,37 @@ def test_A4_L6_a_settlement_whose_attempt_was_changed_by_hand_meanwhile_settles_
     assert sorted(kinds) == ["hold", "hold", "spend", "spend"]  # usd and calls, once each
     assert engine.check_ledger(mission) == []
     assert _doubted(engine, mission) is (backend == "postgresql")
+
+
+def test_guards_sent_together_fail_when_any_one_of_them_fails(raw: RawStore, backend: str) -> None:
+    """Consecutive guards travel as one statement: it fails when any of them
+    fails, wherever it stands (the server must compute every guard, not only
+    the columns it returns)."""
+    _pg_only(backend)
+    from charter.storage.postgres import _GUARD, _Guard, _merged
+
+    raw.execute("CREATE TABLE pair (id TEXT PRIMARY KEY, n BIGINT)")
+    raw.execute("INSERT INTO pair VALUES ('a', 1), ('b', 2)")
+    read = "SELECT n FROM pair WHERE id = %s"
+
+    def guard(key: str, n: int) -> tuple[str, list[Any], Any]:
+        found = recall.matching(read, (key,), {"n": n})
+        assert found is not None
+        return found[0], found[1], _GUARD
+
+    clock = ("SELECT 7 AS now, 1 AS ok", [], _Guard(lambda result: None))
+    for failing in (None, 0, 1, 2):
+        members = [clock, guard("a", 1), guard("b", 2)]
+        if failing is not None:
+            members[failing] = (
+                guard("a", 5) if failing else ("SELECT 7 AS now, 1 / 0 AS ok", [], members[0][2])
+            )
+        [(sql, params, _)] = _merged(members)
+        try:
+            rows = raw.rows(sql.replace("%s", "?"), *params)
+        except Exception as exc:
+            assert type(exc).__name__ == "DivisionByZero", exc
+            assert failing is not None
+            continue
+        assert failing is None
+        assert rows == [{"now": 7, "ok": 3}]

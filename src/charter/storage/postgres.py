@@ -106,6 +106,35 @@ class _Guard:
 
 _GUARD = _Guard()
 
+
+def _merged(batch: list[_Pending]) -> list[_Pending]:
+    """Consecutive guards that only read, as one statement: the server binds
+    and runs one statement instead of several (each returns one row or fails)."""
+    out: list[_Pending] = []
+    reads: list[_Pending] = []
+    for item in [*batch, None]:
+        if item is not None and isinstance(item[2], _Guard) and item[0].startswith("SELECT"):
+            reads.append(item)
+            continue
+        if len(reads) > 1:
+            # Only the head's guard has a row to give (the clock, as ``now``).
+            takes = [(i, g[2]) for i, g in enumerate(reads) if g[2] is not _GUARD]
+            # Every guard's ``ok`` is part of what is returned: a column nobody
+            # asks for may never be computed, and its division never made.
+            oks = " + ".join(f"g{i}.ok" for i in range(len(reads)))
+            clock = "".join(f"g{i}.now, " for i, _ in takes[:1])
+            joined = ", ".join(f"({g[0]}) AS g{i}" for i, g in enumerate(reads))
+            params = [v for g in reads for v in g[1]]
+            sql = f"SELECT {clock}{oks} AS ok FROM {joined}"
+            out.append((sql, params, takes[0][1] if takes else _GUARD))
+        else:
+            out += reads
+        reads = []
+        if item is not None:
+            out.append(item)
+    return out
+
+
 _GATE = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 #: Statements with more parameters than this are not kept prepared.
 _PREPARED_PARAMS = 1_000
@@ -220,6 +249,8 @@ class PostgresDriver:
         #: The missions whose gate this transaction holds: their reads are taken
         #: again at its commit.
         self._gated: list[str] = []
+        #: The repeated reads this transaction made: not read again at its commit.
+        self._used: set[Key] = set()
         self._connect()
 
     def _connect(self) -> None:
@@ -258,6 +289,7 @@ class PostgresDriver:
         taken again at every commit on the mission from now on."""
         key = (sql, tuple(params))
         self._memories.want(mission_id, key)
+        self._used.add(key)
         memory = self._memories.copy(mission_id) if self._recalling == mission_id else None
         if memory is not None and key in memory.rows:
             row = memory.rows[key]
@@ -304,7 +336,7 @@ class PostgresDriver:
         a sync point, so they end the transaction whatever came before (in an
         aborted transaction ``COMMIT`` rolls back).
         """
-        batch = self._pending if last is None else [*self._pending, last]
+        batch = _merged(self._pending if last is None else [*self._pending, last])
         self._pending = []
         ending = last[0] if last is not None and last[0] in ("COMMIT", "ROLLBACK") else None
         alone = ending is not None
@@ -440,6 +472,7 @@ class PostgresDriver:
         self._pending = [(begin, (), None)]
         self._heads = {}
         self._gated = []
+        self._used = set()
         self._recalling = self._trusted = None
         self._clock = clock
         # The server's clock is read once, with the gate if there is one;
@@ -545,16 +578,34 @@ class PostgresDriver:
         the dict returned, with the head as this transaction leaves it (known:
         read or recalled under the gate, or moved by the transaction itself).
         ``None``: nothing of the mission is repeated, or it has no head yet."""
-        keys = self._memories.wanted(mission_id)
+        # Those this transaction made are left out: an executor's transactions
+        # take turns (an admission reads the run's standing, its settlement the
+        # run's status), so the next one needs the others. One that needs a read
+        # left out sends it ahead, as it would without a copy.
+        keys = [k for k in self._memories.wanted(mission_id) if k not in self._used]
         head = self._heads.get(mission_id)
         if not keys or head is None:
             return None
         rows: dict[Key, Recalled] = {}
+        if len(keys) == 1:
+            [key] = keys
+            self._pending.append((key[0], key[1], lambda r: rows.__setitem__(key, r.fetchone())))
+            return mission_id, head, rows
+        # Several reads as one statement (one bind and run on the server), each
+        # row as JSON, which gives back the text, integers, booleans and NULLs
+        # the reads return.
+        columns = ", ".join(f"row_to_json(r{i}) AS r{i}" for i in range(len(keys)))
+        joined = " FULL JOIN ".join(
+            f"({k[0]}) AS r{i}" + " ON true" * (i > 0) for i, k in enumerate(keys)
+        )
 
-        def keep(key: Key) -> Callable[[Result], None]:
-            return lambda result: rows.__setitem__(key, result.fetchone())
+        def take(result: Result) -> None:
+            row = result.fetchone() or {}
+            for i, key in enumerate(keys):
+                rows[key] = row.get(f"r{i}")
 
-        self._pending += [(key[0], key[1], keep(key)) for key in keys]
+        params = [v for key in keys for v in key[1]]
+        self._pending.append((f"SELECT {columns} FROM {joined}", params, take))
         return mission_id, head, rows
 
     def rollback(self) -> None:
