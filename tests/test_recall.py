@@ -383,8 +383,6 @@ def test_guards_sent_together_fail_when_any_one_of_them_fails(raw: RawStore, bac
     fails, wherever it stands (the server must compute every guard, not only
     the columns it returns)."""
     _pg_only(backend)
-    from charter.storage.postgres import _GUARD, _Guard, _merged
-
     raw.execute("CREATE TABLE pair (id TEXT PRIMARY KEY, n BIGINT)")
     raw.execute("INSERT INTO pair VALUES ('a', 1), ('b', 2)")
     read = "SELECT n FROM pair WHERE id = %s"
@@ -392,16 +390,16 @@ def test_guards_sent_together_fail_when_any_one_of_them_fails(raw: RawStore, bac
     def guard(key: str, n: int) -> tuple[str, list[Any], Any]:
         found = recall.matching(read, (key,), {"n": n})
         assert found is not None
-        return found[0], found[1], _GUARD
+        return found[0], found[1], recall.GUARD
 
-    clock = ("SELECT 7 AS now, 1 AS ok", [], _Guard(lambda result: None))
+    clock = ("SELECT 7 AS now, 1 AS ok", [], recall.Guard(lambda result: None))
     for failing in (None, 0, 1, 2):
         members = [clock, guard("a", 1), guard("b", 2)]
         if failing is not None:
             members[failing] = (
                 guard("a", 5) if failing else ("SELECT 7 AS now, 1 / 0 AS ok", [], members[0][2])
             )
-        [(sql, params, _)] = _merged(members)
+        [(sql, params, _)] = recall.merged(members)
         try:
             rows = raw.rows(sql.replace("%s", "?"), *params)
         except Exception as exc:

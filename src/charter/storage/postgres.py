@@ -43,12 +43,16 @@ from charter.hashing import head_table
 from charter.storage import dialect
 from charter.storage.recall import (
     CLOCK_SLACK_US,
+    GUARD,
+    Guard,
     Key,
     Memories,
     Memory,
+    Pending,
     Recalled,
     asserting,
     matching,
+    merged,
 )
 from charter.storage.transaction import Head
 
@@ -86,55 +90,6 @@ def _translate(exc: Exception, busy_timeout: float) -> Exception:
     return StoreError(f"PostgreSQL error: {exc}")
 
 
-#: A statement waiting to be sent, and what to do with its result.
-_Pending = tuple[str, Sequence[Any], "Callable[[Result], None] | None"]
-
-
-class _Guard:
-    """Marks a statement as a guard: its failure means the transaction decided
-    on rows that had changed (see recall); ``take`` gets its row, if wanted."""
-
-    __slots__ = ("take",)
-
-    def __init__(self, take: Callable[[Result], None] | None = None) -> None:
-        self.take = take
-
-    def __call__(self, result: Result) -> None:
-        if self.take is not None:
-            self.take(result)
-
-
-_GUARD = _Guard()
-
-
-def _merged(batch: list[_Pending]) -> list[_Pending]:
-    """Consecutive guards that only read, as one statement: the server binds
-    and runs one statement instead of several (each returns one row or fails)."""
-    out: list[_Pending] = []
-    reads: list[_Pending] = []
-    for item in [*batch, None]:
-        if item is not None and isinstance(item[2], _Guard) and item[0].startswith("SELECT"):
-            reads.append(item)
-            continue
-        if len(reads) > 1:
-            # Only the head's guard has a row to give (the clock, as ``now``).
-            takes = [(i, g[2]) for i, g in enumerate(reads) if g[2] is not _GUARD]
-            # Every guard's ``ok`` is part of what is returned: a column nobody
-            # asks for may never be computed, and its division never made.
-            oks = " + ".join(f"g{i}.ok" for i in range(len(reads)))
-            clock = "".join(f"g{i}.now, " for i, _ in takes[:1])
-            joined = ", ".join(f"({g[0]}) AS g{i}" for i, g in enumerate(reads))
-            params = [v for g in reads for v in g[1]]
-            sql = f"SELECT {clock}{oks} AS ok FROM {joined}"
-            out.append((sql, params, takes[0][1] if takes else _GUARD))
-        else:
-            out += reads
-        reads = []
-        if item is not None:
-            out.append(item)
-    return out
-
-
 _GATE = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 #: Statements with more parameters than this are not kept prepared.
 _PREPARED_PARAMS = 1_000
@@ -152,7 +107,7 @@ _HEAD = {
 #: the gate: the head is still the one recalled, and the server's clock is within
 #: the slack of the estimate (parameters: the mission and its head, then the
 #: estimate and the slack). It returns the clock, as the head's read does.
-_HEAD_GUARD = {
+_HEADGUARD = {
     table: f"SELECT c.now, 1 / ((SELECT COUNT(*) FROM {table} WHERE id = %s AND audit_seq = %s "
     "AND audit_hash IS NOT DISTINCT FROM %s AND audit_sealed IS NOT DISTINCT FROM %s) = 1 "
     "AND ABS(c.now - %s::BIGINT) <= %s::BIGINT)::int AS ok "
@@ -231,7 +186,7 @@ class PostgresDriver:
         self.dialect = dialect.postgresql()
         self._url = url
         self._busy_timeout = busy_timeout
-        self._pending: list[_Pending] = []
+        self._pending: list[Pending] = []
         self._now: int | None = None
         self._heads: dict[str, Head | None] = {}
         self._names = itertools.count()
@@ -295,7 +250,7 @@ class PostgresDriver:
             row = memory.rows[key]
             guard = matching(sql, params, row)
             if guard is not None:
-                self._pending.append((guard[0], guard[1], _GUARD))
+                self._pending.append((guard[0], guard[1], GUARD))
                 take(Result([] if row is None else [dict(row)], 0))  # the copy stays as read
                 return
         self._pending.append((sql, params, take))
@@ -306,7 +261,7 @@ class PostgresDriver:
         if self._recalling is not None:
             wrapped = asserting(sql)
             if wrapped is not None:
-                self._pending.append((wrapped, params, _GUARD))
+                self._pending.append((wrapped, params, GUARD))
                 return 1
         return self.execute(sql, params).rowcount
 
@@ -325,7 +280,7 @@ class PostgresDriver:
             return True
         return True
 
-    def _send(self, last: _Pending | None = None) -> Result:
+    def _send(self, last: Pending | None = None) -> Result:
         """Everything pending (and ``last``) in one pipeline: one round trip.
 
         A statement is prepared the first time it is seen (in the same
@@ -336,7 +291,7 @@ class PostgresDriver:
         a sync point, so they end the transaction whatever came before (in an
         aborted transaction ``COMMIT`` rolls back).
         """
-        batch = _merged(self._pending if last is None else [*self._pending, last])
+        batch = merged(self._pending if last is None else [*self._pending, last])
         self._pending = []
         ending = last[0] if last is not None and last[0] in ("COMMIT", "ROLLBACK") else None
         alone = ending is not None
@@ -350,7 +305,7 @@ class PostgresDriver:
             raise _translate(exc, self._busy_timeout) from None
         failed = next((i for i, r in enumerate(results) if r.status == FATAL_ERROR), None)
         if failed is not None:
-            if isinstance(batch[failed][2], _Guard):
+            if isinstance(batch[failed][2], Guard):
                 self._changed()
             # Statements first seen here are prepared afresh next time.
             error = pg_errors.error_from_result(results[failed], self._conn.info.encoding)
@@ -360,14 +315,14 @@ class PostgresDriver:
             self._trusted, self._recalling = self._recalling, None
         # Only what somebody reads is loaded: deferred writes' results are not.
         for res, (_, _, take) in zip(results, batch, strict=True):
-            if take is not None and take is not _GUARD:
+            if take is not None and take is not GUARD:
                 take(self._load(res))
         if ending is not None and results[-1].command_status != ending.encode():
             raise StoreError(f"PostgreSQL ended the transaction otherwise than by {ending}")
         return self._load(results[-1])
 
     def _commands(
-        self, batch: list[_Pending]
+        self, batch: list[Pending]
     ) -> list[tuple[bytes | None, bytes | None, list[bytes | None] | None]]:
         """(name, text to prepare or None, parameters) of each statement, built
         before anything is sent; no name: a statement sent once, unnamed."""
@@ -505,7 +460,7 @@ class PostgresDriver:
         guard = (mission_id, *memory.head, self._now if system else 0, slack)
         self._pending += [
             (_GATE, (mission_id,), None),
-            (_HEAD_GUARD[head_table(mission_id)], guard, _Guard(self._take_base)),
+            (_HEADGUARD[head_table(mission_id)], guard, Guard(self._take_base)),
         ]
         return True
 

@@ -24,7 +24,7 @@ a fresh read returns, which is what a transaction that read first decides on.
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from charter.storage.transaction import Head
@@ -33,6 +33,9 @@ from charter.storage.transaction import Head
 Key = tuple[str, tuple[Any, ...]]
 #: A remembered row (``None``: the read found none).
 Recalled = dict[str, Any] | None
+
+#: A statement waiting to be sent, and what to do with its result.
+Pending = tuple[str, Sequence[Any], "Callable[[Any], None] | None"]
 
 #: Reads kept per mission, the most recently used first: each is read again at
 #: every commit on the mission, so only the few its transactions repeat.
@@ -139,3 +142,48 @@ def asserting(sql: str) -> str | None:
     if head not in ("UPDATE", "INSERT", "DELETE") or "RETURNING" in sql.upper():
         return None
     return f"WITH changed AS ({sql} RETURNING 1) SELECT 1 / (COUNT(*) = 1)::int AS ok FROM changed"
+
+
+class Guard:
+    """Marks a statement as a guard: its failure means the transaction decided
+    on rows that had changed (see recall); ``take`` gets its row, if wanted."""
+
+    __slots__ = ("take",)
+
+    def __init__(self, take: Callable[[Any], None] | None = None) -> None:
+        self.take = take
+
+    def __call__(self, result: Any) -> None:
+        if self.take is not None:
+            self.take(result)
+
+
+GUARD = Guard()
+
+
+def merged(batch: list[Pending]) -> list[Pending]:
+    """Consecutive guards that only read, as one statement: the server binds
+    and runs one statement instead of several (each returns one row or fails)."""
+    out: list[Pending] = []
+    reads: list[Pending] = []
+    for item in [*batch, None]:
+        if item is not None and isinstance(item[2], Guard) and item[0].startswith("SELECT"):
+            reads.append(item)
+            continue
+        if len(reads) > 1:
+            # Only the head's guard has a row to give (the clock, as ``now``).
+            takes = [(i, g[2]) for i, g in enumerate(reads) if g[2] is not GUARD]
+            # Every guard's ``ok`` is part of what is returned: a column nobody
+            # asks for may never be computed, and its division never made.
+            oks = " + ".join(f"g{i}.ok" for i in range(len(reads)))
+            clock = "".join(f"g{i}.now, " for i, _ in takes[:1])
+            joined = ", ".join(f"({g[0]}) AS g{i}" for i, g in enumerate(reads))
+            params = [v for g in reads for v in g[1]]
+            sql = f"SELECT {clock}{oks} AS ok FROM {joined}"
+            out.append((sql, params, takes[0][1] if takes else GUARD))
+        else:
+            out += reads
+        reads = []
+        if item is not None:
+            out.append(item)
+    return out
