@@ -523,6 +523,8 @@ class PostgresDriver:
         left, the copies the next transactions on them may decide on."""
         again = [self._read_again(mission_id) for mission_id in self._gated]
         self.execute("COMMIT", ())
+        for mission_id in self._gated:
+            self._memories.committed(mission_id)
         if self._trusted is not None:
             self._memories.held(self._trusted)
         for mission_id, head, rows in filter(None, again):

@@ -37,8 +37,9 @@ Recalled = dict[str, Any] | None
 #: A statement waiting to be sent, and what to do with its result.
 Pending = tuple[str, Sequence[Any], "Callable[[Any], None] | None"]
 
-#: Reads kept per mission, the most recently used first: each is read again at
-#: every commit on the mission, so only the few its transactions repeat.
+#: Reads kept per mission: each is read again at every commit on the mission,
+#: so only those of its last two transactions (an executor's turns), and at
+#: most this many of them, the most recently made.
 KEYS_PER_MISSION = 4
 #: Missions remembered per connection, the most recently committed on kept.
 MISSIONS = 256
@@ -66,8 +67,11 @@ class Memories:
 
     def __init__(self) -> None:
         self._memories: collections.OrderedDict[str, Memory] = collections.OrderedDict()
-        #: The reads to take again at each commit, per mission (most recent first).
-        self._keys: dict[str, list[Key]] = {}
+        #: The reads to take again at each commit, per mission, with the number of
+        #: the mission's transaction that last made each.
+        self._keys: dict[str, dict[Key, int]] = {}
+        #: Transactions committed on each mission by this connection.
+        self._ticks: dict[str, int] = {}
         #: mission -> (transactions still to decide on fresh reads, failures in a row)
         self._doubt: dict[str, tuple[int, int]] = {}
 
@@ -83,25 +87,32 @@ class Memories:
         return self._memories.get(mission_id)
 
     def want(self, mission_id: str, key: Key) -> None:
-        """``key`` is read again at the commits on the mission from now on."""
-        keys = self._keys.setdefault(mission_id, [])
-        if keys and keys[0] == key:
-            return
-        if key in keys:
-            keys.remove(key)
-        keys.insert(0, key)
-        del keys[KEYS_PER_MISSION:]
+        """``key`` is read again at the next commits on the mission."""
+        keys = self._keys.setdefault(mission_id, {})
+        keys.pop(key, None)  # the most recent last
+        keys[key] = self._ticks.get(mission_id, 0)
+        while len(keys) > KEYS_PER_MISSION:
+            del keys[next(iter(keys))]
 
     def wanted(self, mission_id: str) -> list[Key]:
-        return list(self._keys.get(mission_id, ()))
+        """The reads made by the mission's last two transactions here."""
+        keys = self._keys.get(mission_id, {})
+        recent = self._ticks.get(mission_id, 0) - 1
+        for key in [k for k, tick in keys.items() if tick < recent]:
+            del keys[key]
+        return list(keys)
+
+    def committed(self, mission_id: str) -> None:
+        """A transaction on the mission committed here."""
+        self._ticks[mission_id] = self._ticks.get(mission_id, 0) + 1
 
     def keep(self, mission_id: str, memory: Memory) -> None:
         self._memories[mission_id] = memory
         self._memories.move_to_end(mission_id)
         while len(self._memories) > MISSIONS:
             old, _ = self._memories.popitem(last=False)
-            self._keys.pop(old, None)
-            self._doubt.pop(old, None)
+            for kept in (self._keys, self._ticks, self._doubt):
+                kept.pop(old, None)
 
     def held(self, mission_id: str) -> None:
         """A transaction that decided on the copy committed: no doubt left."""
