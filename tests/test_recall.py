@@ -13,6 +13,7 @@ where every read is fresh, the same stories must end the same way.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -41,22 +42,39 @@ def _doubted(engine: charter.Engine, mission: str) -> bool:
     return memories is not None and mission in memories._doubt
 
 
-def test_F1_F2_an_executor_whose_run_was_taken_over_meanwhile_is_fenced_and_sends_nothing(
+@dataclass
+class Owned:
+    """Two engines on one store; ``first`` owns run ``ex`` of ``mission``, which
+    has made two attempts (so ``first`` remembers the mission as its last
+    commit there left it)."""
+
+    first: charter.Engine
+    second: charter.Engine
+    mission: str
+    ex: charter.Executor
+
+
+@pytest.fixture
+def owned(
     engine: charter.Engine,
     make_engine: Callable[..., charter.Engine],
     who: Principals,
-    clock: ManualClock,
     adapter: RecordingAdapter,
-    backend: str,
+) -> Owned:
+    mission = engine.create_mission(default_contract(), by=who.alice)
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    _warm(ex, adapter)
+    return Owned(engine, make_engine(), mission, ex)
+
+
+def test_F1_F2_an_executor_whose_run_was_taken_over_meanwhile_is_fenced_and_sends_nothing(
+    owned: Owned, clock: ManualClock, adapter: RecordingAdapter, backend: str
 ) -> None:
     """Another worker recovers the run between two attempts of its owner: the
     owner's next admission, decided on the standing it remembers, is refused
     by the store, runs again on fresh reads and is fenced. Nothing of it is
     stored and the target receives nothing more."""
-    first, second = engine, make_engine()
-    mission = first.create_mission(default_contract(), by=who.alice)
-    ex = first.start_run(mission, by=who.agent, segment_id="seg-1")
-    _warm(ex, adapter)
+    first, second, mission, ex = owned.first, owned.second, owned.mission, owned.ex
     clock.advance(31)  # past the lease
     second.coordinator.recover(ex.run_id, "seg-2")
     events = len(first.audit_events(mission))
@@ -70,19 +88,12 @@ def test_F1_F2_an_executor_whose_run_was_taken_over_meanwhile_is_fenced_and_send
 
 
 def test_A1_N5_an_admission_after_a_person_stopped_the_run_meanwhile_is_refused(
-    engine: charter.Engine,
-    make_engine: Callable[..., charter.Engine],
-    who: Principals,
-    adapter: RecordingAdapter,
-    backend: str,
+    owned: Owned, who: Principals, adapter: RecordingAdapter
 ) -> None:
     """A person stops the run through another engine between two attempts: the
     owner's next admission sees the stopped run, not the active one it
     remembers, and records only its refusal."""
-    first, second = engine, make_engine()
-    mission = first.create_mission(default_contract(), by=who.alice)
-    ex = first.start_run(mission, by=who.agent, segment_id="seg-1")
-    _warm(ex, adapter)
+    first, second, mission, ex = owned.first, owned.second, owned.mission, owned.ex
     alice = second.authenticate(who.credentials["alice"])
     second.stop_run(ex.run_id, by=alice, reason="enough")
     with pytest.raises(charter.AdmissionRefused) as refused:
@@ -144,20 +155,13 @@ def _pg_only(backend: str) -> None:
 
 
 def test_a_transaction_on_a_copy_that_changed_raises_StoreChanged_and_writes_nothing(
-    engine: charter.Engine,
-    make_engine: Callable[..., charter.Engine],
-    who: Principals,
-    adapter: RecordingAdapter,
-    backend: str,
+    owned: Owned, who: Principals, backend: str
 ) -> None:
     """Opened by hand with ``recall=True``, a transaction whose recalled row
     changed is refused whole (typed, retryable); ``transact`` runs its body
     again on fresh reads, and its write lands once."""
     _pg_only(backend)
-    first, second = engine, make_engine()
-    mission = first.create_mission(default_contract(), by=who.alice)
-    ex = first.start_run(mission, by=who.agent, segment_id="seg-1")
-    _warm(ex, adapter)
+    first, second, mission, ex = owned.first, owned.second, owned.mission, owned.ex
     second.stop_run(ex.run_id, by=second.authenticate(who.credentials["alice"]))
     seen: list[str] = []
     with (
@@ -184,23 +188,16 @@ def test_a_transaction_on_a_copy_that_changed_raises_StoreChanged_and_writes_not
 
 
 def test_after_a_guard_fails_the_mission_is_read_fresh_for_a_while_then_recalled_again(
-    engine: charter.Engine,
-    make_engine: Callable[..., charter.Engine],
-    who: Principals,
-    adapter: RecordingAdapter,
-    backend: str,
+    owned: Owned, who: Principals, adapter: RecordingAdapter, backend: str
 ) -> None:
     """Workers sharing a mission change it under each other: after a failed
     guard, the next transaction there reads first (no round trip wasted on a
     guess), and once one holds, an attempt is two round trips again."""
     _pg_only(backend)
-    first, second = engine, make_engine()
-    mission = first.create_mission(default_contract(), by=who.alice)
-    ex = first.start_run(mission, by=who.agent, segment_id="seg-1")
+    first, second, mission, ex = owned.first, owned.second, owned.mission, owned.ex
     other = second.start_run(
         mission, by=second.authenticate(who.credentials["agent"]), segment_id="o"
     )
-    _warm(ex, adapter)
     other.attempt(adapter, "write", {}, effect_key="other")  # moves the chain's head
     driver: Any = first._db.driver
     sends: list[str] = []
