@@ -95,7 +95,13 @@ STEADY_ATTEMPTS = SQLiteDriver.checkpoint_pages // 20
 
 # -- attempt overhead ---------------------------------------------------------------------
 def attempt_overhead(
-    workdir: str, steps: int, warmup: int, reps: int, url: str | None = None
+    workdir: str,
+    steps: int,
+    warmup: int,
+    reps: int,
+    url: str | None = None,
+    *,
+    read_first: bool = False,
 ) -> dict[str, Any]:
     """N attempts in one run: admission + dispatch commit, no-op send, settlement.
 
@@ -103,12 +109,19 @@ def attempt_overhead(
     (as the peers' workflow or graph run is); the attempt loop alone is kept too.
     ``url`` names another store (a PostgreSQL database); a store this Charter
     cannot open yet is reported as pending, with Charter's own message.
+    ``read_first``: every transaction reads before it decides, as on a store
+    that remembers nothing (docs/stores.md): what recalling buys, by difference.
+    Set on the store driver, which is not public API.
     """
     store = url or str(Path(workdir) / "charter.db")
     try:
         engine, agent, mission, _ = setup(store)
     except charter.ConfigError as exc:
         return {"pending": exc.message}
+    if read_first:
+        driver: Any = engine._db.driver
+        driver.recalls = False
+        driver._memories.want = lambda *args: None
     loop_only = Sample("s")
     cpu = Sample("s")
     statuses: set[str] = set()

@@ -230,6 +230,17 @@ def attempt_rounds(run: Runner, plan: Plan, server: pg.Server | None) -> dict[st
         )
         keep(
             "postgresql",
+            "charter_read_first",
+            run.task(
+                "charter.attempts",
+                workdir=str(run.dir("charter-pg-read-first")),
+                url=pg.fresh_database(server, f"bench_charter_read_first_{r}"),
+                read_first=True,
+                **kw,
+            ),
+        )
+        keep(
+            "postgresql",
             "dbos",
             run.task("dbos", url=pg.fresh_database(server, f"bench_dbos_{r}"), **kw),
         )
@@ -264,6 +275,11 @@ def network_rounds(run: Runner, plan: Plan, server: pg.Server) -> dict[str, Any]
             tasks: list[tuple[str, str, dict[str, Any]]] = [
                 ("floor", "floor.postgres", {}),
                 ("charter", "charter.attempts", {"workdir": str(run.dir("charter-far"))}),
+                (
+                    "charter_read_first",
+                    "charter.attempts",
+                    {"workdir": str(run.dir("charter-far-read-first")), "read_first": True},
+                ),
                 ("dbos", "dbos", {}),
                 ("langgraph", "langgraph.postgres", {}),
             ]

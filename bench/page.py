@@ -198,6 +198,7 @@ def _network_lines(results: dict[str, Any]) -> list[str]:
         f"{name} {fmt_sample(s)}"
         for key, name in (
             ("charter", "Charter"),
+            ("charter_read_first", "Charter with every transaction reading first"),
             ("langgraph", "LangGraph"),
             ("dbos", "DBOS"),
             ("floor", "floor"),
@@ -210,7 +211,9 @@ def _network_lines(results: dict[str, Any]) -> list[str]:
         f"{net['delay_us']} µs each way (`bench/latency.py`), so that a `SELECT 1` "
         f"takes {fmt_sample(trip)} on its connection, as between two machines of one "
         f"data centre. Per step: {per_step}. Here each round trip counts: Charter's "
-        "attempt makes two (one per commit), the floor two.",
+        "attempt makes two (one per commit, each transaction deciding on what the "
+        "last commit read again), or four when every transaction reads first; the "
+        "floor two.",
     ]
 
 

@@ -239,6 +239,16 @@ def _attempt_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
                 f"floor {fmt_sample(two_trips)}",
             )
         )
+    first = sample_of(pg_got.get("charter_read_first"))
+    if ours is not None and first is not None:
+        out.append(
+            _info_row(
+                "attempt recalling vs every transaction reading first (PostgreSQL)",
+                ours,
+                first,
+                f"reading first {fmt_sample(first)}",
+            )
+        )
     tmpfs = results["attempts"].get("sqlite", {}).get("charter_tmpfs", {})
     cpu = sample_of({"sample": tmpfs["cpu"]}) if "cpu" in tmpfs else None
     disk = results["attempts"].get("sqlite", {}).get("charter", {})
@@ -267,6 +277,7 @@ def _network_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     trip = fmt(Sample.from_dict(net["round_trip"]).median, "s")
     out = []
     for key, name in (
+        ("charter_read_first", "every transaction reading first"),
         ("langgraph", "LangGraph sync superstep"),
         ("dbos", "DBOS step"),
         ("floor", "floor of two one-round-trip commits"),
@@ -274,7 +285,8 @@ def _network_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         theirs = sample_of(got.get(key))
         if theirs is not None:
             check = f"attempt vs {name} (PostgreSQL, round trip {trip})"
-            out.append(_info_row(check, ours, theirs, f"{key} {fmt_sample(theirs)}"))
+            short = key.replace("charter_read_first", "reading first")
+            out.append(_info_row(check, ours, theirs, f"{short} {fmt_sample(theirs)}"))
     return out
 
 
