@@ -28,6 +28,7 @@ import storebuild
 from timing import Sample, clock, repeat
 
 import charter
+from charter.storage import recall
 from charter.storage.sqlite import SQLiteDriver
 from charter.testing import RecordingAdapter, credential
 
@@ -259,7 +260,8 @@ def attempt_shape(
     original = getattr(driver, name)
 
     def counting(*args: Any) -> Any:
-        sent = [q for q, _, _ in driver._pending] if pipelined else []
+        # As they go on the wire: consecutive guards travel as one statement.
+        sent = [q for q, _, _ in recall.merged(driver._pending)] if pipelined else []
         sent += [args[0][0] if pipelined else args[0]] if args and args[0] else []
         counts["statements"] += len(sent)
         counts["commits"] += sent.count("COMMIT")
