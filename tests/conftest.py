@@ -106,7 +106,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         for fds in metafunc._arg2fixturedefs.values()
         for fd in fds
     )
-    metafunc.parametrize("backend", ["sqlite"] if reads_the_file else BACKENDS, indirect=True)
+    backends = ["sqlite"] if reads_the_file else BACKENDS
+    if metafunc.definition.get_closest_marker("networked"):
+        backends = [b for b in backends if b == "postgresql"]
+    metafunc.parametrize("backend", backends, indirect=True)
 
 
 @pytest.fixture

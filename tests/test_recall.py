@@ -149,18 +149,13 @@ def test_A4_a_row_changed_from_outside_is_seen_by_the_next_attempt(
     assert _doubted(engine, mission) is (backend == "postgresql")
 
 
-def _pg_only(backend: str) -> None:
-    if backend != "postgresql":
-        pytest.skip("only a networked store remembers rows between transactions")
-
-
+@pytest.mark.networked
 def test_a_transaction_on_a_copy_that_changed_raises_StoreChanged_and_writes_nothing(
     owned: Owned, who: Principals, backend: str
 ) -> None:
     """Opened by hand with ``recall=True``, a transaction whose recalled row
     changed is refused whole (typed, retryable); ``transact`` runs its body
     again on fresh reads, and its write lands once."""
-    _pg_only(backend)
     first, second, mission, ex = owned.first, owned.second, owned.mission, owned.ex
     second.stop_run(ex.run_id, by=second.authenticate(who.credentials["alice"]))
     seen: list[str] = []
@@ -187,13 +182,13 @@ def test_a_transaction_on_a_copy_that_changed_raises_StoreChanged_and_writes_not
     assert first.mission(mission).name == name + "+"
 
 
+@pytest.mark.networked
 def test_after_a_guard_fails_the_mission_is_read_fresh_for_a_while_then_recalled_again(
     owned: Owned, who: Principals, adapter: RecordingAdapter, backend: str
 ) -> None:
     """Workers sharing a mission change it under each other: after a failed
     guard, the next transaction there reads first (no round trip wasted on a
     guess), and once one holds, an attempt is two round trips again."""
-    _pg_only(backend)
     first, second, mission, ex = owned.first, owned.second, owned.mission, owned.ex
     other = second.start_run(
         mission, by=second.authenticate(who.credentials["agent"]), segment_id="o"
@@ -219,8 +214,9 @@ def test_after_a_guard_fails_the_mission_is_read_fresh_for_a_while_then_recalled
     assert [a.status.value for a in first.attempts(run_id=ex.run_id)] == ["succeeded"] * 4
 
 
+@pytest.mark.networked
 def test_F1_F3_a_stray_clock_estimate_is_never_recorded(
-    store_url: str,
+    store_address: str,
     creds: tuple[dict[str, str], dict[str, str]],
     backend: str,
 ) -> None:
@@ -229,10 +225,9 @@ def test_F1_F3_a_stray_clock_estimate_is_never_recorded(
     the slack (here 5 s ahead, as after the server's clock was stepped back) is
     refused by the clock's guard; the attempt is admitted again with the clock
     read after the gate, and what is stored is the server's time."""
-    _pg_only(backend)
     import psycopg
 
-    engine = charter.Engine.open(store_url, config=charter.EngineConfig(credentials=creds[1]))
+    engine = charter.Engine.open(store_address, config=charter.EngineConfig(credentials=creds[1]))
     try:
         alice = engine.authenticate(creds[0]["alice"])
         agent = engine.authenticate(creds[0]["agent"])
@@ -243,7 +238,7 @@ def test_F1_F3_a_stray_clock_estimate_is_never_recorded(
         driver: Any = engine._db.driver
         server, sent = driver._base
         driver._base = (server + 5_000_000, sent)
-        with psycopg.connect(store_url, autocommit=True) as con:
+        with psycopg.connect(store_address, autocommit=True) as con:
             row = con.execute("SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1e6)::BIGINT")
             before = row.fetchone()
         attempt = ex.attempt(adapter, "write", {}, effect_key="estimated")
@@ -251,15 +246,17 @@ def test_F1_F3_a_stray_clock_estimate_is_never_recorded(
         assert attempt.dispatched_at_us is not None
         assert 0 <= attempt.dispatched_at_us - before[0] < 1_000_000
         assert _doubted(engine, mission)
-        # The next attempts estimate from a fresh reading, within the slack.
-        _warm(ex, adapter, 1)
-        later = engine.attempts(run_id=ex.run_id)[-1]
-        assert later.prepared_at_us is not None
-        assert later.prepared_at_us >= attempt.dispatched_at_us
+        # The next attempt estimates from a fresh reading, within the slack: its
+        # settlement commits on the copy, and the doubt is gone.
+        later = ex.attempt(adapter, "write", {}, effect_key="later")
+        assert later.prepared_at_us is not None and later.settled_at_us is not None
+        assert later.settled_at_us >= later.prepared_at_us >= attempt.dispatched_at_us
+        assert not _doubted(engine, mission)
     finally:
         engine.close()
 
 
+@pytest.mark.networked
 def test_guards_hold_exactly_when_the_row_read_again_is_the_row_recalled(
     raw: RawStore, backend: str
 ) -> None:
@@ -267,7 +264,6 @@ def test_guards_hold_exactly_when_the_row_read_again_is_the_row_recalled(
     row the transaction decided on: equal rows pass; a difference in any
     column, NULL against a value, an empty text against NULL, a missing or an
     extra row each fail (division by zero), with text of every kind."""
-    _pg_only(backend)
     raw.execute(
         "CREATE TABLE guarded (id TEXT PRIMARY KEY, n BIGINT, s TEXT, b BOOLEAN, k INTEGER)"
     )
@@ -311,12 +307,12 @@ def test_guards_hold_exactly_when_the_row_read_again_is_the_row_recalled(
     assert recall.matching(read, ("a",), {"n": 1.5}) is None  # not comparable as sent
 
 
+@pytest.mark.networked
 def test_a_one_row_write_assumed_is_refused_when_it_changes_none_or_several(
     raw: RawStore, backend: str
 ) -> None:
     """A conditional write whose count a transaction assumed (one row) is sent
     as a guard of it: it passes only when exactly one row changed."""
-    _pg_only(backend)
     raw.execute("CREATE TABLE counted (id TEXT PRIMARY KEY, n BIGINT)")
     raw.execute("INSERT INTO counted VALUES ('a', 1), ('b', 1)")
 
@@ -375,11 +371,11 @@ def test_A4_L6_a_settlement_whose_attempt_was_changed_by_hand_meanwhile_settles_
     assert _doubted(engine, mission) is (backend == "postgresql")
 
 
+@pytest.mark.networked
 def test_guards_sent_together_fail_when_any_one_of_them_fails(raw: RawStore, backend: str) -> None:
     """Consecutive guards travel as one statement: it fails when any of them
     fails, wherever it stands (the server must compute every guard, not only
     the columns it returns)."""
-    _pg_only(backend)
     raw.execute("CREATE TABLE pair (id TEXT PRIMARY KEY, n BIGINT)")
     raw.execute("INSERT INTO pair VALUES ('a', 1), ('b', 2)")
     read = "SELECT n FROM pair WHERE id = %s"
