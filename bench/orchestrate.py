@@ -218,27 +218,11 @@ def attempt_rounds(run: Runner, plan: Plan, server: pg.Server | None) -> dict[st
                 **kw,
             ),
         )
-        keep(
-            "postgresql",
-            "charter",
-            run.task(
-                "charter.attempts",
-                workdir=str(run.dir("charter-pg")),
-                url=pg.fresh_database(server, f"bench_charter_{r}"),
-                **kw,
-            ),
-        )
-        keep(
-            "postgresql",
-            "charter_read_first",
-            run.task(
-                "charter.attempts",
-                workdir=str(run.dir("charter-pg-read-first")),
-                url=pg.fresh_database(server, f"bench_charter_read_first_{r}"),
-                read_first=True,
-                **kw,
-            ),
-        )
+        # Charter as it is, then with every transaction reading first.
+        for who, read_first in (("charter", False), ("charter_read_first", True)):
+            url = pg.fresh_database(server, f"bench_{who}_{r}")
+            kw_who = {**kw, "read_first": read_first, "workdir": str(run.dir(f"{who}-pg"))}
+            keep("postgresql", who, run.task("charter.attempts", url=url, **kw_who))
         keep(
             "postgresql",
             "dbos",
