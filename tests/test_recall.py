@@ -401,3 +401,25 @@ def test_guards_sent_together_fail_when_any_one_of_them_fails(raw: RawStore, bac
             continue
         assert failing is None
         assert rows == [{"now": 7, "ok": 3}]
+
+
+@pytest.mark.networked
+def test_a_commit_leaves_no_copy_older_than_itself(
+    owned: Owned, adapter: RecordingAdapter, backend: str
+) -> None:
+    """A transaction that makes every repeated read itself and moves the
+    chain's head reads nothing again at its commit; the copy from before it
+    must not outlive it, or the next transaction would decide on it and fail
+    its guards (a round trip wasted, and the mission doubted)."""
+    first, mission, ex = owned.first, owned.mission, owned.ex
+
+    def both(tx: Any) -> None:
+        assert runs_store.standing(tx, mission, ex.run_id) is not None
+        assert runs_store.status_ahead(tx, mission, ex.run_id).row is not None
+        tx.audit(mission, "run.noted", ex.run_id, actor="test")
+
+    first._db.transact(both, gate=mission)
+    attempt = ex.attempt(adapter, "write", {}, effect_key="after-both")
+    assert attempt.status.value == "succeeded"
+    assert not _doubted(first, mission)
+    assert all(v.ok for v in first.verify_audit(mission))

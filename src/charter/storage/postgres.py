@@ -527,23 +527,28 @@ class PostgresDriver:
             self._memories.committed(mission_id)
         if self._trusted is not None:
             self._memories.held(self._trusted)
-        for mission_id, head, rows in filter(None, again):
-            self._memories.keep(mission_id, Memory(head, rows))
+        # Every copy of a gated mission is replaced, or forgotten: one older than
+        # this commit would only fail its guards.
+        for mission_id, head, rows in again:
+            if head is None:
+                self._memories.forget(mission_id)
+            else:
+                self._memories.keep(mission_id, Memory(head, rows))
 
-    def _read_again(self, mission_id: str) -> tuple[str, Head, dict[Key, Recalled]] | None:
+    def _read_again(self, mission_id: str) -> tuple[str, Head | None, dict[Key, Recalled]]:
         """Send the mission's repeated reads with the commit; their rows arrive in
         the dict returned, with the head as this transaction leaves it (known:
-        read or recalled under the gate, or moved by the transaction itself).
-        ``None``: nothing of the mission is repeated, or it has no head yet."""
+        read or recalled under the gate, or moved by the transaction itself;
+        ``None`` while the mission has none: nothing is read then)."""
         # Those this transaction made are left out: an executor's transactions
         # take turns (an admission reads the run's standing, its settlement the
         # run's status), so the next one needs the others. One that needs a read
         # left out sends it ahead, as it would without a copy.
         keys = [k for k in self._memories.wanted(mission_id) if k not in self._used]
         head = self._heads.get(mission_id)
-        if not keys or head is None:
-            return None
         rows: dict[Key, Recalled] = {}
+        if not keys or head is None:
+            return mission_id, head, rows
         if len(keys) == 1:
             [key] = keys
             self._pending.append((key[0], key[1], lambda r: rows.__setitem__(key, r.fetchone())))

@@ -118,9 +118,12 @@ class Memories:
         """A transaction that decided on the copy committed: no doubt left."""
         self._doubt.pop(mission_id, None)
 
+    def forget(self, mission_id: str) -> None:
+        self._memories.pop(mission_id, None)
+
     def changed(self, mission_id: str) -> None:
         """A guard failed: forget the copy, and decide on fresh reads for a while."""
-        self._memories.pop(mission_id, None)
+        self.forget(mission_id)
         _, streak = self._doubt.get(mission_id, (0, 0))
         self._doubt[mission_id] = (min(1 << streak, MOST_DOUBT), streak + 1)
 
