@@ -188,6 +188,9 @@ def test_R1_an_executor_used_from_a_forked_child_is_fenced_and_sends_nothing(
 
     assert "a fork" in out.get()
     assert engine.attempts(run_id=ex.run_id) == []
+    # Nothing of the child reached the parent's connection: the parent goes on.
+    attempt = ex.attempt(RecordingAdapter(), "read", {}, effect_key="in-the-parent")
+    assert attempt.status.value == "succeeded"
 
 
 # -- the process identity itself ----------------------------------------------------------

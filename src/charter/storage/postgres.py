@@ -25,6 +25,7 @@ its ``COMMIT``: an attempt then makes two round trips, one per commit.
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import select
 from collections.abc import Callable, Sequence
@@ -219,6 +220,8 @@ class PostgresDriver:
             self._conn.execute("SET synchronous_commit = on")
         except psycopg.Error as exc:
             raise StoreError(f"cannot open the PostgreSQL store: {exc}") from None
+        #: The process that opened the connection: the only one that may use it.
+        self._pid = os.getpid()
         #: Statement text -> the name it is prepared under on this connection.
         self._prepared: dict[str, bytes] = {}
         self._loaders = Transformer(self._conn)
@@ -291,6 +294,13 @@ class PostgresDriver:
         a sync point, so they end the transaction whatever came before (in an
         aborted transaction ``COMMIT`` rolls back).
         """
+        if os.getpid() != self._pid:
+            # A forked process shares the socket: what it sent would land in its
+            # parent's session (and be answered to whichever reads first).
+            raise StoreError(
+                f"this PostgreSQL connection belongs to process {self._pid}; a forked "
+                "process opens an engine of its own"
+            )
         batch = merged(self._pending if last is None else [*self._pending, last])
         self._pending = []
         ending = last[0] if last is not None and last[0] in ("COMMIT", "ROLLBACK") else None
@@ -573,8 +583,8 @@ class PostgresDriver:
     def rollback(self) -> None:
         self._pending = []
         self._recalling = self._trusted = None
-        if self._conn.closed:
-            return
+        if self._conn.closed or os.getpid() != self._pid:
+            return  # nothing to undo here, or not this process's to undo
         if self._conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             try:
                 self._conn.execute("ROLLBACK")
@@ -584,4 +594,5 @@ class PostgresDriver:
                 self._conn.close()
 
     def close(self) -> None:
-        self._conn.close()
+        if os.getpid() == self._pid:  # closing would end the parent's session too
+            self._conn.close()
