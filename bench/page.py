@@ -327,7 +327,7 @@ def _attempt_section(results: dict[str, Any], plan: dict[str, Any]) -> list[str]
         "",
         "- A Charter attempt is admission and the dispatch commit in one transaction, "
         "the adapter call, then settlement in a second transaction — each with its "
-        "ledger entries, cached balances and hash-chained audit events. "
+        "cached balances and hash-chained audit events, which carry its ledger entries. "
         f"The attempt loop alone, without `start_run` and `finish`: {loop}. Afterwards "
         f"the ledger check {ledger} and the audit chain {audit}.",
         *shape_line,
@@ -393,8 +393,8 @@ def _recovery_section(results: dict[str, Any]) -> list[str]:
         _md_table(["settled attempts", "recover()", "store size", "state after"], body),
         "",
         "The big stores are built by running one attempt through the API and "
-        "copying its rows (attempt, ledger entries, audit events re-chained) with "
-        "direct SQL; after each build the ledger check and the audit chain "
+        "copying its rows (attempt, audit events re-chained with the ledger entries "
+        "they carry) with direct SQL; after each build the ledger check and the audit chain "
         "verification pass. The dead owner's lease is moved into the past rather "
         "than waited out.",
         "",

@@ -2,20 +2,22 @@
 
 Running 100,000 attempts one by one would take minutes of fsyncs, so the
 bench runs a *template* through Charter's API (one attempt, or one whole run)
-and copies every row it wrote — attempts, ledger entries, audit events, runs,
-segments, node executions, evidence — ``copies`` times in one transaction,
+and copies every row it wrote — attempts, audit events (which carry the
+ledger's entries), runs, segments, node executions, evidence — ``copies`` times in one transaction,
 renaming its IDs. The copies keep the store's invariants:
 
 - the audit chain is extended event by event, each copy re-hashed on top of
   the previous one, and its head on the mission's row moved to the end, so
   ``Engine.verify_audit`` holds;
-- the cached allowance balances move by exactly the copied ledger entries, so
+- the cached allowance balances move by exactly the entries the copied events
+  carry, so
   ``Engine.check_ledger`` holds (both are checked after every build);
 - the mission's admitted-attempt counter counts the copies.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import sqlite3
 import time
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from charter.hashing import HASHED_FIELDS, digest, event_hash, genesis
+from charter.ledger.accounts import Move, carried
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 
@@ -100,13 +103,6 @@ def clone(
         attempts = _rows(
             conn, f"SELECT * FROM attempts WHERE id IN ({_marks(attempt_ids)})", attempt_ids
         )
-        ledger = _rows(
-            conn,
-            f"SELECT * FROM ledger_entries WHERE attempt_id IN ({_marks(attempt_ids)}) ORDER BY id",
-            attempt_ids,
-        )
-        for entry in ledger:
-            del entry["id"]
         evidence = _rows(
             conn,
             f"SELECT * FROM evidence WHERE attempt_id IN ({_marks(attempt_ids)})",
@@ -122,6 +118,7 @@ def clone(
             )
             if any(e["entity"] == t or e["entity"].startswith(t + "/") for t in tokens)
         ]
+        ledger = [m for e in events for m in _carried(e)]
         seq, prev = conn.execute(
             "SELECT audit_seq, audit_hash FROM missions WHERE id = ?", (mission_id,)
         ).fetchone()
@@ -133,7 +130,6 @@ def clone(
             for table, rows in per_run.items():
                 _insert(conn, table, (_rename(r, mapping) for r in rows))
             _insert(conn, "attempts", (_rename(r, mapping) for r in attempts))
-            _insert(conn, "ledger_entries", (_rename(r, mapping) for r in ledger))
             _insert(conn, "evidence", (_rename(r, mapping) for r in evidence))
             chained = []
             for event in events:
@@ -189,19 +185,25 @@ def rename_ids(token: str, k: int) -> str:
     return new_id(prefix)
 
 
+def _carried(event: dict[str, Any]) -> list[Move]:
+    """The ledger entries an audit event carries (its payload's ``ledger``)."""
+    ledger = json.loads(event["payload"]).get("ledger")
+    return [] if ledger is None else carried(ledger)[2]
+
+
 def _move_balances(
-    conn: sqlite3.Connection, mission_id: str, ledger: Sequence[dict[str, Any]], copies: int
+    conn: sqlite3.Connection, mission_id: str, ledger: Sequence[Move], copies: int
 ) -> None:
     """Apply the copied entries to the cached balances (L0-L2 stay true)."""
     deltas: dict[str, dict[str, int]] = {}
-    for entry in ledger:
+    for move in ledger:
         d = deltas.setdefault(
-            entry["unit"], {"limit": 0, "available": 0, "held": 0, "spent": 0, "overrun": 0}
+            move.unit, {"limit": 0, "available": 0, "held": 0, "spent": 0, "overrun": 0}
         )
-        d[entry["source"]] -= entry["amount"] * copies
-        d[entry["target"]] += entry["amount"] * copies
-        if entry["kind"] == "overrun":
-            d["overrun"] += entry["amount"] * copies
+        d[move.source] -= move.amount * copies
+        d[move.target] += move.amount * copies
+        if move.kind == "overrun":
+            d["overrun"] += move.amount * copies
     for unit, d in deltas.items():
         conn.execute(
             "UPDATE allowances SET limit_amount = limit_amount - ?, available = available + ?, "

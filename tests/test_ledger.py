@@ -451,6 +451,119 @@ def test_L2_spent_is_the_sum_of_actuals_in_full(
     assert balances["usd"].available == 1_000_000 - balances["usd"].spent
 
 
+#: The events whose transitions move money, and so carry the ledger's entries.
+CARRIERS = {"attempt.prepared", "attempt.settled", "attempt.voided", "contract.version"}
+
+
+def test_L2_S1_entries_travel_in_their_transitions_hashed_events_not_rows_of_their_own(
+    engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter, raw: Any
+) -> None:
+    """Breaking this looks like an entry written to a table beside the chain (one
+    more table an attempt writes, an entry an edit of the store can change unseen),
+    an entry whose event is not its transition's, or an entry edited in the store
+    that neither the chain nor the ledger check reports."""
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    ex.attempt(adapter, "write", {"n": 1}, effect_key="paid")
+    adapter.script["write"] = pays({"usd": 9_000, "calls": 1})
+    ex.attempt(adapter, "write", {"n": 2}, effect_key="overrun")
+    for incident in engine.incidents(mission, open_only=True):
+        engine.close_incident(incident["id"], by=who.alice, note="overrun confirmed")
+    ex.admit(adapter, "read", {"n": 3}, effect_key="voided")
+    engine.stop_run(ex.run_id, by=who.alice)
+    engine.raise_limit(mission, "usd", 2_000_000, by=who.alice)
+    assert_ledger(engine, mission)
+    assert raw.rows("SELECT * FROM ledger_entries") == []
+
+    entries = engine.ledger_entries(mission)
+    assert {e["kind"] for e in entries} == {"fund", "hold", "spend", "overrun", "release"}
+    events = {
+        e["seq"]: e for e in raw.rows("SELECT * FROM audit_events WHERE mission_id = ?", mission)
+    }
+    for e in entries:
+        event = events[e["seq"]]
+        assert event["kind"] in CARRIERS, event
+        assert event["entity"] == (e["attempt_id"] or mission)
+        carried = json.loads(event["payload"])["ledger"]
+        assert [e["kind"], e["unit"], e["amount"]] in carried["moves"]
+        assert carried["price_source"] == e["price_source"] is not None  # L8
+    # Every event of those kinds that moves money carries its moves, and no other does.
+    movers = {e["seq"] for e in entries}
+    assert {s for s, ev in events.items() if '"ledger":{' in ev["payload"]} == movers
+
+    # An entry edited in the store: the chain breaks at its event, and the books
+    # rebuilt from the events no longer match the cached balances.
+    spend = next(e for e in entries if e["kind"] == "spend" and e["unit"] == "usd")
+    payload = json.loads(events[spend["seq"]]["payload"])
+    payload["ledger"]["moves"] = [
+        [k, u, a + 1 if (k, u) == ("spend", "usd") else a] for k, u, a in payload["ledger"]["moves"]
+    ]
+    edited = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    raw.execute(
+        "UPDATE audit_events SET payload = ? WHERE mission_id = ? AND seq = ?",
+        edited,
+        mission,
+        spend["seq"],
+    )
+    (verified,) = engine.verify_audit(mission)
+    assert not verified.ok and verified.broken_at == spend["seq"]
+    assert [p.split(" ")[0] for p in engine.check_ledger(mission)] == ["L2"]
+
+    # Something that is not a ledger's entries is reported, not raised.
+    payload["ledger"] = {"moves": "all of it"}
+    raw.execute(
+        "UPDATE audit_events SET payload = ? WHERE mission_id = ? AND seq = ?",
+        json.dumps(payload, sort_keys=True, separators=(",", ":")),
+        mission,
+        spend["seq"],
+    )
+    (problem,) = engine.check_ledger(mission)
+    assert problem.startswith("L2") and "not a ledger's" in problem
+
+
+def test_L2_entries_written_as_rows_before_schema_15_are_still_counted(
+    engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter, raw: Any
+) -> None:
+    """A store from before schema 15 keeps its entries as rows of ``ledger_entries``;
+    breaking this looks like those entries left out of the books rebuilt from the
+    store (an L2 problem on every upgraded store), or out of the entries listed."""
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    ex.attempt(adapter, "write", {"n": 1}, effect_key="paid")
+    # An earlier raise of the limit, recorded the way Charter did before schema 15:
+    # its entry as a row, its balances moved with it.
+    raw.execute(
+        "INSERT INTO ledger_entries (mission_id, unit, attempt_id, kind, source, target, "
+        "amount, price_source, at_us) VALUES (?, 'calls', NULL, 'fund', 'limit', "
+        "'available', 7, 'contract v0', 1)",
+        mission,
+    )
+    raw.execute(
+        "UPDATE allowances SET limit_amount = limit_amount + 7, available = available + 7 "
+        "WHERE mission_id = ? AND unit = 'calls'",
+        mission,
+    )
+    assert engine.check_ledger(mission) == []
+    every = engine.ledger_entries(mission, unit="calls")
+    assert every[0] == {
+        "mission_id": mission,
+        "seq": None,
+        "unit": "calls",
+        "attempt_id": None,
+        "kind": "fund",
+        "source": "limit",
+        "target": "available",
+        "amount": 7,
+        "price_source": "contract v0",
+        "at_us": 1,
+    }
+    assert [e["kind"] for e in every[1:]] == ["fund", "hold", "spend"]
+    assert all(e["seq"] is not None for e in every[1:])
+    for n in range(1, len(every) + 2):
+        assert engine.ledger_entries(mission, unit="calls", newest=n) == every[-n:]
+    # A rebuild that forgot the rows would find 7 calls fewer than cached.
+    raw.execute("DELETE FROM ledger_entries WHERE mission_id = ?", mission)
+    assert [p.split(" ")[:2] for p in engine.check_ledger(mission)] == [["L2", "calls:"]]
+
+
 def test_L2_float_actual_cost_never_reaches_the_ledger(
     engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter
 ) -> None:

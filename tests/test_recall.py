@@ -362,10 +362,7 @@ def test_A4_L6_a_settlement_whose_attempt_was_changed_by_hand_meanwhile_settles_
     assert attempt.status.value == "succeeded"
     [late] = engine.evidence(attempt.id)
     assert (late["source"], late["settled"], late["epoch"]) == ("late settlement (epoch 1)", 1, 1)
-    kinds = [
-        e["kind"]
-        for e in raw.rows("SELECT kind FROM ledger_entries WHERE attempt_id = ?", attempt.id)
-    ]
+    kinds = [e["kind"] for e in engine.ledger_entries(mission) if e["attempt_id"] == attempt.id]
     assert sorted(kinds) == ["hold", "hold", "spend", "spend"]  # usd and calls, once each
     assert engine.check_ledger(mission) == []
     assert _doubted(engine, mission) is (backend == "postgresql")

@@ -15,6 +15,8 @@ an exhausted allowance pauses it) keep that change.
 
 from __future__ import annotations
 
+from typing import Any
+
 from charter import ledger
 from charter.adapters import EffectClass
 from charter.attempts import settlement, store
@@ -299,17 +301,26 @@ def _record(seg: Segment, tx: Tx, call: Call, effect: Effect, dispatch_now: bool
         generation=effect.generation,
     )
     store.insert(tx, attempt, call.request_json)
-    ledger.record(
+    holds = ledger.record(
         tx, seg.mission_id, attempt.id, ledger.hold(attempt.estimate), attempt.price_source
     )
     contracts_store.count_admitted(tx, seg.mission_id)
-    _audit_prepared(seg, tx, call, effect, attempt)
+    _audit_prepared(seg, tx, call, effect, attempt, holds=holds)
     if dispatch_now:
         audit_dispatched(seg, tx, attempt)
     return attempt
 
 
-def _audit_prepared(seg: Segment, tx: Tx, call: Call, effect: Effect, attempt: Attempt) -> None:
+def _audit_prepared(
+    seg: Segment,
+    tx: Tx,
+    call: Call,
+    effect: Effect,
+    attempt: Attempt,
+    *,
+    holds: dict[str, Any],
+) -> None:
+    """The admission's event, carrying its holds (the ledger's entries)."""
     tx.audit(
         seg.mission_id,
         "attempt.prepared",
@@ -328,6 +339,7 @@ def _audit_prepared(seg: Segment, tx: Tx, call: Call, effect: Effect, attempt: A
             "estimate": attempt.estimate,
             "price_source": attempt.price_source,
             "retry_of": effect.retry_of,
+            **holds,
         },
     )
 

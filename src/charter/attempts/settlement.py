@@ -88,11 +88,8 @@ def settle(
         from_statuses=from_statuses,
     ):
         return False
-    # Stamped after the decisive update, so the store's clock (read with the
-    # gate, in the same round trip on PostgreSQL) is not waited for first.
-    store.stamp_settled(tx, attempt.id)
     budgeted = {u: a for u, a in actual.items() if u in units}
-    ledger.record(
+    entries = ledger.record(
         tx, attempt.mission_id, attempt.id, ledger.settle(attempt.estimate, budgeted), price_source
     )
     _incidents(
@@ -121,6 +118,7 @@ def settle(
             "receipt": receipt,
             "price_source": price_source,
             "reason": reason,
+            **entries,
         },
     )
     _conclude(tx, attempt, run, actor=actor, segment=segment)
@@ -232,7 +230,7 @@ def void(
     run = _run_status(tx, attempt)
     if not store.void(tx, attempt.id, reason):
         return False
-    ledger.record(
+    entries = ledger.record(
         tx, attempt.mission_id, attempt.id, ledger.release(attempt.estimate), attempt.price_source
     )
     _count(tx, AttemptStatus.VOIDED, attempt)
@@ -245,7 +243,7 @@ def void(
         epoch=epoch,
         before="prepared",
         after="voided",
-        payload={"reason": reason},
+        payload={"reason": reason, **entries},
     )
     _conclude(tx, attempt, run, actor=actor, segment=segment)
     return True

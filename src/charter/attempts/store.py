@@ -224,11 +224,15 @@ def settle(
     from_statuses: tuple[AttemptStatus, ...],
 ) -> bool:
     """Record a settlement if the attempt is still in one of ``from_statuses``
-    (L6: a hold is resolved once); ``False`` if it was not."""
-    return bool(
+    (L6: a hold is resolved once); ``False`` if it was not. Its time goes in
+    the same statement when the store's clock is known without a wait, else in
+    one sent after it, so the decisive update never waits for the clock."""
+    at_us = tx.now_known
+    settled = bool(
         tx.run(
             "UPDATE attempts SET status = ?, actual = ?, result = ?, receipt = ?, "
             "price_source = COALESCE(?, price_source), reason = COALESCE(?, reason), "
+            "settled_at_us = ?, "
             f"answered = ? WHERE id = ? AND status IN ({_marks(from_statuses)})",
             status.value,
             canonical(dict(actual)),
@@ -236,17 +240,15 @@ def settle(
             _dump(receipt),
             price_source,
             reason,
+            at_us,
             int(answered),
             attempt_id,
             *(s.value for s in from_statuses),
         )
     )
-
-
-def stamp_settled(tx: Tx, attempt_id: str) -> None:
-    """The settlement's time, written after the decisive update so that reading
-    the store's clock does not delay it."""
-    tx.write("UPDATE attempts SET settled_at_us = ? WHERE id = ?", tx.now_us, attempt_id)
+    if settled and at_us is None:
+        tx.write("UPDATE attempts SET settled_at_us = ? WHERE id = ?", tx.now_us, attempt_id)
+    return settled
 
 
 def void(tx: Tx, attempt_id: str, reason: str) -> bool:

@@ -5,8 +5,9 @@ was sound: a balance edited in the source store before export would be signed
 along with the rest. So an import also checks what the state must satisfy on
 its own: every record belongs to the snapshot's mission (and its runs and
 attempts), the mission's row ends its chain where the signed head does, and the
-ledger holds (L0-L2): balances rebuilt from the entries equal the recorded
-ones, the held amounts are the holds of the unresolved attempts, and
+ledger holds (L0-L2): balances rebuilt from the entries (the rows of
+``ledger_entries`` written before schema 15, then those the chain's events
+carry) equal the recorded ones, the held amounts are the holds of the unresolved attempts, and
 available + held + spent = limit. Pure: it reads only the snapshot.
 """
 
@@ -18,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from charter.errors import SnapshotTampered
-from charter.ledger.accounts import Balance, Move, balances
+from charter.ledger.accounts import Balance, Move, balances, carried
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _UNRESOLVED = ("prepared", "dispatched", "unknown")
@@ -67,15 +68,31 @@ def _head(header: Mapping[str, Any], state: State) -> None:
         )
 
 
-def _ledger(state: State) -> None:
+def _moves(state: State, events: Sequence[Mapping[str, Any]]) -> list[Move]:
+    """Every entry of the mission: its rows, then what its (verified) events carry."""
+    moves = [
+        Move(e["unit"], e["kind"], e["source"], e["target"], e["amount"])
+        for e in state["ledger_entries"]
+    ]
+    for event in events:
+        if '"ledger":{' not in event["payload"]:
+            continue
+        try:
+            ledger = json.loads(event["payload"]).get("ledger")
+            moves += [] if ledger is None else carried(ledger)[2]
+        except ValueError:
+            raise _refuse(
+                "ledger", f"audit event {event['seq']} carries entries that are not a ledger's"
+            ) from None
+    return moves
+
+
+def _ledger(state: State, events: Sequence[Mapping[str, Any]]) -> None:
     recorded = {
         a["unit"]: Balance(a["limit_amount"], a["available"], a["held"], a["spent"], a["overrun"])
         for a in state["allowances"]
     }
-    rebuilt = balances(
-        Move(e["unit"], e["kind"], e["source"], e["target"], e["amount"])
-        for e in state["ledger_entries"]
-    )
+    rebuilt = balances(_moves(state, events))
     holds: dict[str, int] = {}
     for attempt in state["attempts"]:
         if attempt["status"] in _UNRESOLVED:
@@ -103,11 +120,17 @@ def _ledger(state: State) -> None:
             )
 
 
-def check(header: Mapping[str, Any], state: State, artifacts: Sequence[Mapping[str, Any]]) -> None:
-    """Refuse a snapshot whose state is not one whole, balanced mission."""
+def check(
+    header: Mapping[str, Any],
+    events: Sequence[Mapping[str, Any]],
+    state: State,
+    artifacts: Sequence[Mapping[str, Any]],
+) -> None:
+    """Refuse a snapshot whose state is not one whole, balanced mission (its
+    ``events`` already verified as its chain)."""
     _belongs(str(header["mission_id"]), state)
     _head(header, state)
-    _ledger(state)
+    _ledger(state, events)
     for item in artifacts:
         if not _SHA256.fullmatch(item["sha256"]) or item["size"] < 0:
             raise SnapshotTampered(

@@ -393,5 +393,5 @@ def load(data: bytes, trusted: Iterable[str]) -> Snapshot:
     events = _events(entries, header)
     state = _state(entries, header)
     manifest = _artifacts(entries, header)
-    consistency.check(header, state, manifest)
+    consistency.check(header, events, state, manifest)
     return Snapshot(header, events, state, manifest)

@@ -157,7 +157,7 @@ def add_version(
         if unit not in old_limits:
             ledger_store.open_account(tx, mission_id, unit)
         moves += ledger.fund(unit, limit - old_limits.get(unit, 0))
-    ledger.record(tx, mission_id, None, moves, f"contract v{version}")
+    entries = ledger.record(tx, mission_id, None, moves, f"contract v{version}")
     tx.audit(
         mission_id,
         "contract.version",
@@ -165,6 +165,11 @@ def add_version(
         actor=by,
         before=str(version - 1) if version > 1 else None,
         after=str(version),
-        payload={"reason": reason, "digest": contract.digest(), "contract": contract.to_dict()},
+        payload={
+            "reason": reason,
+            "digest": contract.digest(),
+            "contract": contract.to_dict(),
+            **entries,
+        },
     )
     return version

@@ -17,8 +17,11 @@ reduce      available -> limit      a limit lowered
 ==========  ======================  =====================================
 
 This module only *computes* moves, as pure arithmetic; :mod:`charter.ledger.store`
-applies them and the cached balances in one transaction and rebuilds balances
-from entries.
+applies them to the cached balances in one transaction and rebuilds balances
+from entries. An entry is carried by the audit event of the transition that
+makes it (:func:`carry`): the event is hashed into the mission's chain (S1),
+so an entry edited, added or removed afterwards breaks the chain, and the
+ledger costs no table of its own per attempt.
 
 Amounts are integers in [0, 2^63 - 1] (A9): :func:`charter.amounts.is_amount` is the one range
 check for a single amount (a limit, an estimate, an actual cost), and
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
+from typing import Any
 
 from charter.amounts import MAX_AMOUNT
 from charter.errors import AmountOverflow
@@ -48,21 +52,38 @@ class Move:
     amount: int
 
 
+#: Each kind of entry and the accounts it moves its amount from and to: an entry
+#: is its kind, unit and amount, and its accounts follow from its kind.
+ROUTES: dict[str, tuple[str, str]] = {
+    "fund": ("limit", "available"),
+    "reduce": ("available", "limit"),
+    "hold": ("available", "held"),
+    "spend": ("held", "spent"),
+    "release": ("held", "available"),
+    "overrun": ("available", "spent"),
+}
+
+
+def _move(unit: str, kind: str, amount: int) -> Move:
+    source, target = ROUTES[kind]
+    return Move(unit, kind, source, target, amount)
+
+
 def fund(unit: str, amount: int) -> list[Move]:
     if amount > 0:
-        return [Move(unit, "fund", "limit", "available", amount)]
+        return [_move(unit, "fund", amount)]
     if amount < 0:
-        return [Move(unit, "reduce", "available", "limit", -amount)]
+        return [_move(unit, "reduce", -amount)]
     return []
 
 
 def hold(estimate: Mapping[str, int]) -> list[Move]:
-    return [Move(u, "hold", "available", "held", a) for u, a in estimate.items() if a > 0]
+    return [_move(u, "hold", a) for u, a in estimate.items() if a > 0]
 
 
 def release(held: Mapping[str, int]) -> list[Move]:
     """Release a hold in full (VOIDED: never sent, L6)."""
-    return [Move(u, "release", "held", "available", a) for u, a in held.items() if a > 0]
+    return [_move(u, "release", a) for u, a in held.items() if a > 0]
 
 
 def settle(held: Mapping[str, int], actual: Mapping[str, int]) -> list[Move]:
@@ -77,11 +98,11 @@ def settle(held: Mapping[str, int], actual: Mapping[str, int]) -> list[Move]:
         a = actual.get(unit, 0)
         spent = min(h, a)
         if spent:
-            moves.append(Move(unit, "spend", "held", "spent", spent))
+            moves.append(_move(unit, "spend", spent))
         if h > a:
-            moves.append(Move(unit, "release", "held", "available", h - a))
+            moves.append(_move(unit, "release", h - a))
         elif a > h:
-            moves.append(Move(unit, "overrun", "available", "spent", a - h))
+            moves.append(_move(unit, "overrun", a - h))
     return moves
 
 
@@ -146,3 +167,34 @@ def check_sums(current: Mapping[str, Balance], change: Mapping[str, Balance]) ->
                     account=account,
                     amount=amount,
                 )
+
+
+def carry(
+    moves: Iterable[Move], attempt_id: str | None, price_source: str | None
+) -> dict[str, Any]:
+    """A transaction's entries as its audit event carries them (the payload's
+    ``ledger``): the attempt they belong to, where the price came from (L8),
+    and each entry as ``[kind, unit, amount]``."""
+    return {
+        "attempt": attempt_id,
+        "price_source": price_source,
+        "moves": [[m.kind, m.unit, m.amount] for m in moves],
+    }
+
+
+def carried(ledger: Any) -> tuple[str | None, str | None, list[Move]]:
+    """The attempt, price source and entries an event carries (see :func:`carry`);
+    :class:`ValueError` when it is not that shape, as in a store or snapshot
+    edited by hand."""
+    try:
+        attempt, source = ledger["attempt"], ledger["price_source"]
+        moves = [_move(unit, kind, amount) for kind, unit, amount in ledger["moves"]]
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("not a ledger's entries") from None
+    fine = all(
+        isinstance(m.unit, str) and type(m.amount) is int and 0 < m.amount <= MAX_AMOUNT
+        for m in moves
+    )
+    if not fine or not all(isinstance(v, str | None) for v in (attempt, source)):
+        raise ValueError("not a ledger's entries")
+    return attempt, source, moves

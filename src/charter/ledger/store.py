@@ -1,18 +1,25 @@
-"""The ledger room's tables: entries, cached balances, incidents (L0-L7).
+"""The ledger room's tables: cached balances, incidents, entries (L0-L7).
 
-Every statement on ``ledger_entries``, ``allowances`` (a mission's accounts,
-opened with its contract, and their cached balances) and ``incidents`` is
+Every statement on ``allowances`` (a mission's accounts, opened with its
+contract, and their cached balances), ``incidents`` and ``ledger_entries`` is
 here; :mod:`charter.ledger.accounts` computes the moves and
 :mod:`charter.ledger.incidents` says what an incident means.
+
+Since schema 15 an entry is not a row of its own: it is carried by the audit
+event of the transition that makes it (the payload's ``ledger``), hashed into
+the mission's chain with the rest of that event (S1). ``ledger_entries`` keeps
+the entries written before, read beside the carried ones; nothing writes it
+any more. So the books are rebuilt from one append-only, hash-chained record,
+and an attempt's two transactions write one table fewer each.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from charter.ledger.accounts import Balance, Move, balances, check_sums
+from charter.ledger.accounts import Balance, Move, balances, carried, carry, check_sums
 from charter.storage import Row, Tx
 from charter.storage.paging import Position, page
 
@@ -23,8 +30,12 @@ def record(
     attempt_id: str | None,
     moves: list[Move],
     price_source: str | None,
-) -> None:
-    """Append entries and update cached balances in the caller's transaction.
+) -> dict[str, Any]:
+    """Update the cached balances in the caller's transaction and return what
+    the transition's audit event must carry in its payload: ``{"ledger":
+    entries}``, or nothing when there are no moves. The event is the entry: an
+    event staged without it leaves balances its chain does not add up to, which
+    :func:`problems` reports (L2).
 
     Refuses (:class:`AmountOverflow`, nothing written by this call) moves whose
     sums with the cached balances would leave the range the ledger holds (A9).
@@ -34,28 +45,10 @@ def record(
     their holds pay no read.
     """
     if not moves:
-        return
+        return {}
     change = balances(moves)
     if any(d.overrun > 0 or d.limit > 0 for d in change.values()):
         check_sums(cached(tx, mission_id), change)
-    tx.many(
-        "INSERT INTO ledger_entries (mission_id, unit, attempt_id, kind, source, target, "
-        "amount, price_source, at_us) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        [
-            (
-                mission_id,
-                m.unit,
-                attempt_id,
-                m.kind,
-                m.source,
-                m.target,
-                m.amount,
-                price_source,
-                tx.now_us,
-            )
-            for m in moves
-        ],
-    )
     tx.many(
         "UPDATE allowances SET limit_amount = limit_amount + ?, available = available + ?, "
         "held = held + ?, spent = spent + ?, overrun = overrun + ? "
@@ -65,6 +58,7 @@ def record(
             for unit, d in change.items()
         ],
     )
+    return {"ledger": carry(moves, attempt_id, price_source)}
 
 
 def open_account(tx: Tx, mission_id: str, unit: str) -> None:
@@ -97,41 +91,100 @@ def cached(tx: Tx, mission_id: str) -> dict[str, Balance]:
     }
 
 
+#: Events read at a time when the carried entries are gathered.
+_PAGE = 500
+
+
+def _carriers(tx: Tx, mission_id: str, *, newest_first: bool) -> Iterator[Row]:
+    """The mission's audit events that may carry entries, a page at a time on
+    the chain's key, oldest first or newest first."""
+    order, beyond, seq = ("DESC", "<", 2**63 - 1) if newest_first else ("ASC", ">", 0)
+    while True:
+        rows = tx.all(
+            f"SELECT seq, at_us, payload FROM audit_events WHERE mission_id = ? "
+            f"AND seq {beyond} ? ORDER BY seq {order} LIMIT ?",
+            mission_id,
+            seq,
+            _PAGE,
+        )
+        # Canonical JSON (sorted keys, no spaces): an event without entries
+        # is passed over without decoding it.
+        yield from (r for r in rows if '"ledger":{' in r["payload"])
+        if len(rows) < _PAGE:
+            return
+        seq = rows[-1]["seq"]
+
+
+def _event_entries(mission_id: str, row: Row) -> list[dict[str, Any]]:
+    """The entries one event carries, as :func:`entries` gives them; an event
+    whose ``ledger`` is not a ledger's entries raises :class:`ValueError`."""
+    ledger = json.loads(row["payload"]).get("ledger")
+    if ledger is None:
+        return []  # the text was inside another value
+    attempt_id, price_source, moves = carried(ledger)
+    return [
+        {
+            "mission_id": mission_id,
+            "seq": row["seq"],
+            "unit": m.unit,
+            "attempt_id": attempt_id,
+            "kind": m.kind,
+            "source": m.source,
+            "target": m.target,
+            "amount": m.amount,
+            "price_source": price_source,
+            "at_us": row["at_us"],
+        }
+        for m in moves
+    ]
+
+
+def _legacy(tx: Tx, mission_id: str) -> list[dict[str, Any]]:
+    """Entries written as rows of their own, before schema 15, in their order."""
+    rows = tx.all("SELECT * FROM ledger_entries WHERE mission_id = ? ORDER BY id", mission_id)
+    return [{**{k: v for k, v in dict(r).items() if k != "id"}, "seq": None} for r in rows]
+
+
+def _move(entry: Mapping[str, Any]) -> Move:
+    return Move(entry["unit"], entry["kind"], entry["source"], entry["target"], entry["amount"])
+
+
 def from_entries(tx: Tx, mission_id: str) -> dict[str, Balance]:
-    rows = tx.all(
-        "SELECT unit, kind, source, target, amount FROM ledger_entries WHERE mission_id = ? "
-        "ORDER BY id",
-        mission_id,
-    )
-    return balances(Move(r["unit"], r["kind"], r["source"], r["target"], r["amount"]) for r in rows)
+    """The mission's balances rebuilt from every entry (L2)."""
+    return balances(_move(e) for e in entries(tx, mission_id))
 
 
 def entries(
     tx: Tx, mission_id: str, *, unit: str | None = None, newest: int | None = None
 ) -> list[dict[str, Any]]:
     """The mission's ledger entries (of one ``unit``), in the order they were
-    written; with ``newest``, only that many of the latest."""
-    where, params = "mission_id = ?", [mission_id]
-    if unit is not None:
-        where += " AND unit = ?"
-        params.append(unit)
+    written: those written as rows before schema 15, then those its audit events
+    carry (``seq`` names the event). With ``newest``, only that many of the
+    latest, read from the chain's end. :class:`ValueError` when an event carries
+    something that is not a ledger's entries."""
+    wanted = (lambda e: True) if unit is None else (lambda e: e["unit"] == unit)
     if newest is None:
-        rows = tx.all(f"SELECT * FROM ledger_entries WHERE {where} ORDER BY id", *params)
-    else:
-        rows = tx.all(
-            f"SELECT * FROM (SELECT * FROM ledger_entries WHERE {where} ORDER BY id DESC LIMIT ?) "
-            "AS newest ORDER BY id",
-            *params,
-            newest,
-        )
-    return [dict(r) for r in rows]
+        found = [e for e in _legacy(tx, mission_id) if wanted(e)]
+        for row in _carriers(tx, mission_id, newest_first=False):
+            found += [e for e in _event_entries(mission_id, row) if wanted(e)]
+        return found
+    latest: list[dict[str, Any]] = []
+    for row in _carriers(tx, mission_id, newest_first=True):
+        latest += reversed([e for e in _event_entries(mission_id, row) if wanted(e)])
+        if len(latest) >= newest:
+            return list(reversed(latest[:newest]))
+    older = [e for e in _legacy(tx, mission_id) if wanted(e)]
+    return [*older, *reversed(latest)][-newest:]
 
 
 def problems(tx: Tx, mission_id: str) -> list[str]:
     """Check L0, L1 and L2 for one mission; an empty list means the ledger holds."""
     out: list[str] = []
     cache = cached(tx, mission_id)
-    rebuilt = from_entries(tx, mission_id)
+    try:
+        rebuilt = from_entries(tx, mission_id)
+    except ValueError:
+        return ["L2: an audit event carries entries that are not a ledger's (edited by hand?)"]
     holds: dict[str, int] = {}
     for r in tx.all(
         # Through the runs, so the partial index of open attempts serves it.
@@ -248,14 +301,10 @@ def totals(tx: Tx) -> dict[str, Balance]:
 
 
 def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
-    """Allowances, incidents and the ledger's entries in the order they were made
-    (without their store-assigned ids: a store numbers its own entries)."""
-    entries = [
-        dict(r)
-        for r in tx.all("SELECT * FROM ledger_entries WHERE mission_id = ? ORDER BY id", mission_id)
-    ]
-    for entry in entries:
-        del entry["id"]
+    """Allowances, incidents and the entries written as rows before schema 15,
+    in their order (without their store-assigned ids: a store numbers its own
+    entries). The entries made since travel in the chain's events."""
+    entries = [{k: v for k, v in e.items() if k != "seq"} for e in _legacy(tx, mission_id)]
     return {
         "allowances": [
             dict(r)

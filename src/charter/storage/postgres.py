@@ -487,6 +487,9 @@ class PostgresDriver:
         assert row is not None
         self._now = int(row["now"])
 
+    def knows_now(self) -> bool:
+        return self._now is not None
+
     def now_us(self) -> int:
         if self._now is None:
             self._send()

@@ -550,4 +550,11 @@ MIGRATIONS.append(
     )
 )
 
+# From 15 on, a ledger entry is carried by the audit event of its transition
+# (its payload's ``ledger``, hashed into the chain) instead of a row of its own:
+# ``ledger_entries`` keeps the entries written before and takes no more. No
+# table changes; the version tells an older Charter, which would look for every
+# entry in that table, that it cannot read this store.
+MIGRATIONS.append((15, "ledger entries carried by their transitions' audit events (S1, L2)", []))
+
 LATEST = MIGRATIONS[-1][0]

@@ -123,6 +123,9 @@ class SQLiteDriver:
     def now_us(self) -> int:
         return self._now_us
 
+    def knows_now(self) -> bool:
+        return True
+
     def commit(self) -> None:
         self.execute("COMMIT", ())
 

@@ -96,6 +96,11 @@ class Driver(Protocol):
         """The store's time for the current transaction (µs)."""
         ...
 
+    def knows_now(self) -> bool:
+        """Whether :meth:`now_us` answers without sending anything (a networked
+        store may learn its clock only with the next statements it sends)."""
+        ...
+
     def commit(self) -> None: ...
 
     def rollback(self) -> None: ...
@@ -187,6 +192,14 @@ class Tx:
         if self._now_us is None:
             self._now_us = self._driver.now_us()
         return self._now_us
+
+    @property
+    def now_known(self) -> int | None:
+        """The store's time if it is known without waiting for the store (so a
+        write may carry it in its own statement), else ``None``."""
+        if self._now_us is None and not self._driver.knows_now():
+            return None
+        return self.now_us
 
     # -- statements -----------------------------------------------------------
     def one(self, sql: str, *params: Any) -> Row | None:
