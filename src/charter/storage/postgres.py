@@ -8,18 +8,17 @@ so workers queue instead of deadlocking). The gate also serialises appends to
 the mission's audit chain, so the chain head read just after taking it stays
 valid until commit. Conditional updates still re-check their ``WHERE`` (a hold
 is resolved once even by a writer that forgot the gate), and ``lock_timeout``
-bounds every wait: a busy store gives :class:`~charter.errors.StoreBusy`, never
-an unbounded wait.
+bounds every wait: a busy store gives :class:`~charter.errors.StoreBusy`.
 
-The store's clock is the server's (``clock_timestamp()``, read after the gate),
-so leases mean the same on every machine; tests may inject a clock instead.
+The store's clock is the server's (``clock_timestamp()``, read after the gate,
+so leases mean the same on every machine); tests may inject a clock instead.
 
 Round trips are what an attempt costs here. Nothing is sent until a statement
 needs its result: ``BEGIN``, the gate, the clock and the deferred writes wait
 and travel with that statement, or with ``COMMIT``, as one libpq pipeline of
-prepared statements. A transaction that may decide on what this connection
-remembers of the mission (:mod:`charter.storage.recall`) sends nothing before
-its ``COMMIT``: an attempt then makes two round trips, one per commit.
+prepared statements. A transaction deciding on what this connection remembers
+of the mission (:mod:`charter.storage.recall`) sends nothing before its
+``COMMIT``: an attempt then makes two round trips, one per commit.
 """
 
 from __future__ import annotations
