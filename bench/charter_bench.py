@@ -88,7 +88,7 @@ def _checks(engine: charter.Engine, mission: str) -> dict[str, Any]:
 
 
 #: Attempts after which a fresh store's log has its full size: past its first fold
-#: into the file (every 2,000 pages; about 22 an attempt makes that ~90, and 20
+#: into the file (every 2,000 pages; about 21 an attempt makes that ~95, and 20
 #: leaves a margin). On a growing log each sync also writes the file's size, so a
 #: figure taken before this pays for the growth; one taken after it is steady.
 STEADY_ATTEMPTS = SQLiteDriver.checkpoint_pages // 20

@@ -50,8 +50,8 @@ class SQLiteDriver:
     recalls = False
     #: WAL pages written before a commit folds them into the database file
     #: (SQLite's default is 1,000; an attempt writes about 22 pages over its two
-    #: commits). Each fold writes and syncs the database file, so folding rarely
-    #: saves time in a long-lived process; but until its first fold, a process's
+    #: commits). Each fold writes and syncs the database file, so folding less
+    #: often saves time in a long-lived process; but until its first fold, a process's
     #: log is new and grows, and a sync of a growing file also writes its size.
     #: Measured on the bench's disk: while the log grows an attempt took about
     #: 1.5 ms instead of 1.1; in steady state, blocks of 400 attempts on one
