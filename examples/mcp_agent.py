@@ -20,6 +20,9 @@ Run by ``tests/test_example_mcp.py`` across processes, one step per process,
 as ``python mcp_agent.py CONFIG.json`` (the test writes the configuration:
 the store, the model's and the sandbox's URLs): start a run, or resume one
 (``run``) as a segment; the step prints the run's id, then the agent's answer.
+
+Needs ``pip install 'charter[mcp,openai,http]'``: the MCP SDK, the OpenAI model
+adapter, and httpx, which the payments sandbox is reached with.
 """
 
 from __future__ import annotations

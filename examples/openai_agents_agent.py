@@ -11,6 +11,9 @@ Run by ``tests/test_example_agent.py`` across fresh processes: one step is
 ``python openai_agents_agent.py CONFIG.json`` (the test writes the
 configuration), which ``start``\\s a run or ``resume``\\s one as a segment and
 prints one JSON line saying how it ended.
+
+Needs ``pip install 'charter[openai-agents,http]'``: the SDK, and httpx, which
+the payments sandbox is reached with.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ process, as ``python pydantic_ai_agent.py CONFIG.json`` (the test writes the
 configuration: the store, the model's and the sandbox's URLs): start a
 run, or resume one (``run``) as a segment; the step prints the run's id, then
 the agent's answer.
+
+Needs ``pip install 'charter[pydantic-ai,http]'``: PydanticAI with its OpenAI
+models, and httpx, which the payments sandbox is reached with.
 """
 
 from __future__ import annotations

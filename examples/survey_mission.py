@@ -17,6 +17,8 @@ Seven nodes, run by ``tests/test_example_mission.py`` across several processes:
 Run one step of it as ``python survey_mission.py CONFIG.json`` (the test
 writes the configuration): ``start`` a run, or ``resume`` one as a segment; the
 step prints one JSON line saying how it ended.
+
+Needs ``pip install 'charter[http]'``: the payments sandbox is an HTTP API.
 """
 
 from __future__ import annotations
