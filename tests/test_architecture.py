@@ -78,6 +78,9 @@ FLOORS: dict[str, int] = {
     "charter.runs": 7,
     # the attempts room: calls, admission, the one send path, evidence, settlement
     "charter.attempts": 8,
+    # what an answer proves (A3): the attempts room's rule, on the adapters' floor
+    # so that every adapter reads answers by it without loading the store
+    "charter.attempts.classify": 1,
     # the plans room (nodes, their context, the runner, the journal) and the
     # recovery room (the state, the takeover)
     "charter.plans": 9,
@@ -109,7 +112,7 @@ LONG_FUNCTIONS: dict[str, str] = {}
 #: Modules that must load without the store: an adapter is handed a Dispatch
 #: and answers an Outcome or Evidence (never 3). charter.testing holds an
 #: adapter (RecordingAdapter) that users' adapter tests import on its own.
-STORELESS_IMPORTS = ("charter.adapters", "charter.testing")
+STORELESS_IMPORTS = ("charter.adapters", "charter.attempts.classify", "charter.testing")
 
 #: Enough to show any tangle; listing every cycle of a dense one takes exponential time.
 CYCLES_LISTED = 10_000
@@ -118,7 +121,7 @@ FACE = "charter"
 OUTER_ROOMS = ("charter.cli", "charter.server", "charter.integrations")
 #: Modules users import by name besides the face, documented as public: what
 #: an adapter is built from (the protocol, the HTTP adapter) and the sandbox.
-PUBLIC_MODULES = ("charter.adapters", "charter.sandbox")
+PUBLIC_MODULES = ("charter.adapters", "charter.attempts.classify", "charter.sandbox")
 
 
 def _fail_on(offences: list[str], what: str, count: int | None = None) -> None:

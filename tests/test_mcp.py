@@ -7,6 +7,7 @@ a read-only tool, a tool that sends (and records what it received, its
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -101,15 +102,16 @@ def test_A2_A4_each_tool_call_is_an_attempt_sent_once_and_replayed_from_its_reco
     assert len(reads) == 2  # a read-only call runs again on the node's retry
 
 
-def test_A3_a_tools_error_result_settles_the_attempt_failed_with_it_kept(
+def test_A3_a_read_only_tools_error_result_settles_the_attempt_failed_with_it_kept(
     engine: charter.Engine, who: Principals, mission: str
 ) -> None:
+    """A read-only tool changes nothing outside: its error result may settle FAILED."""
     server, _ = desk()
 
     @charter.node
     async def ask(ctx: charter.Context, _: Any) -> Any:
         async with Client(server) as client:
-            tools = await McpTools.connect(client)
+            tools = await McpTools.connect(client, effects={"refuse": EffectClass.READ_ONLY})
             try:
                 return await ctx.aattempt(tools, "refuse", {"reason": "no"}, key="r")
             except charter.AttemptFailed as failed:  # the node sees the refusal
@@ -121,4 +123,39 @@ def test_A3_a_tools_error_result_settles_the_attempt_failed_with_it_kept(
     [attempt] = engine.attempts(run_id=ex.run_id)
     assert attempt.id == failed
     assert attempt.status is AttemptStatus.FAILED
-    assert attempt.receipt["isError"] is True
+    assert attempt.result["isError"] is True  # the tool's answer, stored once
+
+
+def test_A3_A4_a_tool_that_acts_then_raises_is_unknown_and_never_called_again(
+    engine: charter.Engine, who: Principals, mission: str
+) -> None:
+    """The MCP SDK turns any exception inside a tool into an ``isError`` result,
+    even after the tool acted: for an unsafe tool that proves nothing. The
+    attempt is UNKNOWN with the answer kept, and the node's retry blocks on it
+    instead of calling the tool again (it used to settle FAILED, and the retry
+    moved the money a second time)."""
+    server = MCPServer("bank")
+    moved: list[int] = []
+
+    @server.tool()
+    def transfer(amount: int) -> str:
+        moved.append(amount)  # the money moves...
+        raise RuntimeError("ledger write timed out")  # ...and then the tool fails
+
+    @charter.node(retries=2)
+    async def pay(ctx: charter.Context, _: Any) -> Any:
+        async with Client(server) as client:
+            tools = await McpTools.connect(client)
+            return await ctx.aattempt(tools, "transfer", {"amount": 500}, key="t")
+
+    plan = charter.Plan("pay", (pay,))
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1", plan=plan)
+    with pytest.raises(charter.Blocked):
+        ex.execute(plan)
+    assert moved == [500]  # called once, never again
+    [attempt] = engine.attempts(run_id=ex.run_id)
+    assert attempt.status is AttemptStatus.UNKNOWN
+    [evidence] = engine.evidence(attempt.id)
+    assert evidence["verdict"] == "indeterminate"
+    assert json.loads(evidence["detail"])["answer"]["isError"] is True
+    assert engine.balances(mission)["calls"].held == 1  # the hold waits for a person

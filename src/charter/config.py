@@ -9,6 +9,7 @@ TOML file (``charter.toml`` or ``$CHARTER_CONFIG``)::
     resume = "human"                 # "automatic" | "rules" | "human" (R9)
     lease_seconds = 30
     send_deadline_seconds = 30
+    answer_bytes = 1048576           # most JSON kept of each part of a target's answer (A10)
     artifacts = ".charter/artifacts"  # the artifact store (N2)
     workspace = ".charter/work"      # runs' workspaces
     signing_key = "keys/charter.pem" # Ed25519 key: signs snapshots and checkpoints (S2)
@@ -58,6 +59,7 @@ _KEYS = {
     "lease_seconds",
     "send_deadline_seconds",
     "busy_timeout_seconds",
+    "answer_bytes",
     "artifacts",
     "workspace",
     "signing_key",
@@ -81,6 +83,11 @@ class EngineConfig:
     lease_seconds: float = 30.0
     send_deadline_seconds: float = 30.0
     busy_timeout_seconds: float = 5.0
+    #: The most bytes of JSON recorded of each part of a target's answer (its
+    #: result, its receipt, a lookup's detail): beyond it, the head is kept
+    #: with the whole's length and SHA-256 (A10). It keeps a mission's record,
+    #: its snapshots and its handovers to a size a store and an import accept.
+    answer_bytes: int = 1 << 20
     #: The artifact store, shared by every worker on this machine (N2), and the
     #: directory under which each run has its workspace (``WORKSPACE/RUN_ID``).
     artifacts: str = ".charter/artifacts"
@@ -106,6 +113,14 @@ class EngineConfig:
                 or v <= 0
             ):
                 raise ConfigError(f"{name} must be a positive, finite number of seconds")
+        if (
+            isinstance(self.answer_bytes, bool)
+            or not isinstance(self.answer_bytes, int)
+            or not 1024 <= self.answer_bytes <= 1 << 26
+        ):
+            raise ConfigError(
+                "answer_bytes must be a whole number of bytes from 1024 to 67108864 (64 MiB)"
+            )
         if self.store is not None and not isinstance(self.store, str):
             raise ConfigError("store must be a path or URL string")
         if self.signing_key is not None and not isinstance(self.signing_key, str):

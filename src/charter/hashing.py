@@ -57,6 +57,27 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+#: The largest value (bytes of canonical JSON) an audit event carries itself;
+#: a larger one is already stored in its own row (an attempt's result, its
+#: evidence), and the event carries its SHA-256 and length (A10, S1).
+INLINE_BYTES = 4096
+
+#: The key of a value an audit event carries by reference.
+STORED = "$stored"
+
+
+def by_reference(value: Any) -> Any:
+    """``value`` as an audit event carries it: itself, or when over
+    :data:`INLINE_BYTES` its SHA-256 and length, so that an answer is stored
+    once (in its row) and the chain still binds it."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    text = canonical(value)  # ASCII: its length is its size in bytes
+    if len(text) <= INLINE_BYTES:
+        return value
+    return {STORED: {"sha256": digest(text), "bytes": len(text)}}
+
+
 def genesis(chain: str) -> str:
     """The hash a chain starts from: derived from its mission's id, so that a
     chain moved whole to another mission breaks at its first event."""

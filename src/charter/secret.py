@@ -15,6 +15,7 @@ again; any other cannot be revealed, and says so.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -57,12 +58,17 @@ class Secret:
         return cls(value, name=f"{_ENV}{variable}")
 
     def reveal(self) -> str:
-        """The value, for the adapter to put on the wire (and nowhere else)."""
+        """The value, for the adapter to put on the wire (and nowhere else).
+
+        A value read from the environment here is remembered for scrubbing,
+        like one given to the constructor: a target may echo it back."""
         if self._value is not None:
             return self._value
         if self.name.startswith(_ENV):
             value = os.environ.get(self.name[len(_ENV) :])
             if value is not None:
+                if value:
+                    _SEEN.setdefault(self.name, set()).add(value)
                 return value
         raise SecretUnavailable(
             f"secret {self.name!r} is not in the store by design (S3), and this send was "
@@ -125,19 +131,29 @@ def has_reserved_key(value: Any) -> bool:
 
 
 def scrub_text(text: str, secrets: list[Secret]) -> str:
-    """``text`` with every revealed secret replaced by ``***``, in each form the
-    secret can take once something was turned into text (see :func:`_forms`).
+    """``text`` with every secret replaced by ``***``, in each form a secret can
+    take once something was turned into text (see :func:`_forms`).
 
     This is the last step before anything an adapter reported is recorded: a
     target may echo a secret inside bytes, an exception or any object whose
-    text is what gets stored, so the final text is what must be clean.
+    text is what gets stored, so the final text is what must be clean. The
+    secrets scrubbed are the request's (``secrets``) and every other secret
+    this process has made or read: an adapter's own credentials (an API key,
+    a header read from the environment) are held as :class:`Secret` values
+    too, and a target that quotes one back in an error must not get it stored.
+    Those are scrubbed from :data:`PROCESS_WIDE` characters on: a shorter value
+    is no credential, and replacing it everywhere would corrupt unrelated text.
     """
-    for value in {t for s in secrets for t in _texts(s)}:
+    values = {v for known in _SEEN.values() for v in known if len(v) >= PROCESS_WIDE}
+    values.update(t for s in secrets for t in _texts(s))
+    for value in values:
         for form in _forms(value):
-            text = text.replace(form, "***")
+            if form in text:
+                text = text.replace(form, "***")
     return text
 
 
+@functools.lru_cache(maxsize=1024)
 def _forms(value: str) -> list[str]:
     """Every shape a secret takes when a target hands it back as text: as is,
     JSON-escaped, in a ``str`` or ``bytes`` repr, percent-encoded (in a URL or
@@ -178,6 +194,10 @@ def _texts(secret: Secret) -> set[str]:
     known = _known(secret)
     return _SEEN.get(secret.name, set()) | ({known} if known else set())
 
+
+#: The shortest secret scrubbed from everything recorded in this process, not
+#: only from the reports of the request that carried it.
+PROCESS_WIDE = 8
 
 #: Values of the secrets made in this process, by name, for scrubbing only.
 _SEEN: dict[str, set[str]] = {}

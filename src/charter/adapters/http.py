@@ -26,11 +26,16 @@ A status becomes "not applied" only where the target documents that it
 refuses it before processing anything (declare it: ``{429: "not_applied"}``).
 
 Reconciling looks the effect up (``lookup``, a GET path naming
-``{idempotency_key}``, ``{attempt_id}``, ``{run_id}`` or request fields): a
-200 is evidence it was applied, with the actual cost read from the body. A 404
-proves nothing unless the operation declares ``absent_is_proof``: the target
-guarantees that an applied effect is visible to the lookup at once *and* that
-a send still on its way with that key can no longer apply.
+``{idempotency_key}``, ``{attempt_id}``, ``{run_id}`` or request fields) and
+reads the answer by the one rule of :mod:`charter.attempts.classify`: a 2xx is
+evidence of application only when it holds the effect itself — the body, or
+the object at ``lookup_found`` (``"data"`` for a list answer), matching
+``lookup_match`` when declared — with the actual cost read from that object.
+An empty list, an empty body, an envelope, several candidates or an object
+that does not match prove nothing. A 404 (or an empty answer) proves
+non-application only if the operation declares ``absent_is_proof``: the
+target guarantees that an applied effect is visible to the lookup at once
+*and* that a send still on its way with that key can no longer apply.
 
 The HTTP client is httpx, behind the ``http`` extra; declaring operations
 needs nothing but the standard library.
@@ -54,6 +59,7 @@ from charter.adapters.protocol import (
     Outcome,
     RecordedAttempt,
 )
+from charter.attempts.classify import Lookup, lookup_evidence, read_lookup
 from charter.errors import AdapterError, ConfigError, MissingExtra, NotApplied
 from charter.secret import Secret
 
@@ -118,8 +124,16 @@ class HttpOperation:
     """One operation of an HTTP API: where it goes, what it may do, what it costs.
 
     ``estimate`` reads the upper bound from the request, ``cost`` the actual
-    cost from a 2xx body (without it the estimate is taken as the actual
-    cost: a fixed-price API). Amounts are integers in the unit's smallest step.
+    cost from a 2xx body or the effect a lookup found (without it the
+    estimate is taken as the actual cost: a fixed-price API). Amounts are
+    integers in the unit's smallest step. ``lookup_found`` is the dotted path
+    to the effect in the lookup's answer (``"data"``: a list of at most one);
+    ``lookup_match`` maps fields of the found effect to what they must hold
+    for it to be this attempt's (a value, a list of values, or
+    ``"{idempotency_key}"``, ``"{attempt_id}"``, ``"{run_id}"``).
+    ``lookup_empty_is_absent``: the target documents that an empty answer
+    (``[]``, ``null``, no body) means it holds no such effect, as a 404 does;
+    otherwise an empty answer proves nothing.
     """
 
     method: str
@@ -129,6 +143,9 @@ class HttpOperation:
     cost: AmountRule | None = None
     lookup: str | None = None
     absent_is_proof: bool = False
+    lookup_found: str | None = None
+    lookup_match: Mapping[str, Any] | None = None
+    lookup_empty_is_absent: bool = False
     dedupe_window_seconds: int | None = None
     retries: int = 2
     price_source: str = "declared"
@@ -146,12 +163,40 @@ class HttpOperation:
                 "absent_is_proof needs a lookup by {idempotency_key}: only the key the "
                 "attempt was sent with can show that this attempt never applied"
             )
+        self._check_lookup_reading()
         for what, rule in (("estimate", self.estimate), ("cost", self.cost)):
             if rule is not None and not callable(rule) and not _is_fields(rule):
                 raise ConfigError(
                     f"{what} maps each unit to a dotted field path (or is a function), not {rule!r}"
                 )
         self.operation  # noqa: B018 - checks effect, window and retries the one way
+
+    def _check_lookup_reading(self) -> None:
+        reads = self.lookup_found is not None or self.lookup_match or self.lookup_empty_is_absent
+        if reads and self.lookup is None:
+            raise ConfigError(
+                "lookup_found, lookup_match and lookup_empty_is_absent read a lookup: declare one"
+            )
+        if self.lookup_found is not None and (
+            not isinstance(self.lookup_found, str) or not all(self.lookup_found.split("."))
+        ):
+            raise ConfigError(f"lookup_found is a dotted path, not {self.lookup_found!r}")
+        if self.lookup_match is None:
+            return
+        if not isinstance(self.lookup_match, Mapping):
+            raise ConfigError("lookup_match maps fields of the found effect to values")
+        for path, wanted in self.lookup_match.items():
+            values = wanted if isinstance(wanted, list) else [wanted]
+            if not isinstance(path, str) or not path or not values:
+                raise ConfigError(f"lookup_match: {path!r} = {wanted!r} is not a field and value")
+            for value in values:
+                known = {"{idempotency_key}", "{attempt_id}", "{run_id}"}
+                if not isinstance(value, str | int | bool) or (
+                    isinstance(value, str) and value.startswith("{") and value not in known
+                ):
+                    raise ConfigError(
+                        f"lookup_match {path!r}: {value!r} is not a value or one of {sorted(known)}"
+                    )
 
     @property
     def operation(self) -> Operation:
@@ -284,7 +329,7 @@ class HttpAdapter:
 
     def _answer(self, op: HttpOperation, request: Any, response: httpx.Response) -> Outcome:
         body = _body(response)
-        receipt = {"status": response.status_code, "body": body}
+        receipt = {"status": response.status_code}  # the body is the result: stored once
         verdict = self.declaration.classification.of(response.status_code)
         if verdict == "succeeded":
             cost = (
@@ -298,7 +343,7 @@ class HttpAdapter:
         if verdict == "not_applied":
             raise NotApplied(
                 f"the target refused before applying (HTTP {response.status_code})",
-                evidence=receipt,
+                evidence={**receipt, "body": body},
             )
         raise TargetUncertain(f"HTTP {response.status_code}: {_excerpt(body)}")
 
@@ -306,28 +351,41 @@ class HttpAdapter:
         op = self._op(attempt.operation)
         if op.lookup is None:
             return Evidence.indeterminate({"lookup": f"{attempt.operation} declares no lookup"})
-        path = _fill(
-            op.lookup,
-            attempt.request,
-            {
-                "idempotency_key": attempt.idempotency_key,
-                "attempt_id": attempt.id,
-                "run_id": attempt.run_id,
-            },
-        )
+        known = {
+            "idempotency_key": attempt.idempotency_key,
+            "attempt_id": attempt.id,
+            "run_id": attempt.run_id,
+        }
+        path = _fill(op.lookup, attempt.request, known)
         try:
             response = self._client.get(path, headers=self._headers())
         except self._http_error as exc:
             return Evidence.indeterminate({"lookup": path, "error": type(exc).__name__})
         body = _body(response)
-        seen = {"lookup": path, "status": response.status_code, "body": body}
-        if response.status_code == 200:
-            cost = dict(attempt.estimate) if op.cost is None else amounts(op.cost, body, "lookup")
-            found = Outcome.succeeded(body, cost=cost, receipt=seen, price_source=op.price_source)
-            return Evidence.applied(found, detail=seen)
-        if response.status_code == 404 and op.absent_is_proof:
-            return Evidence.not_applied(seen)
-        return Evidence.indeterminate(seen)
+        status = response.status_code
+        seen: dict[str, Any] = {"lookup": path, "status": status}
+        if 200 <= status < 300:
+            read = read_lookup(
+                body,
+                found_at=op.lookup_found,
+                match=op.lookup_match,
+                known=known,
+                empty_is_absent=op.lookup_empty_is_absent,
+            )
+        elif status in (404, 410):
+            read = Lookup("absent", why=f"HTTP {status}")
+        else:
+            read = Lookup("indeterminate", why=f"HTTP {status}")
+        if read.seen != "found":
+            seen["body"] = body  # what proved nothing is kept; a found effect is the result
+
+        def applied(found: Mapping[str, Any]) -> Outcome:
+            cost = dict(attempt.estimate) if op.cost is None else amounts(op.cost, found, "lookup")
+            return Outcome.succeeded(found, cost=cost, receipt=seen, price_source=op.price_source)
+
+        return lookup_evidence(
+            read, absent_is_proof=op.absent_is_proof, outcome=applied, detail=seen
+        )
 
     def _headers(self) -> dict[str, str]:
         return {
@@ -415,6 +473,9 @@ _OPERATION_KEYS = {
     "cost",
     "lookup",
     "absent_is_proof",
+    "lookup_found",
+    "lookup_match",
+    "lookup_empty_is_absent",
     "dedupe_window_seconds",
     "retries",
     "price_source",

@@ -12,8 +12,12 @@ Whatever a send (:func:`charter.attempts.dispatch.send`) or a lookup reports bec
   text (A9).
 
 Everything in a report is what will be recorded: serialised as it will be
-stored, and with every secret of the request scrubbed from that final text
-(S3), so there is one format for everything an adapter tells the engine.
+stored, with every secret scrubbed from that final text (S3), and each part a
+target answered (a result, a receipt, a detail) at most the engine's
+``answer_bytes`` of JSON: beyond that its head is kept with the whole's
+length and SHA-256 and a note (:func:`bound`, A10). So there is one format for
+everything an adapter tells the engine, and one large answer cannot make a
+mission's record unmanageable.
 :func:`record` is the one writer of evidence; :mod:`charter.attempts.store`
 holds the evidence table's statements and reads it back.
 """
@@ -21,6 +25,7 @@ holds the evidence table's statements and reads it back.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +40,7 @@ from charter.errors import (
     OutcomeUnknown,
     SettlementUnrecorded,
 )
-from charter.hashing import canonical, json_encoder
+from charter.hashing import by_reference, canonical, json_encoder
 from charter.secret import Secret
 from charter.storage import Tx
 
@@ -72,18 +77,18 @@ class Report:
     unsent: bool = False
 
 
-def recordable(report: Report, secrets: list[Secret]) -> Report:
+def recordable(report: Report, secrets: list[Secret], limit: int) -> Report:
     """``report`` as it will be stored, or an unknown outcome keeping its raw text."""
     evidence = report.evidence
     try:
         outcome = evidence.outcome
         if outcome is not None:
-            outcome = _outcome(outcome, secrets)
-        detail = _value(evidence.detail, secrets)
+            outcome = _outcome(outcome, secrets, limit)
+        detail = _value(evidence.detail, secrets, limit)
         if not isinstance(evidence.source, str):
             raise Unrecordable(f"evidence source must be text, not {evidence.source!r}")
     except (Unrecordable, AdapterError, TypeError, ValueError, RecursionError) as exc:
-        return garbage(repr(evidence), str(exc), secrets)
+        return garbage(repr(evidence), str(exc), secrets, limit)
     reason = None if report.reason is None else secret.scrub_text(report.reason, secrets)
     return Report(
         dataclasses.replace(evidence, outcome=outcome, detail=detail),
@@ -103,26 +108,27 @@ def from_late(order: Dispatch) -> Report:
     )
 
 
-def from_raised(exc: Exception, secrets: list[Secret]) -> Report:
+def from_raised(exc: Exception, secrets: list[Secret], limit: int) -> Report:
     """What an adapter's exception reports: proof of non-application, a broken
     protocol, or (anything else) an unknown outcome (A3)."""
     if isinstance(exc, NotApplied):
         proof = Evidence.not_applied({"reason": exc.reason, **exc.evidence})
-        return recordable(Report(proof, f"not applied: {exc.reason}"), secrets)
+        return recordable(Report(proof, f"not applied: {exc.reason}"), secrets, limit)
     if isinstance(exc, OutcomeUnknown):  # unknown, with evidence to keep
         reason = f"outcome unknown: {exc.reason}"
-        return recordable(Report(Evidence.indeterminate(exc.evidence), reason, keep=True), secrets)
+        unknown = Report(Evidence.indeterminate(exc.evidence), reason, keep=True)
+        return recordable(unknown, secrets, limit)
     if isinstance(exc, AdapterError):  # e.g. an Outcome out of range
-        return garbage(f"{type(exc).__name__}: {exc}", exc.message, secrets)
-    reason = secret.scrub_text(f"{type(exc).__name__}: {exc}", secrets)
+        return garbage(f"{type(exc).__name__}: {exc}", exc.message, secrets, limit)
+    reason = _cut(secret.scrub_text(f"{type(exc).__name__}: {exc}", secrets), limit)
     return Report(Evidence.indeterminate(), reason)
 
 
-def from_answer(answer: object, secrets: list[Secret]) -> Report:
+def from_answer(answer: object, secrets: list[Secret], limit: int) -> Report:
     """What an adapter returned: an Outcome, or something it should not have."""
     if not isinstance(answer, Outcome):
-        return garbage(repr(answer), f"adapter returned {type(answer).__name__}", secrets)
-    return recordable(Report(Evidence.applied(answer)), secrets)
+        return garbage(repr(answer), f"adapter returned {type(answer).__name__}", secrets, limit)
+    return recordable(Report(Evidence.applied(answer)), secrets, limit)
 
 
 def unrecorded(attempt_id: str, report: Report, cause: Exception) -> SettlementUnrecorded:
@@ -143,29 +149,59 @@ def unrecorded(attempt_id: str, report: Report, cause: Exception) -> SettlementU
     )
 
 
-def _outcome(outcome: Outcome, secrets: list[Secret]) -> Outcome:
+def _outcome(outcome: Outcome, secrets: list[Secret], limit: int) -> Outcome:
     if outcome.price_source is not None and not isinstance(outcome.price_source, str):
         raise Unrecordable(f"price_source must be text, not {outcome.price_source!r}")
     outcome.__post_init__()  # amounts in range (A9), even if the object was altered
     return dataclasses.replace(
         outcome,
-        result=_value(outcome.result, secrets),
-        receipt=_value(outcome.receipt, secrets),
+        result=_value(outcome.result, secrets, limit),
+        receipt=_value(outcome.receipt, secrets, limit),
     )
 
 
-def _value(value: Any, secrets: list[Secret]) -> Any:
-    """``value`` as the store will hold it: the final text must be clean (S3)."""
+def _value(value: Any, secrets: list[Secret], limit: int) -> Any:
+    """``value`` as the store will hold it: the final text clean (S3) and at
+    most ``limit`` bytes (A10)."""
     text = _strict(value)
-    if not secrets and f'"{secret.MARK}"' not in text:
+    clean = secret.scrub_text(text, secrets)
+    if len(clean) > limit // 4 and len(clean.encode()) > limit:
+        return bound(clean, limit)
+    if clean == text and f'"{secret.MARK}"' not in text:
         return value
-    return json.loads(secret.scrub_text(text, secrets))
+    return json.loads(clean)
 
 
-def garbage(raw: str, problem: str, secrets: list[Secret]) -> Report:
+#: The key of the record kept of an answer larger than the engine's bound (A10).
+BOUNDED = "$bounded"
+
+
+def bound(text: str, limit: int) -> dict[str, Any]:
+    """What is kept of an answer whose JSON ``text`` is over ``limit`` bytes: its
+    first ``limit`` bytes (as text), the whole's length and SHA-256, and a note."""
+    whole = text.encode()
+    return {
+        BOUNDED: {
+            "head": whole[:limit].decode(errors="ignore"),
+            "bytes": len(whole),
+            "sha256": hashlib.sha256(whole).hexdigest(),
+            "note": f"the answer was {len(whole)} bytes of JSON; its first {limit} are "
+            "kept (answer_bytes), the whole only as its length and SHA-256",
+        }
+    }
+
+
+def _cut(text: str, limit: int) -> str:
+    """At most ``limit`` bytes of ``text``, said when cut."""
+    if len(text) <= limit // 4 or len(text.encode()) <= limit:
+        return text
+    return text.encode()[:limit].decode(errors="ignore") + f" [cut at {limit} bytes]"
+
+
+def garbage(raw: str, problem: str, secrets: list[Secret], limit: int) -> Report:
     """An unrecordable report: unknown outcome, raw text kept as evidence (A9)."""
-    text = secret.scrub_text(raw, secrets)
-    problem = secret.scrub_text(problem, secrets)
+    text = _cut(secret.scrub_text(raw, secrets), limit)
+    problem = _cut(secret.scrub_text(problem, secrets), limit)
     return Report(
         Evidence.indeterminate({"unrecordable_report": text, "problem": problem}),
         f"the adapter's report cannot be recorded ({problem}); kept as evidence text",
@@ -214,8 +250,8 @@ def record(
             "evidence_id": evidence_id,
             "source": evidence.source,
             "verdict": evidence.verdict,
-            "outcome": None if outcome_json is None else json.loads(outcome_json),
-            "detail": evidence.detail,
+            "outcome": None if outcome_json is None else by_reference(json.loads(outcome_json)),
+            "detail": by_reference(evidence.detail),
         },
     )
     return evidence_id

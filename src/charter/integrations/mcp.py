@@ -9,8 +9,14 @@ decides). ``idempotent_keyed`` is only for a tool whose server really
 deduplicates by the key Charter sends: declare it in ``keyed`` with the
 server's dedupe window. Each call carries the attempt's idempotency key and
 the fencing token in the request's ``_meta`` (``charter/idempotency_key``,
-``charter/fencing_token``), is made once (the SDK does not retry a call), and
-a tool's error result settles the attempt FAILED with the result kept.
+``charter/fencing_token``), and is made once (the SDK does not retry a call).
+
+A tool's error result (``isError``) is read by the one rule of
+:mod:`charter.attempts.classify`: the MCP SDK makes one from any exception
+raised inside a tool, even after the tool acted, so for an ``unsafe`` or
+``idempotent_keyed`` tool it proves nothing and the attempt is UNKNOWN (a
+retry of the node blocks on it instead of calling the tool again); only a
+``read_only`` tool's error settles FAILED.
 
 Needs the ``mcp`` extra (``pip install 'charter[mcp]'``). Use it from an async
 node, on the loop the session lives on::
@@ -37,6 +43,7 @@ from charter import (
     OutcomeUnknown,
     RecordedAttempt,
 )
+from charter.attempts.classify import error_answer
 
 KEY_META = "charter/idempotency_key"
 FENCE_META = "charter/fencing_token"
@@ -123,13 +130,25 @@ class McpTools:
                 evidence={"answer": result.model_dump(mode="json", by_alias=True)},
             )
         body = result.model_dump(mode="json", by_alias=True, exclude_none=True)
-        value = result.structured_content if result.structured_content is not None else body
-        cost = self.estimate(send.operation, send.request).amounts
+        if result.structured_content is None:  # the answer is the result, stored once
+            value, receipt = body, None
+        else:
+            value, receipt = result.structured_content, _without(body, "structuredContent")
         if result.is_error:
-            return Outcome.failed(value, receipt=body)
-        return Outcome.succeeded(value, cost=cost, receipt=body)
+            return error_answer(
+                self.operations[send.operation],
+                value,
+                receipt=receipt if receipt is not None else body,
+                reason=f"tool {send.operation!r} answered with an error (isError)",
+            )
+        cost = self.estimate(send.operation, send.request).amounts
+        return Outcome.succeeded(value, cost=cost, receipt=receipt)
 
     async def reconcile(self, attempt: RecordedAttempt) -> Evidence:
         """MCP has no way to look a call up: a person decides (or, for a keyed
         tool, the engine replays it with its key)."""
         return Evidence.indeterminate({"mcp": f"{attempt.operation}: no lookup in MCP"})
+
+
+def _without(body: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != key}

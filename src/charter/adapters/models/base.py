@@ -9,6 +9,7 @@ from typing import Any
 
 from charter.adapters import Dispatch, EffectClass, Estimate, Operation, Outcome
 from charter.adapters.models.pricing import ModelUnits, Pricing, UsageLookup, max_tokens
+from charter.secret import Secret
 
 
 class ModelAdapter:
@@ -42,6 +43,14 @@ class ModelAdapter:
         self.client = client.with_options(max_retries=0)
         self._sdk = sdk
         self.name = self.default_name if name is None else name
+        #: The provider credentials this adapter holds, as secrets: a provider
+        #: quoting a key back in an error (a 401's body) gets it scrubbed from
+        #: everything recorded, like a request's secrets (S3).
+        self.credentials = [
+            Secret(value, name=f"{self.name}:credential")
+            for value in (api_key, *(getattr(client, a, None) for a in ("api_key", "auth_token")))
+            if isinstance(value, str) and value
+        ]
         self.operations: Mapping[str, Operation] = {
             op: Operation(EffectClass.READ_ONLY) for op in self.limits
         }
