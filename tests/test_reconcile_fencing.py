@@ -1,0 +1,231 @@
+"""F1-F3 for the executor a reconcile builds for an idle owner (R7, A8).
+
+``Coordinator.reconcile(attempt, adapter, segment_id=...)`` acts as the segment
+that ``recover`` installed, with no executor holding the run: after the lookup,
+it may replay an ``idempotent_keyed`` send with the attempt's own key. The
+lookup takes as long as the target takes, so the run can change hands while it
+runs: the lease can pass, another engine can recover the run as a newer
+segment, the mission can be handed over to another store. The replay is a
+send, so its commit is fenced like any dispatch (F2): by then the executor is
+no longer the owner, and it must send nothing and settle nothing.
+
+Every test asserts on what the payments sandbox received over real sockets
+(its request log: the only create is the first send) and on what the store
+holds. The engine settles conclusive evidence by itself
+(``evidence_settles="auto"``), so a replay that got out would also settle the
+attempt: it stays UNKNOWN with its hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import charter
+from charter import AttemptStatus, Evidence
+from charter.adapters.http import HttpAdapter
+from charter.sandbox import Sandbox, declaration
+from charter.testing import ManualClock
+from conftest import Principals, default_contract
+
+UNIT = "usd_cents"
+MakeEngine = Callable[..., charter.Engine]
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Iterator[Sandbox]:
+    with Sandbox(tmp_path / "sandbox.db", api_key="sk_test") as sandbox:
+        yield sandbox
+
+
+@pytest.fixture
+def payments(box: Sandbox) -> Iterator[HttpAdapter]:
+    with declaration(box.url, timeout_seconds=0.5, api_key="sk_test").build() as adapter:
+        yield adapter
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> str:
+    path = tmp_path / "signing.pem"
+    charter.new_signing_key(path)
+    return str(path)
+
+
+@pytest.fixture
+def engine(make_engine: MakeEngine, key: str) -> charter.Engine:
+    """Conclusive evidence settles at once: a stray replay would show as a settlement."""
+    return make_engine(evidence_settles="auto", signing_key=key)
+
+
+@pytest.fixture
+def mission(engine: charter.Engine, who: Principals) -> str:
+    contract = default_contract(
+        principals={"agent": {"run": ["payments.*"]}, "alice": ["resolve", "stop"]},
+        allowance={UNIT: 100_000},
+    )
+    return engine.create_mission(contract, by=who.alice)
+
+
+def creates(box: Sandbox) -> list[dict[str, Any]]:
+    """Every payment creation the sandbox received, applied or not."""
+    return [r for r in box.requests() if r["kind"] == "create"]
+
+
+def events(engine: charter.Engine, mission: str, kind: str) -> list[dict[str, Any]]:
+    return [e for e in engine.audit_events(mission) if e["kind"] == kind]
+
+
+def lost_then_recovered(
+    engine: charter.Engine,
+    who: Principals,
+    mission: str,
+    box: Sandbox,
+    payments: HttpAdapter,
+    clock: ManualClock,
+) -> charter.Attempt:
+    """A payment the sandbox applied whose answer never came back; its owner's
+    lease ran out and ``seg-2`` recovered the run, idle (nobody holds it)."""
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    box.fault("drop_after_apply")
+    pay = {"amount": 7_00, "currency": "usd", "payee": "acme", "reference": "inv-1"}
+    attempt = ex.attempt(payments, "pay", pay, effect_key="inv-1")
+    assert attempt.status is AttemptStatus.UNKNOWN
+    expire_lease(engine, ex.run_id, clock)
+    engine.coordinator.recover(ex.run_id, "seg-2")
+    run = engine.run(ex.run_id)
+    assert (run.owner_segment, run.epoch) == ("seg-2", 2)
+    return attempt
+
+
+def expire_lease(engine: charter.Engine, run_id: str, clock: ManualClock) -> None:
+    """Move the store's clock to the very microsecond the run's lease ends."""
+    clock.advance((engine.run(run_id).lease_expires_us - clock.now_us()) / 1e6)
+    assert clock.now_us() == engine.run(run_id).lease_expires_us
+
+
+def looking_up_while(payments: HttpAdapter, box: Sandbox, meanwhile: Callable[[], None]) -> None:
+    """The adapter's lookup lets ``meanwhile`` happen, then asks a sandbox whose
+    lookups are down: the evidence is indeterminate, so a replay is wanted."""
+    lookup = payments.reconcile
+
+    def slow_lookup(attempt: charter.RecordedAttempt) -> Evidence:
+        meanwhile()
+        box.fault("lookups_unavailable")
+        return lookup(attempt)
+
+    payments.reconcile = slow_lookup  # type: ignore[method-assign]
+
+
+def assert_fenced_executor_did_nothing(
+    engine: charter.Engine, mission: str, box: Sandbox, attempt: charter.Attempt
+) -> None:
+    """The sandbox saw the first send only; the store shows no replay and no settlement."""
+    [first] = creates(box)
+    assert (first["idempotency_key"], first["fencing_token"]) == (
+        attempt.idempotency_key,
+        f"{attempt.run_id}:1",
+    )
+    assert len(box.payments()) == 1
+    assert events(engine, mission, "attempt.replayed") == []
+    assert engine.attempt(attempt.id).status is AttemptStatus.UNKNOWN
+    assert engine.balances(mission)[UNIT].held == 7_00
+    assert engine.balances(mission)[UNIT].spent == 0
+    sources = [row["source"] for row in engine.evidence(attempt.id)]
+    assert "same-key replay" not in sources
+
+
+def test_F2_a_recovery_during_the_lookup_fences_the_idle_owners_replay(
+    make_engine: MakeEngine,
+    engine: charter.Engine,
+    who: Principals,
+    mission: str,
+    box: Sandbox,
+    payments: HttpAdapter,
+    clock: ManualClock,
+) -> None:
+    """While seg-2's lookup runs, its lease passes and another engine recovers the
+    run as seg-3 (epoch 3). seg-2's replay would go out with the attempt's key and
+    the stale token ``run:2``, which the sandbox, never having seen epoch 3, would
+    answer: only the fence stops it. seg-3, the owner now, may replay."""
+    attempt = lost_then_recovered(engine, who, mission, box, payments, clock)
+    elsewhere = make_engine()
+
+    def taken_over() -> None:
+        expire_lease(engine, attempt.run_id, clock)
+        elsewhere.coordinator.recover(attempt.run_id, "seg-3")
+
+    looking_up_while(payments, box, taken_over)
+    evidence = engine.coordinator.reconcile(attempt.id, payments, segment_id="seg-2")
+
+    assert evidence.verdict == "indeterminate"
+    assert evidence.detail["status"] == 503  # the lookup's own answer, kept as it was
+    run = engine.run(attempt.run_id)
+    assert (run.owner_segment, run.epoch) == ("seg-3", 3)
+    assert_fenced_executor_did_nothing(engine, mission, box, attempt)
+    assert [row["verdict"] for row in engine.evidence(attempt.id)] == ["indeterminate"]
+
+    # The owner now can: the same reconcile as seg-3 replays, and settles (auto).
+    payments.reconcile = HttpAdapter.reconcile.__get__(payments)  # type: ignore[method-assign]
+    box.fault("lookups_unavailable")
+    assert engine.coordinator.reconcile(attempt.id, payments, segment_id="seg-3").verdict == (
+        "applied"
+    )
+    assert [(r["verdict"], r["fencing_token"]) for r in creates(box)][1:] == [
+        ("replayed", f"{attempt.run_id}:3")
+    ]
+    assert len(box.payments()) == 1
+    assert engine.attempt(attempt.id).status is AttemptStatus.SUCCEEDED
+
+
+def test_F2_a_lease_that_ends_during_the_lookup_fences_the_idle_owners_replay(
+    engine: charter.Engine,
+    who: Principals,
+    mission: str,
+    box: Sandbox,
+    payments: HttpAdapter,
+    clock: ManualClock,
+) -> None:
+    """Nobody takes the run over, but seg-2's lease ends (to the microsecond, by
+    the store's clock) while its lookup runs: an owner whose lease expired is
+    fenced (F1, F2), so nothing is replayed and nothing renews the lease."""
+    attempt = lost_then_recovered(engine, who, mission, box, payments, clock)
+    lease = engine.run(attempt.run_id).lease_expires_us
+
+    looking_up_while(payments, box, lambda: expire_lease(engine, attempt.run_id, clock))
+    evidence = engine.coordinator.reconcile(attempt.id, payments, segment_id="seg-2")
+
+    assert evidence.verdict == "indeterminate"
+    run = engine.run(attempt.run_id)
+    assert (run.owner_segment, run.epoch, run.lease_expires_us) == ("seg-2", 2, lease)
+    assert events(engine, mission, "run.lease_renewed") == []
+    assert_fenced_executor_did_nothing(engine, mission, box, attempt)
+
+
+def test_F2_S5_a_handover_during_the_lookup_fences_the_idle_owners_replay(
+    engine: charter.Engine,
+    who: Principals,
+    mission: str,
+    box: Sandbox,
+    payments: HttpAdapter,
+    clock: ManualClock,
+) -> None:
+    """While seg-2's lookup runs, the mission is handed over to another store: the
+    run's epoch moves on under the same owning segment, with nobody holding it.
+    A replay would make two stores able to send the same effect (S5): none goes
+    out. The mission is sealed here now, so the lookup's answer cannot be recorded
+    either: the reconcile says so with a typed error."""
+    attempt = lost_then_recovered(engine, who, mission, box, payments, clock)
+
+    def handed_over() -> None:
+        engine.export_snapshot(mission, handover_to="store-elsewhere", by=who.alice)
+
+    looking_up_while(payments, box, handed_over)
+    with pytest.raises(charter.MissionSealed):
+        engine.coordinator.reconcile(attempt.id, payments, segment_id="seg-2")
+
+    run = engine.run(attempt.run_id)
+    assert (run.status.value, run.owner_segment, run.epoch) == ("handed_off", "seg-2", 3)
+    assert_fenced_executor_did_nothing(engine, mission, box, attempt)
