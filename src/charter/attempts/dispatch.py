@@ -469,6 +469,7 @@ def _settle_live(seg: Segment, tx: Tx, attempt: Attempt, report: Report) -> Atte
         "segment": seg.segment_id,
         "epoch": seg.epoch,
     }
+    late: dict[str, Any] = {"actor": seg.principal, "epoch": seg.epoch}
     if not evidence.conclusive:
         marked = settlement.mark_unknown(
             tx,
@@ -478,7 +479,9 @@ def _settle_live(seg: Segment, tx: Tx, attempt: Attempt, report: Report) -> Atte
             segment=seg.segment_id,
             epoch=seg.epoch,
         )
-        if report.keep:  # what an adapter knew, or all there is of an unholdable report (A9)
+        # What an adapter knew, or all there is of an unholdable report (A9); kept
+        # apart if a handover sealed the mission while the send was under way (S5).
+        if report.keep and (marked or not settlement.keep_sealed(tx, attempt, evidence, **late)):
             record(tx, attempt, evidence, actor=seg.principal, epoch=seg.epoch, settled=False)
         if marked:
             return changed(attempt, status=AttemptStatus.UNKNOWN, reason=report.reason)
@@ -494,14 +497,9 @@ def _settle_live(seg: Segment, tx: Tx, attempt: Attempt, report: Report) -> Atte
         answered=not report.unsent,
         **kw,
     ):
-        settlement.record_late(
-            tx,
-            store.load(tx, attempt.id),
-            evidence,
-            source=f"late settlement (epoch {seg.epoch})",
-            may_settle=True,
-            **kw,
-        )
+        current, source = store.load(tx, attempt.id), f"late settlement (epoch {seg.epoch})"
+        if not settlement.keep_sealed(tx, current, evidence, source=source, **late):
+            settlement.record_late(tx, current, evidence, source=source, may_settle=True, **kw)
         return store.load(tx, attempt.id)
     if not_applied:  # the proof is kept as evidence (A3)
         record(tx, attempt, evidence, actor=seg.principal, epoch=seg.epoch, settled=True)

@@ -10,15 +10,17 @@ processes race: the loser changes nothing and is told so by the return value.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, cast
 
 from charter import ledger
 from charter.adapters import Evidence
 from charter.attempts import store
 from charter.attempts.evidence import record
 from charter.attempts.model import Attempt, AttemptStatus
+from charter.audit import store as audit_store
 from charter.contracts import store as contracts_store
 from charter.errors import StateError
+from charter.hashing import ENGINE_CHAIN
 from charter.ledger.incidents import open_incident
 from charter.runs import run as runs
 from charter.runs import store as run_store
@@ -340,6 +342,51 @@ def record_late(
         epoch=epoch,
         settled=settled,
     )
+
+
+def keep_sealed(
+    tx: Tx,
+    current: Attempt,
+    evidence: Evidence,
+    *,
+    actor: str,
+    epoch: int | None,
+    source: str | None = None,
+) -> bool:
+    """What a send in flight reported for a mission sealed here since (S5, F2).
+
+    A handover fenced and sealed the mission while the send was under way. Its
+    report is kept as evidence with its epoch, as after any takeover, and
+    nothing else changes: the mission is the other store's to settle now (a
+    person brings this evidence there). The sealed chain takes no event, so
+    the evidence's event goes on the engine's chain, naming the mission, as a
+    refusal about a sealed mission does. Returns whether the mission is sealed
+    (and the report was kept so); ``False`` changes nothing.
+    """
+    if audit_store.sealed(tx, current.mission_id) is None:
+        return False
+    if source is not None:
+        evidence = Evidence(evidence.verdict, evidence.outcome, evidence.detail, source=source)
+    record(
+        cast("Tx", _OnEngineChain(tx)), current, evidence, actor=actor, epoch=epoch, settled=False
+    )
+    return True
+
+
+class _OnEngineChain:
+    """``tx`` with its audit events moved to the engine's chain, each naming the
+    mission it is about: so the one writer of evidence records for a mission
+    whose own chain is sealed."""
+
+    def __init__(self, tx: Tx) -> None:
+        self._tx = tx
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tx, name)
+
+    def audit(self, mission_id: str, kind: str, entity: str, **how: Any) -> None:
+        payload = {"mission_id": mission_id, **(how.pop("payload", None) or {})}
+        self._tx.audit(ENGINE_CHAIN, kind, entity, payload=payload, **how)
 
 
 def _incident(

@@ -22,6 +22,7 @@ from charter.artifacts import store as artifacts_store
 from charter.artifacts.objects import LocalObjects
 from charter.attempts import settlement
 from charter.attempts import store as attempts_store
+from charter.attempts.model import AttemptStatus
 from charter.audit import chain as audit
 from charter.audit import handoff, signing
 from charter.audit import store as audit_store
@@ -169,6 +170,14 @@ class Snapshots:
                 settlement.void_prepared(
                     tx, run.id, "handed over", actor=by.name, segment=None, epoch=epoch
                 )
+                # A send under way has lost its owner, as at a takeover (R4): what
+                # it reports is kept as late evidence here (settlement.keep_sealed).
+                for a in attempts_store.list_attempts(tx, run_id=run.id, unresolved=True):
+                    if a.status is AttemptStatus.DISPATCHED:
+                        lost = f"owner lost: handed over to store {to_store}"
+                        settlement.mark_unknown(
+                            tx, a, lost, actor=by.name, segment=None, epoch=epoch
+                        )
                 tx.audit(
                     mission_id,
                     "run.handed_off",

@@ -1,0 +1,163 @@
+"""The edges of a handover (S5): a send in flight when the source is fenced, and
+a file the target would refuse.
+
+A handover fences the source, then hands a signed file to the target. Two things
+can go wrong at its edges. A send that was under way when the source was fenced
+reports afterwards: its answer must be kept, as after any takeover (F2), though
+the source's chain is sealed. And the file may be one the target refuses (an
+entry too large, a chain that does not verify): the export must find that out
+before it fences anything, or the mission is left sealed where it was and
+refused where it was going. Each test runs on SQLite and on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import charter
+from charter.attempts.model import AttemptStatus
+from charter.audit.signing import load_signer
+from charter.hashing import ENGINE_CHAIN
+from charter.testing import ManualClock, RecordingAdapter
+from conftest import Principals, default_contract, fresh_store
+
+MakeEngine = Callable[..., charter.Engine]
+Creds = tuple[dict[str, str], dict[str, str]]
+WAIT = 30  # seconds a test thread waits for the other before the test fails
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> str:
+    path = tmp_path / "source.pem"
+    charter.new_signing_key(path)
+    return str(path)
+
+
+@pytest.fixture
+def target(
+    tmp_path: Path, backend: str, clock: ManualClock, creds: Creds, key: str
+) -> Iterator[charter.Engine]:
+    """The store the mission is handed to: a store of its own, of the same kind."""
+    folder = tmp_path / "target"
+    folder.mkdir()
+    with fresh_store(folder, backend) as url:
+        config = charter.EngineConfig(
+            credentials=creds[1], trusted_keys=(load_signer(key).public_key,)
+        )
+        eng = charter.Engine.open(url, config=config, clock=clock)
+        yield eng
+        eng.close()
+
+
+# -- a send in flight at the handover ------------------------------------------------------
+
+
+def paid(send: charter.Dispatch) -> charter.Outcome:
+    return charter.Outcome.succeeded(
+        {"paid": "inv-1"}, cost={"usd": 5_000, "calls": 1}, receipt={"charge": "ch_1"}
+    )
+
+
+def cut_off(send: charter.Dispatch) -> charter.Outcome:
+    raise charter.OutcomeUnknown("connection reset", evidence={"charge": "ch_1?"})
+
+
+#: What a send reports after the fence -> the evidence the source keeps of it.
+REPORTS = {
+    "paid": (paid, "applied", {"paid": "inv-1"}),
+    "cut_off": (cut_off, "indeterminate", None),
+}
+
+
+@pytest.mark.parametrize("report", sorted(REPORTS))
+def test_S5_a_result_that_arrives_after_the_handover_is_kept_as_late_evidence(
+    make_engine: MakeEngine, creds: Creds, key: str, target: charter.Engine, report: str
+) -> None:
+    """Broken S5 looked like this: the adapter reported the payment made after the
+    handover had fenced and sealed the source, the fenced executor wrote nothing,
+    and the attempt stayed DISPATCHED with no evidence on either store, the
+    payment's answer lost. A takeover keeps such a result as late evidence; a
+    handover must too, on the source, without settling anything there, whether
+    the report is an answer or an uncertain one with something to show."""
+    answer, verdict, result = REPORTS[report]
+    source = make_engine(signing_key=key)
+    sender = make_engine(signing_key=key)  # the executor's own connection
+    who = Principals(creds[0], creds[1], source)
+    mission = source.create_mission(default_contract(), by=who.alice)
+    # The target system: what it received is the truth.
+    system = RecordingAdapter(costs={"write": {"usd": 5_000, "calls": 1}})
+    sending, fenced = threading.Event(), threading.Event()
+
+    def paid_after_the_fence(send: charter.Dispatch) -> charter.Outcome:
+        sending.set()
+        assert fenced.wait(WAIT), "the handover never fenced the source"
+        return answer(send)
+
+    system.script["write"] = paid_after_the_fence
+
+    @charter.node
+    def pay(ctx: charter.Context, value: Any) -> str:
+        ctx.attempt(system, "write", {"invoice": 1}, key="pay")
+        return "paid"
+
+    plan = charter.Plan("pay", (pay,))
+    agent = Principals(creds[0], creds[1], sender).agent
+    ex = sender.start_run(mission, by=agent, segment_id="seg-1", plan=plan)
+    outcome: list[BaseException] = []
+
+    def execute() -> None:
+        try:
+            ex.execute(plan)
+        except BaseException as exc:  # Blocked and Fenced are BaseExceptions
+            outcome.append(exc)
+
+    worker = threading.Thread(target=execute, daemon=True)
+    worker.start()
+    assert sending.wait(WAIT), f"the send never started: {outcome}"
+    (attempt,) = source.attempts(mission_id=mission)
+    assert attempt.status is AttemptStatus.DISPATCHED
+    file = source.export_snapshot(mission, handover_to=target.store_id(), by=who.alice)
+    fenced.set()
+    worker.join(WAIT)
+    assert not worker.is_alive()
+
+    # The source: the answer is kept as evidence, from the old epoch; nothing settled.
+    (kept,) = source.evidence(attempt.id)
+    assert (kept["verdict"], kept["epoch"], kept["settled"]) == (verdict, 1, 0)
+    if result is not None:
+        assert json.loads(kept["outcome"])["result"] == result
+        assert json.loads(kept["outcome"])["receipt"] == {"charge": "ch_1"}
+    else:
+        assert json.loads(kept["detail"]) == {"charge": "ch_1?"}
+    assert source.attempt(attempt.id).status is AttemptStatus.UNKNOWN
+    assert source.balances(mission)["usd"].held == 5_000  # the hold is kept (L4)
+    assert source.run(ex.run_id).status.value == "handed_off"
+    # ... recorded on the engine's chain, since the mission's takes no event; every
+    # chain still verifies, and the mission stays sealed.
+    late = [e for e in source.audit_events(ENGINE_CHAIN) if e["entity"] == attempt.id]
+    assert [e["kind"] for e in late] == ["evidence.recorded"]
+    assert json.loads(late[0]["payload"])["mission_id"] == mission
+    assert all(v.ok for v in source.verify_audit())
+    with pytest.raises(charter.MissionSealed):
+        source.start_run(mission, by=who.agent, segment_id="seg-9")
+    report = source.handoff(mission_id=mission)
+    (unresolved,) = report["unresolved"]
+    assert [e["verdict"] for e in unresolved["evidence"]] == [verdict]
+
+    # The target: the attempt arrives uncertain with its hold; nothing is sent again.
+    on_target = Principals(creds[0], creds[1], target)
+    assert target.import_snapshot(file) == mission
+    (linked,) = target.adopt(mission, by=on_target.alice, segment_id="seg-t")
+    assert target.attempt(attempt.id).status is AttemptStatus.UNKNOWN
+    assert target.balances(mission)["usd"].held == 5_000
+    with pytest.raises(charter.Blocked):  # the payment waits for a person
+        linked.execute(plan)
+    assert [s.attempt_id for s in system.sent] == [attempt.id]  # exactly one send
+    # The executor in flight went no further: it learnt that it was fenced.
+    assert [type(o) for o in outcome] == [charter.Fenced]
