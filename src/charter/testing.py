@@ -9,7 +9,9 @@
 - :class:`RecordingAdapter` — an in-process adapter that records exactly what
   it was asked to send, with scripted outcomes; :class:`AsyncRecordingAdapter`
   is the same with ``async def dispatch`` and ``async def reconcile``;
-- :func:`credential` — a fresh ``(credential, digest)`` pair for a principal.
+- :func:`credential` — a fresh ``(credential, digest)`` pair for a principal;
+- :func:`check_adapter` — the conformance kit every adapter passes: what its
+  answers prove, no secret stored, answers bounded (:mod:`charter.conformance`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from charter.adapters import (
     RecordedAttempt,
 )
 from charter.clock import ManualClock, SkewedClock
+from charter.conformance import check_adapter
 from charter.contracts.principals import new_credential as credential
 from charter.crashpoints import COMMIT_POINTS, POINTS, CrashHook
 from charter.errors import StoreError
@@ -46,6 +49,7 @@ __all__ = [
     "RecordingAdapter",
     "Sent",
     "SkewedClock",
+    "check_adapter",
     "credential",
     "kill_at",
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from charter.adapters.http import Classification, HttpDeclaration, HttpOperation
 from charter.adapters.protocol import EffectClass
+from charter.secret import Secret
 
 #: The sandbox forgets nothing, but a real payments API deduplicates a key for a day.
 DEDUPE_WINDOW_SECONDS = 86_400
@@ -42,6 +43,8 @@ def declaration(
             "list": HttpOperation("GET", "/v1/payments", EffectClass.READ_ONLY, estimate={}),
         },
         Classification({409: "not_applied", 429: "not_applied"}),
-        headers={} if api_key is None else {"Authorization": f"Bearer {api_key}"},
+        headers={}
+        if api_key is None
+        else {"Authorization": Secret(f"Bearer {api_key}", name=f"{name}-api-key")},
         timeout_seconds=timeout_seconds,
     )

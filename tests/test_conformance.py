@@ -1,0 +1,149 @@
+"""The adapter conformance kit, run on the built-in adapters (A3, A10, S3).
+
+``check_adapter`` drives an adapter through a real engine against a scripted
+target. Every built-in HTTP adapter passes it here: against the scripted JSON
+API (whose lookups answer lists) and against the payments sandbox. An adapter
+with the old, per-adapter readings (any 200 lookup proves application, an
+error answer is a failure) fails it, naming the cases: the kit asserts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+import charter
+from charter.adapters.http import HttpAdapter
+from charter.attempts.classify import error_answer
+from charter.conformance import CASES, check_adapter
+from charter.conformance.http_target import ScriptedHttp
+from charter.sandbox import Sandbox, declaration
+from charter.testing import RecordingAdapter
+
+REQUEST = {"amount": 5_00, "currency": "usd", "payee": "acme", "reference": "inv-1"}
+
+
+@pytest.fixture
+def target() -> Iterator[ScriptedHttp]:
+    with ScriptedHttp() as scripted:
+        yield scripted
+
+
+def test_A3_A10_S3_the_http_adapter_passes_every_case_against_a_list_shaped_lookup(
+    target: ScriptedHttp,
+) -> None:
+    with target.declaration().build() as adapter:
+        report = check_adapter(adapter, target, operation="create", request=REQUEST)
+    assert report.not_played == []
+    assert {r.case for r in report.results} == {*CASES, "secret_never_stored"}
+    # What the target saw: each effect applied at most once, the lost ones included.
+    assert max(target.applies.values()) == 1
+
+
+class _OldReadings(HttpAdapter):
+    """The HTTP adapter as it read answers before the one rule: any 200 lookup is
+    the effect applied, at its estimate; a 500 is a failure."""
+
+    def reconcile(self, attempt: charter.RecordedAttempt) -> charter.Evidence:
+        path = f"/v1/things?key={attempt.idempotency_key}"
+        response = self._client.get(path, headers=self._headers())
+        if response.status_code == 200:
+            found = charter.Outcome.succeeded(response.text, cost=dict(attempt.estimate))
+            return charter.Evidence.applied(found)
+        return charter.Evidence.indeterminate()
+
+    def dispatch(self, send: charter.Dispatch) -> charter.Outcome:
+        try:
+            return super().dispatch(send)
+        except Exception as exc:
+            if "HTTP 500" in str(exc):
+                return charter.Outcome.failed({"error": str(exc)})
+            raise
+
+
+def test_A3_the_kit_fails_an_adapter_that_reads_answers_the_old_way(
+    target: ScriptedHttp,
+) -> None:
+    adapter = _OldReadings(target.declaration())
+    with pytest.raises(AssertionError) as broken:
+        check_adapter(adapter, target, operation="create", request=REQUEST)
+    adapter.close()
+    text = str(broken.value)
+    for case in ("error_after_applying", "lookup_empty", "lookup_list", "lookup_malformed"):
+        assert f"{case}:" in text
+    assert "lookup_found:" not in text  # what is right stays right
+    assert "refused_before_applying:" not in text
+
+
+class SandboxTarget:
+    """The payments sandbox as a scripted target, through its own faults."""
+
+    FAULTS: ClassVar[dict[str, str]] = {
+        "applied_then_lost": "drop_after_apply",
+        "error_after_applying": "error_after_apply",
+        "refused_before_applying": "refuse",
+        "timeout": "slow",
+        "lookup_down": "lookups_unavailable",
+    }
+
+    def __init__(self, box: Sandbox, api_key: str) -> None:
+        self.box, self.secret = box, api_key
+
+    def arm(self, case: str) -> bool:
+        if case in ("lookup_found", "nul_in_request", "surrogate_in_request"):
+            return True  # it behaves as it always does
+        fault = self.FAULTS.get(case)
+        if fault is None:
+            return False  # it cannot echo, answer 50 MB or answer a list to a key lookup
+        self.box.fault(fault, seconds=1.5 if fault == "slow" else 0.0)
+        return True
+
+    def applied(self, key: str) -> int:
+        return sum(p["idempotency_key"] == key for p in self.box.payments())
+
+    def received(self, key: str) -> int:
+        return sum(r["kind"] == "create" and r["key"] == key for r in self.box.requests())
+
+
+def test_A3_the_sandbox_adapter_passes_every_case_the_sandbox_can_play(tmp_path: Path) -> None:
+    key = "sk-sandbox-conformance-0123456789"
+    with Sandbox(tmp_path / "box.db", api_key=key) as box:
+        adapter = declaration(box.url, timeout_seconds=0.5, api_key=key).build()
+        target = SandboxTarget(box, key)
+        report = check_adapter(adapter, target, operation="pay", request=REQUEST)
+        adapter.close()
+    assert set(report.not_played) == {
+        "lookup_empty",
+        "lookup_list",
+        "lookup_malformed",
+        "echo_in_header",
+        "echo_in_body",
+        "echo_in_exception",
+        "echo_in_bytes",
+        "huge_answer",
+    }
+
+
+def test_the_kit_refuses_an_unknown_case_or_operation(target: ScriptedHttp) -> None:
+    adapter: Any = RecordingAdapter()
+    with pytest.raises(ValueError, match="unknown case"):
+        check_adapter(adapter, target, operation="write", request=REQUEST, cases=("nope",))
+    with pytest.raises(ValueError, match="no operation"):
+        check_adapter(adapter, target, operation="nope", request=REQUEST)
+
+
+def test_A3_an_error_answer_is_unknown_unless_the_effect_is_read_only() -> None:
+    """The one rule, on its own: FAILED only where nothing outside can have changed."""
+    answer = {"error": "boom"}
+    read = charter.Operation(charter.EffectClass.READ_ONLY)
+    assert error_answer(read, answer, reason="x").status == "failed"
+    for effect, window in (
+        (charter.EffectClass.UNSAFE, None),
+        (charter.EffectClass.IDEMPOTENT_KEYED, 60),
+    ):
+        with pytest.raises(charter.OutcomeUnknown) as unknown:
+            error_answer(charter.Operation(effect, window), answer, reason="tool failed")
+        assert unknown.value.evidence == {"answer": answer}
