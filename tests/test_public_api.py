@@ -76,6 +76,7 @@ PUBLIC = [
     "StoreError",
     "StoreNotFound",
     "SystemClock",
+    "TextRefused",
     "UsageError",
     "WaitError",
     "WaitPending",

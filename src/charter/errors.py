@@ -32,6 +32,7 @@ message says what was wrong and what to do about it::
     │   ├── SnapshotTampered        the chain, a digest or the state does not check
     │   └── SignatureInvalid        no trusted key signed it as it is
     ├── UsageError                  a request malformed as written (CLI arguments, paging)
+    │   └── TextRefused             text no store keeps as given: a NUL, a lone surrogate (A10)
     └── StoreError                  the store cannot serve the request
         ├── StoreBusy               bounded busy wait ran out
         ├── StoreConflict           a uniqueness or integrity rule refused a write
@@ -276,6 +277,17 @@ class UsageError(CharterError):
     size or cursor — refused before the store is read or written."""
 
     code = "usage_error"
+
+
+class TextRefused(UsageError):
+    """Text that cannot be stored as given is refused before anything is written
+    (A10): a NUL (U+0000) in an identifier or in text kept as it is (PostgreSQL
+    holds no NUL in text), or a lone surrogate anywhere (it is not Unicode: no
+    store keeps it and no adapter can send it). ``field`` names the value (or
+    the store's parameter), ``problem`` is ``"nul"`` or ``"surrogate"`` and
+    ``position`` where in the text it is."""
+
+    code = "text_refused"
 
 
 class NotApplied(Exception):

@@ -33,6 +33,7 @@ from charter.errors import (
     StateError,
     StoreConflict,
 )
+from charter.ids import check_text
 from charter.runs.ownership import Segment
 from charter.runs.run import RunStatus
 from charter.storage import Row, Tx
@@ -182,7 +183,10 @@ def check_allowance(seg: Segment, tx: Tx, contract: Contract, row: Row, call: Ca
 
 def admission(seg: Segment, call: Call, effect: Effect, *, dispatch: bool = True) -> Attempt:
     """The admission transaction; a repeat of an effect's generation is reported
-    as such, and records nothing."""
+    as such, and records nothing. An effect key or node id no store would keep
+    as given is refused first (A10)."""
+    check_text("effect key", effect.key)
+    check_text("node id", effect.node_id)
     try:
         return seg.runtime.db.transact(
             lambda tx: admit(seg, tx, call, effect, dispatch=dispatch), gate=seg.mission_id

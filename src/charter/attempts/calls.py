@@ -3,7 +3,10 @@
 What is recorded of a request is its canonical JSON, with each secret as its
 name only (S3), and its hash is the request's identity on replay (A6). So a
 request must read back exactly as it was sent: JSON-serialisable, string keys
-only, no key that would read back as a secret.
+only, no key that would read back as a secret, and Unicode text (A10): a lone
+surrogate is refused, since no adapter can encode it (the attempt would be
+left uncertain with nothing sent). A NUL in a request is kept: the recorded
+JSON holds it as ``\u0000`` on every store.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from charter import secret
 from charter.adapters import Adapter, EffectClass, Estimate
 from charter.errors import AdapterError, AdmissionRefused
 from charter.hashing import digest, json_encoder
+from charter.ids import problem, refusal
 from charter.secret import Secret
 
 #: Requests are recorded as canonical JSON; NaN and infinities are refused.
@@ -68,6 +72,8 @@ def prepare(adapter: Adapter, operation: str, request: Any) -> Call:
             f"the request for {adapter.name}.{operation} must be JSON-serialisable ({exc}); "
             "it is recorded before it is sent"
         ) from None
+    if "\\ud" in request_json:  # a surrogate's escape: a pair, or one alone
+        _refuse_surrogates(f"the request for {adapter.name}.{operation}", request)
     if not _text_keys(request):
         raise AdmissionRefused(
             f"the request for {adapter.name}.{operation} has a key that is not a string; "
@@ -101,3 +107,24 @@ def _text_keys(value: Any) -> bool:
     if isinstance(value, list | tuple):
         return all(_text_keys(v) for v in value)
     return True
+
+
+def _refuse_surrogates(where: str, value: Any, path: str = "$") -> None:
+    """Refuse the first text in ``value`` (key or value) holding a lone surrogate."""
+    texts: list[tuple[str, str]] = []
+    if isinstance(value, str):
+        texts = [(f"at {path}", value)]
+    elif isinstance(value, Secret):
+        texts = [(f"a secret's name at {path}", value.name)]
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str):
+                texts.append((f"a key in {path}", k))
+            _refuse_surrogates(where, v, f"{path}[{k!r}]")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _refuse_surrogates(where, v, f"{path}[{i}]")
+    for at, text in texts:
+        found = problem(text)
+        if found is not None and found[0] == "surrogate":
+            raise refusal(f"{where}, {at}", text, found)

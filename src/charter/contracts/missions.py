@@ -18,6 +18,7 @@ from charter.contracts import store
 from charter.contracts.contract import Contract, amendment_needs
 from charter.contracts.model import Mission
 from charter.errors import ContractError, NotAuthorized, NotFound
+from charter.ids import check_text
 from charter.ledger import store as ledger_store
 from charter.storage import Tx
 from charter.storage.paging import Position
@@ -143,7 +144,12 @@ def add_version(
     by: str,
     previous: Contract | None,
 ) -> int:
-    """Record a new contract version, fund allowance changes, audit the change."""
+    """Record a new contract version, fund allowance changes, audit the change.
+
+    Its principals' names are identifiers, stored as given or refused (A10)."""
+    for principal in contract.principals:
+        check_text("principal name", principal)
+    check_text("reason", reason)
     tx.lock_mission(mission_id)
     current = store.contract_version(tx, mission_id)
     if current is None:

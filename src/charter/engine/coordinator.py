@@ -33,6 +33,7 @@ from charter.errors import (
     RunTerminal,
     StateError,
 )
+from charter.ids import check_text
 from charter.recovery import state as recovery
 from charter.recovery import takeover
 from charter.recovery.state import RecoveryState
@@ -72,6 +73,8 @@ class Coordinator:
         of older owners UNKNOWN keeping every hold (R4). Reads only the store:
         nothing is sent and nothing resumes (R6).
         """
+        check_text("run id", run_id)
+        check_text("segment id", segment_id)  # A10: stored as given, or refused
         return takeover.recover(self._runtime, run_id, segment_id, force=force, by=by)
 
     def state(self, run_id: str) -> RecoveryState:
@@ -353,6 +356,8 @@ class Coordinator:
         condition or an exhausted limit. ``human`` mode needs ``by``: a
         principal with ``run`` rights in the mission.
         """
+        check_text("run id", run_id)
+        check_text("segment id", segment_id)  # A10: stored as given, or refused
         with self._db.read() as tx:
             run = runs.load(tx, run_id)
         if run.status.terminal:

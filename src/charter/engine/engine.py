@@ -44,7 +44,7 @@ from charter.errors import (
     UsageError,
 )
 from charter.hashing import ENGINE_CHAIN, canonical
-from charter.ids import IdFactory
+from charter.ids import IdFactory, check_text
 from charter.ledger import incidents as incidents_mod
 from charter.ledger import store as ledger_store
 from charter.plans import store as node_reads
@@ -183,6 +183,7 @@ class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
         self, contract: Contract | Mapping[str, Any], *, by: Principal, name: str = ""
     ) -> str:
         """Record a mission with its first contract version; fund its allowance."""
+        check_text("mission name", name)  # A10: text as given, or refused
         parsed = Contract.validate(contract)
         with self._db.transaction() as tx:
             self._authority.vouch(tx, by)
@@ -208,6 +209,8 @@ class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
     ) -> int:
         """A new contract version (e.g. a revoked right); see :func:`missions.amend`
         for who may make which change (P2)."""
+        check_text("mission id", mission_id)
+        check_text("reason", reason)
         parsed = Contract.validate(contract)
         with self._db.transaction() as tx:
             self._authority.vouch(tx, by)
@@ -218,6 +221,8 @@ class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
 
     def raise_limit(self, mission_id: str, unit: str, limit: int, *, by: Principal) -> int:
         """Raise an allowance limit (a new contract version, L7); needs ``raise_limit``."""
+        check_text("mission id", mission_id)
+        check_text("unit", unit)
         if not is_amount(limit):
             raise ContractError(
                 f"limit must be an integer in [0, 2**63 - 1] in {unit}'s smallest step, "
@@ -274,6 +279,8 @@ class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
         ``plan`` (with its ``ref``) and ``input`` are recorded so that a fresh
         process can resume the run; run it with ``executor.execute(plan)``.
         """
+        check_text("mission id", mission_id)
+        check_text("segment id", segment_id)
         input_json = None if input is None else canonical(input)
         with self._db.transaction() as tx:
             self._authority.vouch(tx, by)
@@ -342,6 +349,8 @@ class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
         journaled values are the same). ``plan`` and ``input`` default to the
         old run's; a reviewed fix goes in ``plan``.
         """
+        check_text("run id", from_run)
+        check_text("segment id", segment_id)
         input_json = None if input is None else canonical(input)
         with self._db.transaction() as tx:
             old = runs.load(tx, from_run)
@@ -364,6 +373,8 @@ class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
 
     def stop_run(self, run_id: str, *, by: Principal, reason: str = "stopped") -> Run:
         """Stop a run: STOPPED if nothing is in flight, else STOPPING (needs ``stop``)."""
+        check_text("run id", run_id)
+        check_text("reason", reason)
         with self._db.transaction() as tx:
             run = runs.load(tx, run_id)
             self._authority.authorize(tx, by, run.mission_id, Right.STOP, entity=run_id)
@@ -382,6 +393,7 @@ class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
     # -- approvals (W2) --------------------------------------------------------------
     def approve(self, approval_id: str, *, by: Principal, deny: bool = False) -> ApprovalStatus:
         """Decide a pending approval; the approver needs ``approve`` on its scope."""
+        check_text("approval id", approval_id)
         with self._db.transaction() as tx:
             approval = approvals_mod.load(tx, approval_id)
             contract = self._authority.authorize(
@@ -422,6 +434,8 @@ class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
     # -- incidents (L5, L7) --------------------------------------------------------------
     def close_incident(self, incident_id: str, *, by: Principal, note: str) -> None:
         """Close an incident by an explicit, audited human action (needs ``resolve``)."""
+        check_text("incident id", incident_id)
+        check_text("note", note)
         with self._db.transaction() as tx:
             incident = incidents_mod.load(tx, incident_id)
             self._authority.authorize(

@@ -54,6 +54,7 @@ from charter.storage.recall import (
     matching,
     merged,
 )
+from charter.storage.text import postgres as encoded
 from charter.storage.transaction import Head
 
 try:
@@ -145,19 +146,6 @@ def _result(pg: Any) -> Any:
         select.select([pg.socket], [], [])
         pg.consume_input()
     return pg.get_result()
-
-
-def _text(value: Any) -> bytes | None:
-    """A parameter in PostgreSQL's text format; the server infers its type."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, bool):
-        return b"t" if value else b"f"
-    if isinstance(value, int):
-        return str(value).encode()
-    raise TypeError(f"cannot send a {type(value).__name__} to PostgreSQL")
 
 
 class PostgresDriver:
@@ -344,10 +332,7 @@ class PostgresDriver:
                 text = _numbered(sql).encode()
                 if len(params) <= _PREPARED_PARAMS:
                     name = new[sql] = b"charter_%d" % next(self._names)
-            values = (
-                # Most parameters are strings: encode those inline.
-                [v.encode() if type(v) is str else _text(v) for v in params] if params else None
-            )
+            values = encoded(params) if params else None  # text as given, or refused (A10)
             commands.append((name, text, values))
         return commands
 

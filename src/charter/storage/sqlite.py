@@ -16,7 +16,7 @@ from typing import Any
 from charter.clock import Clock
 from charter.errors import StoreBusy, StoreConflict, StoreError
 from charter.hashing import head_table
-from charter.storage import dialect
+from charter.storage import dialect, text
 from charter.storage.transaction import Head
 
 #: A chain's head, by the table that keeps it (see :func:`charter.hashing.head_table`).
@@ -83,10 +83,13 @@ class SQLiteDriver:
             raise StoreError(f"SQLite store at {path} refused WAL mode (got {mode!r})")
 
     def execute(self, sql: str, params: Sequence[Any]) -> Any:
+        text.check(params)  # what PostgreSQL cannot keep is not kept here either (A10)
         try:
             return self._conn.execute(sql, params)
         except sqlite3.Error as exc:
             raise _translate(exc, self._busy_timeout) from None
+        except UnicodeEncodeError:  # a lone surrogate, refused as it was bound
+            raise text.refused(params) from None
 
     def defer(
         self, sql: str, params: Sequence[Any], take: Callable[[Any], None] | None = None
