@@ -305,9 +305,9 @@ def pay_invoice_script(kind: str, body: Any) -> list[dict[str, Any]]:
     invoice up, pay it, then say it is paid (a Responses API output)."""
     done = [i for i in body["input"] if i.get("type") == "function_call_output"]
     if len(done) == 0:
-        return [_function_call("call_invoice", "invoice", {"payee": INVOICE["payee"]})]
+        return [function_call("call_invoice", "invoice", {"payee": INVOICE["payee"]})]
     if len(done) == 1:
-        return [_function_call("call_pay", "pay", INVOICE)]
+        return [function_call("call_pay", "pay", INVOICE)]
     text = f"Paid {INVOICE['reference']}."
     return [
         {
@@ -320,7 +320,8 @@ def pay_invoice_script(kind: str, body: Any) -> list[dict[str, Any]]:
     ]
 
 
-def _function_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+def function_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A Responses API output item: the model calls tool ``name``."""
     return {
         "type": "function_call",
         "id": f"fc_{call_id}",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ import pytest
 from agents import Agent, ModelSettings, function_tool
 
 import charter
-from _fake_models import INVOICE, FakeProvider
-from charter import AttemptStatus, EffectClass
+from _fake_models import INVOICE, FakeProvider, function_call
+from charter import AttemptStatus, EffectClass, Operation
 from charter.adapters.models import ModelUnits, Usage
 from charter.adapters.models.pricing import Pricing
 from charter.integrations.openai_agents import AgentModels, AgentTools, run
@@ -141,8 +142,10 @@ def test_A1_an_agent_with_an_undeclared_tool_or_its_own_model_is_refused_before_
     m = mission(engine, who)
     before = stored(engine, m, runs=False)
     ex = engine.start_run(m, by=who.agent, segment_id="seg-1")
-    with pytest.raises(charter.ConfigError, match="does not govern"):
+    with pytest.raises(charter.Blocked) as blocked:  # the node's error, kept for a person (N6)
         ex.execute(charter.Plan("p", (go,)))
+    assert isinstance(blocked.value.__cause__, charter.ConfigError)
+    assert "does not govern" in blocked.value.__cause__.message
     assert stored(engine, m, runs=False)["attempts"] == before["attempts"] == []
     assert provider.received == []
 
@@ -154,3 +157,83 @@ def test_openai_agents_without_its_extra_names_the_extra(monkeypatch: pytest.Mon
         importlib.import_module("charter.integrations.openai_agents")
     assert missing.value.details["extra"] == "openai-agents"
     assert "charter[openai-agents]" in missing.value.message
+
+
+def one_call(tool: str) -> Callable[[str, Any], list[dict[str, Any]]]:
+    """An agent's turns: call ``tool`` once, then say what it was shown."""
+
+    def script(kind: str, body: Any) -> list[dict[str, Any]]:
+        done = [i for i in body["input"] if i.get("type") == "function_call_output"]
+        if not done:
+            return [function_call("call_1", tool, {"payee": "gazette"})]
+        text = f"shown: {done[0]['output']}"
+        content = [{"type": "output_text", "text": text, "annotations": []}]
+        return [
+            {
+                "type": "message",
+                "id": "m",
+                "status": "completed",
+                "role": "assistant",
+                "content": content,
+            }
+        ]
+
+    return script
+
+
+@pytest.mark.parametrize(
+    ("effect", "status"),
+    [
+        (EffectClass.READ_ONLY, AttemptStatus.FAILED),
+        (EffectClass.UNSAFE, AttemptStatus.UNKNOWN),
+        (Operation(EffectClass.IDEMPOTENT_KEYED, dedupe_window_seconds=60), AttemptStatus.UNKNOWN),
+    ],
+)
+def test_A3_a_tools_error_is_read_by_the_one_rule_failed_only_for_a_read_only_tool(
+    engine: charter.Engine, who: Principals, effect: EffectClass | Operation, status: AttemptStatus
+) -> None:
+    """A tool that raised may have acted first: its call is UNKNOWN unless the
+    tool is ``read_only``, whose call settles FAILED and whose error the model
+    is told as the SDK tells it (the SDK's message, recorded)."""
+    calls: list[str] = []
+
+    @function_tool
+    def lookup(payee: str) -> str:
+        """Look a payee up."""
+        calls.append(payee)
+        raise RuntimeError("the registry is down")
+
+    tools = AgentTools([lookup], effects={"lookup": effect})
+    with FakeProvider(script=one_call("lookup")) as fake:
+        models = AgentModels(base_url=fake.url + "/v1", api_key="sk-test")
+        agent = Agent(
+            name="clerk",
+            model="gpt-4o-mini",
+            model_settings=ModelSettings(max_tokens=50),
+            tools=list(tools.tools.values()),
+        )
+
+        @charter.node
+        async def go(ctx: charter.Context, _: Any) -> str:
+            return str((await run(ctx, agent, "look", models=models, tools=tools)).final_output)
+
+        m = mission(engine, who)
+        ex = engine.start_run(m, by=who.agent, segment_id="seg-1")
+        plan = charter.Plan("p", (go,))
+        if status is AttemptStatus.FAILED:
+            assert (
+                ex.execute(plan)
+                == "shown: An error occurred while running the tool. Please try again."
+            )
+            assert len(fake.received) == 2
+        else:
+            with pytest.raises(charter.Blocked):
+                ex.execute(plan)
+            assert len(fake.received) == 1  # the model is told nothing on a guess
+    [call] = [a for a in engine.attempts(run_id=ex.run_id) if a.operation == "lookup"]
+    assert call.status is status and calls == ["gazette"]
+    if status is AttemptStatus.FAILED:
+        assert call.actual == {} and "the registry is down" in call.result["error"]
+    else:
+        [kept] = engine.evidence(call.id)
+        assert "the registry is down" in kept["detail"]

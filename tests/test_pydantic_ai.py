@@ -8,6 +8,7 @@ request, a read-only ``quote``, a paying ``pay``, a last model request.
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,8 @@ from typing import Any
 
 import pytest
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelResponse, TextPart
+from pydantic_ai.exceptions import ModelRetry, ToolFailed
+from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.models.test import TestModel
 
@@ -169,8 +171,10 @@ def test_W2_pydantic_ais_own_approval_is_refused_for_the_contracts(
     mission = engine.create_mission(contract(), by=who.alice)
     plan = charter.Plan("wire", (ask,))
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1", plan=plan)
-    with pytest.raises(charter.ConfigError, match=r"\['wire'\].*approvals.required"):
+    with pytest.raises(charter.Blocked) as blocked:  # the node's error, kept for a person (N6)
         ex.execute(plan)
+    assert isinstance(blocked.value.__cause__, charter.ConfigError)
+    assert re.search(r"\['wire'\].*approvals.required", blocked.value.__cause__.message)
     assert engine.attempts(run_id=ex.run_id) == []
 
 
@@ -208,7 +212,103 @@ def test_L3_a_model_request_without_max_tokens_is_refused_before_anything_is_rec
     mission = engine.create_mission(contract(), by=who.alice)
     plan = charter.Plan("ask", (ask,))
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1", plan=plan)
-    with pytest.raises(charter.AdmissionRefused, match="max_tokens"):
+    with pytest.raises(charter.Blocked) as blocked:
         ex.execute(plan)
+    assert isinstance(blocked.value.__cause__, charter.AdmissionRefused)
+    assert "max_tokens" in blocked.value.__cause__.message
     assert engine.attempts(run_id=ex.run_id) == []
     assert answered == []
+
+
+def desk(tools: dict[str, ToolEffect], **options: Any) -> tuple[Agent[None, str], list[Any]]:
+    """An agent ``desk`` whose model calls the tool named in the prompt once,
+    then answers with the tool's result as the model was shown it; and the
+    list of the messages each model request carried."""
+    seen: list[Any] = []
+
+    def model(messages: list[Any], info: Any) -> ModelResponse:
+        seen.append(messages)
+        if len(messages) == 1:
+            tool = str(messages[0].parts[-1].content)
+            return ModelResponse(parts=[ToolCallPart(tool, {"amount": 5}, tool_call_id="c1")])
+        shown = messages[-1].parts[0]
+        return ModelResponse(parts=[TextPart(f"{shown.part_kind}: {shown.model_response_str()}")])
+
+    durability = CharterDurability(tools=tools, units=ModelUnits(money=None), **options)
+    agent = Agent(
+        FunctionModel(model),
+        name="desk",
+        capabilities=[durability],
+        model_settings={"max_tokens": 100},
+    )
+    return agent, seen
+
+
+def desk_run(engine: charter.Engine, who: Principals, agent: Agent[None, str], tool: str) -> Any:
+    @charter.node
+    async def ask(ctx: charter.Context, _: Any) -> str:
+        with in_node(ctx):
+            return (await agent.run(tool)).output
+
+    mission = engine.create_mission(
+        {
+            "objective": "desk",
+            "principals": {"agent": {"run": ["desk.*"]}, "alice": ["resolve", "run"]},
+            "allowance": {"input_tokens": 100_000, "output_tokens": 10_000},
+        },
+        by=who.alice,
+    )
+    plan = charter.Plan("desk", (ask,))
+    return engine.start_run(mission, by=who.agent, segment_id="seg-1", plan=plan), plan
+
+
+@pytest.mark.parametrize("effect", [EffectClass.UNSAFE, EffectClass.IDEMPOTENT_KEYED])
+@pytest.mark.parametrize("error", [ToolFailed("the bank refused"), ModelRetry("try less")])
+def test_A3_a_tool_that_acts_and_raises_an_error_for_the_model_is_unknown_not_failed(
+    engine: charter.Engine, who: Principals, effect: EffectClass, error: Exception
+) -> None:
+    """PydanticAI turns ``ToolFailed`` and ``ModelRetry`` into an answer for the
+    model; for a tool with an effect outside they prove nothing about it (it
+    may have acted before raising), so the call stays UNKNOWN with what it
+    said kept as evidence, and the model is not told anything on a guess."""
+    acted: list[int] = []
+    window = 3600 if effect is EffectClass.IDEMPOTENT_KEYED else None
+    agent, seen = desk({"wire": ToolEffect(effect, dedupe_window_seconds=window)})
+
+    @agent.tool_plain
+    def wire(amount: int) -> str:
+        acted.append(amount)
+        raise error
+
+    ex, plan = desk_run(engine, who, agent, "wire")
+    with pytest.raises(charter.Blocked):
+        ex.execute(plan)
+
+    [call] = [a for a in engine.attempts(run_id=ex.run_id) if a.operation == "wire"]
+    assert call.status is AttemptStatus.UNKNOWN and call.effect_class == effect.value
+    assert acted == [5] and len(seen) == 1  # the model was not told anything
+    [kept] = engine.evidence(call.id)
+    assert str(error) in kept["detail"]
+    assert engine.run(ex.run_id).status is charter.RunStatus.NEEDS_INTERVENTION
+
+
+@pytest.mark.parametrize("error", [ToolFailed("no such city"), ModelRetry("say a city")])
+def test_A3_a_read_only_tools_error_settles_failed_and_the_model_is_told_it(
+    engine: charter.Engine, who: Principals, error: Exception
+) -> None:
+    """A tool with no effect outside may settle FAILED on its error, which the
+    model is then told as PydanticAI tells it."""
+    agent, seen = desk({"forecast": ToolEffect(EffectClass.READ_ONLY)})
+
+    @agent.tool_plain
+    def forecast(amount: int) -> str:
+        raise error
+
+    ex, plan = desk_run(engine, who, agent, "forecast")
+    answer = ex.execute(plan)
+
+    assert answer.startswith("tool-return: ") and str(error) in answer
+    [call] = [a for a in engine.attempts(run_id=ex.run_id) if a.operation == "forecast"]
+    assert call.status is AttemptStatus.FAILED and call.actual == {}
+    assert call.result["kind"] in ("tool_failed", "model_retry")  # as PydanticAI records it
+    assert len(seen) == 2

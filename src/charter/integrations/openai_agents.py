@@ -57,6 +57,7 @@ from charter.adapters.models.base import ModelAdapter
 from charter.adapters.models.openai import OpenAIModels
 from charter.adapters.models.pricing import Usage
 from charter.adapters.models.refusals import refused_or_raise
+from charter.attempts.classify import error_answer
 
 try:
     import openai
@@ -199,9 +200,12 @@ class AgentTools:
 
     ``effects``: each tool's effect class (an :class:`~charter.EffectClass`, or
     an :class:`~charter.Operation` for an ``idempotent_keyed`` tool's dedupe
-    window); a tool without one is refused. A ``read_only`` tool's error is its
-    answer to the model, as the SDK makes it; any other tool's error leaves its
-    call UNKNOWN (raise :class:`~charter.NotApplied` to prove nothing
+    window); a tool without one is refused. A tool's error is read by the one
+    rule of :func:`~charter.attempts.classify.error_answer`: a ``read_only``
+    tool's call settles FAILED and the model is told as the SDK tells it (the
+    message is recorded, so a replay tells the same); any other tool's call is
+    UNKNOWN, with the error kept as evidence, since the tool may have acted
+    before raising (raise :class:`~charter.NotApplied` to prove nothing
     happened). ``costs``: a tool's estimate, in allowance units, or a function
     of its arguments giving it; a call costs its estimate. ``lookups``: how to
     find out what became of a tool's uncertain call (for ``reconcile``).
@@ -234,17 +238,27 @@ class AgentTools:
     async def dispatch(self, send: Dispatch) -> Outcome:
         call = _live(send)
         tool: FunctionTool = call.target
-        if self.operations[send.operation].effect is not EffectClass.READ_ONLY:
-            # Its error is an uncertainty, not a message for the model.
-            tool = dataclasses.replace(
-                tool, _failure_error_function=None, _use_default_failure_error_function=False
-            )
+        # The tool's error comes here, to be read by the one rule (A3), not
+        # turned into a message for the model by the SDK first.
+        raw = dataclasses.replace(
+            tool, _failure_error_function=None, _use_default_failure_error_function=False
+        )
         send.check_deadline()
         token = _SENDING.set(send)
         try:
-            output = await tool.on_invoke_tool(*call.args)
+            output = await raw.on_invoke_tool(*call.args)
         except ModelBehaviorError as exc:  # arguments refused before the tool ran
             raise NotApplied(f"the tool refused its arguments: {exc}") from exc
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            shown = await maybe_invoke_function_tool_failure_error_function(
+                function_tool=tool, context=call.args[0], error=exc
+            )
+            return error_answer(
+                self.operations[send.operation],
+                {"error": error, "shown": shown},
+                reason=f"tool {send.operation} raised {error}",
+            )
         finally:
             _SENDING.reset(token)
         cost = self.estimate(send.operation, send.request).amounts
@@ -271,6 +285,9 @@ class AgentTools:
                 call_key = f"{key}:tool:{tool_ctx.tool_call_id}"
                 return await ctx.aattempt(self, tool.name, request, key=call_key)
             except AttemptFailed as exc:  # shown to the model as the tool's failure
+                recorded = exc.details.get("result")
+                if isinstance(recorded, dict) and isinstance(recorded.get("shown"), str):
+                    return recorded["shown"]  # as it was shown when the tool raised
                 shown = await maybe_invoke_function_tool_failure_error_function(
                     function_tool=tool, context=tool_ctx, error=exc
                 )

@@ -15,7 +15,9 @@ that node's context, and outside one the agent runs as it would without it:
 - a **tool call** is an attempt ``<name>.<tool>`` of the effect class its
   :class:`ToolEffect` declares (``unsafe`` if none), keyed by the model's
   tool-call id; inside it, :func:`current_send` gives the tool the key and
-  fencing token to send its target;
+  fencing token to send its target. An error PydanticAI hands the model
+  (``ModelRetry``, ``ToolFailed``) settles a ``read_only`` tool's call FAILED
+  and leaves any other tool's call UNKNOWN (A3, :mod:`charter.attempts.classify`);
 - the request recorded is a deterministic JSON projection of the call (no
   timestamps, no run ids), so a node run again after a crash finds its
   attempts: recorded results come back without the model or the tool being
@@ -47,6 +49,7 @@ from charter.adapters import Dispatch, EffectClass, Evidence, Operation, Outcome
 from charter.adapters.models import ModelUnits, Usage
 from charter.adapters.models.pricing import Pricing, UsageLookup, input_bound, max_tokens
 from charter.adapters.models.refusals import refused_or_raise
+from charter.attempts.classify import error_answer
 
 try:
     from pydantic_ai.durable_exec import (
@@ -80,6 +83,9 @@ MODEL_REQUEST = "model_request"
 #: Keys of PydanticAI's messages that change from one run of the same call to
 #: the next (when it was made, which run made it): not part of the request.
 _VOLATILE = frozenset({"timestamp", "run_id", "conversation_id"})
+
+#: The kinds of PydanticAI's recorded tool call that hold a value the tool returned.
+_RETURNED = frozenset({"tool_return", "tool_content_result"})
 
 #: Message content whose tokens its size does not bound (see ``input_bound``).
 _MEDIA = frozenset({"image-url", "audio-url", "video-url", "document-url", "binary"})
@@ -205,10 +211,18 @@ class AgentAdapter:
         )
 
     def tool_outcome(self, name: str, args: dict[str, Any], payload: Any) -> Outcome:
-        """A tool's recorded result (PydanticAI's recorded form of a tool call,
-        which names its kind): a tool's error settles the attempt FAILED, kept."""
-        if payload.get("kind") in ("tool_failed", "validation_error"):
-            return Outcome.failed(payload)
+        """What a tool's answer proves, from PydanticAI's recorded form of it
+        (which names its kind): a value returned settles the attempt SUCCEEDED;
+        an error PydanticAI hands the model (``ModelRetry``, ``ToolFailed``, a
+        validation error raised inside the tool) is read by the one rule of
+        :func:`~charter.attempts.classify.error_answer`: FAILED for a
+        ``read_only`` tool, UNKNOWN for any other, which may have acted first."""
+        kind = payload.get("kind")
+        if kind not in _RETURNED:
+            message = payload.get("message") or payload.get("title") or kind
+            return error_answer(
+                self.operations[name], payload, reason=f"tool {name} raised {kind}: {message}"
+            )
         tool = self.tools.get(name, ToolEffect())
         value = payload.get("result")
         cost = tool.cost(value) if tool.cost is not None else tool.bound(args)
