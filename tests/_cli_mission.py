@@ -63,3 +63,37 @@ def remind(ctx: charter.Context, value: dict[str, Any]) -> dict[str, Any]:
 
 
 plan = charter.Plan("announce", (announce, remind), ref="_cli_mission:plan")
+
+
+# -- N6: a node whose environment is broken --------------------------------------------------
+
+#: What the payments node reads from the operator's shell.
+LEDGER_ACCOUNT = "CHARTER_TEST_LEDGER_ACCOUNT"
+
+
+@charter.node
+def pay_invoices(ctx: charter.Context, value: Any) -> dict[str, Any]:
+    """Pays four invoices, then needs a variable the operator's shell may lack: a
+    broken environment, not the world's answer (N6)."""
+    for n in range(4):
+        ctx.attempt(make_mail(), "send", {"invoice": n})
+    account = os.environ[LEDGER_ACCOUNT]  # a KeyError when the shell lacks it
+    ctx.attempt(make_mail(), "send", {"invoice": 4, "account": account})
+    return {"paid": 5}
+
+
+payments = charter.Plan("payments", (pay_invoices,), ref="_cli_mission:payments")
+
+
+@charter.node
+def ask_budget(ctx: charter.Context, value: Any) -> int:
+    budget: int = ctx.ask("budget", "How many invoices may we pay?", answer=int)
+    return budget
+
+
+asking = charter.Plan("asking", (ask_budget,), ref="_cli_mission:asking")
+
+
+def broken_mail() -> FileMail:
+    """An adapter factory that fails as no Charter error: a bug in loaded code."""
+    raise RuntimeError("MAIL_TOKEN is not set")

@@ -185,7 +185,7 @@ def consume(ctx: charter.Context, value: dict[str, Any]) -> dict[str, Any]:
 handoff_plan = charter.Plan("handoff", (produce, consume), ref="_node_plans:handoff_plan")
 
 
-# -- linked: a bug after a send, fixed for the follow-up run ----------------------------------
+# -- linked: a declared failure after a send, fixed for the follow-up run --------------------
 
 
 @charter.node
@@ -198,7 +198,7 @@ def one(ctx: charter.Context, value: Any) -> dict[str, Any]:
 def two(ctx: charter.Context, value: Any) -> dict[str, Any]:
     ctx.attempt(Outbox(), "write", {"effect": "two-a"})
     if lines("bug.txt"):
-        raise RuntimeError("the bug under review")
+        raise charter.NodeFailed("the step under review failed")  # ends the run (N6)
     die_here("two")
     ctx.attempt(Outbox(), "write", {"effect": "two-b"})
     return {"two": "done"}

@@ -720,9 +720,10 @@ def test_cli_every_error_code_and_exit_status_is_documented() -> None:
     """An adapter author or operator scripting the CLI finds every ``code`` it can print."""
     page = (HERE.parent / "docs" / "cli.md").read_text()
     codes = _codes(charter.CharterError) | set(cli_mod.SIGNAL_CODES.values())
+    codes.add(cli_mod.UNEXPECTED)
     undocumented = sorted(c for c in codes if f"| `{c}` |" not in page)
     assert undocumented == []
-    for status in ("0", "1", "2"):
+    for status in ("0", "1", "2", str(cli_mod.INTERRUPTED), str(cli_mod.PIPE_CLOSED)):
         assert f"| {status} |" in page
 
 
@@ -747,3 +748,211 @@ def test_engine_listing_refuses_a_bad_page_with_a_usage_error(
     with pytest.raises(charter.CharterError) as refused:
         engine.attempts(mission_id=mission, **page)
     assert refused.value.code == "usage_error"
+
+
+# -- N6: a node that raises; every error one line; a closed pipe --------------------------
+
+START = """
+import sys, charter
+import _cli_mission as m
+config = charter.EngineConfig.from_file(sys.argv[1])
+with charter.Engine.open(config=config) as engine:
+    agent = engine.authenticate(sys.argv[2])
+    ops = engine.authenticate(sys.argv[3])
+    mission = engine.create_mission({
+        "objective": "pay the month's invoices",
+        "principals": {"agent": {"run": ["mail.*"]}, "ops": ["resolve", "run", "stop", "approve"]},
+        "allowance": {"calls": 10},
+    }, by=ops)
+    ex = engine.start_run(mission, by=agent, segment_id="seg-1", plan=getattr(m, sys.argv[4]))
+    print(ex.run_id, flush=True)
+"""
+
+
+def start_run(setup: dict[str, Any], plan: str) -> str:
+    """A run of ``_cli_mission.<plan>``, started (not executed) by another process."""
+    config = str(setup["dir"] / "charter.toml")
+    done = subprocess.run(
+        [sys.executable, "-c", START, config, setup["agent"], setup["ops"], plan],
+        cwd=setup["dir"],
+        env=setup["env"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def charter_raw(
+    setup: dict[str, Any], *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``charter ARGS`` as the operator's shell runs it, acting as ops."""
+    return subprocess.run(
+        [sys.executable, "-m", "charter", *args],
+        cwd=setup["dir"],
+        env={**setup["env"], "CHARTER_CREDENTIAL": setup["ops"], **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _outbox(setup: dict[str, Any]) -> list[dict[str, Any]]:
+    lines = (setup["dir"] / "outbox.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_N6_cli_resume_of_a_node_that_raises_leaves_the_run_resumable_and_pays_each_once(
+    setup: dict[str, Any],
+) -> None:
+    """The operator's shell lacks a variable the node reads after four payments.
+    Broken: ``charter resume`` printed a traceback and the run ended ``failed`` for
+    good (node retries default to 0), with four invoices paid and the rest never."""
+    setup["env"].pop(_cli_mission.LEDGER_ACCOUNT, None)
+    run_id = start_run(setup, "payments")
+
+    done = charter_raw(setup, "resume", run_id, "--segment", "seg-1")
+    assert done.returncode == 1 and done.stdout == ""
+    [line] = done.stderr.splitlines()  # one line, no traceback
+    assert line.startswith("error: node pay_invoices raised KeyError: ")
+    assert _cli_mission.LEDGER_ACCOUNT in line and "resume" in line
+    first_keys = [m["key"] for m in _outbox(setup)]
+    assert [m["request"]["invoice"] for m in _outbox(setup)] == [0, 1, 2, 3]
+
+    done = charter_raw(setup, "resume", run_id, "--segment", "seg-1", "--json")
+    assert done.returncode == 1 and done.stderr == ""
+    [line] = done.stdout.splitlines()  # one JSON object
+    error = json.loads(line)["error"]
+    assert (error["code"], error["run_id"]) == ("blocked", run_id)
+    assert "KeyError" in error["message"]
+    assert [m["key"] for m in _outbox(setup)] == first_keys  # replayed, never re-sent
+
+    code, shown = charter_cli(setup, "show", run_id)
+    assert code == 0 and shown["status"] == "needs_intervention"
+    assert f"KeyError: '{_cli_mission.LEDGER_ACCOUNT}'" in shown["status_reason"]
+    [node] = shown["graph"]
+    assert (node["node_id"], node["status"]) == ("pay_invoices", "blocked")
+    stored = node["error"]
+    assert stored.startswith(f"KeyError: '{_cli_mission.LEDGER_ACCOUNT}'")
+    assert "Traceback, last frames" in stored and "_cli_mission.py" in stored
+    assert "in pay_invoices" in stored and "os.environ[LEDGER_ACCOUNT]" in stored
+    assert [n["error"] for n in shown["nodes"]] == [stored]  # the recovery state's view
+    text = charter_raw(setup, "show", run_id).stdout
+    assert "[?] pay_invoices  blocked" in text and "in pay_invoices" in text
+
+    # The operator fixes the shell; a new segment takes the run over by itself (no
+    # `recover`) once the lease is gone, and the run goes on where it stopped.
+    time.sleep(1.1)
+    fixed = {_cli_mission.LEDGER_ACCOUNT: "acct-7"}
+    done = charter_raw(setup, "resume", run_id, "--segment", "seg-2", "--json", env=fixed)
+    assert done.returncode == 0, done.stderr
+    resumed = json.loads(done.stdout)
+    assert (resumed["status"], resumed["epoch"], resumed["result"]) == (
+        "completed",
+        2,
+        {"paid": 5},
+    )
+    sent = _outbox(setup)
+    assert [m["request"]["invoice"] for m in sent] == [0, 1, 2, 3, 4]  # each invoice once
+    assert [m["key"] for m in sent[:4]] == first_keys
+    assert len({m["key"] for m in sent}) == 5
+    code, attempts = charter_cli(setup, "attempts", "--run", run_id)
+    assert code == 0 and len(attempts["items"]) == 5
+    assert {a["status"] for a in attempts["items"]} == {"succeeded"}
+
+
+def test_N6_cli_resume_of_a_waiting_node_is_one_error_line(setup: dict[str, Any]) -> None:
+    """Broken: a node waiting for an answer ended ``charter resume`` in a KeyError
+    traceback, the CLI knowing only the exact signal classes, not their kinds."""
+    run_id = start_run(setup, "asking")
+    done = charter_raw(setup, "resume", run_id, "--segment", "seg-1", "--json")
+    assert done.returncode == 1 and done.stderr == ""
+    error = json.loads(done.stdout)["error"]
+    assert (error["code"], error["run_id"]) == ("blocked", run_id)
+    assert error["wait_id"].startswith("wt")
+    done = charter_raw(setup, "resume", run_id, "--segment", "seg-1")
+    assert done.returncode == 1 and len(done.stderr.splitlines()) == 1
+    assert done.stderr.startswith("error: node ask_budget waits for input 'budget'")
+
+
+def test_cli_an_unexpected_error_is_one_line_without_a_traceback_and_changes_nothing(
+    populated: dict[str, Any],
+) -> None:
+    """Code Charter loads (here an adapter factory) fails with no Charter error.
+    Broken: a Python traceback, and under ``--json`` no JSON at all."""
+    toml = populated["dir"] / "charter.toml"
+    toml.write_text(toml.read_text().replace("_cli_mission:make_mail", "_cli_mission:broken_mail"))
+    before = _snapshot(populated)
+    code, out = charter_cli(populated, "reconcile", populated["unknown"])
+    assert code == 1 and out["error"]["code"] == "unexpected_error"
+    assert out["error"]["type"] == "RuntimeError"
+    assert "MAIL_TOKEN is not set" in out["error"]["message"]
+    done = charter_raw(populated, "reconcile", populated["unknown"])
+    assert done.returncode == 1 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith("error: RuntimeError: MAIL_TOKEN is not set")
+    assert _snapshot(populated) == before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["runs"],
+        ["runs", "--json"],
+        ["missions", "--limit", "5"],
+        ["audit", "verify"],
+        ["show", "run_nope", "--json"],  # an error, to the closed output
+        ["--help"],
+        ["runs", "--help"],
+    ],
+    ids=" ".join,
+)
+def test_cli_output_to_a_closed_pipe_ends_quietly(setup: dict[str, Any], args: list[str]) -> None:
+    """``charter runs | head -1``: the reader has gone before the command writes.
+    Broken: a BrokenPipeError traceback on standard error. (``--help`` is argparse's,
+    which drops what it cannot write and exits 0.)"""
+    charter.Engine.open(str(setup["dir"] / "charter.db")).close()  # an empty store
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written: a sure EPIPE
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "charter", *args],
+            cwd=setup["dir"],
+            env=setup["env"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        os.close(write)
+    _, err = child.communicate(timeout=60)
+    assert err == ""
+    assert child.returncode == (0 if "--help" in args else cli_mod.PIPE_CLOSED)
+
+
+def test_cli_piped_into_head_prints_its_first_line_and_nothing_on_stderr(
+    setup: dict[str, Any],
+) -> None:
+    """The shell pipeline itself, with more rows than a pipe holds, so that the
+    command is still writing when ``head`` leaves."""
+    config = charter.EngineConfig.from_file(setup["dir"] / "charter.toml")
+    with charter.Engine.open(str(setup["dir"] / "charter.db"), config=config) as engine:
+        ops = engine.authenticate(setup["ops"])
+        mission = engine.create_mission(
+            {"objective": "many", "principals": {"ops": ["run"]}, "allowance": {"calls": 1}},
+            by=ops,
+        )
+        for n in range(1000):  # about 93 kB of table: more than the pipe's 64 kB
+            engine.start_run(mission, by=ops, segment_id=f"s{n}")
+    done = subprocess.run(
+        ["bash", "-c", f"{sys.executable} -m charter runs --limit 1000 | head -1"],
+        cwd=setup["dir"],
+        env=setup["env"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0
+    assert done.stdout.split() == ["ID", "MISSION_ID", "STATUS", "EPOCH", "OWNER_SEGMENT"]
+    assert done.stderr == ""

@@ -222,8 +222,12 @@ def test_N3_a_bad_plan_change_is_refused_and_records_nothing(
     words: str,
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    with pytest.raises(charter.PlanError, match=words):
+    with pytest.raises(charter.Blocked, match=words) as blocked:
         ex.execute(_planner(adapter, steps))
+    # A bad change is the node's bug, not its declared failure: the run waits for
+    # the fixed code (N6).
+    assert isinstance(blocked.value.__cause__, charter.PlanError)
+    assert engine.run(ex.run_id).status is RunStatus.NEEDS_INTERVENTION
     assert engine.plan_versions(ex.run_id) == []
     assert "plan.versioned" not in [e["kind"] for e in engine.audit_events(mission)]
     assert adapter.sent == []

@@ -107,12 +107,12 @@ def test_N4_a_linked_runs_node_executions_name_the_execution_they_continue(
     def stamp(ctx: charter.Context, value: Any) -> str:
         ctx.uuid()
         if bug["present"]:
-            raise KeyError("fix me")
+            raise charter.NodeFailed("fix me")  # a declared failure ends the run (N6)
         return "stamped"
 
     plan = charter.Plan("linked", (done, stamp))
     first = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    with pytest.raises(KeyError):
+    with pytest.raises(charter.NodeFailed):
         first.execute(plan)
     (failed,) = [n for n in engine.node_executions(first.run_id) if n.node_id == "stamp"]
     assert failed.status == "failed"

@@ -837,14 +837,15 @@ def test_N4_a_linked_run_killed_mid_node_recovers_and_sends_each_effect_once(
     children: Children,
     workdir: Path,
 ) -> None:
-    """A run fails on a bug after a send; the fixed follow-up, started in another
-    process, is killed mid-node; a third process recovers it. Breaking N4 (or A6
-    across the link) looks like the first run's send going out again."""
+    """A run's node declares failure after a send (the run fails, N6); the fixed
+    follow-up, started in another process, is killed mid-node; a third process
+    recovers it. Breaking N4 (or A6 across the link) looks like the first run's
+    send going out again."""
     (workdir / "bug.txt").write_text("present\n")
     first = engine.start_run(
         new_mission(), by=who.agent, segment_id="seg-1", plan=plans.linked_plan
     )
-    with pytest.raises(RuntimeError):
+    with pytest.raises(charter.NodeFailed):
         first.execute()
     assert engine.run(first.run_id).status is RunStatus.FAILED
     assert [m["request"]["effect"] for m in outbox()] == ["one", "two-a"]

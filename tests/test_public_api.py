@@ -41,6 +41,7 @@ PUBLIC = [
     "NeedsIntervention",
     "Node",
     "NodeExecution",
+    "NodeFailed",
     "NonDeterminismError",
     "NotApplied",
     "NotAuthorized",

@@ -339,8 +339,9 @@ def test_N5_a_node_cannot_swallow_the_pause_and_complete_the_run(
 
 
 def two_nodes(adapter: RecordingAdapter, broken: dict[str, bool]) -> charter.Plan:
-    """``first`` sends; ``second`` sends (with a journaled stamp), then has a bug
-    while ``broken`` says so, then reads."""
+    """``first`` sends; ``second`` sends (with a journaled stamp), then declares
+    its step failed while ``broken`` says so (only a declared failure ends a run,
+    N6: a bug leaves it resumable), then reads."""
 
     @charter.node
     def first(ctx: charter.Context, value: Any) -> int:
@@ -352,7 +353,7 @@ def two_nodes(adapter: RecordingAdapter, broken: dict[str, bool]) -> charter.Pla
         stamp = ctx.uuid()
         ctx.attempt(adapter, "write", {"step": "second", "stamp": stamp, "to": broken["to"]})
         if broken["bug"]:
-            raise RuntimeError("a bug after the send")
+            raise charter.NodeFailed("the step failed after the send")
         ctx.attempt(adapter, "read", {"step": "after"})
         return int(value) + 1
 
@@ -367,7 +368,7 @@ def test_N4_a_linked_run_carries_on_and_performs_nothing_settled_again(
     broken = {"bug": True, "to": "x"}
     plan = two_nodes(adapter, broken)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    with pytest.raises(RuntimeError):
+    with pytest.raises(charter.NodeFailed):
         ex.execute(plan)
     assert engine.run(ex.run_id).status is RunStatus.FAILED
     old = stored(engine, mission)["runs"]
@@ -399,7 +400,7 @@ def test_N4_a_linked_run_that_changes_a_settled_request_needs_intervention(
     broken = {"bug": True, "to": "x"}
     plan = two_nodes(adapter, broken)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    with pytest.raises(RuntimeError):
+    with pytest.raises(charter.NodeFailed):
         ex.execute(plan)
     broken.update(bug=False, to="y")
 
@@ -443,10 +444,10 @@ def test_N4_a_link_of_a_link_still_replays_what_the_first_run_settled(
     broken = {"bug": True, "to": "x"}
     plan = two_nodes(adapter, broken)
     first = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    with pytest.raises(RuntimeError):
+    with pytest.raises(charter.NodeFailed):
         first.execute(plan)
     second = engine.new_linked_run(first.run_id, reviewed_by=who.alice, segment_id="seg-1")
-    with pytest.raises(RuntimeError):  # the review missed the bug
+    with pytest.raises(charter.NodeFailed):  # the review missed the cause
         second.execute(plan)
     broken["bug"] = False
     third = engine.new_linked_run(second.run_id, reviewed_by=who.alice, segment_id="seg-1")

@@ -23,6 +23,7 @@ message says what was wrong and what to do about it::
     ├── AdmissionRefused            A1 checks failed; nothing was recorded
     │   └── AllowanceExceeded       L3/L7: the allowance cannot cover it
     ├── AttemptFailed               an effect settled FAILED or WRITTEN_OFF (A4)
+    ├── NodeFailed                  node code declares its step failed (N6)
     ├── AdapterError                an adapter broke its protocol
     ├── SecretUnavailable           a secret's value is not to be had here (S3)
     ├── NonDeterminismError         a replayed call differs from its record (A6)
@@ -173,6 +174,15 @@ class AttemptFailed(CharterError):
     """
 
     code = "attempt_failed"
+
+
+class NodeFailed(CharterError):
+    """Raised by node code to declare that its step failed (N6): a verdict on the
+    work, such as a refused order, not a bug. The execution fails and counts
+    against the node's ``retries``; when they are spent the run ends ``failed``.
+    Any other exception a node raises leaves the run ``needs_intervention``."""
+
+    code = "node_failed"
 
 
 class AdapterError(CharterError):

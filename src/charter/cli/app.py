@@ -18,7 +18,10 @@ Engine imports are lazy so that ``charter --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import os
 import re
 import signal
 import sys
@@ -34,7 +37,11 @@ from charter.cli.graphs import add_arguments as graph_arguments
 Position = tuple[int, str]
 
 #: The codes of the signals a command can end in, besides every ``CharterError.code``.
-SIGNAL_CODES: dict[type[BaseException], str] = {Fenced: "fenced", Blocked: "blocked"}
+SIGNAL_CODES: dict[type[BaseException], str] = {
+    Fenced: "fenced",
+    Blocked: "blocked",
+    KeyboardInterrupt: "interrupted",
+}
 
 PAGE = 50  # rows of a listing unless --limit says otherwise
 MAX_PAGE = 1000  # a page's rows are held in memory: this bounds them
@@ -339,6 +346,11 @@ def _recovering(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
         help="actual cost in the unit's smallest step, 0 to 2^63-1 (repeatable, once per unit)",
     )
     rs.add_argument("--evidence", required=True, help="what you saw, and where")
+    rs.add_argument(
+        "--confirm-above-hold",
+        action="store_true",
+        help="a cost more than 10 times the attempt's hold is meant (an overrun incident, L5)",
+    )
     cmd["resume"].add_argument("run", help="run ID")
     cmd["resume"].add_argument("--segment", required=True, help="the segment to continue as")
 
@@ -374,16 +386,53 @@ def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``charter`` command: its exit status. Whatever goes wrong ends in one
+    error line (one JSON object under ``--json``), never a traceback; a reader
+    that stops reading (``charter runs | head -1``) ends it quietly."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        try:
+            return _command(argv)
+        finally:
+            sys.stdout.flush()  # here, not at exit, where a closed pipe would print a traceback
+    except BrokenPipeError:
+        return _pipe_closed()
+
+
+def _command(argv: list[str]) -> int:
+    as_json = "--json" in argv
     try:
         args = _parser().parse_args(argv)
         _merge(args)
-    except UsageError as exc:
-        return _fail("--json" in argv, exc)
-    try:
+        as_json = args.json
         return _run(args)
-    except (CharterError, Fenced, Blocked) as exc:
-        return _fail(args.json, exc)
+    except BrokenPipeError:
+        raise
+    except (Exception, Fenced, Blocked, KeyboardInterrupt) as exc:
+        # Beyond the engine's own errors: a plan, an adapter or the environment
+        # failed in a way Charter did not foresee (:data:`UNEXPECTED`).
+        status = _fail(as_json, exc)
+        return INTERRUPTED if isinstance(exc, KeyboardInterrupt) else status
+
+
+#: The exit status of a command interrupted by Ctrl-C (128 + SIGINT), and of one
+#: whose reader closed its output (128 + SIGPIPE), as a shell reports those signals.
+INTERRUPTED = 130
+PIPE_CLOSED = 141
+
+#: The code of an error that is no :class:`CharterError` nor a signal: a bug.
+UNEXPECTED = "unexpected_error"
+
+
+def _pipe_closed() -> int:
+    """Nothing more can be printed: send what is still buffered nowhere, quietly."""
+    with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+                os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    return PIPE_CLOSED
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -446,15 +495,31 @@ def _sandbox(args: argparse.Namespace) -> int:
 def _fail(as_json: bool, error: BaseException) -> int:
     """Print one error (``{"error": {"code", "message", ...}}`` under ``--json``); the
     exit status is 2 for a malformed command line, 1 for anything else."""
-    if isinstance(error, CharterError):
-        data = error.to_dict()
-    else:
-        data = {"code": SIGNAL_CODES[type(error)], "message": str(error)}
+    data = _error_data(error)
     if as_json:
         print(json.dumps({"error": data}, default=str))
     else:
-        print(f"error: {data['message']}", file=sys.stderr)
+        print("error: " + " ".join(str(data["message"]).split()), file=sys.stderr)
     return 2 if isinstance(error, UsageError) else 1
+
+
+def _error_data(error: BaseException) -> dict[str, Any]:
+    """An error as data: a Charter error's own; a signal's code, its run and what
+    it names; anything else as :data:`UNEXPECTED`, its type and message only."""
+    if isinstance(error, CharterError):
+        return error.to_dict()
+    for kind, code in SIGNAL_CODES.items():
+        if isinstance(error, kind):
+            names = ("run_id", "attempt_id", "wait_id", "epoch", "current_epoch")
+            found = {n: getattr(error, n) for n in names if getattr(error, n, None) is not None}
+            message = str(error) or "interrupted; what was committed stays committed"
+            return {"code": code, "message": message, **found}
+    return {
+        "code": UNEXPECTED,
+        "message": f"{type(error).__name__}: {error} (unexpected: a bug in Charter or in "
+        "the code it loaded, a plan or an adapter; what was committed stays committed)",
+        "type": type(error).__name__,
+    }
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -41,6 +41,11 @@ def principal(engine: Engine) -> Principal:
     return engine.authenticate(credential)
 
 
+def _identified() -> bool:
+    """Whether the command line was given an identity (a credential or its file)."""
+    return bool(os.environ.get("CHARTER_CREDENTIAL") or os.environ.get("CHARTER_CREDENTIAL_FILE"))
+
+
 def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     if not rows:
         return "(none)"
@@ -100,13 +105,20 @@ def _show(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 #: How a node's latest execution is drawn.
-MARKS = {"completed": "[x]", "running": "[>]", "failed": "[!]", "waiting": "[~]"}
+MARKS = {
+    "completed": "[x]",
+    "running": "[>]",
+    "failed": "[!]",
+    "waiting": "[~]",
+    "blocked": "[?]",
+}
 
 
 def graph(nodes: list[dict[str, Any]], versions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each node the run executed or its plan changes added, in first-seen order:
-    its latest execution's status (``pending`` when it never ran) and, for a node
-    a plan change added, the nodes it comes after (N1, N3)."""
+    its latest execution's status (``pending`` when it never ran), the error it
+    raised unless it completed since (N6) and, for a node a plan change added,
+    the nodes it comes after (N1, N3)."""
     after = {s["id"]: list(s["after"]) for v in versions for s in v["steps"]}
     drawn: dict[str, dict[str, Any]] = {}
     for n in nodes:  # executions in order; the latest wins
@@ -115,10 +127,12 @@ def graph(nodes: list[dict[str, Any]], versions: list[dict[str, Any]]) -> list[d
             "status": n["status"],
             "executions": n["execution"],
             "after": after.get(n["node_id"], []),
+            "error": None if n["status"] == "completed" else n.get("error"),
         }
     for step, deps in after.items():
         drawn.setdefault(
-            step, {"node_id": step, "status": "pending", "executions": 0, "after": deps}
+            step,
+            {"node_id": step, "status": "pending", "executions": 0, "after": deps, "error": None},
         )
     return list(drawn.values())
 
@@ -127,11 +141,15 @@ def _drawn(nodes: list[dict[str, Any]]) -> str:
     if not nodes:
         return "(none)"
     width = max(len(n["node_id"]) for n in nodes)
-    return "\n".join(
-        f"  {MARKS.get(n['status'], '[ ]')} {n['node_id'].ljust(width)}  {n['status']}"
-        + (f"  <- {', '.join(n['after'])}" if n["after"] else "")
-        for n in nodes
-    )
+    lines = []
+    for n in nodes:
+        lines.append(
+            f"  {MARKS.get(n['status'], '[ ]')} {n['node_id'].ljust(width)}  {n['status']}"
+            + (f"  <- {', '.join(n['after'])}" if n["after"] else "")
+        )
+        if n["error"]:  # what it raised, with its last frames, under it
+            lines += ["        " + line for line in n["error"].splitlines()]
+    return "\n".join(lines)
 
 
 def _attempts(engine: Engine, args: argparse.Namespace) -> Any:
@@ -149,7 +167,9 @@ def _attempts(engine: Engine, args: argparse.Namespace) -> Any:
 
 def _recover(engine: Engine, args: argparse.Namespace) -> Any:
 
-    by = principal(engine) if args.force else None
+    # With a credential the call is that principal's and needs `recover` (P3); a
+    # forced takeover needs one (with `stop`); without, it is the engine's own.
+    by = principal(engine) if args.force or _identified() else None
     state = engine.coordinator.recover(args.run, args.segment, force=args.force, by=by).to_dict()
     if RunStatus(state["status"]).terminal:
         # Recovery reports a terminal run's state without taking it over (N4): the
@@ -178,7 +198,8 @@ def _recover(engine: Engine, args: argparse.Namespace) -> Any:
 def _reconcile(engine: Engine, args: argparse.Namespace) -> Any:
     attempt = engine.attempt(args.attempt)
     adapter = engine.config.load_adapter(attempt.adapter)
-    evidence = engine.coordinator.reconcile(args.attempt, adapter, segment_id=args.segment)
+    by = principal(engine) if _identified() else None  # needs `reconcile` (P3)
+    evidence = engine.coordinator.reconcile(args.attempt, adapter, by=by, segment_id=args.segment)
     after = engine.attempt(args.attempt)
     data = {
         "attempt_id": args.attempt,
@@ -213,6 +234,7 @@ def _resolve(engine: Engine, args: argparse.Namespace) -> Any:
         outcome=args.outcome,
         evidence=args.evidence,
         cost=args.cost,
+        confirm_above_hold=args.confirm_above_hold,
     )
     return attempt.to_dict(), (
         f"attempt {attempt.id} resolved {attempt.status.value} at {attempt.actual}"

@@ -5,6 +5,14 @@ stored hash, feed the next node; a node that blocks (an approval, an uncertain
 attempt) leaves its execution durable for a resume; one that fails runs again
 as a new execution up to its ``retries``; the run ends when the last node has
 completed (or failed, with nothing in flight).
+
+A node fails on a declared failure (N6): :class:`~charter.errors.NodeFailed`,
+a check that refuses its result, or an effect the target settled as failed
+(:class:`~charter.errors.AttemptFailed`, the world's answer). Any other
+exception is a bug or a broken environment, not the world's answer: under a
+retry policy it is retried like a failure, and without one the execution is
+kept ``blocked`` with its error and the run needs intervention, so that once
+the cause is fixed a resume replays the same execution from its journal.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import traceback
 from collections.abc import Awaitable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
@@ -19,8 +28,11 @@ from typing import Any, TypeVar
 
 from charter.attempts.store import count_unresolved
 from charter.errors import (
+    AttemptFailed,
     Blocked,
     CharterError,
+    Fenced,
+    NodeFailed,
     NonDeterminismError,
     StateError,
     StoreError,
@@ -34,6 +46,7 @@ from charter.plans.graph import Shape
 from charter.plans.nodes import Context, Node, NodeFn, Plan
 from charter.runs.ownership import Segment
 from charter.runs.run import RunStatus
+from charter.secret import scrub_text
 from charter.storage import Row, Tx
 
 T = TypeVar("T")
@@ -59,7 +72,29 @@ def _run(aw: Awaitable[T]) -> T:
 
 
 async def _await(aw: Awaitable[T]) -> T:
-    return await aw
+    """``aw``'s value. A node that blocks or is fenced inside a task group (an
+    MCP client's, an HTTP/2 pool's) has its signal wrapped in a group by the
+    time it leaves: the signal itself goes on, so the run is left as it says
+    and not failed on an error it never had."""
+    try:
+        return await aw
+    except BaseExceptionGroup as group:
+        signal = _signal(group)
+        if signal is None:
+            raise
+        raise signal from None
+
+
+def _signal(group: BaseExceptionGroup[BaseException]) -> Blocked | Fenced | None:
+    """The engine's control-flow signal inside ``group``, if it holds one."""
+    for exc in group.exceptions:
+        if isinstance(exc, Blocked | Fenced):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _signal(exc)
+            if found is not None:
+                return found
+    return None
 
 
 def execute(ex: Segment, plan: Plan, value: Any) -> Any:
@@ -229,7 +264,11 @@ def _run_node(ex: Segment, n: Node, value: Any, plan: Plan | None = None) -> Any
             _blocked(ex, n.name, execution, f"the store failed in node {n.name}: {exc}")
             raise Blocked(exc.message, run_id=ex.run_id) from exc
         except Exception as exc:
-            failed = _set_node(ex, n.name, execution, "failed", f"{type(exc).__name__}: {exc}")
+            if not n.retries and not isinstance(exc, _DECLARED):
+                # A bug or a broken environment, and no retry policy (N6).
+                raise _raised(ex, n.name, execution, exc) from exc
+            error = describe(exc, excerpt=not isinstance(exc, _DECLARED))
+            failed = _set_node(ex, n.name, execution, "failed", error)
             if failed <= n.retries:
                 execution = _start(ex, n.name)
                 continue
@@ -250,8 +289,56 @@ def _blocked(ex: Segment, node_id: str, execution: int, intervene: str | None) -
             ex.mark(RunStatus.NEEDS_INTERVENTION, intervene)
 
 
+def _raised(ex: Segment, node_id: str, execution: int, exc: Exception) -> Blocked:
+    """N6: keep the execution ``blocked`` with its error and mark the run as
+    needing intervention, in one fenced transaction; the :class:`Blocked` to
+    raise. Best effort, as for any block: if the store refuses, recovery finds
+    the execution left running and the run resumable just the same."""
+    error = describe(exc)
+    first = error.partition("\n")[0]
+    reason = (
+        f"node {node_id} raised {first} (execution {execution}); a bug or a broken "
+        "environment, not the node's declared failure: fix the cause, then resume the run"
+    )
+    with contextlib.suppress(CharterError), ex.runtime.db.transaction(gate=ex.mission_id) as tx:
+        _record(ex, tx, node_id, execution, status="blocked", error=error)
+        ex.mark_in(tx, RunStatus.NEEDS_INTERVENTION, reason)
+    return Blocked(reason, run_id=ex.run_id)
+
+
+#: How much of an exception a node execution's record keeps (N6, A10).
+MESSAGE_CHARS = 500
+FRAMES = 6
+FRAME_CHARS = 400
+
+
+def describe(exc: BaseException, *, excerpt: bool = True) -> str:
+    """``Type: message`` of a node's exception, then (with ``excerpt``) its last
+    frames: bounded, and with every secret this process knows scrubbed (S3)."""
+    message = scrub_text(str(exc), [])  # before it is cut: no part of a secret stays
+    if len(message) > MESSAGE_CHARS:
+        message = message[:MESSAGE_CHARS] + f"... ({len(message)} characters)"
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    if excerpt:
+        frames = traceback.extract_tb(exc.__traceback__)
+        while frames and frames[0].filename == __file__:
+            frames.pop(0)  # the runner's own frames say nothing about the node
+        if frames:
+            shown = [f[:FRAME_CHARS] for f in traceback.format_list(frames[-FRAMES:])]
+            skipped = (
+                f" ({len(frames) - FRAMES} earlier frames left out)" if len(frames) > FRAMES else ""
+            )
+            text += f"\nTraceback, last frames{skipped}:\n" + "".join(shown).rstrip("\n")
+    return scrub_text(text, [])
+
+
 class _CheckFailed(Exception):
     pass
+
+
+#: A node's declared failures (N6): what it raises to say its step failed, its
+#: check refusing its result, an effect the target settled as failed.
+_DECLARED = (NodeFailed, _CheckFailed, AttemptFailed)
 
 
 class _NodeFailed(Exception):
@@ -298,7 +385,7 @@ def inherit(tx: Tx, from_run: str, run_id: str) -> list[dict[str, Any]]:
 
 def _give_up(ex: Segment, node_id: str, failed: int, exc: Exception) -> None:
     """Retries exhausted: the run fails, or needs a person if effects are in flight."""
-    reason = f"node {node_id} failed {failed} time(s): {type(exc).__name__}: {exc}"
+    reason = f"node {node_id} failed {failed} time(s): {describe(exc, excerpt=False)}"
     try:
         finish(ex, RunStatus.FAILED, reason)
     except StateError:
@@ -334,19 +421,26 @@ def _set_node(ex: Segment, node_id: str, execution: int, status: str, error: str
     Fenced like a completion (F2): an owner that lost the run changes nothing.
     """
     with ex.runtime.db.transaction() as tx:
-        ex.own(tx)
-        plans_store.set_status(tx, ex.run_id, node_id, execution, status=status, error=error)
-        tx.audit(
-            ex.mission_id,
-            "node." + status,
-            f"{ex.run_id}/{node_id}",
-            actor=ex.principal,
-            segment=ex.segment_id,
-            epoch=ex.epoch,
-            after=status,
-            payload={"execution": execution, "error": error},
-        )
+        _record(ex, tx, node_id, execution, status=status, error=error)
         return plans_store.failures(tx, ex.run_id, node_id)
+
+
+def _record(
+    ex: Segment, tx: Tx, node_id: str, execution: int, *, status: str, error: str | None
+) -> None:
+    """A node execution's new status and error, fenced (F2) and audited."""
+    ex.own(tx)
+    plans_store.set_status(tx, ex.run_id, node_id, execution, status=status, error=error)
+    tx.audit(
+        ex.mission_id,
+        "node." + status,
+        f"{ex.run_id}/{node_id}",
+        actor=ex.principal,
+        segment=ex.segment_id,
+        epoch=ex.epoch,
+        after=status,
+        payload={"execution": execution, "error": error},
+    )
 
 
 def _complete(ex: Segment, node_id: str, execution: int, result_json: str) -> None:

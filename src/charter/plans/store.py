@@ -195,10 +195,11 @@ def complete(
 
 
 def recovery_view(tx: Tx, run_id: str) -> list[Row]:
-    """Every execution's ``node_id``, ``execution``, ``status``, ``crashes`` and
-    ``result_hash``, in the order they started: the nodes of the recovery state."""
+    """Every execution's ``node_id``, ``execution``, ``status``, ``crashes``,
+    ``result_hash`` and ``error``, in the order they started: the nodes of the
+    recovery state."""
     return tx.all(
-        "SELECT node_id, execution, status, crashes, result_hash FROM node_executions "
+        "SELECT node_id, execution, status, crashes, result_hash, error FROM node_executions "
         "WHERE run_id = ? ORDER BY started_at_us, node_id, execution",
         run_id,
     )

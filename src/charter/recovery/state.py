@@ -158,6 +158,8 @@ def build(
             "status": r["status"],
             "crashes": r["crashes"],
             "result_hash": r["result_hash"],
+            # What a failed or raising execution raised, with its last frames (N6).
+            "error": r["error"],
         }
         for r in plans_store.recovery_view(tx, run.id)
     ]
