@@ -42,7 +42,7 @@ class FakeProvider:
     ``script``: a function of (kind, request) giving the answer's output in place
     of the fixed text (an agent's tool calls), for plain (unstreamed) requests."""
 
-    faults: list[str | None] = field(default_factory=list)
+    faults: list[str | None] = field(default_factory=list)  # also '401_quoting_key'
     chat: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     script: Callable[[str, Any], Any] | None = None
     received: list[Received] = field(default_factory=list)
@@ -100,6 +100,11 @@ class _Handler(BaseHTTPRequestHandler):
         key = headers.get("idempotency-key", "")
         if fault != "cut_stream":
             self.fake.billed[key] = {"model": model, "input_tokens": INPUT, "output_tokens": OUTPUT}
+        if fault == "401_quoting_key":  # a refusal that quotes the credential back
+            quoted = headers.get("authorization", "").removeprefix("Bearer ")
+            message = f"Incorrect API key provided: {quoted}"
+            self._json(401, {"error": {"message": message, "type": "invalid_request_error"}})
+            return
         if fault == "500_after_billing":
             self._json(500, {"error": {"message": "internal error", "type": "server_error"}})
             return
