@@ -937,3 +937,156 @@ def _lines_by_invoice() -> list[dict[str, int]]:
     """The outbox line on which each invoice arrived, in invoice order."""
     where = {m["request"]["invoice"]: {"line": n} for n, m in enumerate(outbox(), start=1)}
     return [where[i] for i in range(10)]
+
+
+# -- N6: node code that raises is not the world's answer -----------------------------------
+
+ACCOUNT = "CHARTER_TEST_N6_ACCOUNT"
+
+
+def _payments(adapter: RecordingAdapter, stamps: list[str]) -> charter.Plan:
+    """Four payments, then a read of the operator's environment, then a fifth."""
+
+    @charter.node
+    def pay(ctx: charter.Context, value: Any) -> dict[str, Any]:
+        stamps.append(ctx.uuid())  # journaled: a replay of this execution sees it again
+        for n in range(4):
+            ctx.attempt(adapter, "write", {"invoice": n})
+        account = os.environ[ACCOUNT]
+        ctx.attempt(adapter, "write", {"invoice": 4, "account": account})
+        return {"paid": 5, "stamp": stamps[-1]}
+
+    return charter.Plan("payments", (pay,))
+
+
+def test_N6_a_node_that_raises_leaves_the_run_resumable_and_its_resume_pays_each_once(
+    engine: charter.Engine,
+    mission: str,
+    who: Principals,
+    adapter: RecordingAdapter,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Broken N6: a missing environment variable after four payments ended the run
+    ``failed`` for good (node retries default to 0), the fifth never paid."""
+    monkeypatch.delenv(ACCOUNT, raising=False)
+    stamps: list[str] = []
+    plan = _payments(adapter, stamps)
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(charter.Blocked) as blocked:
+        ex.execute(plan)
+
+    assert isinstance(blocked.value.__cause__, KeyError)  # the bug, for whoever debugs it
+    run = engine.run(ex.run_id)
+    assert run.status is RunStatus.NEEDS_INTERVENTION
+    assert run.status_reason is not None and f"KeyError: '{ACCOUNT}'" in run.status_reason
+    [execution] = engine.node_executions(ex.run_id)
+    assert (execution.execution, execution.status) == (1, "blocked")
+    error = execution.error or ""
+    assert error.startswith(f"KeyError: '{ACCOUNT}'\nTraceback, last frames")
+    assert "test_nodes.py" in error and "in pay" in error and "os.environ[ACCOUNT]" in error
+    assert "runner.py" not in error  # the engine's own frames are left out
+    state = engine.coordinator.state(ex.run_id)
+    assert [n["error"] for n in state.nodes] == [error]
+    [event] = [e for e in engine.audit_events(mission) if e["kind"] == "node.blocked"]
+    assert json.loads(event["payload"])["error"] == error
+    assert [s.request["invoice"] for s in adapter.sent] == [0, 1, 2, 3]
+
+    monkeypatch.setenv(ACCOUNT, "acct-7")  # the operator fixes the environment
+    resumed = engine.coordinator.resume(ex.run_id, "seg-1", by=who.agent)
+    assert resumed.execute(plan) == {"paid": 5, "stamp": stamps[0]}
+
+    assert [s.request["invoice"] for s in adapter.sent] == [0, 1, 2, 3, 4]  # each once
+    assert node_states(engine, ex.run_id) == [("pay", 1, "completed")]  # the same execution
+    assert stamps == [stamps[0], stamps[0]]
+    assert engine.run(ex.run_id).status is RunStatus.COMPLETED
+    assert engine.check_ledger(mission) == []
+
+
+def test_N6_a_declared_failure_ends_the_run_failed(
+    engine: charter.Engine, mission: str, who: Principals, adapter: RecordingAdapter
+) -> None:
+    @charter.node
+    def order(ctx: charter.Context, value: Any) -> Any:
+        ctx.attempt(adapter, "write", {"order": 1})
+        raise charter.NodeFailed("the supplier has no stock: the order cannot be placed")
+
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(charter.NodeFailed):
+        ex.execute(charter.Plan("order", (order,)))
+
+    assert engine.run(ex.run_id).status is RunStatus.FAILED
+    [execution] = engine.node_executions(ex.run_id)
+    assert execution.status == "failed"
+    assert execution.error == "NodeFailed: the supplier has no stock: the order cannot be placed"
+    with pytest.raises(charter.RunTerminal):
+        engine.coordinator.resume(ex.run_id, "seg-1", by=who.agent)
+    assert len(adapter.sent) == 1
+
+
+def test_N6_an_effect_the_target_settled_failed_is_the_worlds_answer_and_fails_the_run(
+    engine: charter.Engine, mission: str, who: Principals, adapter: RecordingAdapter
+) -> None:
+    adapter.script["write"] = lambda send: Outcome.failed({"declined": True})
+
+    @charter.node
+    def charge(ctx: charter.Context, value: Any) -> Any:
+        return ctx.attempt(adapter, "write", {"card": "4242"})  # AttemptFailed, uncaught
+
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(charter.AttemptFailed):
+        ex.execute(charter.Plan("charge", (charge,)))
+    assert engine.run(ex.run_id).status is RunStatus.FAILED
+    assert node_states(engine, ex.run_id) == [("charge", 1, "failed")]
+
+
+def test_N6_an_unexpected_exception_under_a_retry_policy_fails_the_run_once_retries_are_spent(
+    engine: charter.Engine, mission: str, who: Principals, adapter: RecordingAdapter
+) -> None:
+    """A plan that declares retries says how often a bug may be tried again."""
+
+    @charter.node(retries=1)
+    def parse(ctx: charter.Context, value: Any) -> Any:
+        ctx.attempt(adapter, "write", {"parsed": True})
+        return int("not a number")
+
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(ValueError, match="not a number"):
+        ex.execute(charter.Plan("parse", (parse,)))
+
+    assert engine.run(ex.run_id).status is RunStatus.FAILED
+    executions = engine.node_executions(ex.run_id)
+    assert [(n.execution, n.status) for n in executions] == [(1, "failed"), (2, "failed")]
+    assert all("Traceback, last frames" in (n.error or "") for n in executions)
+    assert len(adapter.sent) == 1  # the retry replayed the settled write (A4)
+
+
+def test_N6_a_raising_nodes_recorded_error_is_bounded_and_holds_no_secret(
+    engine: charter.Engine, mission: str, who: Principals, adapter: RecordingAdapter
+) -> None:
+    """What a node raised is kept for people to read: never a secret of this
+    process (S3), and never without bound, however long the message or deep the
+    stack."""
+    key = charter.Secret("sk-live-n6-0123456789", name="payments-key")
+
+    def deep(n: int) -> None:
+        if n:
+            deep(n - 1)
+        raise ValueError(f"the target refused key {key.reveal()}: " + "x" * 100_000)
+
+    @charter.node
+    def leak(ctx: charter.Context, value: Any) -> Any:
+        deep(50)
+
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(charter.Blocked):
+        ex.execute(charter.Plan("leak", (leak,)))
+
+    run = engine.run(ex.run_id)
+    [execution] = engine.node_executions(ex.run_id)
+    error = execution.error or ""
+    for text in (error, run.status_reason or "", json.dumps(engine.audit_events(mission))):
+        assert "sk-live-n6-0123456789" not in text
+    assert error.startswith("ValueError: the target refused key ***: xxx")
+    assert "(46 earlier frames left out)" in error  # leak, then 51 calls of deep
+    assert len(error) < 4_000
+    assert run.status is RunStatus.NEEDS_INTERVENTION
