@@ -54,11 +54,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(engine: charter.Engine, *, secure: bool = False) -> Iterator[str]:
-    """The application over ``engine`` served by uvicorn on loopback; its base URL."""
+def serving(engine: charter.Engine, *, secure: bool = False, **options: Any) -> Iterator[str]:
+    """The application over ``engine`` (``options`` go to ``create_app``) served by
+    uvicorn on loopback; its base URL. When it stops, the refusals it counted
+    are written, as ``charter serve`` writes them."""
     port = free_port()
+    app = create_app(engine, secure_cookies=secure, **options)
     config = uvicorn.Config(
-        create_app(engine, secure_cookies=secure),
+        app,
         host="127.0.0.1",
         port=port,
         log_level="warning",
@@ -77,3 +80,4 @@ def serving(engine: charter.Engine, *, secure: bool = False) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+        app.state.gate.refusals.close()

@@ -108,15 +108,18 @@ def test_P1_session_cookie_is_httponly_strict_and_secure_off_loopback(
         assert "Secure" in answer.headers["set-cookie"]
 
 
-def test_P1_bad_credential_signs_nobody_in_and_is_audited(desk: charter.Engine, base: str) -> None:
-    """Broken P1: a wrong credential opens a session, or its refusal is not audited."""
-    with browse(base) as http:
+def test_P1_bad_credential_signs_nobody_in_and_is_audited(desk: charter.Engine) -> None:
+    """Broken P1: a wrong credential opens a session, or its refusal is not
+    audited: it is written in the engine chain's summary of refused credentials,
+    with the principal it claimed to be (P4: counted, not written one by one)."""
+    with _desk.serving(desk) as base, browse(base) as http:
         answer = sign_in(http, "alice:" + "y" * 43)
         assert answer.status_code == 401 and "unauthenticated" in answer.text
         assert "charter_session" not in http.cookies
-    assert [e["actor"] for e in desk.audit_events("engine") if e["kind"] == "auth.refused"] == [
-        "alice"
-    ]
+    refused = [e for e in desk.audit_events("engine") if e["kind"] == "auth.refused"]
+    assert [(e["actor"], e["entity"]) for e in refused] == [("?", "anonymous")]
+    summary = json.loads(refused[0]["payload"])
+    assert (summary["count"], summary["principals"]) == (1, {"alice": 1})
 
 
 def test_P1_forms_without_the_sessions_csrf_token_are_refused_and_change_nothing(

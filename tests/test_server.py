@@ -9,6 +9,7 @@ and nothing else's.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -167,24 +168,43 @@ def refusals(engine: charter.Engine, chain: str, kind: str) -> list[tuple[str, s
 # -- authentication ----------------------------------------------------------------------
 
 
-def test_P1_no_endpoint_answers_without_a_valid_credential_and_each_refusal_is_audited(
-    desk: charter.Engine, base: str, creds: Creds
+def summaries(engine: charter.Engine) -> list[dict[str, Any]]:
+    """The payloads of the engine chain's summaries of refused credentials (P4)."""
+    return [
+        json.loads(e["payload"])
+        for e in engine.audit_events("engine")
+        if (e["kind"], e["entity"]) == ("auth.refused", "anonymous")
+    ]
+
+
+def test_P1_no_endpoint_answers_without_a_valid_credential_and_each_refusal_is_recorded(
+    desk: charter.Engine, creds: Creds
 ) -> None:
-    """Broken P1: some endpoint (API, OpenAPI, metrics) answers a request with no
-    credential or a wrong one, or the refusal leaves no audit event."""
+    """Broken P1: some endpoint (API, OpenAPI, metrics, the API's index) answers a
+    request with no credential or a wrong one, or a refusal is not recorded: each
+    is counted at once (``/metrics``) and written in the engine chain's summaries
+    (by whom it claimed to be, from where) by the time the server stops."""
     paths = [(ep.method, PREFIX + url(ep, dict.fromkeys(re.findall(r"{(\w+)}", ep.path), "x")))
              for ep in ENDPOINTS]  # fmt: skip
-    paths += [("GET", PREFIX + "/openapi.json"), ("GET", "/metrics")]
+    paths += [("GET", PREFIX), ("GET", PREFIX + "/openapi.json"), ("GET", "/metrics")]
     forged = "alice:" + "x" * 43
-    with httpx.Client(base_url=base, timeout=30) as http:
+    headers = ({}, {"Authorization": f"Bearer {forged}"}, {"Authorization": "Basic x"})
+    with _desk.serving(desk) as base, httpx.Client(base_url=base, timeout=30) as http:
         for method, path in paths:
-            for header in ({}, {"Authorization": f"Bearer {forged}"}, {"Authorization": "Basic x"}):
-                before = len(refusals(desk, "engine", "auth.refused"))
+            for header in headers:
                 answer = http.request(method, path, headers=header)
                 assert answer.status_code == 401, (method, path, header, answer.text)
                 assert answer.json()["error"]["code"] == "unauthenticated"
                 assert answer.headers["www-authenticate"].startswith("Bearer")
-                assert len(refusals(desk, "engine", "auth.refused")) == before + 1
+        alice = {"Authorization": f"Bearer {creds[0]['alice']}"}
+        text = http.get("/metrics", headers=alice).text
+    refused = len(paths) * len(headers)
+    assert f"charter_http_refused_credentials_total {refused}" in text
+    written = summaries(desk)
+    assert sum(s["count"] for s in written) == refused
+    assert sum(s["principals"].get("alice", 0) for s in written) == len(paths)
+    assert sum(s["principals"].get("?", 0) for s in written) == 2 * len(paths)
+    assert sum(s["sources"].get("127.0.0.1", 0) for s in written) == refused
 
 
 def test_P1_errors_carry_the_engine_codes(base: str, creds: Creds, desk: charter.Engine) -> None:

@@ -151,8 +151,10 @@ class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
         return self._coordinator
 
     # -- identity (P1) ----------------------------------------------------------
-    def authenticate(self, credential: str) -> Principal:
-        """The principal a ``NAME:SECRET`` credential proves; refusals are audited."""
+    def authenticate(self, credential: str, *, audit: bool = True) -> Principal:
+        """The principal a ``NAME:SECRET`` credential proves; a refusal is audited,
+        unless ``audit`` is false: a server counts refusals and records the counts
+        (P4, :meth:`record_refusals`)."""
         try:
             return self._authority.authenticator.authenticate(credential)
         except AuthenticationError as exc:
@@ -168,6 +170,8 @@ class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
                     else "unknown:" + hashlib.sha256(str(claimed).encode()).hexdigest()[:16]
                 )
                 exc.details["principal"] = who
+            if not audit:
+                raise
             with self._db.transaction() as tx:
                 raise tx.refused(
                     exc,

@@ -8,13 +8,15 @@ and ending one (signing out, or a new sign-in replacing it) ends it for all.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from charter.contracts import store
 from charter.contracts.authority import Authority
 from charter.contracts.model import SignIn
 from charter.contracts.principals import Principal
 from charter.errors import UsageError
+from charter.hashing import ENGINE_CHAIN
 from charter.storage import Database
 
 MAX_SIGN_IN_SECONDS = 7 * 24 * 3600
@@ -26,6 +28,15 @@ class SignIns:
     _db: Database
     _authority: Authority
     authenticate: Callable[[str], Principal]  # the engine's: a refusal is audited there
+
+    def record_refusals(self, summary: Mapping[str, Any]) -> None:
+        """Record refused credentials a server counted instead of auditing each
+        (``authenticate(..., audit=False)``): one ``auth.refused`` event on the
+        engine's chain, ``summary`` as its payload (how many, from where, claiming
+        whom). A stranger's requests then cost the store's writer one write per
+        summary, not one each (P4)."""
+        with self._db.transaction() as tx:
+            tx.audit(ENGINE_CHAIN, "auth.refused", "anonymous", actor="?", payload=dict(summary))
 
     def sign_in(self, credential: str, *, seconds: float, replacing: str | None = None) -> SignIn:
         """Check ``credential`` (a refusal is audited and stores nothing) and open a

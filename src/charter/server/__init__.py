@@ -33,28 +33,53 @@ def _require() -> None:
             ) from None
 
 
-def create_app(engine: Engine, *, secure_cookies: bool = False, key: bytes | None = None) -> Any:
+def create_app(
+    engine: Engine,
+    *,
+    secure_cookies: bool = False,
+    key: bytes | None = None,
+    max_body: int | None = None,
+    refusal_seconds: float | None = None,
+) -> Any:
     """The ASGI application over ``engine``: the API under ``/api/v1``, the console
     under ``/console``, ``/metrics``. ``secure_cookies`` marks the session cookie
     ``Secure`` (needed whenever the console is reached over anything but loopback).
     ``key`` binds the sign-in form's CSRF tokens: processes serving one console
     behind one address must share it (default: a new one, for a process alone).
-    Sign-ins themselves live in the store, so any process serves any of them."""
+    Sign-ins themselves live in the store, so any process serves any of them.
+
+    Unauthenticated traffic is bounded (P4): ``max_body`` is the largest request
+    body read, in bytes (default 1 MiB; above it ``413 body_too_large``), and
+    refused credentials are written as one summary per ``refusal_seconds``
+    (default 10). ``app.state.gate.refusals.close()`` writes what is still
+    counted when the application stops (:func:`serve` does)."""
     _require()
     from charter.server.app import build  # noqa: PLC0415 - the extra, loaded on first use
+    from charter.server.gate import MAX_BODY, REFUSAL_SECONDS  # noqa: PLC0415 - the extra
 
-    return build(engine, secure_cookies=secure_cookies, key=key or secrets.token_bytes(32))
+    return build(
+        engine,
+        secure_cookies=secure_cookies,
+        key=key or secrets.token_bytes(32),
+        max_body=MAX_BODY if max_body is None else max_body,
+        refusal_seconds=REFUSAL_SECONDS if refusal_seconds is None else refusal_seconds,
+    )
 
 
-def serve(engine: Engine, *, host: str = "127.0.0.1", port: int = 8765) -> None:
+def serve(
+    engine: Engine, *, host: str = "127.0.0.1", port: int = 8765, max_body: int | None = None
+) -> None:
     """Serve ``engine`` until interrupted; off loopback the cookies are ``Secure``."""
-    app = create_app(engine, secure_cookies=host not in LOOPBACK)
+    app = create_app(engine, secure_cookies=host not in LOOPBACK, max_body=max_body)
     import uvicorn  # noqa: PLC0415 - the extra, checked by create_app
 
     from charter.server.app import settled  # noqa: PLC0415 - the extra, loaded on first use
 
     settled()
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        app.state.gate.refusals.close()
 
 
 def serve_workers(
@@ -64,6 +89,7 @@ def serve_workers(
     host: str = "127.0.0.1",
     port: int = 8765,
     workers: int = 2,
+    max_body: int | None = None,
 ) -> None:
     """Serve the store at ``store`` (``None``: the configuration's) from ``workers``
     processes on one port, each with its own engine opened with the configuration
@@ -72,7 +98,14 @@ def serve_workers(
     the workers share the port and what else they share:
     :mod:`charter.server.workers`."""
     _require()
+    from charter.server.gate import MAX_BODY  # noqa: PLC0415 - with the extra
     from charter.server.workers import Spec, supervise  # noqa: PLC0415 - with the extra
 
-    spec = Spec(store, config, secure=host not in LOOPBACK, key=secrets.token_bytes(32))
+    spec = Spec(
+        store,
+        config,
+        secure=host not in LOOPBACK,
+        key=secrets.token_bytes(32),
+        max_body=MAX_BODY if max_body is None else max_body,
+    )
     supervise(spec, host=host, port=port, workers=workers)

@@ -4,13 +4,16 @@ static files, and the one place errors become HTTP answers.
 Engine calls block (the store), so none runs on the event loop; the engine
 is shared by all of them (its store serialises what must be serial). Reads
 (the API's GETs, the console's pages) run on the process's one reading thread
-(:mod:`charter.server.reader`), decisions in a worker thread each.
+(:mod:`charter.server.reader`), decisions in a worker thread each. Only the
+credential is checked on the loop (a digest, no store), before anything else
+and before the body is read (:mod:`charter.server.gate`, P4).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
-import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +27,9 @@ from starlette.staticfiles import StaticFiles
 
 from charter import CharterError, UsageError
 from charter.server import console, metrics, openapi
-from charter.server.api import ENDPOINTS, PREFIX, Call, Endpoint
-from charter.server.auth import SignInForms, bearer
+from charter.server.api import ENDPOINTS, PREFIX, VERSION, Call, Endpoint
+from charter.server.auth import SignInForms
+from charter.server.gate import MAX_BODY, REFUSAL_SECONDS, Gate, closing, json_body
 from charter.server.reader import Reader
 from charter.server.wire import error_body, jsonable, status_of
 
@@ -35,20 +39,19 @@ if TYPE_CHECKING:
 HERE = Path(__file__).parent
 
 
-def failure(exc: CharterError) -> JSONResponse:
+def failure(exc: CharterError, request: Request) -> Response:
+    """The error as JSON with its status; the connection closes when the body
+    was left unread (a stranger's upload, one above the limit)."""
     status = status_of(exc)
     headers = {"WWW-Authenticate": 'Bearer realm="charter"'} if status == 401 else None
-    return JSONResponse(error_body(exc), status_code=status, headers=headers)
+    return closing(request, JSONResponse(error_body(exc), status_code=status, headers=headers))
 
 
 def _body(raw: bytes, ep: Endpoint) -> dict[str, Any]:
     """The JSON object a decision takes; unknown fields are refused, not ignored."""
     if not raw.strip():
         return {}
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise UsageError("the request body must be JSON") from None
+    body = json_body(raw)
     if not isinstance(body, dict):
         raise UsageError("the request body must be a JSON object")
     unknown = sorted(set(body) - set(ep.body))
@@ -60,42 +63,42 @@ def _body(raw: bytes, ep: Endpoint) -> dict[str, Any]:
     return body
 
 
-def _api_route(engine: Engine, ep: Endpoint, read: Reader) -> Route:
+def _api_route(engine: Engine, ep: Endpoint, read: Reader, gate: Gate) -> Route:
     async def endpoint(request: Request) -> Response:
-        raw = await request.body() if ep.decides else b""
-        header = request.headers.get("authorization")
-
-        def work() -> Any:
-            who = bearer(engine, header)  # first: nothing is read for a stranger
-            call = Call(request.path_params, dict(request.query_params), _body(raw, ep))
-            return jsonable(ep.handler(engine, who, call))
-
         try:
+            # First, from the headers alone: nothing of the body is read for a stranger.
+            who = gate.bearer(request)
+            raw = await gate.body(request) if ep.decides else b""
+
+            def work() -> Any:
+                call = Call(request.path_params, dict(request.query_params), _body(raw, ep))
+                return jsonable(ep.handler(engine, who, call))
+
             if ep.decides:
                 return JSONResponse(await run_in_threadpool(work))
-            return JSONResponse(await read(work))
+            return closing(request, JSONResponse(await read(work)))
         except CharterError as exc:
-            return failure(exc)
+            return failure(exc, request)
 
     return Route(PREFIX + ep.path, endpoint, methods=[ep.method], name=ep.name)
 
 
-def _bearer_only(engine: Engine, answer: Any) -> Any:
+def _bearer_only(gate: Gate, answer: Callable[[], Response]) -> Callable[..., Any]:
     """An endpoint that only needs a valid bearer credential."""
 
     async def endpoint(request: Request) -> Response:
-        header = request.headers.get("authorization")
-
-        def work() -> Response:
-            bearer(engine, header)
-            return answer()  # type: ignore[no-any-return]
-
         try:
-            return await run_in_threadpool(work)
+            gate.bearer(request)
+            return closing(request, await run_in_threadpool(answer))
         except CharterError as exc:
-            return failure(exc)
+            return failure(exc, request)
 
     return endpoint
+
+
+def _index() -> Response:
+    """What ``/api/v1`` answers (the address ``charter serve`` prints)."""
+    return JSONResponse({"version": VERSION, "openapi": PREFIX + "/openapi.json"})
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
@@ -103,36 +106,61 @@ async def _not_found(request: Request, exc: Exception) -> Response:
     if request.url.path.startswith("/api/"):
         code = {404: "not_found", 405: "method_not_allowed"}.get(status, "http_error")
         message = f"no {request.method} {request.url.path} in the API; see {PREFIX}/openapi.json"
-        return JSONResponse({"error": {"code": code, "message": message}}, status_code=status)
-    return PlainTextResponse(f"{status}: nothing here", status_code=status)
+        answer: Response = JSONResponse(
+            {"error": {"code": code, "message": message}}, status_code=status
+        )
+    else:
+        answer = PlainTextResponse(f"{status}: nothing here", status_code=status)
+    return closing(request, answer)  # a body sent here is never read
 
 
-def build(engine: Engine, *, secure_cookies: bool, key: bytes) -> Starlette:
+def build(
+    engine: Engine,
+    *,
+    secure_cookies: bool,
+    key: bytes,
+    max_body: int = MAX_BODY,
+    refusal_seconds: float = REFUSAL_SECONDS,
+) -> Starlette:
     """The application over ``engine``; ``key`` binds the sign-in form's CSRF
-    tokens, the same in every process serving one console."""
+    tokens, the same in every process serving one console. ``max_body`` bounds
+    every request body, ``refusal_seconds`` how often refused credentials are
+    written in summary (:mod:`charter.server.gate`); the application's
+    ``state.gate.refusals.close()`` writes what is counted when it stops."""
     read = Reader()
-    routes: list[BaseRoute] = [_api_route(engine, ep, read) for ep in ENDPOINTS]
+    gate = Gate(engine, max_body=max_body, refusal_seconds=refusal_seconds)
+    metrics_text = functools.partial(metrics.render, engine, gate.refusals)
+    routes: list[BaseRoute] = [_api_route(engine, ep, read, gate) for ep in ENDPOINTS]
     routes += [
+        Route(PREFIX, _bearer_only(gate, _index), name="index"),
+        Route(PREFIX + "/", _bearer_only(gate, _index)),
         Route(
             PREFIX + "/openapi.json",
-            _bearer_only(engine, lambda: JSONResponse(openapi.document())),
+            _bearer_only(gate, lambda: JSONResponse(openapi.document())),
             name="openapi",
         ),
         Route(
             "/metrics",
             _bearer_only(
-                engine,
-                lambda: PlainTextResponse(
-                    metrics.render(engine), media_type="text/plain; version=0.0.4"
-                ),
+                gate,
+                lambda: PlainTextResponse(metrics_text(), media_type="text/plain; version=0.0.4"),
             ),
             name="metrics",
         ),
-        Route("/", lambda request: RedirectResponse("/console/inbox", status_code=303)),
+        Route("/", _to_console),
+        Route("/console", _to_console),
+        Route("/console/", _to_console),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
-        *console.routes(engine, SignInForms(key), read, secure_cookies=secure_cookies),
+        *console.routes(engine, SignInForms(key), read, gate, secure_cookies=secure_cookies),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _not_found})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _not_found})
+    app.state.gate = gate
+    return app
+
+
+async def _to_console(request: Request) -> Response:
+    """The console's address (the one ``charter serve`` prints) opens its inbox."""
+    return RedirectResponse("/console/inbox", status_code=303)
 
 
 def settled() -> None:

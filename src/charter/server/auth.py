@@ -2,15 +2,16 @@
 the console.
 
 The API takes ``Authorization: Bearer NAME:SECRET`` on every request, checked by
-the engine (a bad or missing credential is refused and audited on the engine's
-chain). The console signs in with the same credential once and then holds a
-session: an engine sign-in (:meth:`~charter.Engine.sign_in`, kept in the store,
-so every server process knows it), whose ID travels in a cookie (HttpOnly,
-SameSite=Strict, Secure off loopback). A fresh ID at every sign-in, the one held
-before ended, so a session ID planted before sign-in is never the one signed in
-(session fixation). Every form carries the session's CSRF token; the sign-in
-form, which comes before any session, carries one bound to a short-lived
-sign-in cookie.
+the engine (a bad or missing credential is refused and counted; the server
+writes the counts on the engine's chain, :mod:`charter.server.gate`). The
+console signs in with the same credential once and then holds a session: an
+engine sign-in (:meth:`~charter.Engine.sign_in`, kept in the store, so every
+server process knows it), whose ID travels in a cookie (HttpOnly,
+SameSite=Strict, Secure off loopback). A fresh ID at every sign-in, the one
+held before ended, so a session ID planted before sign-in is never the one
+signed in (session fixation). Every form carries the session's CSRF token; the
+sign-in form, which comes before any session, carries one bound to a
+short-lived sign-in cookie.
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ SESSION_SECONDS = 8 * 3600
 
 
 def bearer(engine: Engine, header: str | None) -> Principal:
-    """The principal an ``Authorization: Bearer NAME:SECRET`` header proves."""
+    """The principal an ``Authorization: Bearer NAME:SECRET`` header proves. A
+    refusal is not audited here, one by one: the caller counts it and records
+    the count (P4, :class:`charter.server.gate.Refusals`)."""
     scheme, _, token = (header or "").partition(" ")
     token = token.strip() if scheme.lower() == "bearer" else ""
     try:
-        return engine.authenticate(token)
+        return engine.authenticate(token, audit=False)
     except AuthenticationError as exc:
         if token:
             raise

@@ -37,8 +37,9 @@ from charter.server.auth import (
     SignInForms,
     check_csrf,
 )
+from charter.server.gate import Gate, closing
 from charter.server.reader import Reader
-from charter.server.wire import CsrfRefused, status_of, whole
+from charter.server.wire import BodyTooLarge, CsrfRefused, status_of, whole
 
 if TYPE_CHECKING:
     from charter import Engine, SignIn
@@ -119,9 +120,12 @@ def _local(target: str | None) -> str:
 
 
 class Console:
-    def __init__(self, engine: Engine, forms: SignInForms, read: Reader, *, secure: bool) -> None:
+    def __init__(
+        self, engine: Engine, forms: SignInForms, read: Reader, gate: Gate, *, secure: bool
+    ) -> None:
         self.engine = engine
         self.forms = forms
+        self.gate = gate  # the credential check and the body limit, shared with the API
         self.read = read  # the process's reading thread, shared with the API
         self.secure = secure
         self.env = _environment()
@@ -159,11 +163,17 @@ class Console:
         self._cookie(response, SIGNIN_COOKIE, nonce, "/console/login", 600)
         return response
 
+    async def _form(self, request: Request) -> dict[str, str]:
+        """The posted form, read no further than the server's body limit."""
+        return dict(parse_qsl((await self.gate.body(request)).decode(errors="replace")))
+
     async def login(self, request: Request) -> Response:
-        form = dict(parse_qsl((await request.body()).decode(errors="replace")))
         nonce = request.cookies.get(SIGNIN_COOKIE, "")
         try:
+            form = await self._form(request)
             check_csrf(self.forms.token(nonce) if nonce else "", form.get("csrf"))
+            # Refused here, counted with the API's refusals (P4); sign_in checks again.
+            self.gate.credential(request, form.get("credential", ""))
             # A new sign-in ID every time; whatever ID the browser held is ended.
             held = await run_in_threadpool(
                 functools.partial(
@@ -173,30 +183,24 @@ class Console:
                     replacing=request.cookies.get(SESSION_COOKIE),
                 )
             )
-        except (AuthenticationError, CsrfRefused) as exc:
-            return await self.login_form(request, f"{exc.code}: {exc.message}", status_of(exc))
+        except (AuthenticationError, CsrfRefused, BodyTooLarge) as exc:
+            answer = await self.login_form(request, f"{exc.code}: {exc.message}", status_of(exc))
+            return closing(request, answer)
         response = RedirectResponse(_local(form.get("next")), status_code=303)
         self._cookie(response, SESSION_COOKIE, held.id, "/", SESSION_SECONDS)
         response.delete_cookie(SIGNIN_COOKIE, path="/console/login")
         return response
 
     async def logout(self, request: Request) -> Response:
-        form = dict(parse_qsl((await request.body()).decode(errors="replace")))
-
-        def work() -> Response | None:
-            held = self._held(request)
-            if held is not None:
-                try:
-                    check_csrf(held.csrf, form.get("csrf"))
-                except CsrfRefused as exc:
-                    return self._refused(exc)
-                self.engine.sign_out(held.id)
-            return None
-
-        refused = await run_in_threadpool(work)
-        if refused is not None:
-            return refused
-        response = RedirectResponse("/console/login", status_code=303)
+        held = await run_in_threadpool(self._held, request)  # first: no body for a stranger
+        if held is not None:
+            try:
+                form = await self._form(request)
+                check_csrf(held.csrf, form.get("csrf"))
+            except (CsrfRefused, BodyTooLarge) as exc:
+                return closing(request, self._refused(exc))
+            await run_in_threadpool(self.engine.sign_out, held.id)
+        response = closing(request, RedirectResponse("/console/login", status_code=303))
         response.delete_cookie(SESSION_COOKIE, path="/")
         return response
 
@@ -247,12 +251,17 @@ class Console:
         ep = BY_NAME[name]
 
         async def endpoint(request: Request) -> Response:
-            form = dict(parse_qsl((await request.body()).decode(errors="replace")))
+            # The session first, from its cookie: a stranger's body is never read.
+            held = await run_in_threadpool(self._held, request)
+            if held is None:
+                refused = AuthenticationError("sign in first: /console/login")
+                return closing(request, self._refused(refused))
+            try:
+                form = await self._form(request)
+            except BodyTooLarge as exc:
+                return closing(request, self._refused(exc))
 
             def work() -> Response | str:
-                held = self._held(request)
-                if held is None:
-                    return self._refused(AuthenticationError("sign in first: /console/login"))
                 try:
                     check_csrf(held.csrf, form.get("csrf"))
                 except CsrfRefused as exc:
@@ -306,9 +315,9 @@ def _outcome(result: Any) -> str:
 
 
 def routes(
-    engine: Engine, forms: SignInForms, read: Reader, *, secure_cookies: bool
+    engine: Engine, forms: SignInForms, read: Reader, gate: Gate, *, secure_cookies: bool
 ) -> list[Route]:
-    c = Console(engine, forms, read, secure=secure_cookies)
+    c = Console(engine, forms, read, gate, secure=secure_cookies)
     post = ["POST"]
     return [
         Route("/console/login", c.login_form, methods=["GET"]),

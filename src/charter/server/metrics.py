@@ -1,4 +1,5 @@
-"""The Prometheus text exposition of the engine's figures (version 0.0.4)."""
+"""The Prometheus text exposition of the engine's figures (version 0.0.4), and
+of the credentials this server process refused (P4)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from charter import AttemptStatus, RunStatus
 
 if TYPE_CHECKING:
     from charter import Engine
+    from charter.server.gate import Refusals
 
 
-def render(engine: Engine) -> str:
+def render(engine: Engine, refusals: Refusals) -> str:
     figures = engine.figures()
     out: list[str] = []
 
@@ -58,6 +60,18 @@ def render(engine: Engine) -> str:
         "gauge",
         "Approvals waiting for a decision.",
         [("", figures.approvals_pending)],
+    )
+    family(
+        "charter_http_refused_credentials_total",
+        "counter",
+        "Requests this server process refused for a bad or missing credential.",
+        [("", refusals.total)],
+    )
+    family(
+        "charter_http_refused_credentials_unwritten",
+        "gauge",
+        "Of those, how many are not yet in an auth.refused summary on the engine's chain.",
+        [("", refusals.total - refusals.written)],
     )
     return "\n".join(out) + "\n"
 

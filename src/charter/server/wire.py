@@ -37,10 +37,27 @@ class CsrfRefused(UsageError):
     code = "csrf_refused"
 
 
+class BodyTooLarge(UsageError):
+    """A request body above the server's limit (P4): refused as soon as it is
+    declared or read past the limit, nothing changed; ``limit`` is in the
+    details."""
+
+    code = "body_too_large"
+
+
+class MalformedBody(UsageError):
+    """A request body that is not JSON the API can take: not UTF-8, not JSON,
+    nested deeper than any request needs, or holding text no store can keep (a
+    lone surrogate). Refused before anything is decided, nothing changed."""
+
+    code = "malformed_body"
+
+
 #: Error class -> HTTP status, most specific first; anything else is 500.
 STATUSES: tuple[tuple[type[CharterError], int], ...] = (
     (AuthenticationError, 401),
     (CsrfRefused, 403),
+    (BodyTooLarge, 413),
     (NotAuthorized, 403),
     (NotFound, 404),
     (UsageError, 400),

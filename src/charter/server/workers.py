@@ -6,8 +6,9 @@ and the store serialises what must be serial across them as it does across any
 processes; sign-ins are in the store, so any worker serves any session. What
 the workers share besides comes from the supervisor as a :class:`Spec`, passed
 to each at its start (never through the environment): where the store and the
-configuration are, whether cookies are ``Secure``, and the key binding the
-sign-in forms (a form one worker served may be posted to another).
+configuration are, whether cookies are ``Secure``, the key binding the
+sign-in forms (a form one worker served may be posted to another), and the
+largest request body read.
 
 Connections are kept alive, and a worker holding more of them than another
 keeps its clients waiting longer: each worker answers its own in turn. On
@@ -57,6 +58,7 @@ class Spec:
     config: str | None
     secure: bool
     key: bytes  # binds the sign-in forms' CSRF tokens, in every worker alike
+    max_body: int  # the largest request body read, in bytes (P4)
 
 
 def supervise(spec: Spec, *, host: str, port: int, workers: int) -> None:
@@ -117,12 +119,16 @@ def work(
     sock = shared if shared is not None else _listener(*where, listen=True)
     config = EngineConfig.from_file(spec.config) if spec.config else EngineConfig.discover()
     with Engine.open(spec.store, config=config, create=False) as engine:
-        app = _Spread(build(engine, secure_cookies=spec.secure, key=spec.key), seat)
+        built = build(engine, secure_cookies=spec.secure, key=spec.key, max_body=spec.max_body)
+        app = _Spread(built, seat)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         app.connections = server.server_state.connections
         settled()
         ready.set()
-        server.run(sockets=[sock])
+        try:
+            server.run(sockets=[sock])
+        finally:
+            built.state.gate.refusals.close()  # what it counted, written before it ends
 
 
 @dataclass(frozen=True)
