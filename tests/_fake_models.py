@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -98,12 +99,20 @@ class _Handler(BaseHTTPRequestHandler):
         fault = self.fake.faults.pop(0) if self.fake.faults else None
         model = body["model"]
         key = headers.get("idempotency-key", "")
-        if fault != "cut_stream":
+        if fault not in ("cut_stream", "401_quoting_key"):
             self.fake.billed[key] = {"model": model, "input_tokens": INPUT, "output_tokens": OUTPUT}
         if fault == "401_quoting_key":  # a refusal that quotes the credential back
             quoted = headers.get("authorization", "").removeprefix("Bearer ")
             message = f"Incorrect API key provided: {quoted}"
             self._json(401, {"error": {"message": message, "type": "invalid_request_error"}})
+            return
+        if fault == "slow_after_billing":  # past the adapter's timeout
+            time.sleep(2.0)
+        if fault in ("echo_key_after_billing", "huge_after_billing"):
+            quoted = headers.get("authorization", "").removeprefix("Bearer ")
+            answer = _answer(self.path.rsplit("/", 1)[-1], model)
+            answer["echo"] = quoted if fault.startswith("echo") else "x" * (50 << 20)
+            self._json(200, answer)
             return
         if fault == "500_after_billing":
             self._json(500, {"error": {"message": "internal error", "type": "server_error"}})

@@ -9,17 +9,27 @@ error answer is a failure) fails it, naming the cases: the kit asserts.
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+import anyio
 import pytest
+from mcp import Client
+from mcp.server.mcpserver import Context, MCPServer
 
 import charter
+from _fake_models import FakeProvider
 from charter.adapters.http import HttpAdapter
+from charter.adapters.models import Usage
+from charter.adapters.models.anthropic import AnthropicModels
+from charter.adapters.models.openai import OpenAIModels
 from charter.attempts.classify import error_answer
-from charter.conformance import CASES, check_adapter
+from charter.conformance import CASES, ECHO_CASES, LOOKUP_CASES, TEXT_CASES, check_adapter
 from charter.conformance.http_target import ScriptedHttp
+from charter.integrations.mcp import KEY_META, McpTools
 from charter.sandbox import Sandbox, declaration
 from charter.testing import RecordingAdapter
 
@@ -147,3 +157,156 @@ def test_A3_an_error_answer_is_unknown_unless_the_effect_is_read_only() -> None:
         with pytest.raises(charter.OutcomeUnknown) as unknown:
             error_answer(charter.Operation(effect, window), answer, reason="tool failed")
         assert unknown.value.evidence == {"answer": answer}
+
+
+# -- the model adapters, against a fake provider speaking each API --------------------------
+
+
+class ProviderTarget:
+    """A fake model provider as a scripted target. A model call's only effect is
+    its bill: "applied" is "billed". Its lookup is the usage by key."""
+
+    FAULTS: ClassVar[dict[str, str]] = {
+        "applied_then_lost": "drop_after_billing",
+        "error_after_applying": "500_after_billing",
+        "refused_before_applying": "401_quoting_key",
+        "timeout": "slow_after_billing",
+        "echo_in_body": "echo_key_after_billing",
+        "echo_in_exception": "401_quoting_key",
+        "huge_answer": "huge_after_billing",
+    }
+
+    def __init__(self, provider: FakeProvider, secret: str) -> None:
+        self.provider, self.secret = provider, secret
+        self.lookup_case: str | None = None
+
+    def arm(self, case: str) -> bool:
+        if case in ("lookup_found", "lookup_empty", "lookup_down"):
+            self.lookup_case = case
+            return True
+        if case in ("nul_in_request", "surrogate_in_request"):
+            return True
+        fault = self.FAULTS.get(case)
+        if fault is None:
+            return False  # no header echo, and a usage lookup answers no lists
+        self.provider.faults.append(fault)
+        return True
+
+    def lookup(self, key: str) -> Usage | None:
+        case, self.lookup_case = self.lookup_case, None
+        if case == "lookup_down":
+            raise ConnectionError("the usage API is down")
+        if case == "lookup_empty":
+            return None  # usage is reported late: nothing yet
+        return self.provider.lookup(key)
+
+    def applied(self, key: str) -> int:
+        return int(key in self.provider.billed)
+
+    def received(self, key: str) -> int:
+        return self.provider.keys().count(key)
+
+
+MODEL_CALLS = {  # the operation, a request, and a text field the provider carries
+    "openai": ("responses", {"model": "gpt-4o-mini", "input": "hi", "max_output_tokens": 20}),
+    "anthropic": (
+        "messages",
+        {"model": "claude-sonnet-4-5", "max_tokens": 20, "system": "be brief", "messages": []},
+    ),
+}
+
+
+@pytest.mark.parametrize("which", sorted(MODEL_CALLS))
+def test_A3_S3_each_model_adapter_passes_every_case_its_provider_can_play(which: str) -> None:
+    secret = "sk-model-conformance-8d1f3c5a9e"
+    operation, request = MODEL_CALLS[which]
+    if which == "anthropic":
+        request = {**request, "messages": [{"role": "user", "content": "hi"}]}
+    with FakeProvider() as provider:
+        target = ProviderTarget(provider, secret)
+        make = OpenAIModels if which == "openai" else AnthropicModels
+        url = f"{provider.url}/v1" if which == "openai" else provider.url
+        adapter = make(base_url=url, api_key=secret, timeout=1.0, lookup=target.lookup)
+        report = check_adapter(
+            adapter, target, operation=operation, request=request, text_field="model"
+        )
+    assert set(report.not_played) == {
+        "lookup_list",
+        "lookup_malformed",
+        "echo_in_header",
+        "echo_in_bytes",
+    }
+
+
+# -- MCP tools, against the SDK's own server -------------------------------------------------
+
+
+class ToolTarget:
+    """An MCP server's tool as a scripted target: ``create`` applies, then acts
+    as the armed case says. MCP has no lookup and no declared refusal, and an
+    in-memory session holds no credential to echo."""
+
+    def __init__(self) -> None:
+        self.secret = "no-credential-held-by-an-in-memory-session"
+        self.case: str | None = None
+        self.done: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self.server = MCPServer("things")
+
+        @self.server.tool()
+        async def create(amount: int, reference: str, ctx: Context) -> str:
+            key = str((ctx.request_context.meta or {}).get(KEY_META))
+            self.calls[key] += 1
+            self.done[key] += 1
+            case, self.case = self.case, None
+            if case == "error_after_applying":
+                raise RuntimeError("the ledger write timed out after the transfer")
+            if case == "timeout":
+                await anyio.sleep(2.0)
+            if case == "huge_answer":
+                return "x" * (50 << 20)
+            return f"created {reference} for {amount}"
+
+    def arm(self, case: str) -> bool:
+        if case not in ("error_after_applying", "timeout", "huge_answer", *TEXT_CASES):
+            return False
+        self.case = case
+        return True
+
+    def applied(self, key: str) -> int:
+        return self.done[key]
+
+    def received(self, key: str) -> int:
+        return self.calls[key]
+
+
+class _CallPerLoop:
+    """An MCP session opened for each call: the kit sends from a loop of its own
+    each time, and an in-memory client belongs to the loop that opened it."""
+
+    def __init__(self, server: MCPServer) -> None:
+        self.server = server
+
+    async def call_tool(self, name: str, arguments: Any, **options: Any) -> Any:
+        async with Client(self.server) as client:
+            return await client.call_tool(name, arguments, **options)
+
+
+def test_A3_the_mcp_tools_pass_every_case_a_tool_can_play() -> None:
+    target = ToolTarget()
+
+    async def connect() -> McpTools:
+        async with Client(target.server) as client:
+            return await McpTools.connect(client, name="things", timeout_seconds=1.0)
+
+    tools = asyncio.run(connect())
+    tools.session = _CallPerLoop(target.server)
+    report = check_adapter(
+        tools, target, operation="create", request={"amount": 5, "reference": "inv-1"}
+    )
+    assert set(report.not_played) == {
+        "applied_then_lost",
+        "refused_before_applying",
+        *LOOKUP_CASES,
+        *ECHO_CASES,
+    }
