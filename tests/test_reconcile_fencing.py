@@ -14,6 +14,10 @@ Every test asserts on what the payments sandbox received over real sockets
 holds. The engine settles conclusive evidence by itself
 (``evidence_settles="auto"``), so a replay that got out would also settle the
 attempt: it stays UNKNOWN with its hold.
+
+An executor's explicit lease renewal is a write of the run's row like any
+other, so it is fenced the same way: by the lease, the epoch and owning
+segment, and the claim (the last tests).
 """
 
 from __future__ import annotations
@@ -229,3 +233,119 @@ def test_F2_S5_a_handover_during_the_lookup_fences_the_idle_owners_replay(
     run = engine.run(attempt.run_id)
     assert (run.status.value, run.owner_segment, run.epoch) == ("handed_off", "seg-2", 3)
     assert_fenced_executor_did_nothing(engine, mission, box, attempt)
+
+
+# -- renewing a lease is fenced like any write (F1) ----------------------------------
+
+
+def renewals(engine: charter.Engine, mission: str) -> list[tuple[str, int]]:
+    return [(e["segment"], e["epoch"]) for e in events(engine, mission, "run.lease_renewed")]
+
+
+def test_F1_a_lease_that_ended_cannot_be_renewed(
+    engine: charter.Engine, who: Principals, mission: str, clock: ManualClock
+) -> None:
+    """At the microsecond its lease ends (by the store's clock), the executor no
+    longer holds the run: renewing it then would revive an owner whom a recovery
+    may already treat as gone. Refused, and the run is free to be recovered."""
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    expire_lease(engine, ex.run_id, clock)
+    lease = engine.run(ex.run_id).lease_expires_us
+
+    with pytest.raises(charter.Fenced) as fenced:
+        ex.renew_lease()
+
+    assert (fenced.value.epoch, fenced.value.current_epoch) == (1, 1)
+    assert engine.run(ex.run_id).lease_expires_us == lease
+    assert renewals(engine, mission) == []
+    engine.coordinator.recover(ex.run_id, "seg-2")  # no force needed: the lease is over
+    assert engine.run(ex.run_id).owner_segment == "seg-2"
+
+
+def test_F1_an_executor_that_let_go_cannot_renew_the_lease_of_a_newer_owner(
+    engine: charter.Engine,
+    who: Principals,
+    box: Sandbox,
+    payments: HttpAdapter,
+    clock: ManualClock,
+) -> None:
+    """An executor whose node waits for an approval lets go of the run (no claim);
+    the run is then recovered as seg-2, idle, with a fresh lease and no claim
+    either. Only the epoch and the owning segment tell the old executor apart:
+    its renewal must not extend seg-2's lease, and it must send nothing."""
+    contract = default_contract(
+        principals={
+            "agent": {"run": ["payments.*"]},
+            "alice": ["resolve", "stop", "approve"],
+        },
+        allowance={UNIT: 100_000},
+        approvals={"required": ["payments.pay"]},
+    )
+    mission = engine.create_mission(contract, by=who.alice)
+    pay = {"amount": 3_00, "currency": "usd", "payee": "acme", "reference": "inv-2"}
+
+    @charter.node
+    def paying(ctx: charter.Context, value: Any) -> Any:
+        return ctx.attempt(payments, "pay", pay)
+
+    plan = charter.Plan("paying", (paying,))
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    with pytest.raises(charter.Blocked):
+        ex.execute(plan)
+    expire_lease(engine, ex.run_id, clock)
+    engine.coordinator.recover(ex.run_id, "seg-2")
+    taken = engine.run(ex.run_id)
+    clock.advance(20)  # past half of seg-2's lease: a renewal would move it
+
+    with pytest.raises(charter.Fenced) as fenced:
+        ex.renew_lease()
+    (request,) = engine.approvals(pending=True)
+    engine.approve(request.id, by=who.alice)
+    with pytest.raises(charter.Fenced):
+        ex.execute(plan)
+
+    assert (fenced.value.epoch, fenced.value.current_epoch) == (1, 2)
+    run = engine.run(ex.run_id)
+    assert (run.owner_segment, run.epoch, run.lease_expires_us) == (
+        "seg-2",
+        2,
+        taken.lease_expires_us,
+    )
+    assert renewals(engine, mission) == []
+    assert creates(box) == []
+
+
+def test_F1_an_executor_whose_segment_another_resumed_cannot_renew_its_lease(
+    make_engine: MakeEngine,
+    engine: charter.Engine,
+    who: Principals,
+    mission: str,
+    box: Sandbox,
+    payments: HttpAdapter,
+    clock: ManualClock,
+) -> None:
+    """seg-1's executor stalls past its lease; another engine resumes seg-1 (the
+    same owner at the same epoch, another claim). Only the claim tells the stalled
+    executor apart: it renews nothing and sends nothing; the one holding the
+    segment now renews."""
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    expire_lease(engine, ex.run_id, clock)
+    elsewhere = make_engine()
+    agent = elsewhere.authenticate(who.credentials["agent"])
+    second = elsewhere.coordinator.resume(ex.run_id, "seg-1", by=agent)
+    held = engine.run(ex.run_id)
+    clock.advance(20)
+
+    with pytest.raises(charter.Fenced) as fenced:
+        ex.renew_lease()
+    pay = {"amount": 3_00, "currency": "usd", "payee": "acme", "reference": "inv-3"}
+    with pytest.raises(charter.Fenced):
+        ex.attempt(payments, "pay", pay, effect_key="inv-3")
+
+    assert (fenced.value.epoch, fenced.value.current_epoch) == (1, 1)
+    assert engine.run(ex.run_id).lease_expires_us == held.lease_expires_us
+    assert renewals(engine, mission) == []
+    assert creates(box) == []
+    renewed = second.renew_lease()
+    assert engine.run(ex.run_id).lease_expires_us == renewed > held.lease_expires_us
+    assert renewals(engine, mission) == [("seg-1", 1)]
