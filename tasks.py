@@ -2,6 +2,7 @@
 
     python3 tasks.py demo    # set up .venv if needed, run the example mission
     python3 tasks.py test    # set up .venv with test tools, lint, type-check, test
+    python3 tasks.py test --quick   # the inner loop: both stores, no fault injection, no browser
     python3 tasks.py faults [--long]   # the fault-injection tests alone; --long: more of them
     python3 tasks.py simulate [--long] [--seed N] [--seeds N] [--steps N] [--backend NAME]
 
@@ -54,11 +55,19 @@ def demo() -> None:
 
 
 def test() -> None:
+    """Lint, type-check and the whole suite; ``--quick`` leaves out the tests
+    that inject faults (:data:`FAULTS`) and drive a browser (:data:`SLOW`),
+    for the inner loop of a change to one rule: both stores still run."""
     ensure_venv("test")
     run(BIN / "ruff", "check", "src", "tests", "bench", "tasks.py")
     run(BIN / "ruff", "format", "--check", "src", "tests", "bench", "tasks.py")
     run(BIN / "mypy")
     args = sys.argv[2:]
+    if "--quick" in args:
+        args.remove("--quick")
+        skip = [*FAULTS, *SLOW]
+        pytest([*(f"--deselect={t}" if "::" in t else f"--ignore={t}" for t in skip), *args])
+        return
     pytest(args, beside=[] if args else BESIDE)
 
 
@@ -75,6 +84,10 @@ FAULTS = [
     "tests/test_simulation.py",
     "tests/test_attempt_model.py",
 ]
+
+
+#: Left out of ``test --quick`` besides the fault tests: a real headless browser.
+SLOW = ["tests/test_browser.py"]
 
 
 #: Run beside the rest of the whole suite, in a pytest process of its own: the
