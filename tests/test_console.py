@@ -6,9 +6,16 @@ form needs the session's CSRF token; a refused form changes nothing.
 from __future__ import annotations
 
 import base64
+import http.client
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +26,7 @@ import charter
 from _raw import RawStore
 from charter.server import pages
 from charter.server.console import _environment
+from charter.testing import credential
 from conftest import Principals, default_contract, stored
 
 
@@ -439,3 +447,69 @@ def test_a_ledger_window_of_no_entries_is_refused(
     mission = desk.create_mission(default_contract(), by=who.alice)
     with pytest.raises(charter.UsageError):
         desk.ledger_entries(mission, newest=newest)
+
+
+def test_the_addresses_charter_serve_prints_answer(tmp_path: Path) -> None:
+    """Broken: ``charter serve`` prints ``/console/`` (and ``/api/v1``) and then
+    answers 404 there. Run for real: the printed console address opens the
+    sign-in page, the printed API address asks for a credential and answers
+    with one; ``--max-body`` is its body limit, and what it counted is written
+    when it is stopped (P4)."""
+    alice, digest = credential("alice")
+    (tmp_path / "charter.toml").write_text(
+        f'store = "charter.db"\n[credentials]\nalice = "{digest}"\n'
+    )
+    config = charter.EngineConfig.from_file(str(tmp_path / "charter.toml"))
+    charter.Engine.open(str(tmp_path / "charter.db"), config=config).close()
+    port = _desk.free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "charter", "serve", "--port", str(port), "--max-body", "4096"],
+        cwd=tmp_path,
+        env={**os.environ, "CHARTER_CONFIG": str(tmp_path / "charter.toml")},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        printed = re.findall(r"http://\S+", server.stdout.readline())
+        api, console = printed
+        assert console.endswith("/console/") and api.endswith("/api/v1")
+        deadline = time.monotonic() + 20
+        with httpx.Client(timeout=10, follow_redirects=True) as web:
+            while True:
+                try:
+                    page = web.get(console)
+                    break
+                except httpx.ConnectError:
+                    assert time.monotonic() < deadline, "charter serve did not answer"
+                    time.sleep(0.1)
+            assert page.status_code == 200 and page.url.path == "/console/login"
+            assert 'name="credential"' in page.text
+            stranger = web.get(api)
+            assert (stranger.status_code, stranger.json()["error"]["code"]) == (
+                401,
+                "unauthenticated",
+            )
+            known = web.get(api, headers={"Authorization": f"Bearer {alice}"})
+            assert known.status_code == 200 and known.json()["version"] == "v1"
+            assert web.get(api + known.json()["openapi"][len("/api/v1") :]).status_code == 401
+        large = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        large.putrequest("POST", "/api/v1/runs/run_x/stop")
+        large.putheader("Authorization", f"Bearer {alice}")
+        large.putheader("Content-Length", "4097")
+        large.endheaders()
+        refused = large.getresponse()
+        assert (refused.status, json.loads(refused.read())["error"]["limit"]) == (413, 4096)
+        large.close()
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(30)
+        assert server.stdout is not None
+        server.stdout.close()
+    with charter.Engine.open(str(tmp_path / "charter.db"), config=config) as engine:
+        written = [
+            json.loads(e["payload"])
+            for e in engine.audit_events("engine")
+            if (e["kind"], e["entity"]) == ("auth.refused", "anonymous")
+        ]
+    assert sum(s["count"] for s in written) == 2

@@ -183,6 +183,13 @@ def _workers(text: str) -> int:
     return value
 
 
+def _bytes(text: str) -> int:
+    value = _whole(text, 1, 2**31)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"takes a size in bytes from 1 to 2^31, got {text!r}")
+    return value
+
+
 def _limit(text: str) -> int:
     value = _whole(text, 1, MAX_PAGE)
     if value is None:
@@ -256,6 +263,9 @@ def _looking(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
     cmd["serve"].add_argument("--port", type=_port, default=8765, help="port (default 8765)")
     cmd["serve"].add_argument(
         "--workers", type=_workers, default=1, help="server processes over the store (default 1)"
+    )
+    cmd["serve"].add_argument(
+        "--max-body", type=_bytes, default=None, help="largest request body, bytes (default 1 MiB)"
     )
     _paged(cmd["missions"], "msn")
     _paged(cmd["runs"], "run").add_argument("--mission", help="only runs of this mission")

@@ -373,10 +373,17 @@ def _serve(engine: Engine, args: argparse.Namespace) -> Any:
     base = f"http://{args.host}:{args.port}"
     print(f"serving {base}/api/v1 and {base}/console/ (Ctrl-C stops it)", flush=True)
     if args.workers == 1:
-        serve(engine, host=args.host, port=args.port)
+        serve(engine, host=args.host, port=args.port, max_body=args.max_body)
     else:
         config = None if args.config is None else str(Path(args.config).resolve())
-        serve_workers(args.store, config, host=args.host, port=args.port, workers=args.workers)
+        serve_workers(
+            args.store,
+            config,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            max_body=args.max_body,
+        )
     return {"served": base}, "stopped"
 
 
