@@ -21,7 +21,10 @@ from typing import Any
 import pytest
 
 import charter
+import charter.errors
+from _raw import RawStore
 from charter.attempts.model import AttemptStatus
+from charter.audit import archive
 from charter.audit.signing import load_signer
 from charter.hashing import ENGINE_CHAIN
 from charter.testing import ManualClock, RecordingAdapter
@@ -161,3 +164,142 @@ def test_S5_a_result_that_arrives_after_the_handover_is_kept_as_late_evidence(
     assert [s.attempt_id for s in system.sent] == [attempt.id]  # exactly one send
     # The executor in flight went no further: it learnt that it was fenced.
     assert [type(o) for o in outcome] == [charter.Fenced]
+
+
+# -- a file the target would refuse ----------------------------------------------------------
+
+
+def lost(send: charter.Dispatch) -> charter.Outcome:
+    raise TimeoutError("no answer")
+
+
+def working_mission(source: charter.Engine, creds: Creds) -> tuple[str, Any]:
+    """A mission under way on the source: a settled payment, an uncertain one,
+    and the run still held by its executor. The bounds are lowered to its size
+    in the one place they live, so it stands for a mission too large to move."""
+    who = Principals(creds[0], creds[1], source)
+    mission = source.create_mission(default_contract(), by=who.alice)
+    system = RecordingAdapter(costs={"write": {"usd": 5_000, "calls": 1}})
+    system.script["write"] = lambda send: charter.Outcome.succeeded(
+        {"statement": "x" * 200}, cost={"usd": 5_000, "calls": 1}
+    )
+    ex = source.start_run(mission, by=who.agent, segment_id="seg-1")
+    ex.attempt(system, "write", {"invoice": 1}, effect_key="one")
+    system.script["write"] = lost
+    ex.attempt(system, "write", {"invoice": 2}, effect_key="two")
+    return mission, ex
+
+
+def largest_entry(data: bytes) -> int:
+    return max(len(content) for content in archive.read(data).values())
+
+
+Cause = Callable[[bytes, RawStore, str, pytest.MonkeyPatch], None]
+
+
+def _entry_too_large(plain: bytes, raw: RawStore, mission: str, at: pytest.MonkeyPatch) -> None:
+    at.setattr(archive, "MAX_ENTRY_BYTES", largest_entry(plain) - 1)
+
+
+def _too_large_once_fenced(
+    plain: bytes, raw: RawStore, mission: str, at: pytest.MonkeyPatch
+) -> None:
+    # The file fits as it is; with the events the fence adds to its chain it would not.
+    entries = archive.read(plain)
+    assert largest_entry(plain) == len(entries["audit.jsonl"])
+    at.setattr(archive, "MAX_ENTRY_BYTES", len(entries["audit.jsonl"]) + 16)
+
+
+def _file_too_large(plain: bytes, raw: RawStore, mission: str, at: pytest.MonkeyPatch) -> None:
+    at.setattr(archive, "MAX_FILE_BYTES", len(plain) - 1)
+
+
+def _books_edited(plain: bytes, raw: RawStore, mission: str, at: pytest.MonkeyPatch) -> None:
+    raw.execute(
+        "UPDATE allowances SET available = available - 1, spent = spent + 1 "
+        "WHERE mission_id = ? AND unit = 'usd'",
+        mission,
+    )
+
+
+def _chain_edited(plain: bytes, raw: RawStore, mission: str, at: pytest.MonkeyPatch) -> None:
+    raw.execute(
+        "UPDATE audit_events SET actor = 'mallory' WHERE mission_id = ? AND seq = 2", mission
+    )
+
+
+#: How each refusal is brought about (from the mission's plain snapshot, in the
+#: store, or in the one set of bounds), the error and the import's problem.
+REFUSALS: dict[str, tuple[Cause, type, str | None]] = {
+    "an entry over the bound": (_entry_too_large, charter.errors.ExportRefused, "too_large"),
+    "an entry the fence would push over": (
+        _too_large_once_fenced,
+        charter.errors.ExportRefused,
+        "too_large",
+    ),
+    "a file over the bound": (_file_too_large, charter.errors.ExportRefused, "too_large"),
+    "books that do not add up": (_books_edited, charter.errors.ExportRefused, "ledger"),
+    "a chain that does not verify": (_chain_edited, charter.AuditError, None),
+}
+
+
+@pytest.mark.parametrize("refusal", list(REFUSALS))
+def test_S5_an_export_the_import_would_refuse_fences_nothing(
+    make_engine: MakeEngine,
+    creds: Creds,
+    key: str,
+    target: charter.Engine,
+    raw: RawStore,
+    monkeypatch: pytest.MonkeyPatch,
+    refusal: str,
+) -> None:
+    """Broken S5 looked like this: the export fenced and sealed the source, then
+    built a file the target refused (one large answer was enough), leaving the
+    mission sealed here and refused there, with only `adopt` to unseal it. The
+    export must find out first, with the import's own checks and bounds, and
+    change nothing: no epoch, no seal, no event."""
+    source = make_engine(signing_key=key)
+    mission, ex = working_mission(source, creds)
+    who = Principals(creds[0], creds[1], source)
+    plain = source.export_snapshot(mission)
+    cause, error, problem = REFUSALS[refusal]
+    cause(plain, raw, mission, monkeypatch)
+    to = target.store_id()
+    before = raw.dump()
+
+    with pytest.raises(error) as refused:
+        source.export_snapshot(mission, handover_to=to, by=who.alice)
+
+    if problem is not None:
+        assert refused.value.details["problem"] == problem, refused.value.message
+        assert refused.value.details["fenced"] is False
+        assert "nothing was fenced" in refused.value.message
+    assert raw.dump() == before  # no epoch, no status, no seal, no event
+    run = source.run(ex.run_id)
+    assert (run.status.value, run.epoch) == ("active", 1)
+    assert source.handoff(mission_id=mission)["source"]["sealed"] is None
+    # The executor still owns its run here: the mission goes on.
+    system = RecordingAdapter()
+    assert ex.attempt(system, "read", {"q": 1}, effect_key="on").status.value == "succeeded"
+
+
+def test_S5_export_and_import_hold_a_snapshot_to_one_set_of_bounds(
+    make_engine: MakeEngine,
+    creds: Creds,
+    key: str,
+    target: charter.Engine,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bounds live in one place: lowered there, the same file is refused by
+    the import and not made by the export, with the same problem."""
+    source = make_engine(signing_key=key)
+    mission, _ = working_mission(source, creds)
+    plain = source.export_snapshot(mission)
+    monkeypatch.setattr(archive, "MAX_ENTRY_BYTES", largest_entry(plain) - 1)
+    with pytest.raises(charter.SnapshotMalformed) as imported:
+        target.import_snapshot(plain)
+    with pytest.raises(charter.errors.ExportRefused) as exported:
+        source.export_snapshot(mission)
+    assert imported.value.details["problem"] == exported.value.details["problem"] == "too_large"
+    with pytest.raises(charter.NotFound):
+        target.mission(mission)

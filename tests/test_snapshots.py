@@ -476,6 +476,13 @@ def _tampers(key: str, other_key: str, mission: str, foreign: bytes) -> dict[str
             "unsupported_version",
         ),
         "not an archive": (lambda e: b"hello", charter.SnapshotMalformed, "not_an_archive"),
+        "a header without its handover field": (
+            lambda e: rebuild(
+                {**e, "snapshot.json": e["snapshot.json"].replace(b'"handover"', b'"x"')}
+            ),
+            charter.SnapshotMalformed,
+            "bad_header",
+        ),
     }
 
 
@@ -501,6 +508,7 @@ TAMPERS = [
     "a deeply nested entry",
     "a newer format version",
     "not an archive",
+    "a header without its handover field",
 ]
 
 

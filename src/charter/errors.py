@@ -31,7 +31,8 @@ message says what was wrong and what to do about it::
     ├── SnapshotRefused             an import refused; nothing was written (S2)
     │   ├── SnapshotMalformed       not a snapshot of a known format, or unsafe to read
     │   ├── SnapshotTampered        the chain, a digest or the state does not check
-    │   └── SignatureInvalid        no trusted key signed it as it is
+    │   ├── SignatureInvalid        no trusted key signed it as it is
+    │   └── ExportRefused           an export an import would refuse; nothing fenced (S5)
     ├── UsageError                  a request malformed as written (CLI arguments, paging)
     │   └── TextRefused             text no store keeps as given: a NUL, a lone surrogate (A10)
     └── StoreError                  the store cannot serve the request
@@ -237,6 +238,15 @@ class SignatureInvalid(SnapshotRefused):
     or the signed statement was changed."""
 
     code = "signature_invalid"
+
+
+class ExportRefused(SnapshotRefused):
+    """An export refused to make a snapshot that an import would refuse (S5): an
+    entry or the file past the format's bounds, or records that do not check.
+    ``problem`` and ``entry`` are the import's. Checked before a handover fences
+    anything, so the mission stays here, unfenced, and goes on here."""
+
+    code = "export_refused"
 
 
 class StoreError(CharterError):

@@ -23,7 +23,11 @@ from typing import Any
 
 from charter.errors import SnapshotMalformed
 
-#: The largest snapshot file read, compressed.
+# The bounds of a snapshot, one set for both sides: :func:`read` refuses a file
+# past any of them, and :func:`write` refuses to make one, so an export never
+# hands over a file that an import refuses (S5).
+
+#: The largest snapshot file, compressed.
 MAX_FILE_BYTES = 64 << 20
 #: The most bytes all entries may inflate to together, and one entry alone.
 MAX_INFLATED_BYTES = 256 << 20
@@ -64,19 +68,34 @@ class _Bounded(io.RawIOBase):
         return len(data)
 
 
+def _entry_problem(name: str, size: int, seen: Mapping[str, bytes]) -> str | None:
+    """What is wrong with an entry of ``size`` bytes named ``name``, on either side."""
+    if name not in FIXED and not ARTIFACT.fullmatch(name):
+        return "unknown_entry"
+    if name in seen:
+        return "duplicate_entry"
+    if size > MAX_ENTRY_BYTES:
+        return "too_large"
+    return None
+
+
 def _name_problem(member: tarfile.TarInfo, seen: Mapping[str, bytes]) -> str | None:
     name = member.name
     if name.startswith("/") or "\\" in name or ".." in name.split("/"):
         return "unsafe_path"
     if not member.isreg():
         return "not_a_file"
-    if name not in FIXED and not ARTIFACT.fullmatch(name):
-        return "unknown_entry"
-    if name in seen:
-        return "duplicate_entry"
-    if member.size > MAX_ENTRY_BYTES:
-        return "too_large"
-    return None
+    return _entry_problem(name, member.size, seen)
+
+
+def _entry_refused(name: str, problem: str) -> SnapshotMalformed:
+    return _refuse(
+        problem,
+        f"archive entry {name[:200]!r} refused ({problem}): a snapshot holds only regular "
+        f"files named {', '.join(FIXED)} or artifacts/<sha256>, each at most "
+        f"{MAX_ENTRY_BYTES} bytes",
+        entry=name[:200],
+    )
 
 
 def read(data: bytes) -> dict[str, bytes]:
@@ -92,14 +111,7 @@ def read(data: bytes) -> dict[str, bytes]:
             for member in tar:
                 problem = _name_problem(member, entries)
                 if problem is not None:
-                    raise _refuse(
-                        problem,
-                        f"archive entry {member.name[:200]!r} refused ({problem}): a snapshot "
-                        f"holds only regular files named {', '.join(FIXED)} or "
-                        "artifacts/<sha256>, each at most "
-                        f"{MAX_ENTRY_BYTES} bytes",
-                        entry=member.name[:200],
-                    )
+                    raise _entry_refused(member.name, problem)
                 if len(entries) >= MAX_ENTRIES:
                     raise _refuse("too_many_entries", f"more than {MAX_ENTRIES} entries")
                 extracted = tar.extractfile(member)
@@ -113,8 +125,22 @@ def read(data: bytes) -> dict[str, bytes]:
     return entries
 
 
-def write(entries: Mapping[str, bytes], *, mtime: int) -> bytes:
-    """A deterministic archive of ``entries`` in the order given."""
+def write(entries: Mapping[str, bytes], *, mtime: int, headroom: int = 0) -> bytes:
+    """A deterministic archive of ``entries`` in the order given.
+
+    Refused, as :func:`read` would refuse it, if it passes a bound; each bound
+    counts ``headroom`` bytes more, for a caller that must know the archive
+    would still fit after its entries grow by that much (a handover checks the
+    file before the fence that adds to it, S5).
+    """
+    if len(entries) > MAX_ENTRIES:
+        raise _refuse("too_many_entries", f"more than {MAX_ENTRIES} entries")
+    seen: dict[str, bytes] = {}
+    for name, content in entries.items():
+        problem = _entry_problem(name, len(content) + headroom, seen)
+        if problem is not None:
+            raise _entry_refused(name, problem)
+        seen[name] = content
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, content in entries.items():
@@ -123,4 +149,9 @@ def write(entries: Mapping[str, bytes], *, mtime: int) -> bytes:
             info.mtime = mtime
             info.mode = 0o644
             tar.addfile(info, io.BytesIO(content))
-    return gzip.compress(raw.getvalue(), mtime=0)
+    if raw.tell() + headroom > MAX_INFLATED_BYTES:
+        raise _refuse("too_large", f"the archive would inflate past {MAX_INFLATED_BYTES} bytes")
+    data = gzip.compress(raw.getvalue(), mtime=0)
+    if len(data) + headroom > MAX_FILE_BYTES:
+        raise _refuse("too_large", f"the file would be over {MAX_FILE_BYTES} bytes")
+    return data

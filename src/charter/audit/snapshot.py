@@ -155,8 +155,12 @@ def pack(
     store_id: str,
     handover: Mapping[str, Any] | None = None,
     blobs: Mapping[str, bytes] | None = None,
+    headroom: int = 0,
 ) -> bytes:
-    """The signed archive of one mission (the caller verified its chain)."""
+    """The signed archive of one mission (the caller verified its chain), refused
+    with :class:`~charter.errors.SnapshotMalformed` if it passes a bound that
+    :func:`load` holds it to, with ``headroom`` bytes to spare
+    (:func:`charter.audit.archive.write`)."""
     body = {
         "audit.jsonl": "".join(canonical(dict(e)) + "\n" for e in events).encode(),
         "state.json": canonical({t: state.get(t, []) for t in TABLES}).encode(),
@@ -178,7 +182,7 @@ def pack(
     ).encode()
     extra = {f"artifacts/{sha}": data for sha, data in sorted((blobs or {}).items())}
     entries = {"snapshot.json": header, "snapshot.sig": signer.sign(header), **body, **extra}
-    return archive.write(entries, mtime=exported_at_us // 1_000_000)
+    return archive.write(entries, mtime=exported_at_us // 1_000_000, headroom=headroom)
 
 
 # -- reading ---------------------------------------------------------------------------
@@ -268,7 +272,8 @@ def _header(entries: Mapping[str, bytes]) -> dict[str, Any]:
             entry="snapshot.json",
         )
     for name, kind in _HEADER.items():
-        if not isinstance(header.get(name), kind) or isinstance(header.get(name), bool):
+        value = header.get(name)
+        if name not in header or not isinstance(value, kind) or isinstance(value, bool):
             raise SnapshotMalformed(
                 f"snapshot.json: {name} is missing or of the wrong type",
                 problem="bad_header",

@@ -15,7 +15,7 @@ so settled effects replay from their records and unresolved ones stay so.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from charter.artifacts import store as artifacts_store
@@ -36,6 +36,7 @@ from charter.errors import (
     ArtifactError,
     AuditError,
     ConfigError,
+    ExportRefused,
     NotAuthorized,
     SignatureInvalid,
     SnapshotRefused,
@@ -60,6 +61,8 @@ if TYPE_CHECKING:
 #: Why an imported chain takes no events: a copy to read, or a handover to accept.
 SEAL_IMPORTED = "imported from a snapshot: a read-only copy"
 SEAL_HANDED_IN = "handed over to this store: a principal with 'adopt' accepts it"
+#: The attempts of a run that the fence changes: voided, or made uncertain.
+_IN_FLIGHT = ("prepared", "dispatched")
 
 
 def _state(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
@@ -123,12 +126,41 @@ class Snapshots:
     ) -> bytes:
         """The mission's signed snapshot. With ``handover_to`` (the target store's
         id), the source is fenced first and the snapshot says which store may adopt
-        it; that needs ``by`` with the ``stop`` right."""
+        it; that needs ``by`` with the ``stop`` right.
+
+        A snapshot that an import would refuse is not made: :class:`ExportRefused`
+        (or :class:`AuditError` for a broken chain). A handover finds that out
+        before it fences anything, from the file as it would be, with room for
+        what the fence adds to it, so a refused handover leaves the mission here
+        as it was (S5).
+        """
         signer = self._signer()
-        if handover_to is not None:
-            self._fence(mission_id, handover_to, by)
         with self._db.transaction() as tx:
             store_id = audit_store.store_id(tx)
+        if handover_to is None:
+            return self._pack(mission_id, signer, store_id, None)
+        if by is None:
+            raise NotAuthorized("a handover needs a principal with 'stop' (by=...)")
+        if handover_to == store_id:
+            raise StateError("a handover goes to another store, not to this one")
+        with self._db.transaction() as tx:  # who asks is checked (and a refusal audited) first
+            self._authority.authorize(tx, by, mission_id, Right.STOP, entity=mission_id)
+        self._pack(mission_id, signer, store_id, handover_to, fence_by=by.name)
+        self._fence(mission_id, handover_to, by)
+        return self._pack(mission_id, signer, store_id, handover_to)
+
+    def _pack(
+        self,
+        mission_id: str,
+        signer: Signer,
+        store_id: str,
+        handover_to: str | None,
+        *,
+        fence_by: str | None = None,
+    ) -> bytes:
+        """The snapshot, checked as the target's import will check it. Before a
+        fence by ``fence_by``, the runs it will hand off are named already and
+        every bound keeps room for what the fence adds (:func:`_growth`)."""
         with self._db.read() as tx:
             missions.load(tx, mission_id)
             checked = audit.verify(tx, mission_id)
@@ -141,26 +173,37 @@ class Snapshots:
             head = audit_store.head(tx, mission_id)
             assert head is not None
             state = _state(tx, mission_id)
-            handed = [r["id"] for r in state["runs"] if r["status"] == RunStatus.HANDED_OFF]
-            return pack(
+            events = audit_store.all_events(tx, mission_id)
+            artifacts = _manifest(tx, mission_id)
+            now_us = tx.now_us
+        runs = [r for r in state["runs"] if r["status"] == RunStatus.HANDED_OFF]
+        live = [r for r in state["runs"] if fence_by and not RunStatus(r["status"]).terminal]
+        handover = (
+            None
+            if handover_to is None
+            else {"to_store": handover_to, "runs": [r["id"] for r in runs + live]}
+        )
+        try:
+            data = pack(
                 mission_id=mission_id,
                 head=head,
-                events=audit_store.all_events(tx, mission_id),
+                events=events,
                 state=state,
-                artifacts=_manifest(tx, mission_id),
+                artifacts=artifacts,
                 signer=signer,
-                exported_at_us=tx.now_us,
+                exported_at_us=now_us,
                 store_id=store_id,
-                handover=None if handover_to is None else {"to_store": handover_to, "runs": handed},
+                handover=handover,
+                headroom=0 if fence_by is None else _growth(state, live, handover_to, fence_by),
             )
+            load(data, [signer.public_key])
+        except SnapshotRefused as exc:
+            raise _refused(mission_id, exc, handover_to, fenced=fence_by is None) from None
+        return data
 
-    def _fence(self, mission_id: str, to_store: str, by: Principal | None) -> None:
+    def _fence(self, mission_id: str, to_store: str, by: Principal) -> None:
         """Fence every live run and seal the mission, in one transaction (S5)."""
-        if by is None:
-            raise NotAuthorized("a handover needs a principal with 'stop' (by=...)")
         with self._db.transaction() as tx:
-            if to_store == audit_store.store_id(tx):
-                raise StateError("a handover goes to another store, not to this one")
             self._authority.authorize(tx, by, mission_id, Right.STOP, entity=mission_id)
             fenced = []
             for run in run_store.list_runs(tx, mission_id):
@@ -416,6 +459,55 @@ def _checkpoint(tx: Tx, chain: str, trusted: list[str]) -> dict[str, Any]:
             problem=f"event {point['seq']} is not the one signed: the chain was rewritten",
         )
     return result
+
+
+#: What the fence adds to a snapshot's entries, at most: per event (a run handed
+#: off, an attempt voided or made uncertain, the mission handed over), and per
+#: byte of an estimate the ledger moves of a voided attempt repeat (S5).
+_EVENT_BYTES = 4096
+_PER_ESTIMATE_BYTE = 8
+
+
+def _growth(
+    state: Mapping[str, Any], live: Sequence[Mapping[str, Any]], to_store: str | None, actor: str
+) -> int:
+    """How many bytes a fence of the ``live`` runs by ``actor`` can add to the
+    snapshot, at most: its events in ``audit.jsonl`` (each naming the target
+    store and its actor), and in ``state.json`` the runs' and attempts' changed
+    statuses, epochs and reasons. Generous by design: the check it feeds must
+    never pass a file that the fence then makes too large."""
+    runs = {r["id"] for r in live}
+    touched = [a for a in state["attempts"] if a["run_id"] in runs and a["status"] in _IN_FLIGHT]
+    per_event = _EVENT_BYTES + 4 * len(to_store or "") + 2 * len(actor)
+    return (
+        per_event * (1 + len(live) + len(touched))
+        + sum(_PER_ESTIMATE_BYTE * len(a["estimate"]) for a in touched)
+        + sum(4 * len(r) for r in runs)
+    )
+
+
+def _refused(
+    mission_id: str, exc: SnapshotRefused, handover_to: str | None, *, fenced: bool
+) -> ExportRefused:
+    """The export's refusal, saying what the import would have refused and what
+    it left here (nothing fenced, unless the fence itself made the file bad)."""
+    if handover_to is None:
+        after = "nothing was exported"
+    elif not fenced:
+        after = "nothing was fenced: the mission stays here and may go on here"
+    else:
+        after = (
+            "the mission was fenced here before this was found, which the check made "
+            "before the fence should have prevented: keep the store as it is and report it"
+        )
+    return ExportRefused(
+        f"mission {mission_id}'s snapshot would be refused by an import ({exc.message}); {after}",
+        problem=exc.details.get("problem"),
+        entry=exc.details.get("entry"),
+        mission_id=mission_id,
+        handover_to=handover_to,
+        fenced=fenced and handover_to is not None,
+    )
 
 
 def _manifest(tx: Tx, mission_id: str) -> list[dict[str, Any]]:
