@@ -25,6 +25,7 @@ from _fake_models import INVOICE, FakeProvider, pay_invoice_script
 from charter import AttemptStatus
 from charter.adapters.models import ModelUnits, Usage
 from charter.adapters.models.pricing import Pricing
+from charter.integrations.openai_agents import AgentModels
 from charter.sandbox import Sandbox
 from charter.testing import credential
 
@@ -97,3 +98,58 @@ def test_A4_A8_the_agent_killed_after_its_payment_resumes_without_paying_or_bill
         assert balances["usd"].held == 0
         assert engine.check_ledger(mission) == []
         assert all(v.ok for v in engine.verify_audit(mission))
+
+
+@pytest.mark.crash
+def test_N6_a_model_call_lost_in_a_crash_and_settled_by_its_usage_is_made_again(
+    store_address: str, tmp_path: Path
+) -> None:
+    """Killed before the first model call's settlement: the provider billed it
+    and its answer is gone. The usage lookup settles it (what was billed, not
+    what was said), so the resumed agent asks again as a new attempt linked to
+    the settled one, and finishes."""
+    pairs = {name: credential(name) for name in ("agent", "ops")}
+    digests = {n: d for n, (_, d) in pairs.items()}
+    config = charter.EngineConfig(credentials=digests)
+    with (
+        charter.Engine.open(store_address, config=config) as engine,
+        Sandbox(tmp_path / "sandbox.db") as box,
+        FakeProvider(script=pay_invoice_script) as provider,
+    ):
+        ops = engine.authenticate(pairs["ops"][0])
+        mission = engine.create_mission(example.CONTRACT, by=ops)
+        cfg = {
+            "store": store_address,
+            "digests": digests,
+            "credential": pairs["agent"][0],
+            "mission": mission,
+            "model_url": provider.url + "/v1",
+            "payments_url": box.url,
+        }
+        code, out = step(cfg, tmp_path, step="start", kill_at="settlement.before", nth=1)
+        assert code == -signal.SIGKILL
+        run_id = out[0]["run_id"]
+        [lost] = engine.attempts(run_id=run_id)
+        engine.coordinator.recover(run_id, "seg-2")
+        models = AgentModels(
+            base_url=provider.url + "/v1", api_key="sk-test", lookup=provider.lookup
+        )
+        assert engine.coordinator.reconcile(lost.id, models, by=ops).conclusive
+        assert engine.coordinator.confirm(lost.id, by=ops).result is None
+
+        _, out = step(cfg, tmp_path, step="resume", run=run_id, segment="seg-2")
+        assert out[-1] == {"ended": "completed", "result": "Paid inv-7."}
+
+        calls = [a for a in engine.attempts(run_id=run_id) if a.adapter == "agent-models"]
+        [again] = [a for a in calls if a.retry_of == lost.id]
+        assert (again.generation, again.status, again.effect_key) == (
+            2,
+            AttemptStatus.SUCCEEDED,
+            lost.effect_key,
+        )
+        assert len(calls) == 4 and len(box.payments()) == 1
+        assert sorted(provider.keys()) == sorted(a.idempotency_key for a in calls)
+        pricing = Pricing("openai", ModelUnits())
+        billed = sum(pricing.amounts(Usage(**b))["usd"] for b in provider.billed.values())
+        assert engine.balances(mission)["usd"].spent == billed + INVOICE["amount"]
+        assert engine.check_ledger(mission) == []

@@ -9,6 +9,7 @@ is what the provider billed plus what the sandbox took.
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,10 @@ from openai import AsyncOpenAI
 
 from _agent_turns import clerk_turns
 from _examples import agent_world, killed_after_paying, paid_once_billed_once, run_step
-from charter.integrations.pydantic_ai import CharterDurability
+from charter import AttemptStatus
+from charter.adapters.models import ModelUnits, Usage
+from charter.adapters.models.pricing import Pricing
+from charter.integrations.pydantic_ai import AgentAdapter, CharterDurability
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "pydantic_ai_agent.py"
@@ -55,3 +59,51 @@ def test_A4_A6_R4_the_agent_killed_after_paying_is_recovered_and_pays_once(
         paid_once_billed_once(
             world, run_id, "model_request", {"quote": 1, "pay": 1}, example.MICROS_PER_CENT
         )
+
+
+@pytest.mark.crash
+def test_N6_a_model_request_lost_in_a_crash_and_settled_by_its_usage_is_asked_again(
+    store_address: str, tmp_path: Path
+) -> None:
+    """The first model request was billed and its answer died with the process.
+    The provider's usage lookup settles it (the usage is all it proves), so the
+    resumed node asks the model again, as a new attempt linked to the settled
+    one and admitted against the allowance, and the agent goes on."""
+    with agent_world(store_address, tmp_path, example.CONTRACT, clerk_turns) as world:
+        engine, ops, cfg = world.engine, world.ops, world.cfg
+        code, out = step(cfg, tmp_path, kill_at="settlement.before", nth=1)
+        assert code == -signal.SIGKILL
+        run_id = out[0]["run_id"]
+        [lost] = engine.attempts(run_id=run_id)
+        assert lost.operation == "model_request" and len(world.provider.received) == 1
+
+        engine.coordinator.recover(run_id, "seg-2")
+        durability = CharterDurability.from_agent(
+            example.build_agent(AsyncOpenAI(api_key="sk-test"), world.box.url)
+        )
+        assert durability is not None
+        adapter = AgentAdapter("clerk", durability.tools, durability.units, world.provider.lookup)
+        assert engine.coordinator.reconcile(lost.id, adapter, by=ops).conclusive
+        settled = engine.coordinator.confirm(lost.id, by=ops)
+        assert (settled.status, settled.result) == (AttemptStatus.SUCCEEDED, None)
+
+        _, out = step(cfg, tmp_path, run=run_id, segment="seg-2")
+        assert out[-1] == {"completed": "Paid the survey vendor."}
+
+        attempts = engine.attempts(run_id=run_id)
+        [again] = [a for a in attempts if a.retry_of == lost.id]
+        assert (again.operation, again.generation, again.status) == (
+            "model_request",
+            2,
+            AttemptStatus.SUCCEEDED,
+        )
+        assert again.request_hash == lost.request_hash and again.answered
+        models = [a for a in attempts if a.operation == "model_request"]
+        assert len(models) == 4 and len(world.box.payments()) == 1
+        # every request the provider billed, the lost one included, is spent once
+        assert sorted(world.provider.keys()) == sorted(a.idempotency_key for a in models)
+        pricing = Pricing("openai", ModelUnits())
+        billed = sum(pricing.amounts(Usage(**u))["usd"] for u in world.provider.billed.values())
+        paid = world.box.payments()[0]["amount"] * example.MICROS_PER_CENT
+        assert engine.balances(world.mission)["usd"].spent == billed + paid
+        assert engine.check_ledger(world.mission) == []

@@ -10,6 +10,7 @@ PUBLIC = [
     "AdmissionRefused",
     "AllowanceExceeded",
     "AmountOverflow",
+    "AnswerNotRecorded",
     "ApprovalRequired",
     "ArtifactError",
     "Attempt",

@@ -23,6 +23,7 @@ message says what was wrong and what to do about it::
     ├── AdmissionRefused            A1 checks failed; nothing was recorded
     │   └── AllowanceExceeded       L3/L7: the allowance cannot cover it
     ├── AttemptFailed               an effect settled FAILED or WRITTEN_OFF (A4)
+    ├── AnswerNotRecorded           an effect settled applied, its answer never recorded (N6)
     ├── NodeFailed                  node code declares its step failed (N6)
     ├── AdapterError                an adapter broke its protocol
     ├── SecretUnavailable           a secret's value is not to be had here (S3)
@@ -175,6 +176,24 @@ class AttemptFailed(CharterError):
     """
 
     code = "attempt_failed"
+
+
+class AnswerNotRecorded(CharterError):
+    """A journaled call's effect was applied, and its answer was never recorded (N6).
+
+    The attempt settled SUCCEEDED on evidence that names no result (a usage
+    lookup, which proves what was billed and not what was said) or by a person
+    who gave none, so there is nothing true to hand the node. It is raised,
+    not returned, so that code which does not expect it stops instead of
+    going on with a made-up value; a node that can go on without the answer
+    catches it. ``attempt_id``, ``scope`` and ``status`` say which effect. A
+    ``read_only`` effect never gets here while its retry policy lasts: it is
+    asked again as a new attempt linked to the settled one (a model call's
+    only consequence is its cost). A person resolving an attempt gives the
+    answer with ``result=`` to let the node go on with it.
+    """
+
+    code = "answer_not_recorded"
 
 
 class NodeFailed(CharterError):

@@ -34,6 +34,7 @@ from charter.attempts.store import effect_attempts
 from charter.clock import MICROS
 from charter.errors import (
     AdmissionRefused,
+    AnswerNotRecorded,
     ApprovalRequired,
     AttemptFailed,
     Blocked,
@@ -349,9 +350,10 @@ class Context:
         # Settled as not applied while the node was not waiting for it (by
         # evidence or a person): the node never saw it fail, so it goes on with
         # a new attempt, under the operation's retry policy. So does a read
-        # written off (its answer lost): reading again has no effect (A7).
+        # written off, or settled without its answer (N6): reading again has
+        # no effect (A7), and a model call's only consequence is its cost.
         unseen = prior.status is AttemptStatus.FAILED and not prior.answered
-        lost_read = reads and prior.status is AttemptStatus.WRITTEN_OFF
+        lost_read = reads and (prior.status is AttemptStatus.WRITTEN_OFF or unrecorded(prior))
         retries = call.adapter.operations[call.operation].retries
         if (unseen or lost_read) and prior.generation <= retries:
             return _RETRY
@@ -383,6 +385,15 @@ class Context:
         return found[0] if found else None
 
     def _outcome(self, attempt: Attempt) -> Any:
+        if unrecorded(attempt):  # never a result nobody recorded (N6)
+            raise AnswerNotRecorded(
+                f"attempt {attempt.id} ({attempt.scope}) settled {attempt.status.value} without "
+                "its answer (a lookup or a person named no result); the effect was applied, "
+                "so it is not performed again: go on without the answer, or stop",
+                attempt_id=attempt.id,
+                scope=attempt.scope,
+                status=attempt.status.value,
+            )
         if attempt.status is AttemptStatus.SUCCEEDED:
             return attempt.result
         if attempt.status in (AttemptStatus.FAILED, AttemptStatus.WRITTEN_OFF):
@@ -525,6 +536,17 @@ class Context:
         raise WaitPending(
             f"node {self.node_id} waits for {kind.value} {key!r}", run_id=self.run_id, wait_id=w.id
         )
+
+
+def unrecorded(attempt: Attempt) -> bool:
+    """Whether ``attempt`` settled applied with no answer on record (N6): by
+    evidence naming no result (a usage lookup) or by a person who gave none,
+    never by its own send's answer."""
+    return (
+        attempt.status is AttemptStatus.SUCCEEDED
+        and not attempt.answered
+        and attempt.result is None
+    )
 
 
 #: What :meth:`Context._next_try` asks for besides a replay.
