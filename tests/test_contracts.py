@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import charter
 from _raw import RawStore
-from charter.contracts.contract import Contract, amendment_needs, scope_matches
+from charter.contracts.amendments import amendment_needs
+from charter.contracts.contract import Contract, scope_matches
 from charter.contracts.principals import Right
 from charter.testing import RecordingAdapter
 from conftest import Principals, default_contract, stored
@@ -205,8 +206,10 @@ SCOPES = st.one_of(
 RIGHTS = st.sampled_from([r.value for r in Right])
 GRANTS = st.one_of(
     st.lists(RIGHTS, max_size=8),
-    st.dictionaries(RIGHTS, st.one_of(SCOPES, st.lists(SCOPES, min_size=1, max_size=3))),
-)
+    st.dictionaries(RIGHTS, st.one_of(SCOPES, st.lists(SCOPES, min_size=1, max_size=3))).map(
+        lambda g: {r: "*" if r == "recover" else s for r, s in g.items()}
+    ),
+)  # `recover` concerns a whole run: granted on "*" only
 COUNTS = st.integers(min_value=0, max_value=2**62)
 DEADLINES = st.datetimes(
     min_value=datetime(1970, 1, 2),
@@ -228,6 +231,8 @@ def contracts(draw: st.DrawFn) -> dict[str, Any]:
         approvals: dict[str, Any] = {"required": draw(st.lists(SCOPES, max_size=3))}
         if draw(st.booleans()):
             approvals["ttl_seconds"] = draw(st.integers(1, 10**9))
+        if draw(st.booleans()):
+            approvals["four_eyes"] = draw(st.booleans())
         data["approvals"] = approvals
     if draw(st.booleans()):
         stop: dict[str, Any] = {}

@@ -1526,7 +1526,12 @@ def test_A9_a_resolution_that_would_take_a_sum_past_the_largest_amount_is_refuse
     for outcome, cost, account in TOO_MUCH:
         with pytest.raises(charter.AmountOverflow) as info:
             engine.coordinator.resolve(
-                first.id, by=who.alice, outcome=outcome, evidence=evidence, cost=cost
+                first.id,
+                by=who.alice,
+                outcome=outcome,
+                evidence=evidence,
+                cost=cost,
+                confirm_above_hold=True,  # meant: these are sums that cannot be added
             )
         assert (info.value.details["unit"], info.value.details["account"]) == ("usd", account)
     assert stored(engine, mission) == before

@@ -18,7 +18,7 @@ import pytest
 
 import charter
 from _raw import RawStore
-from charter.testing import RecordingAdapter
+from charter.testing import ManualClock, RecordingAdapter
 from conftest import Principals, default_contract
 
 APPROVAL_CONTRACT = default_contract(approvals={"required": ["recorder.charge"]})
@@ -41,11 +41,17 @@ class Scene:
     approval: str
     incident: str
     unknown: str
+    adapter: RecordingAdapter
+    clock: ManualClock
 
 
 @pytest.fixture
 def scene(
-    engine: charter.Engine, who: Principals, adapter: RecordingAdapter, raw: RawStore
+    engine: charter.Engine,
+    who: Principals,
+    adapter: RecordingAdapter,
+    raw: RawStore,
+    clock: ManualClock,
 ) -> Scene:
     """A running mission with an uncertain attempt, a pending approval and an open incident."""
     mission = engine.create_mission(APPROVAL_CONTRACT, by=who.alice)
@@ -65,7 +71,13 @@ def scene(
     )
     ex.attempt(adapter, "write", {"n": 1}, effect_key="w1")
     (incident,) = engine.incidents(mission, open_only=True)
-    return Scene(engine, who, raw, mission, ex.run_id, approval.id, incident["id"], unknown.id)
+    ids = (mission, ex.run_id, approval.id, incident["id"], unknown.id)
+    return Scene(engine, who, raw, *ids, adapter, clock)
+
+
+def _recover(s: Scene, p: Any) -> object:
+    s.clock.advance(60)  # the owner's lease runs out: a takeover needs no force
+    return s.engine.coordinator.recover(s.run, "seg-9", by=p)
 
 
 Decision = Callable[[Scene, Any], object]
@@ -96,6 +108,12 @@ DECISIONS: dict[str, tuple[str, Decision]] = {
     "forced recover": (
         "alice",
         lambda s, p: s.engine.coordinator.recover(s.run, "seg-9", force=True, by=p),
+    ),
+    # P3: `recover` and `reconcile` come with `run` or `resolve` (alice resolves).
+    "recover": ("alice", _recover),
+    "reconcile": (
+        "alice",
+        lambda s, p: s.engine.coordinator.reconcile(s.unknown, s.adapter, by=p),
     ),
 }
 
@@ -276,6 +294,12 @@ UNAUTHORISED = [
     ("resolve", "agent"),
     ("forced recover", "agent"),
     ("forced recover", "bob"),
+    # P3: an approver, or a credential with no standing in the mission, may neither
+    # take a run over nor ask for evidence (a reconcile can replay a send).
+    ("recover", "bob"),
+    ("recover", "mallory"),
+    ("reconcile", "bob"),
+    ("reconcile", "mallory"),
 ]
 
 
@@ -416,3 +440,96 @@ def test_P1_secrets_never_enter_the_store(
         for secret in secrets:
             assert secret.encode() not in raw, snapshot
             assert secret[:16].encode() not in raw, snapshot
+
+
+# -- a person's input at resolve (R8) ---------------------------------------------------------
+
+#: Costs a person might type that are no amounts (A9): each is their input's fault.
+NOT_COSTS: dict[str, Any] = {
+    "nan": {"usd": float("nan")},
+    "negative": {"usd": -1},
+    "2**63": {"usd": 2**63},
+    "a string": {"usd": "500"},
+    "a float": {"usd": 1.5},
+    "a bool": {"usd": True},
+    "no amount": {"usd": None},
+    "a unit that is no name": {1: 5},
+    "not a mapping": "usd=500",
+    "pairs": [("usd", 500)],
+}
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "failed", "written_off"])
+@pytest.mark.parametrize("case", list(NOT_COSTS))
+def test_R8_a_resolution_cost_that_is_no_amount_is_a_usage_error_and_changes_nothing(
+    case: str, outcome: str, scene: Scene
+) -> None:
+    """Broken: NaN, -1, 2**63 or a string was an ``adapter_error``, as if an adapter
+    had broken its protocol. It is the person's input: a usage error, nothing stored."""
+    before_state, before_events = scene.raw.state(), scene.raw.events()
+    with pytest.raises(charter.UsageError) as info:
+        scene.engine.coordinator.resolve(
+            scene.unknown,
+            by=scene.who.alice,
+            outcome=outcome,  # type: ignore[arg-type]
+            evidence="the target's console",
+            cost=NOT_COSTS[case],
+        )
+    assert info.value.code == "usage_error"
+    assert not isinstance(info.value, charter.AdapterError)
+    assert str(info.value.details["field"]).startswith("cost")
+    assert scene.raw.state() == before_state
+    assert scene.raw.events() == before_events
+
+
+#: Costs against the ``read`` hold of 1_000 usd and 1 call: ten times is the most
+#: taken without confirming; a unit it holds nothing in has a hold of 0.
+FAR_ABOVE = {
+    "2**62 on a hold of 1_000": {"usd": 2**62, "calls": 1},
+    "ten times and one": {"usd": 10_001, "calls": 1},
+    "eleven calls on one": {"usd": 1_000, "calls": 11},
+    "a unit not held": {"usd": 1_000, "gpu": 1},
+}
+
+
+@pytest.mark.parametrize("case", list(FAR_ABOVE))
+def test_R8_a_cost_far_above_the_hold_needs_confirming(case: str, scene: Scene) -> None:
+    """Broken: a typo (2**62 on a hold of 1_000) was recorded at once as an overrun,
+    the incident opened after the fact. Now it is refused, changing nothing, until
+    the person confirms it; confirmed, it is recorded in full with its incident (L5)."""
+    cost = FAR_ABOVE[case]
+    before_state, before_events = scene.raw.state(), scene.raw.events()
+    with pytest.raises(charter.UsageError) as info:
+        scene.engine.coordinator.resolve(
+            scene.unknown, by=scene.who.alice, outcome="succeeded", evidence="seen", cost=cost
+        )
+    assert info.value.details["confirm"] == "confirm_above_hold"
+    assert set(info.value.details["above_hold"]) == {
+        u for u, a in cost.items() if a > 10 * {"usd": 1_000, "calls": 1}.get(u, 0)
+    }
+    assert scene.raw.state() == before_state
+    assert scene.raw.events() == before_events
+
+    settled = scene.engine.coordinator.resolve(
+        scene.unknown,
+        by=scene.who.alice,
+        outcome="succeeded",
+        evidence="seen",
+        cost=cost,
+        confirm_above_hold=True,
+    )
+    assert settled.status is charter.AttemptStatus.SUCCEEDED and settled.actual == cost
+    kinds = [i["kind"] for i in scene.engine.incidents(scene.mission, open_only=True)]
+    assert kinds.count("overrun") + kinds.count("unbudgeted_cost") >= 2  # one was open before
+    assert scene.engine.check_ledger(scene.mission) == []
+
+
+def test_R8_up_to_ten_times_the_hold_needs_no_confirming(scene: Scene) -> None:
+    settled = scene.engine.coordinator.resolve(
+        scene.unknown,
+        by=scene.who.alice,
+        outcome="succeeded",
+        evidence="seen",
+        cost={"usd": 10_000, "calls": 10},
+    )
+    assert settled.actual == {"usd": 10_000, "calls": 10}

@@ -14,12 +14,13 @@ from typing import Any, cast
 
 from charter import ledger
 from charter.adapters import Evidence
+from charter.amounts import is_amount
 from charter.attempts import store
 from charter.attempts.evidence import record
 from charter.attempts.model import Attempt, AttemptStatus
 from charter.audit import store as audit_store
 from charter.contracts import store as contracts_store
-from charter.errors import StateError
+from charter.errors import StateError, UsageError
 from charter.hashing import ENGINE_CHAIN
 from charter.ledger.incidents import open_incident
 from charter.runs import run as runs
@@ -165,6 +166,52 @@ def _incidents(
             run_id=attempt.run_id,
             attempt_id=attempt.id,
             epoch=epoch,
+        )
+
+
+#: A person's resolution at more than this many times an attempt's hold, in any
+#: unit, needs confirming (R8): a typo (2^62 on a hold of 500) is caught before
+#: it is recorded as an overrun; a unit it holds nothing in has a hold of 0.
+FAR_ABOVE_HOLD = 10
+
+
+def person_cost(cost: object) -> dict[str, int]:
+    """A cost a person reports (R8) checked as their input: unit names mapped to
+    amounts (A9). Anything else is a :class:`UsageError`, before anything is read."""
+    if cost is None:
+        return {}
+    if not isinstance(cost, Mapping):
+        raise UsageError(f"cost must map unit names to amounts, got {cost!r}", field="cost")
+    for unit, amount in cost.items():
+        if not isinstance(unit, str) or not unit:
+            raise UsageError(f"cost names a unit as {unit!r}; use the unit's name", field="cost")
+        if not is_amount(amount):
+            raise UsageError(
+                f"cost.{unit} must be a whole number in [0, 2^63 - 1], in the unit's smallest "
+                f"step (floats never touch the ledger), got {amount!r}",
+                field=f"cost.{unit}",
+                value=repr(amount),
+            )
+    return dict(cost)
+
+
+def refuse_far_above_hold(attempt: Attempt, actual: Mapping[str, int]) -> None:
+    """Refuse (a :class:`UsageError`) a person's cost more than
+    :data:`FAR_ABOVE_HOLD` times the attempt's hold in some unit, unless confirmed."""
+    far = {
+        u: {"hold": attempt.estimate.get(u, 0), "cost": a}
+        for u, a in actual.items()
+        if a > FAR_ABOVE_HOLD * attempt.estimate.get(u, 0)
+    }
+    if far:
+        shown = ", ".join(f"{u} {v['cost']} on a hold of {v['hold']}" for u, v in far.items())
+        raise UsageError(
+            f"the cost is more than {FAR_ABOVE_HOLD} times attempt {attempt.id}'s hold ({shown}); "
+            "if that much was spent, resolve again with confirm_above_hold=True (CLI: "
+            "--confirm-above-hold): it is recorded in full and opens an overrun incident (L5)",
+            attempt_id=attempt.id,
+            above_hold=far,
+            confirm="confirm_above_hold",
         )
 
 

@@ -1,6 +1,7 @@
-"""The contracts room (P1, P2): contracts, principals, missions and authority.
+"""The contracts room (P1-P3): contracts, principals, missions and authority.
 
 :mod:`~charter.contracts.contract` parses and checks a contract (pure),
+:mod:`~charter.contracts.amendments` says what right each change to one needs,
 :mod:`~charter.contracts.principals` names who acts and with which rights,
 :mod:`~charter.contracts.model` holds the mission record,
 :mod:`~charter.contracts.missions` keeps missions and their versioned

@@ -1,5 +1,10 @@
-"""Who may do what (P1, P2): the one place a principal is vouched for and a
+"""Who may do what (P1-P3): the one place a principal is vouched for and a
 right is checked against the mission's current contract.
+
+Whether a principal may run at all (:func:`may_run`: a grant of ``run`` on
+some scope) is decided here for starting a run, for authorising a continuation
+and for a run's standing in its assessment; whether a requester may approve its
+own effect (four eyes, :func:`refuse_own_approval`) is decided here too.
 
 Every refusal is audited on the mission's chain (or the engine's, when no
 mission is concerned) and changes nothing else: ``tx.refused`` rolls the rest
@@ -8,7 +13,7 @@ of the transaction back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from charter.contracts import missions
 from charter.contracts.contract import Contract
@@ -56,6 +61,27 @@ class Authority:
         """One version of the mission's contract (versions never change: cached)."""
         return self.contracts.get(tx, mission_id, version)
 
+    def authorize_run(self, tx: Tx, principal: Principal, mission_id: str) -> Contract:
+        """Vouch for ``principal`` and refuse (audited) one the mission's current
+        contract grants no ``run`` on any scope: to start a run (its attempts are
+        then checked scope by scope, A1)."""
+        self.vouch(tx, principal)
+        version = missions.load(tx, mission_id).contract_version
+        contract = self.contract(tx, mission_id, version)
+        if not may_run(contract, principal.name):
+            raise tx.refused(
+                NotAuthorized(
+                    f"principal {principal.name!r} has no 'run' right in mission {mission_id}",
+                    principal=principal.name,
+                ),
+                mission_id=mission_id,
+                kind="authorization.refused",
+                entity=mission_id,
+                actor=principal.name,
+                payload={"right": "run"},
+            )
+        return contract
+
     def authorize(
         self,
         tx: Tx,
@@ -83,6 +109,46 @@ class Authority:
                 why=f"under contract v{version} of mission {mission_id}",
             )
         return contract
+
+
+def may_run(contract: Contract, principal: str) -> bool:
+    """Whether ``contract`` lets ``principal`` run at all: a ``run`` grant on some
+    scope. The one place this is decided; each attempt is checked on its scope."""
+    return contract.grants(principal, Right.RUN)
+
+
+def refuse_own_approval(
+    tx: Tx,
+    contract: Contract,
+    approver: str,
+    requester: str,
+    estimate: Callable[[], Mapping[str, int] | None],
+    *,
+    mission_id: str,
+    scope: str,
+    entity: str,
+) -> None:
+    """Four eyes (P3): refuse, audited like any refusal, ``approver`` approving an
+    effect its own run requested when ``contract`` asks for four eyes on it (by
+    default, an effect estimated in a money unit). ``estimate`` is read only then."""
+    if approver != requester or not contract.four_eyes(estimate()):
+        return
+    raise tx.refused(
+        NotAuthorized(
+            f"principal {approver!r} requested this effect (its run asked for it) and the "
+            "contract requires four eyes on it: another principal with 'approve' on "
+            f"{scope} must decide it",
+            principal=approver,
+            right=Right.APPROVE.value,
+            scope=scope,
+            rule="four_eyes",
+        ),
+        mission_id=mission_id,
+        kind="authorization.refused",
+        entity=entity,
+        actor=approver,
+        payload={"right": "approve", "scope": scope, "reason": "four_eyes"},
+    )
 
 
 def require(

@@ -10,17 +10,21 @@ against the *current* version.
 Scopes name adapter operations as ``adapter.operation``; a grant may use ``*``
 (everything) or ``adapter.*``. Rights that are not about operations (``resolve``,
 ``stop``, ``raise_limit`` ...) are usually granted on ``*``; a bare list of
-rights is shorthand for granting each on ``*``.
+rights is shorthand for granting each on ``*``. ``recover`` concerns a whole
+run and is granted on ``*`` only. Both come with the rights to send and to
+settle (P3, see :meth:`Contract.allows`): ``recover`` with any grant of ``run``
+or ``resolve``, ``reconcile`` on a scope with ``run`` or ``resolve`` on it.
 
 An amendment needs, for each change that widens what anyone may do, the right
-that change would need on its own (P2): :func:`amendment_needs` lists them.
+that change would need on its own (P2):
+:func:`~charter.contracts.amendments.amendment_needs` lists them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -56,10 +60,13 @@ def scope_matches(pattern: str, scope: str) -> bool:
 
 @dataclass(frozen=True)
 class ApprovalPolicy:
-    """Which operations need an approval before dispatch, and how long one lasts."""
+    """Which operations need an approval before dispatch, how long one lasts, and
+    whether the requester may approve its own effect (``four_eyes``, P3: ``None``
+    is the default, four eyes on effects estimated in a money unit)."""
 
     required: tuple[str, ...] = ()
     ttl_seconds: int = 3600
+    four_eyes: bool | None = None
 
     def requires(self, scope: str) -> bool:
         return any(scope_matches(p, scope) for p in self.required)
@@ -137,9 +144,39 @@ class Contract:
 
     # -- authority -----------------------------------------------------------
     def allows(self, principal: str, right: Right, scope: str = "*") -> bool:
-        """Whether this version grants ``right`` on ``scope`` to ``principal``."""
+        """Whether this version grants ``right`` on ``scope`` to ``principal``.
+
+        ``recover`` and ``reconcile`` also come with the rights to send and to
+        settle (P3): ``recover`` with a grant of ``run`` or ``resolve`` on any
+        scope (it fences a run and sends nothing; a resume as a new segment is a
+        recover), ``reconcile`` on a scope with ``run`` or ``resolve`` there (its
+        replay is a send on that scope, made as the run's owner under the A2
+        condition; settling by evidence is less than settling by one's word)."""
         grants = self.principals.get(principal, {})
-        return any(scope_matches(p, scope) for p in grants.get(right, ()))
+        if any(scope_matches(p, scope) for p in grants.get(right, ())):
+            return True
+        if right is Right.RECOVER:
+            return self.grants(principal, Right.RUN) or self.grants(principal, Right.RESOLVE)
+        if right is Right.RECONCILE:
+            return any(
+                scope_matches(p, scope)
+                for p in (*grants.get(Right.RUN, ()), *grants.get(Right.RESOLVE, ()))
+            )
+        return False
+
+    def grants(self, principal: str, right: Right) -> bool:
+        """Whether this version grants ``right`` to ``principal`` on any scope."""
+        return bool(self.principals.get(principal, {}).get(right))
+
+    def four_eyes(self, estimate: Mapping[str, int] | None) -> bool:
+        """Whether the principal whose run requested an effect estimated at
+        ``estimate`` may not approve it (P3): as ``approvals.four_eyes`` says,
+        else when the estimate is in a money unit — one the contract describes
+        under ``units`` (a scale and a currency's name). An unknown estimate
+        counts as money when the allowance has a money unit."""
+        if self.approvals.four_eyes is not None:
+            return self.approvals.four_eyes
+        return any(u in self.units for u in (self.allowance if estimate is None else estimate))
 
     # -- changes -------------------------------------------------------------
     def with_limit(self, unit: str, limit: int) -> Contract:
@@ -167,13 +204,15 @@ class Contract:
             "approvals": {
                 "required": list(self.approvals.required),
                 "ttl_seconds": self.approvals.ttl_seconds,
+                # absent when unset: older versions keep their digests
+                **_present("four_eyes", self.approvals.four_eyes),
             },
             "stop_conditions": {
                 k: v
                 for k, v in (
                     ("max_attempts", self.stop_conditions.max_attempts),
                     ("max_failed_attempts", self.stop_conditions.max_failed_attempts),
-                    ("deadline", _iso(self.stop_conditions.deadline_us)),
+                    ("deadline", iso(self.stop_conditions.deadline_us)),
                 )
                 if v is not None
             },
@@ -244,111 +283,11 @@ class Contract:
         return cls.from_dict(data)
 
 
-# -- amendments (P2) ------------------------------------------------------------------
+def _present(key: str, value: Any) -> dict[str, Any]:
+    return {} if value is None else {key: value}
 
 
-@dataclass(frozen=True)
-class Need:
-    """A right an amendment's author must hold, and the change that needs it (P2)."""
-
-    right: Right
-    scope: str
-    change: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"right": self.right.value, "scope": self.scope, "change": self.change}
-
-
-def amendment_needs(current: Contract, proposed: Contract) -> list[Need]:
-    """The right each change from ``current`` to ``proposed`` would need on its own (P2).
-
-    Whoever amends must hold each of them under ``current``, so nobody gains
-    through an amendment what their rights deny. Only widening needs a right:
-    raising any limit (an allowance, a stop condition, a recovery limit) needs
-    ``raise_limit``; giving a principal a right on a scope needs that right on
-    that scope (one grants only what one holds); dropping an approval
-    requirement, or making approvals last longer, needs ``approve`` where
-    approval was required; loosening the resume restriction needs ``run`` (what
-    authorises a continuation in ``human`` mode, R9); the A7 write-off opt-in
-    needs ``resolve`` (L9). Narrowing (a lower limit, a revoked grant, a new
-    approval requirement, a tighter stop condition) needs none.
-    """
-    for unit, was in current.units.items():
-        now = proposed.units.get(unit)
-        if now is not None and now.scale != was.scale:
-            raise ContractError(
-                f"units.{unit}.scale cannot change from {was.scale} to {now.scale}: every "
-                "amount recorded is in the unit's smallest step",
-                field=f"units.{unit}",
-            )
-    return [
-        *_grant_needs(current, proposed),
-        *_limit_needs(current, proposed),
-        *_policy_needs(current, proposed),
-    ]
-
-
-def _grant_needs(current: Contract, proposed: Contract) -> Iterator[Need]:
-    for name, grants in sorted(proposed.principals.items()):
-        for right, scopes in sorted(grants.items()):
-            for scope in scopes:
-                if not current.allows(name, right, scope):
-                    yield Need(right, scope, f"{name} granted {right.value} on {scope}")
-
-
-def _limit_needs(current: Contract, proposed: Contract) -> Iterator[Need]:
-    for unit, limit in sorted(proposed.allowance.items()):
-        old = current.allowance.get(unit, 0)
-        if limit > old:
-            yield Need(Right.RAISE_LIMIT, "*", f"allowance.{unit} raised from {old} to {limit}")
-    was, now = current.stop_conditions, proposed.stop_conditions
-    limits: list[tuple[str, int | None, int | None, Any]] = [
-        ("stop_conditions.max_attempts", was.max_attempts, now.max_attempts, str),
-        (
-            "stop_conditions.max_failed_attempts",
-            was.max_failed_attempts,
-            now.max_failed_attempts,
-            str,
-        ),
-        ("stop_conditions.deadline", was.deadline_us, now.deadline_us, _iso),
-        ("max_recoveries", current.max_recoveries, proposed.max_recoveries, str),
-        ("max_node_crashes", current.max_node_crashes, proposed.max_node_crashes, str),
-    ]
-    for name, old_limit, new_limit, show in limits:
-        if old_limit is not None and (new_limit is None or new_limit > old_limit):
-            after = "none" if new_limit is None else show(new_limit)
-            yield Need(Right.RAISE_LIMIT, "*", f"{name} loosened from {show(old_limit)} to {after}")
-
-
-def _policy_needs(current: Contract, proposed: Contract) -> Iterator[Need]:
-    was, now = current.approvals, proposed.approvals
-    for scope in was.required:
-        if not now.requires(scope):
-            yield Need(Right.APPROVE, scope, f"approval on {scope} no longer required")
-    if now.ttl_seconds > was.ttl_seconds:
-        for scope in now.required:
-            yield Need(
-                Right.APPROVE,
-                scope,
-                f"approvals on {scope} last {now.ttl_seconds}s instead of {was.ttl_seconds}s",
-            )
-    if _strictness(proposed.resume) < _strictness(current.resume):
-        yield Need(
-            Right.RUN,
-            "*",
-            f"resume restriction loosened from {current.resume} to "
-            f"{proposed.resume or 'none (the engine policy)'}",
-        )
-    if current.read_only_unknown == "wait" and proposed.read_only_unknown == "write_off":
-        yield Need(Right.RESOLVE, "*", "read_only UNKNOWN attempts written off unattended (A7)")
-
-
-def _strictness(mode: ResumeMode | None) -> int:
-    """How far a contract restricts the resume policy; -1: not at all."""
-    return -1 if mode is None else RESUME_STRICTNESS.index(mode)
-
-
-def _iso(us: int | None) -> str | None:
+def iso(us: int | None) -> str | None:
     """A deadline as exact ISO 8601 (UTC, microseconds), any side of 1970."""
     if us is None:
         return None
@@ -406,6 +345,11 @@ def _principals(value: Any) -> dict[str, dict[Right, tuple[str, ...]]]:
                     "'adapter.operation'",
                     field=f"principals.{name}.{right}",
                 )
+            if right == Right.RECOVER and scopes != ["*"]:
+                raise ContractError(
+                    f"principals.{name}.recover concerns a whole run: grant it on '*' only",
+                    field=f"principals.{name}.recover",
+                )
             parsed[Right(right)] = tuple(scopes)
         out[name] = parsed
     return out
@@ -462,9 +406,17 @@ def _units(value: Any, allowance: Any) -> dict[str, Unit]:
 
 
 def _approvals(value: Any) -> ApprovalPolicy:
-    if not isinstance(value, Mapping) or set(value) - {"required", "ttl_seconds"}:
+    if not isinstance(value, Mapping) or set(value) - {"required", "ttl_seconds", "four_eyes"}:
         raise ContractError(
-            "contract.approvals takes 'required' (scopes) and 'ttl_seconds'", field="approvals"
+            "contract.approvals takes 'required' (scopes), 'ttl_seconds' and 'four_eyes'",
+            field="approvals",
+        )
+    four_eyes = value.get("four_eyes")
+    if four_eyes is not None and not isinstance(four_eyes, bool):
+        raise ContractError(
+            "approvals.four_eyes must be true or false (absent: four eyes on effects "
+            "estimated in a money unit)",
+            field="approvals.four_eyes",
         )
     required = value.get("required", [])
     if not isinstance(required, list) or not all(
@@ -472,7 +424,7 @@ def _approvals(value: Any) -> ApprovalPolicy:
     ):
         raise ContractError("approvals.required must be a list of scopes", field="approvals")
     ttl = _count(value.get("ttl_seconds", 3600), "approvals.ttl_seconds", minimum=1)
-    return ApprovalPolicy(tuple(required), ttl)
+    return ApprovalPolicy(tuple(required), ttl, four_eyes)
 
 
 def _stop(value: Any) -> StopConditions:

@@ -15,7 +15,8 @@ from typing import Any
 
 from charter import ledger
 from charter.contracts import store
-from charter.contracts.contract import Contract, amendment_needs
+from charter.contracts.amendments import amendment_needs
+from charter.contracts.contract import Contract
 from charter.contracts.model import Mission
 from charter.errors import ContractError, NotAuthorized, NotFound
 from charter.ids import check_text
@@ -78,7 +79,7 @@ def amend(
 
     Only the mission's creator amends, and only with, for each change that
     widens what anyone may do, the right that change would need on its own,
-    under ``current`` (P2, :func:`~charter.contracts.contract.amendment_needs`);
+    under ``current`` (P2, :func:`~charter.contracts.amendments.amendment_needs`);
     narrowing needs no right. A refusal lists every missing right, is audited
     and changes nothing else.
     """

@@ -30,6 +30,8 @@ class Right(StrEnum):
     LINK = "link"  # review a new linked run after a terminal one
     RAISE_LIMIT = "raise_limit"  # raise an allowance limit (new contract version)
     STOP = "stop"  # stop a run
+    RECOVER = "recover"  # take a run over (R1-R6); comes with run or resolve
+    RECONCILE = "reconcile"  # ask for evidence, maybe replay (R7, A8); with run or resolve
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from charter.attempts.evidence import Report, record, recordable
 from charter.attempts.model import Attempt, AttemptStatus
 from charter.attempts.store import conclusive_rows, evidence_from_row, load, settled_by
 from charter.clock import seconds_us
+from charter.contracts.authority import may_run
 from charter.contracts.contract import RESUME_STRICTNESS, Contract, ResumeMode
 from charter.contracts.principals import Principal, Right
 from charter.engine.executor import Executor
@@ -71,11 +72,28 @@ class Coordinator:
         ``force`` (audited; needs a principal with ``stop``). Increments the
         epoch (R2), voids older PREPARED attempts (R3), marks DISPATCHED ones
         of older owners UNKNOWN keeping every hold (R4). Reads only the store:
-        nothing is sent and nothing resumes (R6).
+        nothing is sent and nothing resumes (R6). ``by`` needs ``recover`` (P3;
+        it comes with ``run`` or ``resolve``); without ``by`` the engine acts.
         """
         check_text("run id", run_id)
         check_text("segment id", segment_id)  # A10: stored as given, or refused
+        self._check_right(by, Right.RECOVER, run_id)
         return takeover.recover(self._runtime, run_id, segment_id, force=force, by=by)
+
+    def _check_right(self, by: Principal | None, right: Right, entity: str) -> None:
+        """P3: ``by`` holds ``right`` on the run (``recover``) or on the scope of the
+        attempt (``reconcile``) ``entity`` names, or is refused, audited, changing
+        nothing else. ``None`` is the engine acting for itself: code that holds the
+        engine holds its store; the rights bind principals (every HTTP call)."""
+        if by is None:
+            return
+        with self._db.transaction() as tx:
+            if right is Right.RECOVER:
+                mission_id, scope = runs.load(tx, entity).mission_id, "*"
+            else:
+                attempt = load(tx, entity)
+                mission_id, scope = attempt.mission_id, attempt.scope
+            self._authority.authorize(tx, by, mission_id, right, scope, entity=entity)
 
     def state(self, run_id: str) -> RecoveryState:
         """The recovery state without taking ownership (a read)."""
@@ -101,7 +119,10 @@ class Coordinator:
         A2 condition), a same-key replay. Otherwise the evidence is
         indeterminate and a person decides. After a crash, ``segment_id`` names
         the segment that :meth:`recover` installed; the replay is sent as it.
+        ``by`` needs ``reconcile`` on the attempt's scope (P3; it comes with
+        ``run`` or ``resolve`` there); without ``by`` the engine acts.
         """
+        self._check_right(by, Right.RECONCILE, attempt_id)
         with self._db.read() as tx:
             attempt = load(tx, attempt_id)
             self._check_reconcilable(tx, attempt)
@@ -111,9 +132,6 @@ class Coordinator:
             raise StateError(
                 f"attempt {attempt_id} belongs to adapter {attempt.adapter!r}, not {adapter.name!r}"
             )
-        if by is not None:
-            with self._db.transaction() as tx:
-                self._authority.vouch(tx, by, mission_id=attempt.mission_id, entity=attempt_id)
         actor = by.name if by is not None else "engine:reconcile"
         try:
             found = adapter.reconcile(attempt)
@@ -265,12 +283,17 @@ class Coordinator:
         evidence: str | Mapping[str, Any],
         cost: Mapping[str, int] | None = None,
         result: Any = None,
+        confirm_above_hold: bool = False,
     ) -> Attempt:
         """A person settles an uncertain attempt with evidence (R8, L9).
 
         ``written_off`` settles at the full hold; ``succeeded``/``failed`` at
-        ``cost`` as reported (an overrun opens an incident, L5).
+        ``cost`` as reported (an overrun opens an incident, L5). ``cost`` is the
+        person's input: anything but amounts is a ``UsageError``, and so is a
+        cost more than ten times the hold in some unit unless
+        ``confirm_above_hold`` (a typo caught before it is recorded).
         """
+        reported = settlement.person_cost(cost)
         if outcome not in ("succeeded", "failed", "written_off"):
             raise StateError("outcome must be 'succeeded', 'failed' or 'written_off'")
         if not evidence:
@@ -282,9 +305,9 @@ class Coordinator:
             )
             self._check_reconcilable(tx, attempt)
             status = AttemptStatus(outcome)
-            actual = (
-                dict(attempt.estimate) if status is AttemptStatus.WRITTEN_OFF else dict(cost or {})
-            )
+            actual = dict(attempt.estimate) if status is AttemptStatus.WRITTEN_OFF else reported
+            if status is not AttemptStatus.WRITTEN_OFF and not confirm_above_hold:
+                settlement.refuse_far_above_hold(attempt, actual)
             detail = evidence if isinstance(evidence, str) else dict(evidence)
             applied = Outcome(
                 "succeeded" if status is AttemptStatus.SUCCEEDED else "failed",
@@ -420,7 +443,7 @@ class Coordinator:
                     "the resume policy is 'human': an authenticated principal "
                     "must authorise the continuation"
                 )
-            elif not contract.principals.get(by.name, {}).get(Right.RUN):
+            elif not may_run(contract, by.name):
                 blockers.append(
                     f"principal {by.name!r} has no 'run' right to authorise the continuation"
                 )
@@ -505,7 +528,7 @@ class Coordinator:
             elif w.get("renews"):
                 out.append(f"approval {w['id']} renews an expired one and awaits a decision")
         a = state.assessment
-        if not contract.principals.get(state.run.principal, {}).get(Right.RUN):
+        if not may_run(contract, state.run.principal):
             out.append(f"principal {state.run.principal!r} no longer has the 'run' right")
         if a["stop_conditions"]:
             out.append("stop condition: " + ", ".join(a["stop_conditions"]))

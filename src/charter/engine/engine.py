@@ -24,7 +24,7 @@ from charter.audit.chain import Verification
 from charter.clock import Clock, SystemClock
 from charter.config import EngineConfig
 from charter.contracts import missions
-from charter.contracts.authority import Authority
+from charter.contracts.authority import Authority, refuse_own_approval
 from charter.contracts.contract import Contract
 from charter.contracts.model import Mission
 from charter.contracts.principals import Authenticator, Principal, Right
@@ -38,7 +38,6 @@ from charter.engine.snapshots import Snapshots
 from charter.errors import (
     AuthenticationError,
     ContractError,
-    NotAuthorized,
     RunTerminal,
     StateError,
     UsageError,
@@ -287,21 +286,7 @@ class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
         check_text("segment id", segment_id)
         input_json = None if input is None else canonical(input)
         with self._db.transaction() as tx:
-            self._authority.vouch(tx, by)
-            mission = missions.load(tx, mission_id)
-            contract = self._authority.contract(tx, mission_id, mission.contract_version)
-            if not contract.principals.get(by.name, {}).get(Right.RUN):
-                raise tx.refused(
-                    NotAuthorized(
-                        f"principal {by.name!r} has no 'run' right in mission {mission_id}",
-                        principal=by.name,
-                    ),
-                    mission_id=mission_id,
-                    kind="authorization.refused",
-                    entity=mission_id,
-                    actor=by.name,
-                    payload={"right": "run"},
-                )
+            self._authority.authorize_run(tx, by, mission_id)
             run_id, expires, claim = runs.insert(
                 tx,
                 lease_seconds=self.config.lease_seconds,
@@ -403,6 +388,17 @@ class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
             contract = self._authority.authorize(
                 tx, by, approval.mission_id, Right.APPROVE, approval.scope, entity=approval_id
             )
+            if not deny:  # four eyes (P3): whose run requested the effect never approves it
+                refuse_own_approval(
+                    tx,
+                    contract,
+                    by.name,
+                    runs.load(tx, approval.run_id).principal,
+                    lambda: _estimate(tx, approval),
+                    mission_id=approval.mission_id,
+                    scope=approval.scope,
+                    entity=approval_id,
+                )
             status = approvals_mod.decide(
                 tx,
                 approval,
@@ -587,3 +583,14 @@ class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
     def audit_events(self, mission_id: str) -> list[dict[str, Any]]:
         with self._db.read() as tx:
             return audit_store.all_events(tx, mission_id)
+
+
+def _estimate(tx: Tx, approval: Approval) -> dict[str, int] | None:
+    """The estimate of the effect ``approval`` is for: its attempt with that request
+    (PREPARED, or voided by a recovery since); ``None`` when none is recorded."""
+    for unresolved in (True, False):
+        for a in attempts_store.list_attempts(tx, run_id=approval.run_id, unresolved=unresolved):
+            effect = approvals_mod.effect_id(a.run_id, a.node_id, a.execution, a.effect_key)
+            if effect == approval.effect_id and a.request_hash == approval.request_hash:
+                return dict(a.estimate)
+    return None

@@ -16,8 +16,8 @@ from charter import ledger
 from charter.attempts.model import Attempt, AttemptStatus
 from charter.attempts.store import list_attempts
 from charter.contracts import store as contracts_store
+from charter.contracts.authority import may_run
 from charter.contracts.contract import Contract
-from charter.contracts.principals import Right
 from charter.errors import NotFound
 from charter.ledger import store as ledger_store
 from charter.plans import store as plans_store
@@ -133,8 +133,7 @@ def assess(tx: Tx, run: Run, contract: Contract) -> dict[str, Any]:
         "exhausted": sorted(u for u, b in balances.items() if b.exhausted),
         "open_incidents": open_incidents,
         "stop_conditions": stops,
-        "authority": contract.allows(run.principal, Right.RUN, "*")
-        or bool(contract.principals.get(run.principal, {}).get(Right.RUN)),
+        "authority": may_run(contract, run.principal),
     }
 
 
