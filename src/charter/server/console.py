@@ -239,7 +239,7 @@ class Console:
                     **data,
                 )
 
-            response = await self.read(work)
+            response = closing(request, await self.read(work))  # a body sent here is not read
             if notes and response.status_code == 200:
                 response.delete_cookie(NOTES_COOKIE, path="/console")
             return response

@@ -193,6 +193,7 @@ class Refusals:
         self._engine = engine
         self.seconds = seconds
         self._lock = threading.Lock()
+        self._writing = threading.Lock()  # one write at a time; close waits for it
         self._pending = _Tally()
         self._timer: threading.Timer | None = None
         self._written_at = -math.inf
@@ -230,20 +231,23 @@ class Refusals:
 
     def flush(self) -> None:
         """Write what is counted and not yet written, now, as one event; on a
-        store error the counts are kept for the next write and the error raised."""
-        with self._lock:
-            tally, self._pending = self._pending, _Tally()
-            self._written_at = time.monotonic()
-        if not tally.count:
-            return
-        try:
-            self._engine.record_refusals(_summary(tally))
-        except CharterError:
+        store error the counts are kept for the next write and the error raised.
+        A write under way is waited for: once :meth:`close` returns, nothing
+        here touches the engine again."""
+        with self._writing:
             with self._lock:
-                self._pending.merge(tally)
-            raise
-        with self._lock:
-            self.written += tally.count
+                tally, self._pending = self._pending, _Tally()
+                self._written_at = time.monotonic()
+            if not tally.count:
+                return
+            try:
+                self._engine.record_refusals(_summary(tally))
+            except CharterError:
+                with self._lock:
+                    self._pending.merge(tally)
+                raise
+            with self._lock:
+                self.written += tally.count
 
     def close(self) -> None:
         """No more timed writes; what is counted is written now (the server stops)."""
