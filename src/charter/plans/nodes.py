@@ -100,7 +100,10 @@ def node(
 
     ``check`` must accept the result for the node to complete (N1); a node
     whose function raises (or whose check refuses) is executed again up to
-    ``retries`` times, each time as a new node execution. ``uses`` names the
+    ``retries`` times, each time as a new node execution. Without retries, only
+    a declared failure (:class:`~charter.errors.NodeFailed`, a refusing check,
+    an effect settled failed) fails the run; any other exception is a bug or a
+    broken environment, and leaves the run needing intervention (N6). ``uses`` names the
     workspace files (artifacts saved by earlier nodes) it reads: each is
     checked, and put back from the artifact store if missing, before it starts.
     """
