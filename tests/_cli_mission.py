@@ -36,9 +36,11 @@ class FileMail:
 
     def reconcile(self, attempt: charter.RecordedAttempt) -> charter.Evidence:
         keys = [json.loads(line)["key"] for line in self.outbox.read_text().splitlines()]
-        if attempt.idempotency_key in keys:
+        if attempt.idempotency_key in keys:  # the target's answer to a send, as its log says
             return charter.Evidence.applied(
-                charter.Outcome.succeeded(cost={"calls": 1}, receipt={"log": "found"})
+                charter.Outcome.succeeded(
+                    {"queued": True}, cost={"calls": 1}, receipt={"log": "found"}
+                )
             )
         return charter.Evidence.not_applied({"log": "no such message"})
 
