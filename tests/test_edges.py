@@ -21,6 +21,7 @@ from charter.adapters.http import declare
 from charter.adapters.models.openai import OpenAIModels
 from charter.conformance.http_target import ScriptedHttp
 from charter.sandbox import Sandbox
+from charter.testing import RecordingAdapter
 from conftest import Principals, default_contract
 
 SECRET = "sk-live-edge-4f9c2a7be1d04c6f"
@@ -201,3 +202,24 @@ def test_A10_a_huge_answer_is_stored_once_and_bounded(
     settled = [e for e in engine.audit_events(mission) if e["kind"] == "attempt.settled"]
     assert "$stored" in json.dumps(settled[-1])
     assert len(_everything(engine, mission)) < 400_000
+
+
+@pytest.mark.parametrize("odd", ["\x00", "\ud800"], ids=["nul", "lone-surrogate"])
+def test_A3_A10_an_adapter_error_whose_text_no_store_keeps_still_leaves_the_attempt_unknown(
+    engine: charter.Engine, who: Principals, odd: str
+) -> None:
+    """A target's error text is whatever it sent: a NUL or a lone surrogate in it
+    must not make the settlement unrecordable (the attempt would stay DISPATCHED
+    until a recovery). It is kept, escaped, and the attempt is UNKNOWN."""
+
+    def broken(send: charter.Dispatch) -> charter.Outcome:
+        raise ConnectionResetError(f"peer said {odd}bye after the write")
+
+    adapter = RecordingAdapter(script={"write": broken})
+    mission = _mission(engine, who, "recorder")
+    run = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    lost = run.attempt(adapter, "write", {"to": "x"}, effect_key="w")
+    assert lost.status is AttemptStatus.UNKNOWN
+    assert len(adapter.sent) == 1
+    escaped = "\\x00" if odd == "\x00" else "\\ud800"
+    assert f"peer said {escaped}bye" in (engine.attempt(lost.id).reason or "")

@@ -89,7 +89,9 @@ def recordable(report: Report, secrets: list[Secret], limit: int) -> Report:
             raise Unrecordable(f"evidence source must be text, not {evidence.source!r}")
     except (Unrecordable, AdapterError, TypeError, ValueError, RecursionError) as exc:
         return garbage(repr(evidence), str(exc), secrets, limit)
-    reason = None if report.reason is None else secret.scrub_text(report.reason, secrets)
+    reason = (
+        None if report.reason is None else _kept(secret.scrub_text(report.reason, secrets), limit)
+    )
     return Report(
         dataclasses.replace(evidence, outcome=outcome, detail=detail),
         reason,
@@ -120,7 +122,7 @@ def from_raised(exc: Exception, secrets: list[Secret], limit: int) -> Report:
         return recordable(unknown, secrets, limit)
     if isinstance(exc, AdapterError):  # e.g. an Outcome out of range
         return garbage(f"{type(exc).__name__}: {exc}", exc.message, secrets, limit)
-    reason = _cut(secret.scrub_text(f"{type(exc).__name__}: {exc}", secrets), limit)
+    reason = _kept(secret.scrub_text(f"{type(exc).__name__}: {exc}", secrets), limit)
     return Report(Evidence.indeterminate(), reason)
 
 
@@ -191,17 +193,27 @@ def bound(text: str, limit: int) -> dict[str, Any]:
     }
 
 
-def _cut(text: str, limit: int) -> str:
-    """At most ``limit`` bytes of ``text``, said when cut."""
-    if len(text) <= limit // 4 or len(text.encode()) <= limit:
+def _kept(text: str, limit: int) -> str:
+    """``text`` as the store keeps it: a NUL or a lone surrogate (which no store
+    holds, A10) written as its escape, and at most ``limit`` bytes, said when
+    cut. An adapter's exception text is whatever the target sent: it must not
+    make the settlement unrecordable."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode()
+        data = text.encode()
+    if len(data) <= limit:
         return text
-    return text.encode()[:limit].decode(errors="ignore") + f" [cut at {limit} bytes]"
+    return data[:limit].decode(errors="ignore") + f" [cut at {limit} bytes]"
 
 
 def garbage(raw: str, problem: str, secrets: list[Secret], limit: int) -> Report:
     """An unrecordable report: unknown outcome, raw text kept as evidence (A9)."""
-    text = _cut(secret.scrub_text(raw, secrets), limit)
-    problem = _cut(secret.scrub_text(problem, secrets), limit)
+    text = _kept(secret.scrub_text(raw, secrets), limit)
+    problem = _kept(secret.scrub_text(problem, secrets), limit)
     return Report(
         Evidence.indeterminate({"unrecordable_report": text, "problem": problem}),
         f"the adapter's report cannot be recorded ({problem}); kept as evidence text",
