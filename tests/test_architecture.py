@@ -1,10 +1,10 @@
 """The layout of src/charter keeps its shape: floors, no cycles, SQL in its rooms, small parts.
 
-These are the checks ARCHITECTURE.md promises, kept as tests so the layout
+These are the checks docs/architecture.md promises, kept as tests so the layout
 cannot rot. They read the source with :mod:`ast` (see ``_architecture.py``), so
 they see every import: at module level, under ``TYPE_CHECKING`` and inside
 functions, relative ones resolved. When the layout changes on purpose, change
-the data below and ARCHITECTURE.md together.
+the data below and docs/architecture.md together.
 
 The private-reach check is best-effort, by name and not by type. It flags
 ``x._name`` (and ``getattr(x, "_name")``, and ``from charter.m import _name``)
@@ -43,7 +43,7 @@ from _architecture import (
 
 # -- the layout, as data -----------------------------------------------------------------
 
-#: Module-name prefix -> floor, bottom (0) to top, from ARCHITECTURE.md. A key
+#: Module-name prefix -> floor, bottom (0) to top, from docs/architecture.md. A key
 #: names that module and every module under it; the longest key wins. A module
 #: imports only from its own floor or below.
 FLOORS: dict[str, int] = {

@@ -1,4 +1,4 @@
-"""Attempts (DESIGN section 2): admission, write-ahead dispatch, settlement, retries.
+"""Attempts (docs/rules.md, A1-A10): admission, write-ahead dispatch, settlement, retries.
 
 Every test names the rule it proves and asserts on what the store recorded and
 on what the adapter was actually asked to send, never on message text.

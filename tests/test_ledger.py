@@ -1,4 +1,4 @@
-"""The allowance ledger, rule by rule (DESIGN.md section 3, L0-L9).
+"""The allowance ledger, rule by rule (L0-L9, docs/rules.md).
 
 Every test asserts on stored data: cached balances, ledger entries, attempts,
 incidents, contract versions and audit events, never on message text.
@@ -50,7 +50,7 @@ WORKER = Path(__file__).with_name("_ledger_worker.py")
 HOLDING = frozenset({AttemptStatus.PREPARED, AttemptStatus.DISPATCHED, AttemptStatus.UNKNOWN})
 SETTLED = frozenset({AttemptStatus.SUCCEEDED, AttemptStatus.FAILED, AttemptStatus.WRITTEN_OFF})
 ACCOUNTS = ("limit", "available", "held", "spent", "overrun")
-#: The move each entry kind makes (DESIGN.md section 3 and charter.ledger).
+#: The move each entry kind makes (docs/rules.md, L0-L9, and charter.ledger).
 MOVES = {
     "fund": ("limit", "available"),
     "hold": ("available", "held"),

@@ -27,7 +27,7 @@ from charter.storage import Tx
 from charter.waits import store as waits_store
 from charter.waits.approvals import ApprovalStatus, list_approvals
 
-#: The recovery table (DESIGN §4): last durable phase -> next safe action.
+#: The recovery table (docs/recovery.md, R1-R9): last durable phase -> next safe action.
 NEXT_ACTIONS = {
     "no_admission": "re-evaluate the request against the current contract and authority",
     "prepared": "voided by the new epoch; re-admit if still wanted",
