@@ -19,7 +19,7 @@ import pytest
 from agents import Agent, ModelSettings, function_tool
 
 import charter
-from _fake_models import INVOICE, FakeProvider, function_call
+from _fake_models import INVOICE, FakeProvider, function_call, pay_invoice_script
 from charter import AttemptStatus, EffectClass, Operation
 from charter.adapters.models import ModelUnits, Usage
 from charter.adapters.models.pricing import Pricing
@@ -237,3 +237,37 @@ def test_A3_a_tools_error_is_read_by_the_one_rule_failed_only_for_a_read_only_to
     else:
         [kept] = engine.evidence(call.id)
         assert "the registry is down" in kept["detail"]
+
+
+def test_R8_a_model_calls_result_is_checked_against_the_sdks_response_at_resolve(
+    engine: charter.Engine, who: Principals, box: Sandbox
+) -> None:
+    """Given the adapter, ``resolve`` refuses (typed, nothing written) a model
+    call's result the agent run could not read back; a model response passes,
+    and resolving without a result lets the replay ask again (N6)."""
+    with FakeProvider(script=pay_invoice_script, faults=["500_after_billing"]) as fake:
+        m = mission(engine, who)
+        plan = example.build_plan(fake.url + "/v1", box.url)
+        ex = engine.start_run(m, by=who.agent, segment_id="seg-1", input="gazette")
+        with pytest.raises(charter.Blocked):
+            ex.execute(plan)
+        [lost] = engine.attempts(run_id=ex.run_id)
+        models = AgentModels(base_url=fake.url + "/v1", api_key="sk-test")
+        before = stored(engine, m)
+        with pytest.raises(charter.UsageError, match="model response"):
+            engine.coordinator.resolve(
+                lost.id,
+                by=who.alice,
+                outcome="succeeded",
+                evidence="seen in the provider's console",
+                result="Paid.",
+                adapter=models,
+            )
+        assert stored(engine, m) == before
+        engine.coordinator.resolve(
+            lost.id, by=who.alice, outcome="succeeded", evidence="billed", adapter=models
+        )
+        resumed = engine.coordinator.resume(ex.run_id, "seg-1", by=who.alice)
+        assert resumed.execute(plan) == "Paid inv-7."
+    calls = [a for a in engine.attempts(run_id=ex.run_id) if a.adapter == "agent-models"]
+    assert [a.retry_of for a in calls if a.retry_of] == [lost.id]

@@ -29,7 +29,7 @@ from charter.adapters.models import ModelUnits, Usage
 from charter.adapters.models.pricing import Pricing
 from charter.integrations.pydantic_ai import CharterDurability, ToolEffect, in_node
 from charter.sandbox import Sandbox
-from conftest import Principals
+from conftest import Principals, stored
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLE))
@@ -312,3 +312,88 @@ def test_A3_a_read_only_tools_error_settles_failed_and_the_model_is_told_it(
     assert call.status is AttemptStatus.FAILED and call.actual == {}
     assert call.result["kind"] in ("tool_failed", "model_retry")  # as PydanticAI records it
     assert len(seen) == 2
+
+
+def wire_lost(engine: charter.Engine, who: Principals) -> tuple[Any, Any, Any, Agent[None, str]]:
+    """The desk's ``wire`` tool acted and then raised: its call is UNKNOWN."""
+    agent, _ = desk({"wire": ToolEffect(EffectClass.UNSAFE)})
+    wired: list[int] = []
+
+    @agent.tool_plain
+    def wire(amount: int) -> dict[str, int]:
+        if not wired:
+            wired.append(amount)
+            raise RuntimeError("connection reset after the bank took it")
+        return {"wired": amount}
+
+    ex, plan = desk_run(engine, who, agent, "wire")
+    with pytest.raises(charter.Blocked):
+        ex.execute(plan)
+    [call] = [a for a in engine.attempts(run_id=ex.run_id) if a.operation == "wire"]
+    assert call.status is AttemptStatus.UNKNOWN
+    return ex, plan, call, agent
+
+
+@pytest.mark.parametrize("with_adapter", [False, True])
+def test_R8_a_tool_call_resolved_with_the_tools_plain_value_is_what_the_model_is_told(
+    engine: charter.Engine, who: Principals, with_adapter: bool
+) -> None:
+    """A person resolves the lost call with what the bank says the tool
+    returned, as the tool returns it. The model is told exactly that value,
+    and the tool is not called again; given the integration's adapter,
+    ``resolve`` records it in PydanticAI's form of a tool's return."""
+    ex, plan, call, agent = wire_lost(engine, who)
+    durability = CharterDurability.from_agent(agent)
+    assert durability is not None
+    engine.coordinator.resolve(
+        call.id,
+        by=who.alice,
+        outcome="succeeded",
+        evidence="the bank's statement",
+        result={"wired": 5},
+        **({"adapter": durability.adapter} if with_adapter else {}),
+    )
+
+    resumed = engine.coordinator.resume(ex.run_id, "seg-1", by=who.alice)
+    assert resumed.execute(plan) == 'tool-return: {"wired":5}'
+    recorded = engine.attempt(call.id).result
+    form = {"kind": "tool_return", "result": {"wired": 5}}
+    assert recorded == (form if with_adapter else {"wired": 5})
+    assert [a.id for a in engine.attempts(run_id=ex.run_id) if a.operation == "wire"] == [call.id]
+    assert engine.run(ex.run_id).status is charter.RunStatus.COMPLETED
+
+
+def test_R8_a_result_the_integration_could_not_read_is_refused_at_resolve(
+    engine: charter.Engine, who: Principals
+) -> None:
+    """Given the adapter, ``resolve`` checks the result against the form the
+    integration reads: a model response that is not one is refused, typed,
+    and nothing is written."""
+
+    def lost(messages: list[Any], info: Any) -> ModelResponse:
+        raise ConnectionResetError("the answer was lost")
+
+    agent = Agent(
+        FunctionModel(lost),
+        name="desk",
+        capabilities=[CharterDurability(units=ModelUnits(money=None))],
+        model_settings={"max_tokens": 100},
+    )
+    ex, plan = desk_run(engine, who, agent, "anything")
+    with pytest.raises(charter.Blocked):
+        ex.execute(plan)
+    [call] = engine.attempts(run_id=ex.run_id)
+    assert call.status is AttemptStatus.UNKNOWN
+    durability = CharterDurability.from_agent(agent)
+    assert durability is not None
+    before = stored(engine, engine.run(ex.run_id).mission_id)
+    with pytest.raises(charter.UsageError, match="model response"):
+        engine.coordinator.resolve(
+            call.id,
+            by=who.alice,
+            outcome="succeeded",
+            evidence="seen in the provider's console",
+            result="Sunny.",
+            adapter=durability.adapter,
+        )
+    assert stored(engine, engine.run(ex.run_id).mission_id) == before

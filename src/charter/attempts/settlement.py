@@ -13,14 +13,14 @@ from collections.abc import Collection, Mapping
 from typing import Any, cast
 
 from charter import ledger
-from charter.adapters import Evidence
+from charter.adapters import Adapter, Evidence
 from charter.amounts import is_amount
 from charter.attempts import store
 from charter.attempts.evidence import record
 from charter.attempts.model import Attempt, AttemptStatus
 from charter.audit import store as audit_store
 from charter.contracts import store as contracts_store
-from charter.errors import StateError, UsageError
+from charter.errors import CharterError, StateError, UsageError
 from charter.hashing import ENGINE_CHAIN
 from charter.ledger.incidents import open_incident
 from charter.runs import run as runs
@@ -193,6 +193,37 @@ def person_cost(cost: object) -> dict[str, int]:
                 value=repr(amount),
             )
     return dict(cost)
+
+
+def person_result(adapter: Adapter | None, attempt: Attempt, outcome: str, result: Any) -> Any:
+    """A person's ``result`` (R8) as the attempt's adapter will read it back (N6).
+
+    An adapter whose results have a form of their own (an agent integration
+    records a tool call as its framework does) may declare
+    ``resolved_result(operation, outcome, result)``: it puts a plain value in
+    that form, or raises :class:`UsageError` for one its reader could not
+    decode, before anything is written. The engine never knows the form.
+    Without the adapter the result is recorded as given."""
+    if adapter is None or result is None:
+        return result
+    if adapter.name != attempt.adapter:
+        raise UsageError(
+            f"attempt {attempt.id} belongs to adapter {attempt.adapter!r}, not {adapter.name!r}",
+            field="adapter",
+        )
+    form = getattr(adapter, "resolved_result", None)
+    if form is None:
+        return result
+    try:
+        return form(attempt.operation, outcome, result)
+    except CharterError:
+        raise
+    except Exception as exc:
+        raise UsageError(
+            f"adapter {adapter.name!r} cannot read the result given for attempt {attempt.id} "
+            f"({type(exc).__name__}: {exc}); give it in the form the adapter records",
+            field="result",
+        ) from exc
 
 
 def refuse_far_above_hold(attempt: Attempt, actual: Mapping[str, int]) -> None:

@@ -284,6 +284,7 @@ class Coordinator:
         cost: Mapping[str, int] | None = None,
         result: Any = None,
         confirm_above_hold: bool = False,
+        adapter: Adapter | None = None,
     ) -> Attempt:
         """A person settles an uncertain attempt with evidence (R8, L9).
 
@@ -292,6 +293,9 @@ class Coordinator:
         person's input: anything but amounts is a ``UsageError``, and so is a
         cost more than ten times the hold in some unit unless
         ``confirm_above_hold`` (a typo caught before it is recorded).
+        ``result`` is what the node gets on replay; given the attempt's
+        ``adapter``, it is checked and put in the form that adapter reads
+        (:func:`~charter.attempts.settlement.person_result`).
         """
         reported = settlement.person_cost(cost)
         if outcome not in ("succeeded", "failed", "written_off"):
@@ -304,6 +308,7 @@ class Coordinator:
                 tx, by, attempt.mission_id, Right.RESOLVE, attempt.scope, entity=attempt_id
             )
             self._check_reconcilable(tx, attempt)
+            result = settlement.person_result(adapter, attempt, outcome, result)
             status = AttemptStatus(outcome)
             actual = dict(attempt.estimate) if status is AttemptStatus.WRITTEN_OFF else reported
             if status is not AttemptStatus.WRITTEN_OFF and not confirm_above_hold:

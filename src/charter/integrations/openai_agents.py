@@ -52,6 +52,7 @@ from charter import (
     Outcome,
     RecordedAttempt,
     StateError,
+    UsageError,
 )
 from charter.adapters.models.base import ModelAdapter
 from charter.adapters.models.openai import OpenAIModels
@@ -189,6 +190,21 @@ class AgentModels(ModelAdapter):
 
     def reconcile(self, attempt: RecordedAttempt) -> Evidence:
         return self.pricing.reconcile(attempt, self.lookup)
+
+    def resolved_result(self, operation: str, outcome: str, result: Any) -> Any:
+        """A person's ``result=`` for a model call (``Coordinator.resolve(...,
+        adapter=)`` asks): the SDK's model response as JSON, which the agent
+        run reads back, or nothing (the call is then made again, N6)."""
+        if outcome == "succeeded":
+            try:
+                _RESPONSE.validate_python(result)
+            except ValueError as exc:
+                raise UsageError(
+                    f"the result of a {self.name}.{operation} call must be the SDK's model "
+                    f"response as JSON (agents.ModelResponse): {exc}",
+                    field="result",
+                ) from None
+        return result
 
 
 ToolCost = Mapping[str, int] | Callable[[Any], Mapping[str, int]]

@@ -39,12 +39,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, ClassVar
 
-from charter import AttemptFailed, ConfigError, Context, Estimate, MissingExtra, StateError
+from charter import (
+    AttemptFailed,
+    ConfigError,
+    Context,
+    Estimate,
+    MissingExtra,
+    StateError,
+    UsageError,
+)
 from charter.adapters import Dispatch, EffectClass, Evidence, Operation, Outcome, RecordedAttempt
 from charter.adapters.models import ModelUnits, Usage
 from charter.adapters.models.pricing import Pricing, UsageLookup, input_bound, max_tokens
@@ -56,6 +65,7 @@ try:
         JSON_CODEC,
         BaseDurabilityCapability,
         BoundDurableOperation,
+        CallToolResult,
         DurabilityEngineSpec,
         DurableOperation,
         DurableOperationBackend,
@@ -210,6 +220,34 @@ class AgentAdapter:
             found, outcome=dataclasses.replace(found.outcome, result=recorded)
         )
 
+    def resolved_result(self, operation: str, outcome: str, result: Any) -> Any:
+        """A person's ``result=`` for one of these attempts, as the integration
+        reads it back (``Coordinator.resolve(..., adapter=)`` asks): a model
+        request's must be a model response as PydanticAI records it; a tool
+        call's is the tool's plain value (or, failed, the failure's message),
+        recorded as PydanticAI records a tool's return or failure."""
+        if operation == MODEL_REQUEST:
+            if outcome == "succeeded":
+                try:
+                    JSON_CODEC.load(ModelResponse, result)
+                except ValueError as exc:
+                    raise UsageError(
+                        f"the result of a {self.name}.{MODEL_REQUEST} must be a model response "
+                        f"as PydanticAI records it (a ModelResponse as JSON): {exc}",
+                        field="result",
+                    ) from None
+            return result
+        form = tool_form(result, failed=outcome != "succeeded")
+        try:
+            JSON_CODEC.load(CallToolResult, form)
+        except ValueError as exc:
+            raise UsageError(
+                f"the result of {self.name}.{operation} is not a value PydanticAI can hand "
+                f"the model as the tool's return: {exc}",
+                field="result",
+            ) from None
+        return form
+
     def tool_outcome(self, name: str, args: dict[str, Any], payload: Any) -> Outcome:
         """What a tool's answer proves, from PydanticAI's recorded form of it
         (which names its kind): a value returned settles the attempt SUCCEEDED;
@@ -227,6 +265,33 @@ class AgentAdapter:
         value = payload.get("result")
         cost = tool.cost(value) if tool.cost is not None else tool.bound(args)
         return Outcome.succeeded(payload, cost=cost, price_source=f"{self.name}/declared")
+
+
+def tool_form(value: Any, *, failed: bool = False) -> Any:
+    """``value`` as PydanticAI records a tool call: as it is when it already
+    is such a record (it names its ``kind`` and loads as one), else the tool's
+    plain return value (or, ``failed``, the failure's message to the model)."""
+    try:
+        JSON_CODEC.load(CallToolResult, value)
+    except ValueError:
+        if failed:
+            message = value if isinstance(value, str) else json.dumps(value)
+            return {"kind": "tool_failed", "message": message}
+        return {"kind": "tool_return", "result": value}
+    return value
+
+
+def _loaded(operation: _Operation, recorded: Any, what: str) -> Any:
+    """A recorded result, loaded as PydanticAI reads it. One it cannot read
+    stops the node (a person fixes the record); it is never handed to the
+    model, which PydanticAI would do with a validation error from a tool."""
+    try:
+        return operation.result_codec.load(recorded)
+    except ValueError as exc:
+        raise StateError(
+            f"the recorded result of {what} is not in the form PydanticAI reads ({exc}); "
+            "resolve such attempts with the integration's adapter, which checks it"
+        ) from None
 
 
 def _input_bound(request: Any) -> int:
@@ -477,7 +542,7 @@ class CharterDurability(BaseDurabilityCapability[Any]):
         recorded = await node.ctx.aattempt(
             self.adapter.sending(send), MODEL_REQUEST, request, key=key
         )
-        return operation.result_codec.load(recorded)
+        return _loaded(operation, recorded, f"{self.name}.{MODEL_REQUEST} {key}")
 
     async def tool_call(self, operation: _Operation, params: Any) -> Any:
         """One tool call as an attempt of its declared effect class, keyed by its call id."""
@@ -494,12 +559,14 @@ class CharterDurability(BaseDurabilityCapability[Any]):
             return adapter.tool_outcome(params.name, args, payload)
 
         try:
-            recorded = await node.ctx.aattempt(adapter.sending(send), params.name, request, key=key)
+            recorded = tool_form(
+                await node.ctx.aattempt(adapter.sending(send), params.name, request, key=key)
+            )
         except AttemptFailed as exc:  # the tool's error, recorded: the model is told it again
-            recorded = exc.details.get("result")
-            if not isinstance(recorded, dict) or "kind" not in recorded:
+            if exc.details.get("result") is None:
                 raise
-        return operation.result_codec.load(recorded)
+            recorded = tool_form(exc.details["result"], failed=True)
+        return _loaded(operation, recorded, f"{self.name}.{params.name} {key}")
 
 
 def _usage(answer: Any, model: str) -> Usage:
