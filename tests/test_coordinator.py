@@ -1207,15 +1207,18 @@ def test_r9_human_needs_a_principal_with_a_run_grant(
 
     with pytest.raises(charter.NeedsIntervention):
         engine.coordinator.resume(ex.run_id, "seg-2")
-    for name in ("alice", "bob", "mallory"):  # none has 'run'
-        with pytest.raises(charter.NeedsIntervention):
+    for name in ("alice", "bob", "mallory"):  # none has 'run': refused as any decision is
+        with pytest.raises(charter.NotAuthorized):
             engine.coordinator.resume(ex.run_id, "seg-2", by=getattr(who, name))
     with pytest.raises(charter.AuthenticationError):
         engine.coordinator.resume(ex.run_id, "seg-2", by=forged("agent"))
 
-    refused = [e for e in new_events(engine, mission, seen) if e["kind"] == "resume.refused"]
-    assert [e["actor"] for e in refused] == ["segment:seg-2", "alice", "bob", "mallory"]
+    new = new_events(engine, mission, seen)
+    refused = [e for e in new if e["kind"] == "resume.refused"]
+    assert [e["actor"] for e in refused] == ["segment:seg-2"]
     assert all(payload(e)["mode"] == "human" for e in refused)
+    denied = [(e["actor"], e["entity"]) for e in new if e["kind"] == "authorization.refused"]
+    assert denied == [(name, ex.run_id) for name in ("alice", "bob", "mallory")]
     assert events(engine, mission, "run.resumed") == []
 
     ex2 = engine.coordinator.resume(ex.run_id, "seg-2", by=who.agent)

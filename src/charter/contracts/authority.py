@@ -61,10 +61,13 @@ class Authority:
         """One version of the mission's contract (versions never change: cached)."""
         return self.contracts.get(tx, mission_id, version)
 
-    def authorize_run(self, tx: Tx, principal: Principal, mission_id: str) -> Contract:
+    def authorize_run(
+        self, tx: Tx, principal: Principal, mission_id: str, *, entity: str | None = None
+    ) -> Contract:
         """Vouch for ``principal`` and refuse (audited) one the mission's current
         contract grants no ``run`` on any scope: to start a run (its attempts are
-        then checked scope by scope, A1)."""
+        then checked scope by scope, A1), or to authorise a run's continuation
+        under the ``human`` resume policy (R9; ``entity``: the run)."""
         self.vouch(tx, principal)
         version = missions.load(tx, mission_id).contract_version
         contract = self.contract(tx, mission_id, version)
@@ -73,10 +76,11 @@ class Authority:
                 NotAuthorized(
                     f"principal {principal.name!r} has no 'run' right in mission {mission_id}",
                     principal=principal.name,
+                    right="run",
                 ),
                 mission_id=mission_id,
                 kind="authorization.refused",
-                entity=mission_id,
+                entity=entity or mission_id,
                 actor=principal.name,
                 payload={"right": "run"},
             )

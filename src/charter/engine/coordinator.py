@@ -399,6 +399,10 @@ class Coordinator:
                 self._authority.vouch(tx, by, mission_id=run.mission_id, entity=run_id)
         if run.owner_segment != segment_id:
             self.recover(run_id, segment_id, force=force, by=by)
+        if by is not None:  # the continuation, authorised as any decision is (audited)
+            with self._db.transaction() as tx:
+                if self._mode(self._authority.current(tx, run.mission_id)) == "human":
+                    self._authority.authorize_run(tx, by, run.mission_id, entity=run_id)
         actor = by.name if by is not None else f"segment:{segment_id}"
         with self._db.transaction(gate=run.mission_id) as tx:
             run = runs.load(tx, run_id)
