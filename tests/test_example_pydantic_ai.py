@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
+import charter
 from _agent_turns import clerk_turns
 from _examples import agent_world, killed_after_paying, paid_once_billed_once, run_step
 from charter import AttemptStatus
@@ -107,3 +108,57 @@ def test_N6_a_model_request_lost_in_a_crash_and_settled_by_its_usage_is_asked_ag
         paid = world.box.payments()[0]["amount"] * example.MICROS_PER_CENT
         assert engine.balances(world.mission)["usd"].spent == billed + paid
         assert engine.check_ledger(world.mission) == []
+
+
+WRITE_OFF = {**example.CONTRACT, "read_only_unknown": "write_off"}
+
+
+@pytest.mark.crash
+def test_A7_L9_recover_writes_off_a_read_only_call_its_dead_owner_left_under_the_opt_in(
+    store_address: str, tmp_path: Path
+) -> None:
+    """The contract writes off a read-only UNKNOWN at its full hold (A7's
+    opt-in). A model request whose owner died is made UNKNOWN by recovery, and
+    recovery applies the same rule there, audited: nothing is left to block
+    the resume, and the resumed node asks the model again as a linked attempt."""
+    with agent_world(store_address, tmp_path, WRITE_OFF, clerk_turns) as world:
+        engine, cfg = world.engine, world.cfg
+        code, out = step(cfg, tmp_path, kill_at="settlement.before", nth=1)
+        assert code == -signal.SIGKILL
+        run_id = out[0]["run_id"]
+        [lost] = engine.attempts(run_id=run_id)
+        assert (lost.operation, lost.status) == ("model_request", AttemptStatus.DISPATCHED)
+
+        state, unresolved = engine.coordinator.recover(run_id, "seg-2")
+        assert unresolved == []
+        written = engine.attempt(lost.id)
+        assert (written.status, written.actual) == (AttemptStatus.WRITTEN_OFF, lost.estimate)
+        [event] = [
+            e
+            for e in engine.audit_events(world.mission)
+            if e["kind"] == "attempt.settled" and e["entity"] == lost.id
+        ]
+        assert (event["actor"], event["epoch"], event["after"]) == (
+            "engine:read_only_policy",
+            state.epoch,
+            "written_off",
+        )
+        assert engine.run(run_id).status is not charter.RunStatus.NEEDS_INTERVENTION
+
+        _, out = step(cfg, tmp_path, run=run_id, segment="seg-2")
+        assert out[-1] == {"completed": "Paid the survey vendor."}
+        [again] = [a for a in engine.attempts(run_id=run_id) if a.retry_of == lost.id]
+        assert (again.generation, again.status) == (2, AttemptStatus.SUCCEEDED)
+        usd = engine.balances(world.mission)["usd"]
+        assert usd.held == 0 and engine.check_ledger(world.mission) == []
+
+
+@pytest.mark.crash
+def test_A7_recover_never_writes_off_a_payment_under_the_read_only_opt_in(
+    store_address: str, tmp_path: Path
+) -> None:
+    with agent_world(store_address, tmp_path, WRITE_OFF, clerk_turns) as world:
+        run_id, pay = killed_after_paying(EXAMPLE, world, tmp_path)
+        _, unresolved = world.engine.coordinator.recover(run_id, "seg-2")
+        assert unresolved == [pay.id]
+        assert world.engine.attempt(pay.id).status is AttemptStatus.UNKNOWN

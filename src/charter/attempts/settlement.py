@@ -20,6 +20,7 @@ from charter.attempts.evidence import record
 from charter.attempts.model import Attempt, AttemptStatus
 from charter.audit import store as audit_store
 from charter.contracts import store as contracts_store
+from charter.contracts.contract import Contract
 from charter.errors import CharterError, StateError, UsageError
 from charter.hashing import ENGINE_CHAIN
 from charter.ledger.incidents import open_incident
@@ -368,6 +369,36 @@ def mark_unknown(
             payload={"reason": reason},
         )
     return changed
+
+
+#: Who writes off a read-only UNKNOWN under the contract's opt-in (A7).
+READ_ONLY_POLICY = "engine:read_only_policy"
+
+
+def write_off_read_only(
+    tx: Tx, attempt: Attempt, contract: Contract, *, why: str, segment: str | None, epoch: int
+) -> bool:
+    """A7's opt-in, wherever an attempt becomes UNKNOWN: a ``read_only`` one is
+    settled WRITTEN_OFF at its full hold (L9) when the contract says
+    ``read_only_unknown = "write_off"``, so that the effect may be asked again
+    as a new attempt. Changes nothing and says ``False`` otherwise."""
+    if attempt.effect_class != "read_only" or contract.read_only_unknown != "write_off":
+        return False
+    return settle(
+        tx,
+        attempt,
+        AttemptStatus.WRITTEN_OFF,
+        actual=attempt.estimate,
+        result=None,
+        receipt=None,
+        price_source=attempt.price_source,
+        reason=f"read_only UNKNOWN ({why}) written off at its full hold (contract opt-in)",
+        units=contract.allowance.keys(),
+        actor=READ_ONLY_POLICY,
+        segment=segment,
+        epoch=epoch,
+        from_statuses=(AttemptStatus.UNKNOWN,),
+    )
 
 
 def record_late(

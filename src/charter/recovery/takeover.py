@@ -48,7 +48,7 @@ def recover(
             return build(tx, run, contract, [])
         actor, dead = _may_take(runtime, tx, run, segment_id, force=force, by=by)
         epoch = _take(runtime, tx, run, segment_id, actor=actor, force=force, dead=dead)
-        voided, uncertain = _fence(tx, run_id, epoch, actor=actor, segment=segment_id)
+        voided, uncertain = _fence(tx, run_id, epoch, contract, actor=actor, segment=segment_id)
         ending = runs.load(tx, run_id).status.ending  # a void may have ended a stop
         expired = approvals.renew_expired(
             tx, run_id, actor=actor, epoch=epoch, ask_again=not ending
@@ -131,9 +131,13 @@ def _take(
     return epoch
 
 
-def _fence(tx: Tx, run_id: str, epoch: int, *, actor: str, segment: str) -> tuple[list[str], int]:
+def _fence(
+    tx: Tx, run_id: str, epoch: int, contract: Contract, *, actor: str, segment: str
+) -> tuple[list[str], int]:
     """R3, R4: older PREPARED attempts voided, DISPATCHED ones UNKNOWN with their
-    holds; the voided IDs and how many attempts are uncertain."""
+    holds (a ``read_only`` one then written off at its hold if the contract
+    opts in, A7, as a live send's would be); the voided IDs and how many
+    attempts are uncertain."""
     voided: list[str] = []
     uncertain = 0
     for a in list_attempts(tx, run_id=run_id, unresolved=True):
@@ -149,7 +153,11 @@ def _fence(tx: Tx, run_id: str, epoch: int, *, actor: str, segment: str) -> tupl
             voided.append(a.id)
         elif a.status is AttemptStatus.DISPATCHED:
             settlement.mark_unknown(tx, a, "owner lost", actor=actor, segment=segment, epoch=epoch)
-            uncertain += 1
+            lost = "owner lost at recovery"
+            if not settlement.write_off_read_only(
+                tx, a, contract, why=lost, segment=segment, epoch=epoch
+            ):
+                uncertain += 1
         elif a.status is AttemptStatus.UNKNOWN:
             uncertain += 1
     return voided, uncertain
