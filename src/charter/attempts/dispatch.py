@@ -65,6 +65,8 @@ class Send:
     adapter: Adapter
     order: Dispatch
     secrets: list[Secret]
+    #: The most bytes of JSON kept of each part of the answer (A10).
+    limit: int
 
 
 #: The engine's side of a send, one generator for both kinds of adapter: it
@@ -83,7 +85,7 @@ def drive(steps: Sending[T], adapter: Adapter) -> T:
     try:
         step = next(steps)
         while True:
-            step = steps.send(send(step.adapter, step.order, step.secrets))
+            step = steps.send(send(step.adapter, step.order, step.secrets, step.limit))
     except StopIteration as done:
         return cast(T, done.value)
 
@@ -97,7 +99,7 @@ async def adrive(steps: Sending[T]) -> T:
     step = await asyncio.to_thread(_advance, steps, None)
     while isinstance(step, Send):
         try:
-            report = await asend(step.adapter, step.order, step.secrets)
+            report = await asend(step.adapter, step.order, step.secrets, step.limit)
         except asyncio.CancelledError:
             cut = Report(Evidence.indeterminate(), "cancelled while the adapter was awaited")
             with contextlib.suppress(CharterError):
@@ -121,33 +123,35 @@ def _advance(steps: Sending[Any], report: Report | None) -> Send | _Done:
         return _Done(done.value)
 
 
-def send(adapter: Adapter, order: Dispatch, secrets: list[Secret]) -> Report:
-    """Call ``adapter`` once with ``order`` (unless its deadline has passed)."""
+def send(adapter: Adapter, order: Dispatch, secrets: list[Secret], limit: int) -> Report:
+    """Call ``adapter`` once with ``order`` (unless its deadline has passed);
+    what it reports is recorded without ``secrets`` and at most ``limit``
+    bytes of JSON per part (S3, A10)."""
     if is_async(adapter):
-        return blocking(asend(adapter, order, secrets))
+        return blocking(asend(adapter, order, secrets, limit))
     if order.expired:
         return from_late(order)
     try:
         answer = adapter.dispatch(order)
     except Exception as exc:
-        return from_raised(exc, secrets)
-    return from_answer(answer, secrets)
+        return from_raised(exc, secrets, limit)
+    return from_answer(answer, secrets, limit)
 
 
-async def asend(adapter: Adapter, order: Dispatch, secrets: list[Secret]) -> Report:
+async def asend(adapter: Adapter, order: Dispatch, secrets: list[Secret], limit: int) -> Report:
     """:func:`send` on the caller's event loop: an async adapter is awaited
     here, a synchronous one is sent from a worker thread so the loop goes on."""
     if not is_async(adapter):
         import asyncio  # noqa: PLC0415 - the running loop loaded it (see blocking)
 
-        return await asyncio.to_thread(send, adapter, order, secrets)
+        return await asyncio.to_thread(send, adapter, order, secrets, limit)
     if order.expired:
         return from_late(order)
     try:
         answer = await cast(Awaitable[Outcome], adapter.dispatch(order))
     except Exception as exc:
-        return from_raised(exc, secrets)
-    return from_answer(answer, secrets)
+        return from_raised(exc, secrets, limit)
+    return from_answer(answer, secrets, limit)
 
 
 def dispatch_prepared(
@@ -408,7 +412,7 @@ def sending(
     )
     if hidden is None:
         hidden = list(secret.found(attempt.request))
-    report = yield Send(adapter, req, hidden)
+    report = yield Send(adapter, req, hidden, seg.runtime.config.answer_bytes)
     if reports is not None:
         reports.append(report)
     seg.runtime.crash("settlement.before")
@@ -543,7 +547,7 @@ def replay(seg: Segment, attempt: Attempt, adapter: Adapter) -> Evidence | None:
     attempt, deadline, now = sendable
     hidden = list(secret.found(attempt.request))
     req = order(seg, attempt, deadline_us=deadline, now_us=now, started_us=started)
-    report = send(adapter, req, hidden)
+    report = send(adapter, req, hidden, seg.runtime.config.answer_bytes)
     found = report.evidence
     if found.verdict == "applied":
         return Evidence("applied", found.outcome, {"replay": True}, source="same-key replay")

@@ -22,7 +22,7 @@ from charter.audit import store as audit_store
 from charter.contracts import store as contracts_store
 from charter.contracts.contract import Contract
 from charter.errors import CharterError, StateError, UsageError
-from charter.hashing import ENGINE_CHAIN
+from charter.hashing import ENGINE_CHAIN, by_reference
 from charter.ledger.incidents import open_incident
 from charter.runs import run as runs
 from charter.runs import store as run_store
@@ -118,8 +118,8 @@ def settle(
         after=status.value,
         payload={
             "actual": dict(actual),
-            "result": result,
-            "receipt": receipt,
+            "result": by_reference(result),
+            "receipt": by_reference(receipt),
             "price_source": price_source,
             "reason": reason,
             **entries,

@@ -143,7 +143,7 @@ class Coordinator:
         if not isinstance(evidence, Evidence):
             evidence = Evidence.indeterminate({"lookup_error": f"reconcile returned {evidence!r}"})
         hidden = list(secret.found(attempt.request))
-        evidence = recordable(Report(evidence), hidden).evidence
+        evidence = recordable(Report(evidence), hidden, self._runtime.config.answer_bytes).evidence
         if not evidence.conclusive and executor is not None:
             evidence = executor.replay(attempt, adapter) or evidence
         with self._db.transaction(gate=attempt.mission_id) as tx:
