@@ -449,12 +449,13 @@ def test_a_ledger_window_of_no_entries_is_refused(
         desk.ledger_entries(mission, newest=newest)
 
 
-def test_the_addresses_charter_serve_prints_answer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_addresses_charter_serve_prints_answer(tmp_path: Path, workers: int) -> None:
     """Broken: ``charter serve`` prints ``/console/`` (and ``/api/v1``) and then
     answers 404 there. Run for real: the printed console address opens the
     sign-in page, the printed API address asks for a credential and answers
-    with one; ``--max-body`` is its body limit, and what it counted is written
-    when it is stopped (P4)."""
+    with one; ``--max-body`` is its body limit, and every refused credential it
+    counted is written when it is stopped (P4), by each of its workers."""
     alice, digest = credential("alice")
     (tmp_path / "charter.toml").write_text(
         f'store = "charter.db"\n[credentials]\nalice = "{digest}"\n'
@@ -462,8 +463,9 @@ def test_the_addresses_charter_serve_prints_answer(tmp_path: Path) -> None:
     config = charter.EngineConfig.from_file(str(tmp_path / "charter.toml"))
     charter.Engine.open(str(tmp_path / "charter.db"), config=config).close()
     port = _desk.free_port()
+    serve = ["serve", "--port", str(port), "--max-body", "4096", "--workers", str(workers)]
     server = subprocess.Popen(
-        [sys.executable, "-m", "charter", "serve", "--port", str(port), "--max-body", "4096"],
+        [sys.executable, "-m", "charter", *serve],
         cwd=tmp_path,
         env={**os.environ, "CHARTER_CONFIG": str(tmp_path / "charter.toml")},
         stdout=subprocess.PIPE,
@@ -493,6 +495,9 @@ def test_the_addresses_charter_serve_prints_answer(tmp_path: Path) -> None:
             known = web.get(api, headers={"Authorization": f"Bearer {alice}"})
             assert known.status_code == 200 and known.json()["version"] == "v1"
             assert web.get(api + known.json()["openapi"][len("/api/v1") :]).status_code == 401
+            for _ in range(8):  # on fresh connections: dealt to either worker
+                with httpx.Client(timeout=10) as once:
+                    assert once.get(api + "/me").status_code == 401
         large = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         large.putrequest("POST", "/api/v1/runs/run_x/stop")
         large.putheader("Authorization", f"Bearer {alice}")
@@ -512,4 +517,4 @@ def test_the_addresses_charter_serve_prints_answer(tmp_path: Path) -> None:
             for e in engine.audit_events("engine")
             if (e["kind"], e["entity"]) == ("auth.refused", "anonymous")
         ]
-    assert sum(s["count"] for s in written) == 2
+    assert sum(s["count"] for s in written) == 10

@@ -38,6 +38,7 @@ from typing import Any
 
 from charter import ConfigError, Engine, EngineConfig
 from charter.server.app import build, settled
+from charter.server.gate import MAX_BODY
 
 #: Seconds between looks at whether every worker is alive.
 WATCH_SECONDS = 0.5
@@ -58,7 +59,7 @@ class Spec:
     config: str | None
     secure: bool
     key: bytes  # binds the sign-in forms' CSRF tokens, in every worker alike
-    max_body: int  # the largest request body read, in bytes (P4)
+    max_body: int = MAX_BODY  # the largest request body read, in bytes (P4)
 
 
 def supervise(spec: Spec, *, host: str, port: int, workers: int) -> None:
@@ -116,6 +117,10 @@ def work(
     ``ready`` is set once it is about to serve."""
     import uvicorn  # noqa: PLC0415 - the extra, checked by the supervisor's caller
 
+    # uvicorn stops at the supervisor's SIGTERM and then raises it again; by default
+    # that would end the process at once. As SystemExit the worker unwinds: what it
+    # counted is written and its engine closed (also when stopped before serving).
+    signal.signal(signal.SIGTERM, _exit)
     sock = shared if shared is not None else _listener(*where, listen=True)
     config = EngineConfig.from_file(spec.config) if spec.config else EngineConfig.discover()
     with Engine.open(spec.store, config=config, create=False) as engine:
@@ -129,6 +134,10 @@ def work(
             server.run(sockets=[sock])
         finally:
             built.state.gate.refusals.close()  # what it counted, written before it ends
+
+
+def _exit(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
 
 
 @dataclass(frozen=True)
