@@ -3,7 +3,7 @@
 The chain is built by bulk insert of correctly chained events (see
 :func:`storebuild.append_events`); the command then runs as a user runs it,
 in a process of its own, timed from start to exit, its peak resident set size
-read from the kernel's accounting of that one child (``wait4``). The same
+read by that process itself as it exits (see :mod:`peakrss`). The same
 command on the same mission before the bulk insert (a handful of events) is
 the baseline: verification streams the chain, so the two should be close.
 """
@@ -11,13 +11,10 @@ the baseline: verification streams the chain, so the two should be close.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+import peakrss
 import storebuild
 from charter_bench import checkpoint, remove_store, setup
 from timing import Sample, clock, repeat
@@ -25,21 +22,12 @@ from timing import Sample, clock, repeat
 
 def _verify(store: Path, mission: str) -> tuple[float, int, list[dict[str, Any]]]:
     """Wall seconds, peak RSS (bytes) and the JSON answer of one ``charter audit verify``."""
-    cmd = [sys.executable, "-m", "charter", "audit", "verify"]
-    cmd += ["--store", str(store), "--mission", mission, "--json"]
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        t0 = clock()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=store.parent)
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak, not all children's
-        seconds = clock() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        if proc.returncode != 0:
-            raise RuntimeError(f"charter audit verify failed: {err.read()}{out.read()}")
-        answer: list[dict[str, Any]] = json.loads(out.read())
-    kib = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-    return seconds, kib, answer
+    args = ["-m", "charter", "audit", "verify", "--store", str(store), "--mission", mission]
+    done = peakrss.run_python([*args, "--json"], cwd=store.parent, env=peakrss.installed_env())
+    if done.returncode != 0:
+        raise RuntimeError(f"charter audit verify failed: {done.stderr}{done.stdout}")
+    answer: list[dict[str, Any]] = json.loads(done.stdout)
+    return done.seconds, done.peak_bytes, answer
 
 
 def audit_verify(workdir: str, events: int, warmup: int, reps: int) -> dict[str, Any]:

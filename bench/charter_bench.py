@@ -23,6 +23,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import peakrss
 import record_sql
 import storebuild
 from timing import Sample, clock, repeat
@@ -480,38 +481,44 @@ def build_runs_store(store: Path, runs: int) -> dict[str, Any]:
     }
 
 
+def import_peak_bytes(env: dict[str, str] | None = None) -> int:
+    """Peak RSS of ``python -c "import charter"``: what any use of Charter starts from."""
+    done = peakrss.run_python(["-c", "import charter"], env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"import charter failed: {done.stderr}")
+    return done.peak_bytes
+
+
 def memory(workdir: str, runs: int, warmup: int, reps: int) -> dict[str, Any]:
-    """Peak RSS of a fresh process that opens the store and executes one more run."""
+    """Peak RSS of a fresh process that opens the store and executes one more run.
+
+    Each process's own peak (see :mod:`peakrss`), bytecode cache on."""
     base = Path(workdir) / "runs.db"
     built = build_runs_store(base, runs)
     spec = Path(workdir) / "memory.json"
     spec.write_text(json.dumps({"mission_id": built["mission_id"], **built["credential"]}))
     child = HERE / "children" / "memory_child.py"
+    env = peakrss.installed_env()
 
     def once(i: int) -> float:
         trial = base.with_name(f"trial-{i}.db")
         shutil.copyfile(base, trial)
-        proc = subprocess.run(
-            [sys.executable, str(child), str(trial), str(spec)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
+        done = peakrss.run_python([str(child), str(trial), str(spec)], env=env)
         remove_store(trial)
-        report = json.loads(proc.stdout.strip().splitlines()[-1])
+        if done.returncode != 0:
+            raise RuntimeError(f"memory child failed: {done.stderr}")
+        report = json.loads(done.stdout.strip().splitlines()[-1])
         assert report["status"] == "completed", report
-        return float(report["max_rss_bytes"])
+        return float(done.peak_bytes)
 
     sample = repeat(once, warmup=warmup, reps=reps, unit="bytes")
-    baseline = subprocess.run(
-        [sys.executable, str(child), "--baseline"], check=True, capture_output=True, text=True
-    )
+    import_only = import_peak_bytes(env)  # after the warm-up, which wrote the cache
     remove_store(base)
     built.pop("credential")
     return {
         "sample": sample.to_dict(),
         "store": built,
-        "baseline_import_only_bytes": json.loads(baseline.stdout)["max_rss_bytes"],
+        "baseline_import_only_bytes": import_only,
     }
 
 
@@ -523,7 +530,7 @@ def startup(warmup: int, reps: int) -> dict[str, Any]:
     warm-up runs write it when the environment says not to, which would
     otherwise time compiling every module on each run)."""
     py = sys.executable
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env = peakrss.installed_env()
     script = Path(py).with_name("charter")
     code = "import time; t = time.perf_counter(); import charter; print(time.perf_counter() - t)"
 

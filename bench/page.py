@@ -460,7 +460,10 @@ def _startup_memory_section(results: dict[str, Any]) -> list[str]:
         "interpreter; `charter --help` is the wall time of the whole process. Bytecode "
         "caches are allowed, as in an installed package (the bench removes "
         "`PYTHONDONTWRITEBYTECODE` for its child processes; the warm-up writes them). "
-        "Peak RSS is the child process's `VmHWM` (MB = 10^6 bytes).",
+        "Peak RSS is the child process's own `VmHWM`, read in that process as it exits, "
+        "with its bytecode cache (MB = 10^6 bytes); it agrees with `/usr/bin/time -v`. "
+        "A child's `ru_maxrss` would not do: on Linux it takes in the peak of the process "
+        "that launched it.",
         "",
     ]
 
@@ -493,6 +496,6 @@ def _audit_section(results: dict[str, Any]) -> list[str]:
         "The chain is built by bulk insert of correctly chained events (not timed: "
         f"{audit['build_seconds']:.0f} s), then verified by the command in a process of its "
         "own, on SQLite. Verification reads the chain a page at a time, so its memory does "
-        "not grow with the chain; peak RSS is the child's `ru_maxrss` from `wait4`.",
+        "not grow with the chain; peak RSS is the command's own `VmHWM`, as above.",
         "",
     ]
