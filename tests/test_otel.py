@@ -11,6 +11,7 @@ billed and the sandbox took.
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,16 +25,20 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import charter
+from _agent_turns import clerk_turns
+from _examples import agent_world, run_step
 from _fake_models import INVOICE, FakeProvider, pay_invoice_script
 from charter.adapters.models import ModelUnits, Usage
 from charter.adapters.models.pricing import Pricing
 from charter.integrations import otel
+from charter.integrations.openai_agents import AgentModels
 from charter.sandbox import Sandbox
 from conftest import Principals
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))
 import openai_agents_agent as example  # noqa: E402 - the example, once examples/ is on the path
+import pydantic_ai_agent as pydantic_example  # noqa: E402
 
 
 class Telemetry:
@@ -234,3 +239,87 @@ def test_otel_without_its_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch)
         importlib.import_module("charter.integrations.otel")
     assert missing.value.details["extra"] == "otel"
     assert "charter[otel]" in missing.value.message
+
+
+@pytest.mark.parametrize("settled_by", ["confirm", "resolve"])
+def test_settlements_made_outside_a_run_are_observed_and_agree_with_the_ledger(
+    observed: tuple[charter.Engine, Principals], telemetry: Telemetry, box: Sandbox, settled_by: str
+) -> None:
+    """The first model call's answer is lost after it was billed: UNKNOWN. It
+    is settled outside any run, on its usage lookup confirmed by a person, or
+    written off by one, and the run resumes. The spend counters and each
+    attempt's last span say what the ledger says."""
+    engine, who = observed
+    with FakeProvider(script=pay_invoice_script, faults=["500_after_billing"]) as provider:
+        m = mission(engine, who)
+        plan = example.build_plan(provider.url + "/v1", box.url)
+        ex = engine.start_run(m, by=who.agent, segment_id="seg-1", input="gazette")
+        with pytest.raises(charter.Blocked):
+            ex.execute(plan)
+        [lost] = engine.attempts(run_id=ex.run_id)
+        models = AgentModels(base_url=provider.url + "/v1", api_key="sk-test")
+        if settled_by == "confirm":
+            models.lookup = provider.lookup
+            assert engine.coordinator.reconcile(lost.id, models, by=who.alice).conclusive
+            engine.coordinator.confirm(lost.id, by=who.alice)
+        else:
+            engine.coordinator.resolve(
+                lost.id, by=who.alice, outcome="written_off", evidence="billed, answer lost"
+            )
+        # told at once, before any run goes on
+        spend = telemetry.counters()["charter.spend"]
+        assert (
+            spend[at("agent-models.responses", unit="usd")] == engine.attempt(lost.id).actual["usd"]
+        )
+        resumed = engine.coordinator.resume(ex.run_id, "seg-1", by=who.alice)
+        assert resumed.execute(plan) == "Paid inv-7."
+
+    balances = engine.balances(m)
+    spend = telemetry.counters()["charter.spend"]
+    for unit, balance in balances.items():
+        told = sum(v for k, v in spend.items() if (otel.UNIT, unit) in k)
+        assert told == balance.spent, unit
+    last: dict[str, ReadableSpan] = {}
+    for span in sorted(telemetry.finished(), key=lambda s: s.end_time or 0):
+        if otel.ATTEMPT_ID in (span.attributes or {}):
+            last[str((span.attributes or {})[otel.ATTEMPT_ID])] = span
+    recorded = engine.attempts(run_id=ex.run_id)
+    assert set(last) == {a.id for a in recorded}
+    for attempt in recorded:
+        attrs = dict(last[attempt.id].attributes or {})
+        assert attrs[otel.STATUS] == attempt.status.value
+        costs = {k.removeprefix("charter.cost."): v for k, v in attrs.items() if "cost." in k}
+        assert costs == (attempt.actual or {})
+        assert last[attempt.id].end_time == (attempt.settled_at_us or 0) * 1000
+    # the settlement joins the trace of the node that made the call, linked to its first span
+    [first] = [
+        s for s in telemetry.finished() if (s.attributes or {}).get(otel.ATTEMPT_ID) == lost.id
+    ][:1]
+    settled = last[lost.id]
+    assert settled is not first and settled.parent is not None and first.parent is not None
+    assert settled.parent.span_id == first.parent.span_id
+    assert [link.context.span_id for link in settled.links] == [first.context.span_id]
+
+
+@pytest.mark.crash
+def test_a_read_only_call_recovery_writes_off_is_observed_as_settled(
+    store_address: str, tmp_path: Path, telemetry: Telemetry
+) -> None:
+    """Under A7's opt-in, recovery writes off the model request a dead process
+    left behind (outside any run): the observer is told, at its full hold."""
+    contract = {**pydantic_example.CONTRACT, "read_only_unknown": "write_off"}
+    with agent_world(store_address, tmp_path, contract, clerk_turns) as world:
+        example_file = EXAMPLES / "pydantic_ai_agent.py"
+        code, out = run_step(example_file, world.cfg, tmp_path, kill_at="settlement.before", nth=1)
+        assert code == -signal.SIGKILL
+        [lost] = world.engine.attempts(run_id=out[0]["run_id"])
+        config = charter.EngineConfig(credentials=world.cfg["digests"])
+        with charter.Engine.open(store_address, config=config, observer=telemetry.observer) as eng:
+            eng.coordinator.recover(lost.run_id, "seg-2")
+            written = eng.attempt(lost.id)
+    assert written.status is charter.AttemptStatus.WRITTEN_OFF
+    [span] = telemetry.finished()
+    assert (span.attributes or {})[otel.STATUS] == "written_off"
+    assert span.end_time == (written.settled_at_us or 0) * 1000
+    spend = telemetry.counters()["charter.spend"]
+    assert {dict(k)[otel.UNIT]: v for k, v in spend.items()} == written.actual == lost.estimate

@@ -25,6 +25,7 @@ from charter.clock import seconds_us
 from charter.contracts.authority import may_run
 from charter.contracts.contract import RESUME_STRICTNESS, Contract, ResumeMode
 from charter.contracts.principals import Principal, Right
+from charter.engine import observed
 from charter.engine.executor import Executor
 from charter.errors import (
     AttemptAlreadySettled,
@@ -167,19 +168,17 @@ class Coordinator:
                 settled_meanwhile = True
             else:
                 settled_meanwhile = False
-                settle = self._runtime.config.evidence_settles == "auto" and _settles(evidence)
-                if settle:
-                    settle = self._apply(
-                        tx,
-                        current,
-                        evidence,
-                        contract,
-                        actor=actor,
-                        reason="evidence settled automatically (evidence_settles=auto)",
-                    )
+                auto = self._runtime.config.evidence_settles == "auto" and _settles(evidence)
+                why = "evidence settled automatically (evidence_settles=auto)"
+                settle = auto and self._apply(
+                    tx, current, evidence, contract, actor=actor, reason=why
+                )
                 record(tx, current, evidence, actor=actor, epoch=None, settled=settle)
+                done = load(tx, attempt_id) if settle else None
         if settled_meanwhile:
             raise _settled_meanwhile(current)
+        if done is not None:
+            observed.told(self._runtime.observer, done, current.status)
         return evidence
 
     def _owner(self, tx: Tx, run_id: str, segment_id: str) -> Executor:
@@ -272,7 +271,8 @@ class Coordinator:
             ):
                 raise _settled_meanwhile(attempt)
             settled_by(tx, row["id"])
-            return load(tx, attempt_id)
+            done = load(tx, attempt_id)
+        return observed.told(self._runtime.observer, done, attempt.status)
 
     def resolve(
         self,
@@ -343,7 +343,8 @@ class Coordinator:
             ):
                 raise _settled_meanwhile(attempt)
             record(tx, attempt, kept, actor=by.name, epoch=None, settled=True)
-            return load(tx, attempt_id)
+            done = load(tx, attempt_id)
+        return observed.told(self._runtime.observer, done, attempt.status)
 
     def _apply(
         self,

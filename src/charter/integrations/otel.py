@@ -10,7 +10,9 @@ providers::
 
 Spans: ``charter.run`` for a segment executing a run, a child ``charter.node``
 for each node execution, and a child for each attempt it made, timed by the
-store's record from admission to settlement. A model call's span follows the
+store's record from admission to settlement (an attempt its node left
+unsettled gets a second span when it settles, perhaps outside any run, in the
+same trace and linked to the first). A model call's span follows the
 GenAI semantic conventions (``chat gpt-4o-mini``, with the operation, the
 provider, the model and the tokens); the attribute names are defined here, as
 the conventions spell them. While a node runs, its span is the current one,
@@ -65,6 +67,9 @@ EFFECT_CLASS = "charter.attempt.effect_class"
 UNIT = "charter.unit"
 
 _LIMITS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+#: How many attempts left unsettled by their node are remembered, to join
+#: their settlement to their trace (the oldest are forgotten first).
+HELD_LIMIT = 10_000
 
 
 class OtelObserver(Observer):
@@ -89,6 +94,10 @@ class OtelObserver(Observer):
         self._runs: dict[str, Any] = {}
         self._nodes: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self._open: dict[str, Any] = {}
+        #: Attempts whose node ended before they settled: (the node's span, the
+        #: attempt's first span), so that their settlement, made later and
+        #: perhaps outside any run, joins the same trace.
+        self._held: dict[str, tuple[Any, Any]] = {}
 
     def run_started(self, run: ObservedRun) -> None:
         span = self.tracer.start_span(
@@ -125,9 +134,14 @@ class OtelObserver(Observer):
     def node_finished(self, node: ObservedNode, status: str) -> None:
         with self._lock:
             span, token = self._nodes.pop((node.run_id, node.node_id, node.execution))
-            held = [self._open.pop(i) for i, s in list(self._open.items()) if s.parent_of == node]
-        for attempt_span in held:  # admitted, not settled: it keeps its hold
-            attempt_span.span.end()
+            held = {i: s for i, s in self._open.items() if s.parent_of == node}
+            for attempt_id, opened in held.items():  # admitted, not settled: it keeps its hold
+                del self._open[attempt_id]
+                self._held[attempt_id] = (span.get_span_context(), opened.span.get_span_context())
+            while len(self._held) > HELD_LIMIT:  # voided ones never settle
+                del self._held[next(iter(self._held))]
+        for opened in held.values():
+            opened.span.end()
         context.detach(token)
         _end(span, status)
 
@@ -160,15 +174,21 @@ class OtelObserver(Observer):
 
     def _start(self, attempt: ObservedAttempt) -> _Opened:
         node = ObservedNode(attempt.run_id, attempt.node_id, attempt.execution)
+        links = []
         with self._lock:
             parent = self._nodes.get((node.run_id, node.node_id, node.execution))
             parent_span = parent[0] if parent else self._runs.get(attempt.run_id)
+            held = self._held.pop(attempt.id, None)
+        if held is not None:  # settled after its node ended, perhaps outside any run
+            links = [trace.Link(held[1])]
+            parent_span = parent_span or trace.NonRecordingSpan(held[0])
         gen_ai = _gen_ai_request(attempt)
         name = f"{CHAT} {gen_ai[GEN_AI_REQUEST_MODEL]}" if gen_ai else _scope(attempt)
         span = self.tracer.start_span(
             name,
             context=None if parent_span is None else trace.set_span_in_context(parent_span),
             kind=trace.SpanKind.CLIENT,
+            links=links,
             start_time=attempt.prepared_at_us * 1000,
             attributes={
                 ATTEMPT_ID: attempt.id,

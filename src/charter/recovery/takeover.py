@@ -10,11 +10,12 @@ dispatches and never resumes (R6).
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from charter.attempts import settlement
-from charter.attempts.model import AttemptStatus
-from charter.attempts.store import list_attempts
+from charter.attempts.model import Attempt, AttemptStatus
+from charter.attempts.store import list_attempts, load
 from charter.clock import seconds_us
 from charter.contracts.contract import Contract
 from charter.contracts.principals import Principal, Right
@@ -48,13 +49,28 @@ def recover(
             return build(tx, run, contract, [])
         actor, dead = _may_take(runtime, tx, run, segment_id, force=force, by=by)
         epoch = _take(runtime, tx, run, segment_id, actor=actor, force=force, dead=dead)
-        voided, uncertain = _fence(tx, run_id, epoch, contract, actor=actor, segment=segment_id)
+        voided, uncertain, written_off = _fence(
+            tx, run_id, epoch, contract, actor=actor, segment=segment_id
+        )
         ending = runs.load(tx, run_id).status.ending  # a void may have ended a stop
         expired = approvals.renew_expired(
             tx, run_id, actor=actor, epoch=epoch, ask_again=not ending
         )
         run = _assess(tx, run_id, contract, uncertain, actor=actor, segment=segment_id)
-        return build(tx, run, contract, voided, expired)
+        state = build(tx, run, contract, voided, expired)
+    _told(runtime, written_off)
+    return state
+
+
+def _told(runtime: Runtime, settled: list[Attempt]) -> None:
+    """Tell the engine's observer what recovery settled, once it is committed
+    (no node reports it); an observer's error is not recovery's."""
+    observer = runtime.observer
+    if observer is None:
+        return
+    for attempt in settled:
+        with contextlib.suppress(Exception):
+            observer.attempt_settled(attempt)
 
 
 def _may_take(
@@ -133,12 +149,13 @@ def _take(
 
 def _fence(
     tx: Tx, run_id: str, epoch: int, contract: Contract, *, actor: str, segment: str
-) -> tuple[list[str], int]:
+) -> tuple[list[str], int, list[Attempt]]:
     """R3, R4: older PREPARED attempts voided, DISPATCHED ones UNKNOWN with their
     holds (a ``read_only`` one then written off at its hold if the contract
-    opts in, A7, as a live send's would be); the voided IDs and how many
-    attempts are uncertain."""
+    opts in, A7, as a live send's would be); the voided IDs, how many
+    attempts are uncertain, and those written off."""
     voided: list[str] = []
+    written_off: list[Attempt] = []
     uncertain = 0
     for a in list_attempts(tx, run_id=run_id, unresolved=True):
         if a.status is AttemptStatus.PREPARED and a.admitted_epoch < epoch:
@@ -154,13 +171,15 @@ def _fence(
         elif a.status is AttemptStatus.DISPATCHED:
             settlement.mark_unknown(tx, a, "owner lost", actor=actor, segment=segment, epoch=epoch)
             lost = "owner lost at recovery"
-            if not settlement.write_off_read_only(
+            if settlement.write_off_read_only(
                 tx, a, contract, why=lost, segment=segment, epoch=epoch
             ):
+                written_off.append(load(tx, a.id))
+            else:
                 uncertain += 1
         elif a.status is AttemptStatus.UNKNOWN:
             uncertain += 1
-    return voided, uncertain
+    return voided, uncertain, written_off
 
 
 def _assess(
