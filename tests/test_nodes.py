@@ -1090,3 +1090,39 @@ def test_N6_a_raising_nodes_recorded_error_is_bounded_and_holds_no_secret(
     assert "(46 earlier frames left out)" in error  # leak, then 51 calls of deep
     assert len(error) < 4_000
     assert run.status is RunStatus.NEEDS_INTERVENTION
+
+
+def test_N6_telemetry_reports_a_raising_node_as_the_store_records_it(
+    tmp_path: Path, creds: tuple[dict[str, str], dict[str, str]]
+) -> None:
+    """Broken: an observer was told ``failed`` for a node the runner kept
+    ``blocked``, so a trace showed a failure where the run waited for a fix."""
+
+    class Seen(charter.Observer):
+        def __init__(self) -> None:
+            self.nodes: list[tuple[str, str]] = []
+
+        def node_finished(self, node: charter.ObservedNode, status: str) -> None:
+            self.nodes.append((node.node_id, status))
+
+    @charter.node
+    def broken(ctx: charter.Context, value: Any) -> Any:
+        return {}["LEDGER_ACCOUNT"]
+
+    @charter.node
+    def refused(ctx: charter.Context, value: Any) -> Any:
+        raise charter.NodeFailed("the supplier has no stock")
+
+    seen = Seen()
+    config = charter.EngineConfig(credentials=creds[1])
+    with charter.Engine.open(str(tmp_path / "seen.db"), config=config, observer=seen) as engine:
+        who = Principals(creds[0], creds[1], engine)
+        mission = engine.create_mission(default_contract(), by=who.alice)
+        stored = []
+        for n, step in enumerate((broken, refused)):
+            ex = engine.start_run(mission, by=who.agent, segment_id=f"seg-{n}")
+            with pytest.raises((charter.Blocked, charter.NodeFailed)):
+                ex.execute(charter.Plan(step.name, (step,)))
+            stored += [(e.node_id, e.status) for e in engine.node_executions(ex.run_id)]
+
+    assert seen.nodes == stored == [("broken", "blocked"), ("refused", "failed")]

@@ -22,6 +22,7 @@ from charter.attempts.model import Attempt
 from charter.attempts.store import list_attempts
 from charter.errors import Blocked, WaitPending
 from charter.plans.nodes import Context, Node, Plan
+from charter.plans.runner import status_after
 from charter.runs.ownership import Segment
 from charter.telemetry import ObservedNode, ObservedRun, Observer
 
@@ -56,7 +57,7 @@ def observed_plan(seg: Segment, observer: Observer, plan: Plan) -> Plan:
     """``plan`` with every node function wrapped (see the module's text)."""
 
     def wrap(node: Node) -> Node:
-        return replace(node, fn=_observed_fn(seg, observer, node.fn))
+        return replace(node, fn=_observed_fn(seg, observer, node))
 
     return replace(
         plan,
@@ -65,26 +66,27 @@ def observed_plan(seg: Segment, observer: Observer, plan: Plan) -> Plan:
     )
 
 
-def _observed_fn(seg: Segment, observer: Observer, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _observed_fn(seg: Segment, observer: Observer, step: Node) -> Callable[..., Any]:
+    fn = step.fn
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def run_async(ctx: Context, value: Any) -> Any:
-            with _observed_node(seg, observer, ctx):
+            with _observed_node(seg, observer, ctx, step):
                 return await fn(ctx, value)
 
         return run_async
 
     @functools.wraps(fn)
     def run(ctx: Context, value: Any) -> Any:
-        with _observed_node(seg, observer, ctx):
+        with _observed_node(seg, observer, ctx, step):
             return fn(ctx, value)
 
     return run
 
 
 @contextlib.contextmanager
-def _observed_node(seg: Segment, observer: Observer, ctx: Context) -> Iterator[None]:
+def _observed_node(seg: Segment, observer: Observer, ctx: Context, step: Node) -> Iterator[None]:
     node = ObservedNode(ctx.run_id, ctx.node_id, ctx.execution)
     before = {a.id: a.status for a in _attempts(seg, node)}
     tell(lambda: observer.node_started(node))
@@ -98,7 +100,8 @@ def _observed_node(seg: Segment, observer: Observer, ctx: Context) -> Iterator[N
         with contextlib.suppress(Exception):  # the store may be what failed
             for attempt in _attempts(seg, node):
                 report(observer, attempt, before.get(attempt.id))
-        tell(lambda: observer.node_finished(node, status_of(outcome)))
+        # As the runner records it: a node that raised may be blocked, not failed (N6).
+        tell(lambda: observer.node_finished(node, status_after(step, outcome)))
 
 
 def report(observer: Observer, attempt: Attempt, was: Any = None) -> None:

@@ -264,7 +264,7 @@ def _run_node(ex: Segment, n: Node, value: Any, plan: Plan | None = None) -> Any
             _blocked(ex, n.name, execution, f"the store failed in node {n.name}: {exc}")
             raise Blocked(exc.message, run_id=ex.run_id) from exc
         except Exception as exc:
-            if not n.retries and not isinstance(exc, _DECLARED):
+            if _undeclared(n, exc):
                 # A bug or a broken environment, and no retry policy (N6).
                 raise _raised(ex, n.name, execution, exc) from exc
             error = describe(exc, excerpt=not isinstance(exc, _DECLARED))
@@ -339,6 +339,24 @@ class _CheckFailed(Exception):
 #: A node's declared failures (N6): what it raises to say its step failed, its
 #: check refusing its result, an effect the target settled as failed.
 _DECLARED = (NodeFailed, _CheckFailed, AttemptFailed)
+
+
+def _undeclared(n: Node, exc: BaseException) -> bool:
+    """N6: an exception of node code that neither the node declares as its
+    failure nor a retry policy covers: it blocks the node, it fails nothing."""
+    return isinstance(exc, Exception) and not n.retries and not isinstance(exc, _DECLARED)
+
+
+def status_after(n: Node, exc: BaseException | None) -> str:
+    """What an execution of ``n`` whose code ended with ``exc`` is recorded as:
+    ``completed``; ``blocked`` (a wait, an uncertainty, the store, a replay that
+    differs, an exception it does not declare, N6); else ``failed``. Telemetry
+    reports node executions by it, so it says what the store says."""
+    if exc is None:
+        return "completed"
+    if isinstance(exc, Blocked | NonDeterminismError | StoreError) or _undeclared(n, exc):
+        return "blocked"
+    return "failed"
 
 
 class _NodeFailed(Exception):
