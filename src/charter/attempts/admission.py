@@ -15,7 +15,7 @@ an exhausted allowance pauses it) keep that change.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from charter import ledger
 from charter.adapters import EffectClass
@@ -181,7 +181,16 @@ def check_allowance(seg: Segment, tx: Tx, contract: Contract, row: Row, call: Ca
     )
 
 
-def admission(seg: Segment, call: Call, effect: Effect, *, dispatch: bool = True) -> Attempt:
+class Admitted(NamedTuple):
+    """An admitted attempt and the units its contract budgeted then: what its
+    settlement counts as budgeted (L5). Kept with the call, never on the
+    executor, which concurrent calls share."""
+
+    attempt: Attempt
+    units: frozenset[str]
+
+
+def admission(seg: Segment, call: Call, effect: Effect, *, dispatch: bool = True) -> Admitted:
     """The admission transaction; a repeat of an effect's generation is reported
     as such, and records nothing. An effect key or node id no store would keep
     as given is refused first (A10)."""
@@ -199,7 +208,7 @@ def admission(seg: Segment, call: Call, effect: Effect, *, dispatch: bool = True
         raise
 
 
-def admit(seg: Segment, tx: Tx, call: Call, effect: Effect, *, dispatch: bool = True) -> Attempt:
+def admit(seg: Segment, tx: Tx, call: Call, effect: Effect, *, dispatch: bool = True) -> Admitted:
     """A1 + (when no approval wait intervenes) A2, in the caller's transaction."""
     row = seg.own(tx)
     contract = seg.runtime.authority.contract(tx, seg.mission_id, row["contract_version"])
@@ -219,7 +228,6 @@ def admit(seg: Segment, tx: Tx, call: Call, effect: Effect, *, dispatch: bool = 
     check_allowance(seg, tx, contract, row, call)
     if effect.followed(row["linked_from"]):
         check_effect(seg, tx, effect)
-    seg.budget_units = frozenset(contract.allowance)
     standing = ApprovalStatus.APPROVED
     if contract.approvals.requires(call.scope):
         standing, _ = approvals.standing(
@@ -236,7 +244,7 @@ def admit(seg: Segment, tx: Tx, call: Call, effect: Effect, *, dispatch: bool = 
     attempt = _record(seg, tx, call, effect, dispatch and standing is ApprovalStatus.APPROVED)
     if standing is ApprovalStatus.DENIED:
         attempt = void_denied(seg, tx, attempt)
-    return attempt
+    return Admitted(attempt, frozenset(contract.allowance))
 
 
 def void_denied(seg: Segment, tx: Tx, attempt: Attempt) -> Attempt:

@@ -173,15 +173,17 @@ def dispatching_prepared(
     seg.runtime.crash("dispatch.before")
     started = seg.runtime.clock.monotonic_us()  # before the dispatch commit (F3)
     with seg.runtime.db.transaction(gate=seg.mission_id) as tx:
-        attempt = _commit_dispatch(seg, tx, attempt_id, adapter, request)
+        attempt, units = _commit_dispatch(seg, tx, attempt_id, adapter, request)
     if attempt.status is AttemptStatus.VOIDED:
         return attempt
-    return (yield from sending(seg, attempt, adapter, started))
+    return (yield from sending(seg, attempt, adapter, started, units=units))
 
 
 def _commit_dispatch(
     seg: Segment, tx: Tx, attempt_id: str, adapter: Adapter, request: Any
-) -> Attempt:
+) -> admission.Admitted:
+    """The dispatch commit of a PREPARED attempt; the units its contract
+    budgets now, which its settlement counts as budgeted."""
     row = seg.own(tx)
     attempt = store.load(tx, attempt_id)
     if attempt.run_id != seg.run_id:
@@ -212,7 +214,7 @@ def _commit_dispatch(
     if status not in (RunStatus.ACTIVE, RunStatus.WAITING):
         raise StateError(f"run {seg.run_id} is {status.value}; nothing is dispatched")
     contract = seg.runtime.authority.contract(tx, seg.mission_id, row["contract_version"])
-    seg.budget_units = frozenset(contract.allowance)
+    units = frozenset(contract.allowance)
     require(
         tx,
         contract,
@@ -225,7 +227,9 @@ def _commit_dispatch(
         kind="dispatch.refused",
     )
     if contract.approvals.requires(attempt.scope) and not _approved(seg, tx, contract, attempt):
-        return changed(attempt, status=AttemptStatus.VOIDED, reason="approval denied")
+        return admission.Admitted(
+            changed(attempt, status=AttemptStatus.VOIDED, reason="approval denied"), units
+        )
     deadline = seg.send_deadline(tx.now_us)
     # Not PREPARED any more: voided concurrently, it must never be sent.
     if not store.mark_dispatched(tx, attempt.id, epoch=seg.epoch, deadline_us=deadline):
@@ -238,7 +242,7 @@ def _commit_dispatch(
         send_deadline_us=deadline,
     )
     admission.audit_dispatched(seg, tx, attempt)
-    return attempt
+    return admission.Admitted(attempt, units)
 
 
 def _approved(seg: Segment, tx: Tx, contract: Contract, attempt: Attempt) -> bool:
@@ -317,7 +321,7 @@ def performing(
     while True:
         seg.runtime.crash("admission.before")
         started = seg.runtime.clock.monotonic_us()  # before the dispatch commit (F3)
-        attempt = admission.admission(seg, call, effect)
+        attempt, units = admission.admission(seg, call, effect)
         if attempt.status is AttemptStatus.VOIDED:
             return attempt
         if attempt.status is AttemptStatus.PREPARED:
@@ -328,7 +332,9 @@ def performing(
                 attempt_id=attempt.id,
             )
         reports: list[Report] = []
-        attempt = yield from sending(seg, attempt, adapter, started, call.secrets, reports=reports)
+        attempt = yield from sending(
+            seg, attempt, adapter, started, call.secrets, units=units, reports=reports
+        )
         # A target that never answers cannot drain the budget: the
         # operation's retry policy bounds the A7 write-off retries, and the
         # new attempts of an effect this executor left unsent (A4).
@@ -395,6 +401,7 @@ def sending(
     started_us: int,
     hidden: list[Secret] | None = None,
     *,
+    units: frozenset[str],
     reports: list[Report] | None = None,
 ) -> Sending[Attempt]:
     """Send through the one send path, then settle. ``hidden``: the request's
@@ -419,7 +426,7 @@ def sending(
     try:
         try:
             settled = seg.runtime.db.transact(
-                lambda tx: _settle_live(seg, tx, attempt, report), gate=seg.mission_id
+                lambda tx: _settle_live(seg, tx, attempt, report, units), gate=seg.mission_id
             )
         except AmountOverflow as exc:  # a valid cost the ledger's sums cannot take (A9)
             settled = _unaddable(seg, attempt, report, exc)
@@ -461,11 +468,11 @@ def _unaddable(seg: Segment, attempt: Attempt, report: Report, exc: AmountOverfl
         return store.load(tx, attempt.id)
 
 
-def _settle_live(seg: Segment, tx: Tx, attempt: Attempt, report: Report) -> Attempt:
-    """Settle what the live send reported (it was DISPATCHED by this executor)."""
-    units = seg.budget_units
-    if units is None:
-        raise StateError(f"attempt {attempt.id} is settled without its dispatch commit")
+def _settle_live(
+    seg: Segment, tx: Tx, attempt: Attempt, report: Report, units: frozenset[str]
+) -> Attempt:
+    """Settle what the live send reported (it was DISPATCHED by this executor);
+    ``units``: what its contract budgeted at its admission or dispatch commit."""
     evidence = report.evidence
     kw: dict[str, Any] = {
         "units": units,

@@ -73,7 +73,7 @@ class Executor(Segment):
         self.runtime.crash("admission.before")
         lines = self._lineage(node_id, execution)
         effect = Effect(node_id, execution, effect_key, generation, retry_of, lines)
-        attempt = admission(self, call, effect, dispatch=False)
+        attempt = admission(self, call, effect, dispatch=False).attempt
         self.runtime.crash("admission.after")
         if self.runtime.observer is not None:
             observed.report(self.runtime.observer, attempt)

@@ -48,8 +48,6 @@ class Segment:
         #: Which executor of the segment this is (F1): ``None`` acts for an idle
         #: owner (a reconcile as the recovered segment), never beside a live one.
         self.claim = claim
-        #: The units budgeted by the contract version this segment last admitted under.
-        self.budget_units: frozenset[str] | None = None
         #: The process holding the run (R1): a forked child is another process,
         #: which must not write for a parent whose death may be proven.
         self.pid = os.getpid()
