@@ -282,6 +282,27 @@ def test_P1_resume_without_the_run_right_is_refused_as_not_authorized(
         assert http.post(f"/runs/{params['run_id']}/resume", json={}).status_code == 200
 
 
+def test_N6_a_resumed_run_that_blocks_again_is_answered_with_its_state_not_a_500(
+    desk: charter.Engine, base: str, creds: Creds
+) -> None:
+    """A resume whose node blocks again (its effect still waits for an approval)
+    raised the engine's Blocked signal through the endpoint: the client got a
+    500 and no word of why. The resume was made; the answer is the run's state
+    and what it waits for."""
+    who = {n: desk.authenticate(c) for n, c in creds[0].items()}
+    mission = desk.create_mission(contract(), by=who["alice"])
+    run_id = blocked_run(desk, mission, who["agent"])
+    [attempt] = desk.attempts(run_id=run_id)
+    with client(base, creds, "with_run") as http:
+        answer = http.post(f"/runs/{run_id}/resume", json={})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["status"] == "waiting"
+    assert body["blocked"]["attempt_id"] == attempt.id
+    assert "approval" in body["blocked"]["reason"]
+    assert "result" not in body
+
+
 def test_W2_two_operators_deciding_the_same_approval_at_once_make_exactly_one_decision(
     desk: charter.Engine, base: str, creds: Creds
 ) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from charter import RunStatus, UsageError
+from charter import Blocked, RunStatus, UsageError
 from charter.server.wire import jsonable, limit, listing, next_action, position, whole
 
 if TYPE_CHECKING:
@@ -253,7 +253,13 @@ def _resume(engine: Engine, who: Principal, call: Call) -> Any:
     run_id = call.path["run_id"]
     # By default the run continues as its owner's segment, which a blocked run has let go of.
     segment = call.text("segment") or engine.run(run_id).owner_segment
-    result = engine.coordinator.resume(run_id, segment, by=who).execute()
+    executor = engine.coordinator.resume(run_id, segment, by=who)
+    try:
+        result = executor.execute()
+    except Blocked as blocked:  # resumed, and waiting again: the run's state says why
+        run = engine.run(run_id)
+        why = {"reason": blocked.reason, "attempt_id": blocked.attempt_id}
+        return {"run_id": run.id, "status": run.status.value, "epoch": run.epoch, "blocked": why}
     run = engine.run(run_id)
     return {"run_id": run.id, "status": run.status.value, "epoch": run.epoch, "result": result}
 
