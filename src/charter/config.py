@@ -166,6 +166,11 @@ class EngineConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> EngineConfig:
+        """The configuration in the TOML file at ``path`` (the module's text shows
+        its keys). Relative paths in it (the store, artifacts, workspace, the
+        signing key) are read beside the file, not from the current directory,
+        so one file serves every process that names it; a missing file, bad
+        TOML or an unknown key is a :class:`~charter.errors.ConfigError`."""
         p = Path(path)
         try:
             data = tomllib.loads(p.read_text())
