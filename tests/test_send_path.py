@@ -618,7 +618,10 @@ def test_F2_a_fenced_executor_writes_nothing_off(
     clock: ManualClock,
 ) -> None:
     """Confirmed: the A7 read-only write-off ran without the ownership check, so an
-    executor that had lost the run still settled its attempt and retried it."""
+    executor that had lost the run still settled its attempt and retried it. The
+    recovery that took the run over writes the read off itself (A7 holds where
+    recovery makes an attempt UNKNOWN): the fenced executor settles nothing,
+    retries nothing, and is fenced at its next write."""
     mission = engine.create_mission(default_contract(read_only_unknown="write_off"), by=who.alice)
     ex = start(engine, who, mission)
 
@@ -628,10 +631,18 @@ def test_F2_a_fenced_executor_writes_nothing_off(
         raise TimeoutError("no answer")
 
     adapter.script["read"] = lost_while_taken_over
-    with pytest.raises(charter.Fenced):
-        ex.attempt(adapter, "read", {"q": 1}, effect_key="q")
+    ex.attempt(adapter, "read", {"q": 1}, effect_key="q")
     (attempt,) = engine.attempts(mission_id=mission)
-    assert attempt.status is AttemptStatus.UNKNOWN  # not written off by the fenced executor
+    assert attempt.status is AttemptStatus.WRITTEN_OFF
+    [settled] = [e for e in engine.audit_events(mission) if e["kind"] == "attempt.settled"]
+    assert (settled["actor"], settled["segment"], settled["epoch"]) == (
+        "engine:read_only_policy",
+        "seg-2",
+        2,
+    )
+    assert len(adapter.sent) == 1
+    with pytest.raises(charter.Fenced):
+        ex.attempt(adapter, "read", {"q": 2}, effect_key="q2")
     assert len(adapter.sent) == 1
 
 
