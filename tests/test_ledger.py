@@ -1884,6 +1884,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 outcome=outcome,  # type: ignore[arg-type]
                 evidence={"seen": "checked with the target"},
                 cost=cost,
+                confirm_above_hold=True,  # overruns of any size are meant here (L5)
             )
         except charter.StateError:  # DISPATCHED by a live owner: its answer may still come
             assert self.engine.attempt(attempt_id).status is AttemptStatus.DISPATCHED
