@@ -271,3 +271,51 @@ def test_R8_a_model_calls_result_is_checked_against_the_sdks_response_at_resolve
         assert resumed.execute(plan) == "Paid inv-7."
     calls = [a for a in engine.attempts(run_id=ex.run_id) if a.adapter == "agent-models"]
     assert [a.retry_of for a in calls if a.retry_of] == [lost.id]
+
+
+def test_N6_a_tool_call_resolved_without_its_answer_stops_the_node_and_tells_the_model_nothing(
+    engine: charter.Engine, who: Principals
+) -> None:
+    """The tool acted and its answer was lost; a person confirmed it without
+    saying what it returned. The model is not told anything made up (not even
+    an error, which would invite it to call again): the node stops with
+    AnswerNotRecorded for a person, and the tool is not called again."""
+    calls: list[str] = []
+
+    @function_tool
+    def lookup(payee: str) -> str:
+        """Pay a payee."""
+        calls.append(payee)
+        if len(calls) == 1:
+            raise RuntimeError("connection reset after the bank took it")
+        return "paid"
+
+    tools = AgentTools([lookup], effects={"lookup": EffectClass.UNSAFE})
+    with FakeProvider(script=one_call("lookup")) as fake:
+        models = AgentModels(base_url=fake.url + "/v1", api_key="sk-test")
+        agent = Agent(
+            name="clerk",
+            model="gpt-4o-mini",
+            model_settings=ModelSettings(max_tokens=50),
+            tools=list(tools.tools.values()),
+        )
+
+        @charter.node
+        async def go(ctx: charter.Context, _: Any) -> str:
+            return str((await run(ctx, agent, "pay", models=models, tools=tools)).final_output)
+
+        m = mission(engine, who)
+        ex = engine.start_run(m, by=who.agent, segment_id="seg-1")
+        plan = charter.Plan("p", (go,))
+        with pytest.raises(charter.Blocked):
+            ex.execute(plan)
+        [call] = [a for a in engine.attempts(run_id=ex.run_id) if a.operation == "lookup"]
+        engine.coordinator.resolve(call.id, by=who.alice, outcome="succeeded", evidence="bank")
+
+        resumed = engine.coordinator.resume(ex.run_id, "seg-1", by=who.alice)
+        with pytest.raises(charter.Blocked) as blocked:
+            resumed.execute(plan)
+        assert isinstance(blocked.value.__cause__, charter.AnswerNotRecorded)
+        assert len(fake.received) == 1  # the model was told nothing
+    assert calls == ["gazette"]
+    assert engine.run(ex.run_id).status is charter.RunStatus.NEEDS_INTERVENTION

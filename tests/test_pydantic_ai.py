@@ -397,3 +397,18 @@ def test_R8_a_result_the_integration_could_not_read_is_refused_at_resolve(
             adapter=durability.adapter,
         )
     assert stored(engine, engine.run(ex.run_id).mission_id) == before
+
+
+def test_N6_a_tool_call_resolved_without_its_answer_stops_the_node_and_tells_the_model_nothing(
+    engine: charter.Engine, who: Principals
+) -> None:
+    ex, plan, call, _ = wire_lost(engine, who)
+    engine.coordinator.resolve(call.id, by=who.alice, outcome="succeeded", evidence="the bank")
+    resumed = engine.coordinator.resume(ex.run_id, "seg-1", by=who.alice)
+    with pytest.raises(charter.Blocked) as blocked:
+        resumed.execute(plan)
+    assert isinstance(blocked.value.__cause__, charter.AnswerNotRecorded)
+    assert blocked.value.__cause__.details["attempt_id"] == call.id
+    wires = [a for a in engine.attempts(run_id=ex.run_id) if a.operation == "wire"]
+    assert [a.id for a in wires] == [call.id]  # not called again
+    assert engine.run(ex.run_id).status is charter.RunStatus.NEEDS_INTERVENTION

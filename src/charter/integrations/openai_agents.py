@@ -40,6 +40,7 @@ from typing import Any
 
 from charter import (
     AttemptFailed,
+    CharterError,
     ConfigError,
     Context,
     Dispatch,
@@ -76,7 +77,7 @@ try:
         Runner,
         RunResult,
     )
-    from agents.exceptions import ModelBehaviorError
+    from agents.exceptions import ModelBehaviorError, UserError
     from agents.tool import maybe_invoke_function_tool_failure_error_function
     from pydantic import BaseModel, TypeAdapter
 except ImportError:  # pragma: no cover - exercised by a test that hides the SDK
@@ -463,7 +464,17 @@ async def run(
     config = dataclasses.replace(
         run_config or RunConfig(), model_provider=_Provider(ctx, models, label)
     )
-    return await Runner.run(governed, input, run_config=config, **options)
+    try:
+        return await Runner.run(governed, input, run_config=config, **options)
+    except UserError as exc:
+        # The SDK wraps what a tool raised ("Error running tool ..."): Charter's
+        # own errors reach the node as they are, so that it can tell a failure
+        # (AttemptFailed) or an answer never recorded (AnswerNotRecorded, N6)
+        # from a bug.
+        cause = exc.__cause__
+        if isinstance(cause, CharterError):
+            raise cause.with_traceback(cause.__traceback__) from None
+        raise
 
 
 def _governed(
