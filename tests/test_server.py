@@ -63,8 +63,13 @@ def contract() -> dict[str, Any]:
     }
 
 
+#: Rights that come with others (P3): recover and reconcile with run or resolve.
+IMPLIED = {"recover": ("run", "resolve"), "reconcile": ("run", "resolve")}
+
+
 def holds(name: str, right: str) -> bool:
-    return right in contract()["principals"][name]
+    granted = contract()["principals"][name]
+    return any(r in granted for r in (right, *IMPLIED.get(right, ())))
 
 
 def client(base: str, creds: Creds, name: str | None) -> httpx.Client:
@@ -301,6 +306,26 @@ def test_N6_a_resumed_run_that_blocks_again_is_answered_with_its_state_not_a_500
     assert body["blocked"]["attempt_id"] == attempt.id
     assert "approval" in body["blocked"]["reason"]
     assert "result" not in body
+
+
+def test_R8_a_resolution_far_above_the_hold_needs_confirming_over_http_too(
+    desk: charter.Engine, base: str, creds: Creds
+) -> None:
+    """A cost more than ten times the hold is a typo until confirmed: the API
+    refuses it as the person's input (changing nothing) and takes it with
+    ``confirm_above_hold``, as Python and the CLI do."""
+    scene = Scene(desk, creds)
+    attempt = scene.unknown[0]
+    hold = desk.attempt(attempt).estimate["usd"]
+    body = {"outcome": "succeeded", "evidence": "bank statement", "cost": {"usd": hold * 11}}
+    before = stored(desk, scene.mission)
+    with client(base, creds, "alice") as http:
+        typo = http.post(f"/attempts/{attempt}/resolve", json=body)
+        assert (typo.status_code, typo.json()["error"]["code"]) == (400, "usage_error")
+        assert stored(desk, scene.mission) == before
+        meant = http.post(f"/attempts/{attempt}/resolve", json={**body, "confirm_above_hold": True})
+    assert meant.status_code == 200, meant.text
+    assert desk.attempt(attempt).actual == {"usd": hold * 11}
 
 
 def test_W2_two_operators_deciding_the_same_approval_at_once_make_exactly_one_decision(

@@ -245,6 +245,7 @@ def _resolve(engine: Engine, who: Principal, call: Call) -> Any:
         outcome=outcome,  # type: ignore[arg-type]  # checked just above
         evidence=call.needs("evidence"),
         cost=amounts,
+        confirm_above_hold=call.flag("confirm_above_hold"),
     )
     return attempt.to_dict()
 
@@ -311,7 +312,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     E("GET", "/runs/{run_id}/timeline", "timeline", "The audit events about a run, newest page",
       "credential", _timeline, ("before", "limit")),
     E("POST", "/runs/{run_id}/recover", "recover",
-      "Take a run over as a new segment (force: needs stop)", "credential", _recover,
+      "Take a run over as a new segment (needs recover; force: needs stop)", "recover", _recover,
       body={"segment": "string", "force": "boolean"}, required=("segment",)),
     E("POST", "/runs/{run_id}/resume", "resume",
       "Continue a run under the resume policy (human mode: needs run)", "run", _resume,
@@ -323,14 +324,19 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     E("GET", "/attempts/{attempt_id}", "attempt",
       "An attempt with its evidence and next safe action", "credential", _attempt),
     E("POST", "/attempts/{attempt_id}/reconcile", "reconcile",
-      "Ask the attempt's adapter for evidence and record it", "credential", _reconcile,
+      "Ask the attempt's adapter for evidence and record it", "reconcile", _reconcile,
       body={"segment": "string"}),
     E("POST", "/attempts/{attempt_id}/confirm", "confirm",
       "Settle an uncertain attempt on its recorded evidence", "resolve", _confirm,
       body={"evidence_id": "string"}),
     E("POST", "/attempts/{attempt_id}/resolve", "resolve",
       "Settle an uncertain attempt as a person, with evidence", "resolve", _resolve,
-      body={"outcome": "string", "evidence": "string", "cost": "object"},
+      body={
+          "outcome": "string",
+          "evidence": "string",
+          "cost": "object",
+          "confirm_above_hold": "boolean",
+      },
       required=("outcome", "evidence")),
     E("GET", "/approvals", "approvals", "List approvals", "credential", _approvals,
       ("run", "pending", *_PAGE)),
