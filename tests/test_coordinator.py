@@ -1,6 +1,6 @@
 """The coordinator on a real store: recover, reconcile, confirm, resolve, resume.
 
-Tests are named by the rule they prove (DESIGN §4: R1-R9, A8, with W2, L4,
+Tests are named by the rule they prove (docs/rules.md: R1-R9, A8, with W2, L4,
 L9 where they meet recovery), plus one test per row of the recovery table
 that is observable without node execution. Every assertion reads stored data
 (runs, attempts, evidence, ledger, balances, approvals, audit events) or what
@@ -1487,7 +1487,7 @@ def test_r9_an_approval_that_expires_after_it_was_used_blocks_nothing(
     assert len(adapter.sent) == 1
 
 
-# -- the recovery table (DESIGN §4), rows observable without nodes ------------------------------
+# -- the recovery table (docs/recovery.md), rows observable without nodes ---------------------
 
 
 def test_table_prepared_is_voided_by_the_new_epoch_and_can_be_readmitted(
