@@ -620,8 +620,9 @@ def test_F2_a_fenced_executor_writes_nothing_off(
     """Confirmed: the A7 read-only write-off ran without the ownership check, so an
     executor that had lost the run still settled its attempt and retried it. The
     recovery that took the run over writes the read off itself (A7 holds where
-    recovery makes an attempt UNKNOWN): the fenced executor settles nothing,
-    retries nothing, and is fenced at its next write."""
+    recovery makes an attempt UNKNOWN): the fenced executor settles nothing and
+    retries nothing: asking for the read again is its next write, and it is
+    fenced there, within the same call."""
     mission = engine.create_mission(default_contract(read_only_unknown="write_off"), by=who.alice)
     ex = start(engine, who, mission)
 
@@ -631,7 +632,8 @@ def test_F2_a_fenced_executor_writes_nothing_off(
         raise TimeoutError("no answer")
 
     adapter.script["read"] = lost_while_taken_over
-    ex.attempt(adapter, "read", {"q": 1}, effect_key="q")
+    with pytest.raises(charter.Fenced):
+        ex.attempt(adapter, "read", {"q": 1}, effect_key="q")
     (attempt,) = engine.attempts(mission_id=mission)
     assert attempt.status is AttemptStatus.WRITTEN_OFF
     [settled] = [e for e in engine.audit_events(mission) if e["kind"] == "attempt.settled"]

@@ -18,8 +18,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from charter import ledger
-from charter.adapters import EffectClass
-from charter.attempts import settlement, store
+from charter.attempts import effects, settlement, store
 from charter.attempts.calls import Call
 from charter.attempts.model import Attempt, AttemptStatus, Effect, changed, idempotency_key_for
 from charter.contracts import store as contracts_store
@@ -29,8 +28,6 @@ from charter.contracts.principals import Right
 from charter.errors import (
     AdmissionRefused,
     AllowanceExceeded,
-    AttemptAlreadySettled,
-    StateError,
     StoreConflict,
 )
 from charter.ids import check_text
@@ -40,66 +37,13 @@ from charter.storage import Row, Tx
 from charter.waits import approvals
 from charter.waits.approvals import ApprovalStatus
 
-#: Statuses whose effect is, or may be, performed: a retry never follows them
-#: unless the effect only reads (A4, A7).
-_PERFORMED = frozenset({AttemptStatus.SUCCEEDED, AttemptStatus.WRITTEN_OFF})
-
 
 def check_effect(seg: Segment, tx: Tx, effect: Effect) -> None:
-    """A4: one effect, one performance.
-
-    A generation is admitted once; no attempt is admitted while any attempt of
-    the same effect (same node and effect key, across node executions and the
-    runs this one continues) is unresolved; an effect that was performed, or
-    may have been (SUCCEEDED, WRITTEN_OFF), is never admitted again unless it
-    only reads; and a retry names the settled attempt it follows: the newest
-    of the effect, FAILED or VOIDED.
-    """
+    """A4 under the mission's gate: the effect's attempts read now must admit
+    this try (:func:`effects.check_admissible`, the decider's rule)."""
     lines = [(seg.run_id, effect.execution)] if effect.lineage is None else effect.lineage
     rows = store.effect_attempts(tx, lines, effect.node_id, effect.key)
-    for r in rows:
-        if (r.run_id, r.execution, r.generation) == (
-            seg.run_id,
-            effect.execution,
-            effect.generation,
-        ):
-            raise AttemptAlreadySettled(
-                f"effect {effect.key!r} already has attempt {r.id} "
-                f"({r.status.value}) at generation {effect.generation}; a retry is a new "
-                "generation",
-                attempt_id=r.id,
-                status=r.status.value,
-            )
-        if r.status.holds:
-            raise StateError(
-                f"effect {effect.key!r} has attempt {r.id} still {r.status.value}; it is "
-                "never retried on a guess — reconcile or resolve it first",
-                attempt_id=r.id,
-                status=r.status.value,
-            )
-    if not rows:
-        if effect.retry_of is not None or effect.generation > 1:
-            raise StateError(
-                f"effect {effect.key!r} has no earlier attempt: a first try is generation 1 "
-                "and follows nothing",
-                retry_of=effect.retry_of,
-            )
-        return
-    newest = rows[0]
-    if effect.retry_of != newest.id:
-        raise StateError(
-            f"effect {effect.key!r} was tried before (attempt {newest.id}, "
-            f"{newest.status.value}): a retry must name it as retry_of",
-            retry_of=effect.retry_of,
-            attempt_id=newest.id,
-        )
-    if newest.status in _PERFORMED and newest.effect_class != EffectClass.READ_ONLY:
-        raise AttemptAlreadySettled(
-            f"effect {effect.key!r} was settled {newest.status.value} by attempt {newest.id}; "
-            "a settled effect is never performed again — its record is replayed",
-            attempt_id=newest.id,
-            status=newest.status.value,
-        )
+    effects.check_admissible(rows, effect, seg.run_id)
 
 
 def check_stop(seg: Segment, tx: Tx, contract: Contract, row: Row, call: Call) -> None:
@@ -238,6 +182,7 @@ def admit(seg: Segment, tx: Tx, call: Call, effect: Effect, *, dispatch: bool = 
             effect=approvals.effect_id(seg.run_id, effect.node_id, effect.execution, effect.key),
             scope=call.scope,
             request_hash=call.request_hash,
+            estimate=call.estimate.amounts,
             actor=seg.principal,
             epoch=seg.epoch,
         )

@@ -21,8 +21,8 @@ from typing import Any, TypeVar, cast
 from charter import secret
 from charter.adapters import Adapter, Dispatch, EffectClass, Evidence, Outcome
 from charter.adapters.protocol import blocking, is_async
-from charter.attempts import admission, calls, settlement, store
-from charter.attempts.calls import Call, encode_request, request_hash
+from charter.attempts import admission, settlement, store
+from charter.attempts.calls import encode_request, request_hash
 from charter.attempts.evidence import (
     Report,
     from_answer,
@@ -31,7 +31,7 @@ from charter.attempts.evidence import (
     record,
     unrecorded,
 )
-from charter.attempts.model import Attempt, AttemptStatus, Effect, Lineage, changed
+from charter.attempts.model import Attempt, AttemptStatus, changed
 from charter.clock import seconds_us
 from charter.contracts.authority import require
 from charter.contracts.contract import Contract
@@ -258,6 +258,7 @@ def _approved(seg: Segment, tx: Tx, contract: Contract, attempt: Attempt) -> boo
         ),
         scope=attempt.scope,
         request_hash=attempt.request_hash,
+        estimate=attempt.estimate,
         actor=seg.principal,
         epoch=seg.epoch,
     )
@@ -279,99 +280,6 @@ def _approved(seg: Segment, tx: Tx, contract: Contract, attempt: Attempt) -> boo
             keep_changes=True,
         )
     return True
-
-
-def perform(
-    seg: Segment,
-    adapter: Adapter,
-    operation: str,
-    request: Any,
-    *,
-    effect_key: str,
-    node_id: str = "",
-    execution: int = 0,
-    generation: int = 1,
-    retry_of: str | None = None,
-    call: Call | None = None,
-    lineage: Lineage | None = None,
-) -> Attempt:
-    """Admit, dispatch, send and settle one effect; return the recorded attempt.
-
-    The returned attempt is SUCCEEDED, FAILED or UNKNOWN. A required approval
-    that is not yet given raises :class:`~charter.errors.ApprovalRequired`
-    with the attempt left PREPARED and its hold kept.
-    """
-    effect = Effect(node_id, execution, effect_key, generation, retry_of, lineage)
-    return drive(performing(seg, adapter, operation, request, effect, call=call), adapter)
-
-
-def performing(
-    seg: Segment,
-    adapter: Adapter,
-    operation: str,
-    request: Any,
-    effect: Effect,
-    *,
-    call: Call | None = None,
-) -> Sending[Attempt]:
-    """:func:`perform`, as the steps a driver runs."""
-    if call is None:
-        call = calls.prepare(adapter, operation, request)
-    retries = 0
-    while True:
-        seg.runtime.crash("admission.before")
-        started = seg.runtime.clock.monotonic_us()  # before the dispatch commit (F3)
-        attempt, units = admission.admission(seg, call, effect)
-        if attempt.status is AttemptStatus.VOIDED:
-            return attempt
-        if attempt.status is AttemptStatus.PREPARED:
-            seg.runtime.crash("admission.after")
-            raise ApprovalRequired(
-                f"{call.scope} needs an approval before it is sent; attempt {attempt.id} "
-                "is PREPARED with its hold kept (see `charter approvals`)",
-                attempt_id=attempt.id,
-            )
-        reports: list[Report] = []
-        attempt = yield from sending(
-            seg, attempt, adapter, started, call.secrets, units=units, reports=reports
-        )
-        # A target that never answers cannot drain the budget: the
-        # operation's retry policy bounds the A7 write-off retries, and the
-        # new attempts of an effect this executor left unsent (A4).
-        limit = call.adapter.operations[call.operation].retries
-        unsent = attempt.status is AttemptStatus.FAILED and reports[-1].unsent
-        if retries >= limit or not (unsent or _write_off_read_only(seg, attempt, call)):
-            return attempt
-        retries += 1
-        effect = effect.retried_after(attempt.id)
-
-
-def _write_off_read_only(seg: Segment, attempt: Attempt, call: Call) -> bool:
-    """A7 opt-in: write off a read-only UNKNOWN at its full hold so it can be retried."""
-    if attempt.status is not AttemptStatus.UNKNOWN or call.effect_class is not (
-        EffectClass.READ_ONLY
-    ):
-        return False
-    with seg.runtime.db.transaction(gate=seg.mission_id) as tx:
-        row = seg.own(tx)  # a fenced executor settles nothing (F2)
-        contract = seg.runtime.authority.contract(tx, seg.mission_id, row["contract_version"])
-        if contract.read_only_unknown != "write_off":
-            return False
-        return settlement.settle(
-            tx,
-            attempt,
-            AttemptStatus.WRITTEN_OFF,
-            actual=attempt.estimate,
-            result=None,
-            receipt=None,
-            price_source=attempt.price_source,
-            reason="read_only UNKNOWN written off at its full hold (contract opt-in)",
-            units=contract.allowance.keys(),
-            actor="engine:read_only_policy",
-            segment=seg.segment_id,
-            epoch=seg.epoch,
-            from_statuses=(AttemptStatus.UNKNOWN,),
-        )
 
 
 def order(

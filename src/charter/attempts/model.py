@@ -93,12 +93,6 @@ class Effect:
             or linked_from is not None
         )
 
-    def retried_after(self, attempt_id: str) -> Effect:
-        """The next try, after ``attempt_id`` ended without applying the effect."""
-        return Effect(
-            self.node_id, self.execution, self.key, self.generation + 1, attempt_id, self.lineage
-        )
-
 
 @dataclass(frozen=True)
 class Attempt:

@@ -30,7 +30,7 @@ import json
 from typing import Any
 
 from charter.adapters import Adapter, Evidence
-from charter.attempts import calls, dispatch
+from charter.attempts import calls, dispatch, driver
 from charter.attempts.admission import admission
 from charter.attempts.calls import Call
 from charter.attempts.model import Attempt, AttemptStatus, Effect, Lineage
@@ -111,7 +111,7 @@ class Executor(Segment):
         with the attempt left PREPARED and its hold kept; a settlement the store
         refuses raises :class:`~charter.errors.SettlementUnrecorded`.
         """
-        attempt = dispatch.perform(
+        attempt = driver.perform(
             self,
             adapter,
             operation,

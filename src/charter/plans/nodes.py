@@ -26,11 +26,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO, overload
 
-from charter.adapters import Adapter, EffectClass
+from charter.adapters import Adapter
 from charter.artifacts.workspace import check_name
-from charter.attempts import calls, dispatch
+from charter.attempts import dispatch, driver, effects
 from charter.attempts.model import Attempt, AttemptStatus, Effect, Lineage
-from charter.attempts.store import effect_attempts
 from charter.clock import MICROS
 from charter.errors import (
     AdmissionRefused,
@@ -270,28 +269,16 @@ class Context:
     def _steps(
         self, adapter: Adapter, operation: str, request: Any, effect_key: str
     ) -> dispatch.Sending[Any]:
+        """The call through the one driver (:func:`dispatch.performing`), which
+        :func:`effects.decide` steers: what the node sees is the outcome, and a
+        wait or an uncertainty marks the run and blocks the node."""
         ex = self._ex
-        call = calls.prepare(adapter, operation, request)
-        prior = self._latest(effect_key)
-        generation, retry_of = 1, None
-        if prior is not None:
-            here = prior.run_id == self.run_id and prior.execution == self.execution
-            step = self._next_try(prior, call, here, effect_key)
-            if isinstance(step, Attempt):
-                return self._outcome(step)
-            if step is _DISPATCH:
-                return self._outcome((yield from self._dispatch_prepared(prior, adapter, request)))
-            generation = prior.generation + 1 if here else 1
-            retry_of = prior.id
-        effect = Effect(
-            self.node_id, self.execution, effect_key, generation, retry_of, self._lineage
-        )
+        at = Effect(self.node_id, self.execution, effect_key, lineage=self._lines())
         try:
-            attempt = yield from dispatch.performing(
-                ex, adapter, operation, request, effect, call=call
-            )
+            attempt = yield from driver.calling(ex, adapter, operation, request, at)
         except ApprovalRequired as exc:
-            ex.mark(RunStatus.WAITING, f"approval for {call.scope} in node {self.node_id}")
+            scope = f"{adapter.name}.{operation}"
+            ex.mark(RunStatus.WAITING, f"approval for {scope} in node {self.node_id}")
             raise Blocked(
                 exc.message, run_id=self.run_id, attempt_id=exc.details.get("attempt_id")
             ) from None
@@ -318,77 +305,22 @@ class Context:
             raise
         return self._outcome(attempt)
 
-    def _next_try(self, prior: Attempt, call: Any, here: bool, effect_key: str) -> object:
-        """What the effect's newest attempt means for this call (A4, A6).
-
-        The recorded attempt to replay (returned as is), :data:`_DISPATCH` for a
-        PREPARED one to send, or :data:`_RETRY` for a new attempt linked to it.
-        ``here``: the attempt belongs to this node execution.
-        """
-        performed = prior.status in (AttemptStatus.SUCCEEDED, AttemptStatus.WRITTEN_OFF)
-        reads = prior.effect_class == EffectClass.READ_ONLY.value
-        may_differ = not here and (prior.status.ended_unperformed or (performed and reads))
-        if not may_differ and (
-            prior.request_hash != call.request_hash or prior.scope != call.scope
-        ):
-            raise NonDeterminismError(
-                f"node {self.node_id} execution {self.execution} replayed effect "
-                f"{effect_key} with a different request than recorded (attempt "
-                f"{prior.id}); the run needs intervention",
-                attempt_id=prior.id,
-                recorded_hash=prior.request_hash,
-                replayed_hash=call.request_hash,
-            )
-        if prior.status is AttemptStatus.PREPARED:
-            return _DISPATCH
-        if prior.status is AttemptStatus.VOIDED:
-            return _RETRY  # never sent: admitted again (R3, N4)
-        if not here:
-            # A new node execution: what was performed is replayed from its
-            # record and never performed again, unless it only read; what was
-            # not applied is tried again as a new attempt (A4).
-            if prior.status.ended_unperformed or (performed and reads):
-                return _RETRY
-            return prior
-        # Settled as not applied while the node was not waiting for it (by
-        # evidence or a person): the node never saw it fail, so it goes on with
-        # a new attempt, under the operation's retry policy. So does a read
-        # written off, or settled without its answer (N6): reading again has
-        # no effect (A7), and a model call's only consequence is its cost.
-        unseen = prior.status is AttemptStatus.FAILED and not prior.answered
-        lost_read = reads and (prior.status is AttemptStatus.WRITTEN_OFF or unrecorded(prior))
-        retries = call.adapter.operations[call.operation].retries
-        if (unseen or lost_read) and prior.generation <= retries:
-            return _RETRY
-        return prior
-
     def _intervene(self, reason: str) -> None:
         """Mark the run as needing a person, if the store lets us (it may be the
         store that failed): recovery finds the unresolved attempt either way."""
         with contextlib.suppress(CharterError):
             self._ex.mark(RunStatus.NEEDS_INTERVENTION, reason)
 
-    def _dispatch_prepared(
-        self, prior: Attempt, adapter: Adapter, request: Any
-    ) -> dispatch.Sending[Attempt]:
-        try:
-            steps = dispatch.dispatching_prepared(self._ex, prior.id, adapter, request=request)
-            return (yield from steps)
-        except ApprovalRequired as exc:
-            self._ex.mark(RunStatus.WAITING, f"approval for {prior.scope} in node {self.node_id}")
-            raise Blocked(exc.message, run_id=self.run_id, attempt_id=prior.id) from None
-
-    def _latest(self, effect_key: str) -> Attempt | None:
-        """The effect's newest attempt: in this node execution, an earlier one of
-        the node, or one of an ended run this one continues (N4)."""
-        with self._ex.runtime.db.read() as tx:
-            if self._lineage is None:
+    def _lines(self) -> Lineage:
+        """Where this node's effects were tried before: this execution, the node's
+        earlier ones, the ended run this one continues (N4); read once."""
+        if self._lineage is None:
+            with self._ex.runtime.db.read() as tx:
                 self._lineage = lineage(tx, self.run_id, self.node_id, self.execution)
-            found = effect_attempts(tx, self._lineage, self.node_id, effect_key, newest=True)
-        return found[0] if found else None
+        return self._lineage
 
     def _outcome(self, attempt: Attempt) -> Any:
-        if unrecorded(attempt):  # never a result nobody recorded (N6)
+        if effects.unrecorded(attempt):  # never a result nobody recorded (N6)
             raise AnswerNotRecorded(
                 f"attempt {attempt.id} ({attempt.scope}) settled {attempt.status.value} without "
                 "its answer (a lookup or a person named no result); the effect was applied, "
@@ -539,22 +471,6 @@ class Context:
         raise WaitPending(
             f"node {self.node_id} waits for {kind.value} {key!r}", run_id=self.run_id, wait_id=w.id
         )
-
-
-def unrecorded(attempt: Attempt) -> bool:
-    """Whether ``attempt`` settled applied with no answer on record (N6): by
-    evidence naming no result (a usage lookup) or by a person who gave none,
-    never by its own send's answer."""
-    return (
-        attempt.status is AttemptStatus.SUCCEEDED
-        and not attempt.answered
-        and attempt.result is None
-    )
-
-
-#: What :meth:`Context._next_try` asks for besides a replay.
-_DISPATCH = object()
-_RETRY = object()
 
 
 def _suspended(ex: Segment) -> bool:
