@@ -113,6 +113,28 @@ def test_P3_a_contract_opts_out_of_four_eyes_explicitly(
     assert engine.contract(mission).to_dict()["approvals"]["four_eyes"] is False
 
 
+def test_P3_W2_an_own_approval_given_before_four_eyes_sends_nothing_after(
+    engine: charter.Engine, who: Principals, adapter: RecordingAdapter
+) -> None:
+    """An approval's validity is checked at the dispatch commit (W2), four eyes
+    included: the agent approved its own charge while the contract allowed it,
+    then four eyes was asked for. The charge is not sent on that approval; a
+    new request waits for another approver."""
+    mission, ex, approval = _asked(engine, who, adapter, _contract(four_eyes=False))
+    assert engine.approve(approval.id, by=who.agent) is ApprovalStatus.APPROVED
+    engine.amend_contract(mission, _contract(four_eyes=True), by=who.alice, reason="four eyes")
+    (charged,) = [a for a in engine.attempts(mission_id=mission) if a.operation == "charge"]
+    with pytest.raises(charter.ApprovalRequired):
+        ex.dispatch(charged.id, adapter)
+    assert adapter.sent == []
+    statuses = {a.id: a.status for a in engine.approvals()}
+    assert statuses[approval.id] is ApprovalStatus.SUPERSEDED
+    (pending,) = engine.approvals(pending=True)
+    assert engine.approve(pending.id, by=who.bob) is ApprovalStatus.APPROVED
+    assert ex.dispatch(charged.id, adapter).status is charter.AttemptStatus.SUCCEEDED
+    assert len(adapter.sent) == 1
+
+
 def test_P3_without_a_money_estimate_the_default_lets_the_requester_approve(
     engine: charter.Engine, who: Principals
 ) -> None:

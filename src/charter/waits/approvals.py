@@ -10,6 +10,8 @@ stays PREPARED with its hold. A denial voids the attempt.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from charter.contracts.contract import Contract
 from charter.contracts.principals import Right
 from charter.errors import NotFound, StateError
@@ -115,10 +117,15 @@ def standing(
     effect: str,
     scope: str,
     request_hash: str,
+    estimate: Mapping[str, int],
     actor: str,
     epoch: int | None,
 ) -> tuple[ApprovalStatus, str]:
     """Whether the effect may be dispatched now; opens a new request if needed.
+    The one check of an approval's validity (W2), at admission and at the
+    dispatch commit alike: unexpired, its approver still holding ``approve``
+    on the scope, and (four eyes, P3) not given by ``actor``, whose run
+    requested the effect, when the contract asks for four eyes on it now.
 
     Returns ``(APPROVED, id)`` when a valid approval exists, ``(DENIED, id)``
     when it was denied, and ``(PENDING, id)`` otherwise — after retiring an
@@ -130,7 +137,9 @@ def standing(
         # asserted: ``python -O`` must not change what may be sent).
         if a.decided_by is None or a.expires_at_us is None or a.expires_at_us <= tx.now_us:
             _retire(tx, a, ApprovalStatus.EXPIRED, actor)
-        elif not contract.allows(a.decided_by, Right.APPROVE, scope):
+        elif not contract.allows(a.decided_by, Right.APPROVE, scope) or (
+            a.decided_by == actor and contract.four_eyes(estimate)
+        ):
             _retire(tx, a, ApprovalStatus.SUPERSEDED, actor)
         else:
             return ApprovalStatus.APPROVED, a.id
