@@ -13,7 +13,8 @@ of the transaction back.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import hashlib
+from collections.abc import Callable, Collection, Mapping
 
 from charter.contracts import missions
 from charter.contracts.contract import Contract
@@ -44,14 +45,47 @@ class Authority:
         try:
             self.authenticator.vouch(principal)
         except AuthenticationError as exc:
-            raise tx.refused(
+            who = str(getattr(principal, "name", "?"))
+            raise self.refused_identity(
+                tx,
                 exc,
+                who,
                 mission_id=mission_id,
-                kind="auth.refused",
                 entity=entity,
-                actor=str(getattr(principal, "name", "?")),
-                payload={"reason": "forged or foreign principal"},
+                reason="forged or foreign principal",
             ) from None
+
+    def refused_identity(
+        self,
+        tx: Tx,
+        exc: AuthenticationError,
+        who: str,
+        *,
+        reason: str,
+        mission_id: str = ENGINE_CHAIN,
+        entity: str | None = None,
+    ) -> Refused:
+        """The one audited refusal of an identity (P1): a bad credential, a forged
+        principal. ``who`` as recorded (see :meth:`claimed`)."""
+        return tx.refused(
+            exc,
+            mission_id=mission_id,
+            kind="auth.refused",
+            entity=who if entity is None else entity,
+            actor=who,
+            payload={"reason": reason},
+        )
+
+    def claimed(self, exc: AuthenticationError, configured: Collection[str]) -> str:
+        """Who a refused credential claimed to be, as it may be recorded: a
+        configured name as given; anything else only by its digest, in case a
+        secret was typed where the name belongs (S3)."""
+        name = exc.details.get("principal")
+        if name is None:
+            return "?"
+        if name in configured:
+            return str(name)
+        return "unknown:" + hashlib.sha256(str(name).encode()).hexdigest()[:16]
 
     def current(self, tx: Tx, mission_id: str) -> Contract:
         """The mission's current contract version."""

@@ -8,7 +8,6 @@ are checked against the mission's *current* contract; refusals are audited.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -157,28 +156,14 @@ class Engine(GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots):
         try:
             return self._authority.authenticator.authenticate(credential)
         except AuthenticationError as exc:
-            # Record a configured name as given; anything else only by digest, in case
-            # a secret was typed where the name belongs (S3).
-            claimed = exc.details.get("principal")
-            if claimed is None:
-                who = "?"
-            else:
-                who = (
-                    claimed
-                    if claimed in self.config.credentials
-                    else "unknown:" + hashlib.sha256(str(claimed).encode()).hexdigest()[:16]
-                )
+            who = self._authority.claimed(exc, self.config.credentials)
+            if "principal" in exc.details:
                 exc.details["principal"] = who
             if not audit:
                 raise
             with self._db.transaction() as tx:
-                raise tx.refused(
-                    exc,
-                    mission_id=ENGINE_CHAIN,
-                    kind="auth.refused",
-                    entity=who,
-                    actor=who,
-                    payload={"reason": "bad credential"},
+                raise self._authority.refused_identity(
+                    tx, exc, who, reason="bad credential"
                 ) from None
 
     # -- missions and contracts ---------------------------------------------------
