@@ -22,8 +22,7 @@ from charter.attempts.evidence import Report, record, recordable
 from charter.attempts.model import Attempt, AttemptStatus
 from charter.attempts.store import conclusive_rows, evidence_from_row, load, settled_by
 from charter.clock import seconds_us
-from charter.contracts.authority import may_run
-from charter.contracts.contract import RESUME_STRICTNESS, Contract, ResumeMode
+from charter.contracts.contract import Contract, ResumeMode
 from charter.contracts.principals import Principal, Right
 from charter.engine import observed
 from charter.engine.executor import Executor
@@ -36,8 +35,8 @@ from charter.errors import (
     StateError,
 )
 from charter.ids import check_text
+from charter.recovery import policy, takeover
 from charter.recovery import state as recovery
-from charter.recovery import takeover
 from charter.recovery.state import RecoveryState
 from charter.runs import run as runs
 from charter.runs import store as run_store
@@ -417,13 +416,14 @@ class Coordinator:
             contract = self._contract(tx, run.mission_id)
             state = recovery.build(tx, run, contract, [])
         mode = self._mode(contract)
-        blockers = self._policy(state, contract, mode, by)
+        rules = self._runtime.config.resume_rules
+        blockers = policy.judge(state, contract, mode, None if by is None else by.name, rules)
         with self._db.transaction(gate=run.mission_id) as tx:
             now = runs.load(tx, run_id)
             if (now.epoch, now.owner_segment) != (run.epoch, segment_id):
                 blockers.append(f"the run was taken over meanwhile (epoch {now.epoch})")
             else:  # what may have changed since the view was read, under the gate
-                blockers += self._blockers(recovery.build(tx, now, contract, []), contract)
+                blockers += policy.blockers(recovery.build(tx, now, contract, []), contract)
             if blockers:
                 raise tx.refused(
                     NeedsIntervention(
@@ -440,32 +440,6 @@ class Coordinator:
                 )
             expires, claim = self._claim(tx, now, segment_id, actor=actor, mode=mode, force=force)
         return self._as_owner(now, segment_id, expires, claim)
-
-    def _policy(
-        self, state: RecoveryState, contract: Contract, mode: ResumeMode, by: Principal | None
-    ) -> list[str]:
-        """What stands in the way of continuing, by the recorded state and the
-        resume policy (R9); rules are called here, with no transaction open."""
-        blockers = self._blockers(state, contract)
-        if not blockers and mode == "human":
-            if by is None:
-                blockers.append(
-                    "the resume policy is 'human': an authenticated principal "
-                    "must authorise the continuation"
-                )
-            elif not may_run(contract, by.name):
-                blockers.append(
-                    f"principal {by.name!r} has no 'run' right to authorise the continuation"
-                )
-        if not blockers and mode == "rules":
-            failed = [
-                getattr(r, "__name__", repr(r))
-                for r in self._runtime.config.resume_rules
-                if not r(state)
-            ]
-            if failed:
-                blockers.append(f"resume rules refused: {failed}")
-        return blockers
 
     def _claim(
         self, tx: Tx, run: Run, segment_id: str, *, actor: str, mode: str, force: bool
@@ -521,48 +495,7 @@ class Coordinator:
         return expires, claim
 
     def _mode(self, contract: Contract) -> ResumeMode:
-        """The engine's mode, made stricter (never looser) by the contract."""
-        engine_mode = self._runtime.config.resume
-        if contract.resume is None:
-            return engine_mode
-        return max(engine_mode, contract.resume, key=RESUME_STRICTNESS.index)
-
-    def _blockers(self, state: RecoveryState, contract: Contract) -> list[str]:
-        out: list[str] = []
-        uncertain = [a.id for a in state.attempts if a.status.unresolved]
-        if uncertain:
-            out.append(f"{len(uncertain)} unresolved attempt(s): {', '.join(uncertain)}")
-        for w in state.waits:
-            if w["expired"]:
-                out.append(f"approval {w['id']} expired")
-            elif w.get("renews"):
-                out.append(f"approval {w['id']} renews an expired one and awaits a decision")
-        a = state.assessment
-        if not may_run(contract, state.run.principal):
-            out.append(f"principal {state.run.principal!r} no longer has the 'run' right")
-        if a["stop_conditions"]:
-            out.append("stop condition: " + ", ".join(a["stop_conditions"]))
-        if a["exhausted"]:
-            out.append("allowance exhausted: " + ", ".join(a["exhausted"]))
-        if a["open_incidents"]:
-            out.append(f"{a['open_incidents']} open incident(s)")
-        if state.run.recoveries > contract.max_recoveries:
-            out.append(f"recovered {state.run.recoveries} times (limit {contract.max_recoveries})")
-        if any(
-            n["status"] == "running" and n["crashes"] >= contract.max_node_crashes
-            for n in state.nodes
-        ):
-            out.append(f"a node crashed {contract.max_node_crashes} times in a row")
-        if state.run.status in (RunStatus.STOPPING,):
-            out.append("the run is stopping")
-        reason = state.run.status_reason or ""
-        if state.run.status is RunStatus.NEEDS_INTERVENTION and reason.startswith(
-            "non-determinism"
-        ):
-            # Unlike an unresolved attempt, nothing recorded can clear this: replay
-            # would diverge again. Stop the run; review a new linked one.
-            out.append(reason)
-        return out
+        return policy.mode(self._runtime.config.resume, contract)
 
     def _contract(self, tx: Tx, mission_id: str) -> Contract:
         return self._authority.current(tx, mission_id)

@@ -1,0 +1,90 @@
+"""The resume policy (R9): what stands in the way of continuing a run, and
+who or what may let it continue. Nothing else decides it.
+
+No mode continues past an unresolved attempt, an expired approval, revoked
+authority, a stop condition, an exhausted limit, an open incident, too many
+recoveries or crashes, or a non-determinism (:func:`blockers`). Beyond that,
+the mode (:func:`mode`: the engine's, made stricter, never looser, by the
+contract) says who decides: ``automatic`` continues, ``rules`` asks the
+engine's resume rules, ``human`` needs an authenticated principal holding
+``run`` in the mission (:func:`judge`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from charter.contracts.authority import may_run
+from charter.contracts.contract import RESUME_STRICTNESS, Contract, ResumeMode
+from charter.recovery.state import RecoveryState
+from charter.runs.run import RunStatus
+
+
+def mode(engine: ResumeMode, contract: Contract) -> ResumeMode:
+    """The engine's mode, made stricter (never looser) by the contract."""
+    if contract.resume is None:
+        return engine
+    return max(engine, contract.resume, key=RESUME_STRICTNESS.index)
+
+
+def judge(
+    state: RecoveryState,
+    contract: Contract,
+    how: ResumeMode,
+    by: str | None,
+    rules: Sequence[Callable[[Any], bool]],
+) -> list[str]:
+    """What stands in the way of continuing, by the recorded state and the mode
+    ``how``; ``by`` is the authenticated principal asking, if any. Resume rules
+    are called here: the caller holds no transaction (a rule may read the engine)."""
+    found = blockers(state, contract)
+    if not found and how == "human":
+        if by is None:
+            found.append(
+                "the resume policy is 'human': an authenticated principal "
+                "must authorise the continuation"
+            )
+        elif not may_run(contract, by):
+            found.append(f"principal {by!r} has no 'run' right to authorise the continuation")
+    if not found and how == "rules":
+        failed = [getattr(r, "__name__", repr(r)) for r in rules if not r(state)]
+        if failed:
+            found.append(f"resume rules refused: {failed}")
+    return found
+
+
+def blockers(state: RecoveryState, contract: Contract) -> list[str]:
+    """What no mode continues past (R9), read from the run's recovery state."""
+    out: list[str] = []
+    uncertain = [a.id for a in state.attempts if a.status.unresolved]
+    if uncertain:
+        out.append(f"{len(uncertain)} unresolved attempt(s): {', '.join(uncertain)}")
+    for w in state.waits:
+        if w["expired"]:
+            out.append(f"approval {w['id']} expired")
+        elif w.get("renews"):
+            out.append(f"approval {w['id']} renews an expired one and awaits a decision")
+    a = state.assessment
+    if not may_run(contract, state.run.principal):
+        out.append(f"principal {state.run.principal!r} no longer has the 'run' right")
+    if a["stop_conditions"]:
+        out.append("stop condition: " + ", ".join(a["stop_conditions"]))
+    if a["exhausted"]:
+        out.append("allowance exhausted: " + ", ".join(a["exhausted"]))
+    if a["open_incidents"]:
+        out.append(f"{a['open_incidents']} open incident(s)")
+    if state.run.recoveries > contract.max_recoveries:
+        out.append(f"recovered {state.run.recoveries} times (limit {contract.max_recoveries})")
+    if any(
+        n["status"] == "running" and n["crashes"] >= contract.max_node_crashes for n in state.nodes
+    ):
+        out.append(f"a node crashed {contract.max_node_crashes} times in a row")
+    if state.run.status in (RunStatus.STOPPING,):
+        out.append("the run is stopping")
+    reason = state.run.status_reason or ""
+    if state.run.status is RunStatus.NEEDS_INTERVENTION and reason.startswith("non-determinism"):
+        # Unlike an unresolved attempt, nothing recorded can clear this: replay
+        # would diverge again. Stop the run; review a new linked one.
+        out.append(reason)
+    return out
