@@ -66,13 +66,20 @@ INLINE_BYTES = 4096
 STORED = "$stored"
 
 
-def by_reference(value: Any) -> Any:
+def dumped(value: Any) -> str | None:
+    """``value``'s canonical JSON, ``None`` for ``None``: how a value is stored."""
+    return None if value is None else canonical(value)
+
+
+def by_reference(value: Any, text: str | None = None) -> Any:
     """``value`` as an audit event carries it: itself, or when over
     :data:`INLINE_BYTES` its SHA-256 and length, so that an answer is stored
-    once (in its row) and the chain still binds it."""
+    once (in its row) and the chain still binds it. ``text``: its canonical
+    JSON, when the caller has it already (see :func:`dumped`)."""
     if value is None or isinstance(value, bool | int | float):
         return value
-    text = canonical(value)  # ASCII: its length is its size in bytes
+    if text is None:
+        text = canonical(value)  # ASCII: its length is its size in bytes
     if len(text) <= INLINE_BYTES:
         return value
     return {STORED: {"sha256": digest(text), "bytes": len(text)}}

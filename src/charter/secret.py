@@ -42,7 +42,7 @@ class Secret:
         self.name = name
         self._value = value
         if value:
-            _SEEN.setdefault(name, set()).add(value)
+            _see(name, value)
 
     @classmethod
     def env(cls, variable: str) -> Secret:
@@ -68,7 +68,7 @@ class Secret:
             value = os.environ.get(self.name[len(_ENV) :])
             if value is not None:
                 if value:
-                    _SEEN.setdefault(self.name, set()).add(value)
+                    _see(self.name, value)
                 return value
         raise SecretUnavailable(
             f"secret {self.name!r} is not in the store by design (S3), and this send was "
@@ -144,8 +144,11 @@ def scrub_text(text: str, secrets: list[Secret]) -> str:
     Those are scrubbed from :data:`PROCESS_WIDE` characters on: a shorter value
     is no credential, and replacing it everywhere would corrupt unrelated text.
     """
-    values = {v for known in _SEEN.values() for v in known if len(v) >= PROCESS_WIDE}
-    values.update(t for s in secrets for t in _texts(s))
+    values = _WIDE
+    if secrets:
+        values = values | {t for s in secrets for t in _texts(s)}
+    elif not values:
+        return text
     for value in values:
         for form in _forms(value):
             if form in text:
@@ -201,6 +204,20 @@ PROCESS_WIDE = 8
 
 #: Values of the secrets made in this process, by name, for scrubbing only.
 _SEEN: dict[str, set[str]] = {}
+
+#: The values scrubbed from everything recorded, made from ``_SEEN`` again
+#: whenever a value is added to it (values are only ever added).
+_WIDE: frozenset[str] = frozenset()
+
+
+def _see(name: str, value: str) -> None:
+    """Remember ``value`` of secret ``name`` for scrubbing."""
+    global _WIDE  # noqa: PLW0603 - a cache of _SEEN, which is process-wide by design
+    known = _SEEN.setdefault(name, set())
+    if value not in known:
+        known.add(value)
+        if len(value) >= PROCESS_WIDE:
+            _WIDE = _WIDE | {value}
 
 
 def _placeholders(value: Any) -> Any:

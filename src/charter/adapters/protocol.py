@@ -245,8 +245,19 @@ T = TypeVar("T")
 
 
 def is_async(adapter: Adapter) -> bool:
-    """Whether ``adapter`` sends with ``async def dispatch``."""
-    return inspect.iscoroutinefunction(adapter.dispatch)
+    """Whether ``adapter`` sends with ``async def dispatch`` (known per class once
+    its ``dispatch`` is the class's own; asked on each send, it is on the hot path)."""
+    kind = type(adapter)
+    if "dispatch" in getattr(adapter, "__dict__", ()):  # set on the instance
+        return inspect.iscoroutinefunction(adapter.dispatch)
+    found = _ASYNC.get(kind)
+    if found is None:
+        found = _ASYNC[kind] = inspect.iscoroutinefunction(adapter.dispatch)
+    return found
+
+
+#: Whether each adapter class's ``dispatch`` is ``async def``.
+_ASYNC: dict[type, bool] = {}
 
 
 def blocking(aw: Awaitable[T]) -> T:

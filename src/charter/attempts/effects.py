@@ -28,8 +28,8 @@ one driver that asks :func:`decide` before every try and after every send.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 from charter.adapters import EffectClass
 from charter.attempts.calls import Call
@@ -48,8 +48,7 @@ class Decision(StrEnum):
     RETRY = "retry"
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     """A decision, the attempt it is about, and for a new try its generation and
     the attempt it follows."""
 
@@ -67,9 +66,9 @@ def _retry(prior: Attempt, generation: int) -> Step:
     return Step(Decision.RETRY, prior, generation, prior.id)
 
 
-@dataclass(frozen=True)
-class InHand:
-    """The call in hand, as much of it as the decision needs."""
+class InHand(NamedTuple):
+    """The call in hand, as much of it as the decision needs. (Steps and calls are
+    tuples: one of each is made for every attempt.)"""
 
     run_id: str
     node_id: str
@@ -89,7 +88,7 @@ class InHand:
             effect.execution,
             effect.key,
             call.request_hash,
-            call.scope,
+            f"{call.adapter.name}.{call.operation}",
             call.effect_class,
             retries,
         )

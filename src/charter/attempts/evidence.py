@@ -24,7 +24,6 @@ holds the evidence table's statements and reads it back.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -92,12 +91,8 @@ def recordable(report: Report, secrets: list[Secret], limit: int) -> Report:
     reason = (
         None if report.reason is None else _kept(secret.scrub_text(report.reason, secrets), limit)
     )
-    return Report(
-        dataclasses.replace(evidence, outcome=outcome, detail=detail),
-        reason,
-        report.keep,
-        report.unsent,
-    )
+    recorded = Evidence(evidence.verdict, outcome, detail, evidence.source)
+    return Report(recorded, reason, report.keep, report.unsent)
 
 
 def from_late(order: Dispatch) -> Report:
@@ -154,17 +149,21 @@ def unrecorded(attempt_id: str, report: Report, cause: Exception) -> SettlementU
 def _outcome(outcome: Outcome, secrets: list[Secret], limit: int) -> Outcome:
     if outcome.price_source is not None and not isinstance(outcome.price_source, str):
         raise Unrecordable(f"price_source must be text, not {outcome.price_source!r}")
-    outcome.__post_init__()  # amounts in range (A9), even if the object was altered
-    return dataclasses.replace(
-        outcome,
-        result=_value(outcome.result, secrets, limit),
-        receipt=_value(outcome.receipt, secrets, limit),
+    # Made anew, so its amounts are checked again (A9), even if it was altered.
+    return Outcome(
+        outcome.status,
+        _value(outcome.result, secrets, limit),
+        outcome.cost,
+        _value(outcome.receipt, secrets, limit),
+        outcome.price_source,
     )
 
 
 def _value(value: Any, secrets: list[Secret], limit: int) -> Any:
     """``value`` as the store will hold it: the final text clean (S3) and at
     most ``limit`` bytes (A10)."""
+    if value is None:
+        return None
     text = _strict(value)
     clean = secret.scrub_text(text, secrets)
     if len(clean) > limit // 4 and len(clean.encode()) > limit:

@@ -22,7 +22,7 @@ from charter.audit import store as audit_store
 from charter.contracts import store as contracts_store
 from charter.contracts.contract import Contract
 from charter.errors import CharterError, StateError, UsageError
-from charter.hashing import ENGINE_CHAIN, by_reference
+from charter.hashing import ENGINE_CHAIN, by_reference, dumped
 from charter.ledger.incidents import open_incident
 from charter.runs import run as runs
 from charter.runs import store as run_store
@@ -79,13 +79,14 @@ def settle(
     tx.lock_mission(attempt.mission_id)
     price_source = price_source or attempt.price_source  # L8: entries always name a source
     run = _run_status(tx, attempt)
+    result_json, receipt_json = dumped(result), dumped(receipt)
     if not store.settle(
         tx,
         attempt.id,
         status,
         actual=actual,
-        result=result,
-        receipt=receipt,
+        result_json=result_json,
+        receipt_json=receipt_json,
         price_source=price_source,
         reason=reason,
         answered=answered,
@@ -118,8 +119,8 @@ def settle(
         after=status.value,
         payload={
             "actual": dict(actual),
-            "result": by_reference(result),
-            "receipt": by_reference(receipt),
+            "result": by_reference(result, result_json),
+            "receipt": by_reference(receipt, receipt_json),
             "price_source": price_source,
             "reason": reason,
             **entries,

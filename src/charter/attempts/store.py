@@ -28,10 +28,6 @@ def _json(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
-def _dump(value: Any) -> str | None:
-    return None if value is None else canonical(value)
-
-
 def _request(text: str) -> Any:
     """A recorded request; its secrets come back knowing only their names (S3)."""
     request = json.loads(text)
@@ -216,15 +212,16 @@ def settle(
     status: AttemptStatus,
     *,
     actual: Mapping[str, int],
-    result: Any,
-    receipt: Any,
+    result_json: str | None,
+    receipt_json: str | None,
     price_source: str | None,
     reason: str | None,
     answered: bool,
     from_statuses: tuple[AttemptStatus, ...],
 ) -> bool:
     """Record a settlement if the attempt is still in one of ``from_statuses``
-    (L6: a hold is resolved once); ``False`` if it was not. Its time goes in
+    (L6: a hold is resolved once); ``False`` if it was not. The result and the
+    receipt come as their stored JSON (the caller encoded them once). Its time goes in
     the same statement when the store's clock is known without a wait, else in
     one sent after it, so the decisive update never waits for the clock."""
     at_us = tx.now_known
@@ -236,8 +233,8 @@ def settle(
             f"answered = ? WHERE id = ? AND status IN ({_marks(from_statuses)})",
             status.value,
             canonical(dict(actual)),
-            _dump(result),
-            _dump(receipt),
+            result_json,
+            receipt_json,
             price_source,
             reason,
             at_us,

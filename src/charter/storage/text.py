@@ -22,8 +22,9 @@ from charter.ids import problem, refusal
 def check(params: Sequence[Any]) -> None:
     """Refuse ``params`` if a text among them holds a NUL (SQLite itself refuses a
     lone surrogate as it binds; see :func:`refused`)."""
-    if params and "\0" in "".join([v for v in params if type(v) is str]):
-        raise refused(params)
+    for value in params:  # a loop: cheaper than joining, on every statement
+        if type(value) is str and "\0" in value:
+            raise refused(params)
 
 
 def refused(params: Sequence[Any]) -> TextRefused:
