@@ -86,7 +86,10 @@ FLOORS: dict[str, int] = {
     "charter.plans": 9,
     "charter.recovery": 9,
     # orchestration: the executor runs a segment, the coordinator recovers and
-    # resumes (it hands runs to an executor), the engine is the facade over both
+    # resumes (it hands runs to an executor), the engine is the facade over both.
+    # The facade's concerns (reads, decisions, runs, graphs, overview, signins,
+    # snapshots) are classes mixed into the engine: they need neither the
+    # coordinator nor the engine, so they sit on the engine room's floor.
     "charter.engine": 10,
     "charter.engine.executor": 10,
     "charter.engine.coordinator": 11,

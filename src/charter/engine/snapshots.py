@@ -32,6 +32,7 @@ from charter.contracts import missions
 from charter.contracts import store as contracts_store
 from charter.contracts.principals import Principal, Right
 from charter.engine.executor import Executor
+from charter.engine.runs import follow
 from charter.errors import (
     ArtifactError,
     AuditError,
@@ -44,12 +45,10 @@ from charter.errors import (
 )
 from charter.hashing import ENGINE_CHAIN, checkpoint_statement
 from charter.ledger import store as ledger_store
-from charter.plans import runner
 from charter.plans import store as plans_store
 from charter.plans.nodes import Plan
-from charter.runs import run as runs
 from charter.runs import store as run_store
-from charter.runs.run import Run, RunStatus
+from charter.runs.run import RunStatus
 from charter.waits import store as waits_store
 
 if TYPE_CHECKING:
@@ -324,71 +323,17 @@ class Snapshots:
                 if r.status is RunStatus.HANDED_OFF and run_store.follower(tx, r.id) is None
             ]
             return [
-                self._follow(
-                    tx, run, actor=by.name, segment_id=segment_id, plan=plan, input_json=None
+                follow(
+                    self._runtime,
+                    tx,
+                    run,
+                    actor=by.name,
+                    segment_id=segment_id,
+                    plan=plan,
+                    input_json=None,
                 )
                 for run in handed
             ]
-
-    def _follow(
-        self,
-        tx: Tx,
-        old: Run,
-        *,
-        actor: str,
-        segment_id: str,
-        plan: Plan | None,
-        input_json: str | None,
-    ) -> Executor:
-        """A linked run after the ended run ``old`` (N4), owned by a first segment."""
-        follower = run_store.follower(tx, old.id)
-        if follower is not None:
-            # Two followers would each send what the old run left unsent.
-            raise StateError(
-                f"run {old.id} is already followed by run {follower}; link from "
-                "the last run of the chain",
-                run_id=old.id,
-                followed_by=follower,
-            )
-        recorded = run_store.recorded_plan(tx, old.id)
-        assert recorded is not None
-        run_id, expires, claim = runs.insert(
-            tx,
-            lease_seconds=self.config.lease_seconds,
-            mission_id=old.mission_id,
-            principal=old.principal,
-            segment_id=segment_id,
-            plan=recorded["plan"] if plan is None else (plan.ref or plan.name),
-            input_json=recorded["input"] if input_json is None else input_json,
-            linked_from=old.id,
-        )
-        inherited = runner.inherit(tx, old.id, run_id)
-        tx.audit(
-            old.mission_id,
-            "run.linked",
-            run_id,
-            actor=actor,
-            segment=segment_id,
-            epoch=1,
-            after="active",
-            payload={
-                "from_run": old.id,
-                "from_status": old.status.value,
-                "principal": old.principal,
-                "lease_expires_us": expires,
-                "nodes": inherited,
-            },
-        )
-        return Executor(
-            self._runtime,
-            run_id=run_id,
-            mission_id=old.mission_id,
-            segment_id=segment_id,
-            epoch=1,
-            principal=old.principal,
-            lease_expires_us=expires,
-            claim=claim,
-        )
 
     # -- the handoff report (S4) ------------------------------------------------------
     def handoff(
