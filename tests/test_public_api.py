@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
+import typing
+from collections.abc import Callable, Iterator
+
 import charter
+from charter.runs.ownership import Segment
+from charter.storage import Tx
 
 PUBLIC = [
     "Adapter",
@@ -109,3 +115,75 @@ def test_every_error_has_one_root_and_a_stable_code() -> None:
     # Signals user code must not swallow are not Exceptions.
     assert not issubclass(charter.Fenced, Exception)
     assert not issubclass(charter.Blocked, Exception)
+
+
+# -- what the face's classes take and return ------------------------------------------
+
+#: Classes the engine builds and hands out: their constructors take the engine's
+#: insides (a store, a runtime, a segment) and are not part of the face. Users
+#: get an ``Engine`` from ``Engine.open``, an ``Executor`` from ``start_run`` or
+#: ``resume``, the ``Coordinator`` as ``engine.coordinator`` and a ``Context``
+#: as a node's first argument.
+MADE_BY_THE_ENGINE = frozenset({"Engine", "Executor", "Coordinator", "Context"})
+
+
+def _public_classes() -> list[type]:
+    return [c for c in (getattr(charter, n) for n in charter.__all__) if inspect.isclass(c)]
+
+
+def _methods(cls: type) -> Iterator[tuple[str, Callable[..., object]]]:
+    """Every public method, property and constructor of ``cls`` that Charter
+    defines (what it inherits from the standard library is not Charter's face)."""
+    for name in dir(cls):
+        if name.startswith("_") and name not in ("__init__", "__call__"):
+            continue
+        if name == "__init__" and cls.__name__ in MADE_BY_THE_ENGINE:
+            continue
+        static = inspect.getattr_static(cls, name)
+        if isinstance(static, property):
+            member = static.fget
+        elif isinstance(static, staticmethod | classmethod):
+            member = static.__func__
+        else:
+            member = static
+        if callable(member) and (getattr(member, "__module__", None) or "").startswith("charter"):
+            yield f"{cls.__name__}.{name}", member
+
+
+def _hints(member: Callable[..., object]) -> dict[str, object]:
+    """The member's annotations, resolved (names imported only for type checking
+    resolve through the face)."""
+    face = {name: getattr(charter, name) for name in charter.__all__}
+    return typing.get_type_hints(member, localns=face)
+
+
+def _types(hint: object) -> Iterator[type]:
+    """The classes an annotation names, through unions, generics and callables."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return
+    if origin is not None:
+        yield from _types(origin)
+        for arg in typing.get_args(hint):
+            yield from _types(arg)
+    elif isinstance(hint, list):  # Callable[[...], R]
+        for arg in hint:
+            yield from _types(arg)
+    elif isinstance(hint, type):
+        yield hint
+
+
+def test_no_public_method_works_inside_a_store_transaction() -> None:
+    """A ``Tx`` is the engine's: no method of the face takes one (nor hands one
+    back), so user code cannot write past the fencing and audit the engine
+    puts around every transaction. The executor *has* a segment, whose
+    methods take a transaction, and is not one."""
+    offences = [
+        f"{qualname}: {param}"
+        for cls in _public_classes()
+        for qualname, member in _methods(cls)
+        for param, hint in _hints(member).items()
+        if Tx in set(_types(hint))
+    ]
+    assert offences == []
+    assert not issubclass(charter.Executor, Segment)

@@ -1,9 +1,15 @@
 """The executor: the owner of one segment of a run, as its users hold it.
 
 An :class:`Executor` is what ``Engine.start_run`` (and, after a crash,
-``Coordinator.resume``) hands back. It is a :class:`~charter.runs.ownership.Segment`
-(epoch, claim, lease: fencing) with the attempt path and the plan runner as
-methods, each written once in its own room:
+``Coordinator.resume``) hands back. It holds a
+:class:`~charter.runs.ownership.Segment` (epoch, claim, lease: fencing) and
+offers the attempt path and the plan runner as methods, each written once in
+its own room. It *has* a segment rather than *being* one: the segment's
+methods work inside a store transaction (``own(tx)``, ``set_status(tx, ...)``),
+which is the engine's business and never the user's, so the executor hands
+its segment to the rooms that need it (the attempt path, the plan runner, a
+node's :class:`~charter.plans.nodes.Context`) and shows its users only what
+they act on:
 
 1. **admission** (A1, :mod:`charter.attempts.admission`): authority under the current
    contract, run status, stop conditions and the allowance, checked and held
@@ -32,7 +38,6 @@ from typing import Any
 from charter.adapters import Adapter, Evidence
 from charter.attempts import calls, dispatch, driver
 from charter.attempts.admission import admission
-from charter.attempts.calls import Call
 from charter.attempts.model import Attempt, AttemptStatus, Effect, Lineage
 from charter.config import import_path
 from charter.engine import observed
@@ -43,15 +48,83 @@ from charter.plans.nodes import Plan
 from charter.runs import store as run_store
 from charter.runs.ownership import Segment
 from charter.runs.run import RunStatus
+from charter.runtime import Runtime
 
 
-class Executor(Segment):
-    """The owner of one segment of one run."""
+class Executor:
+    """The owner of one segment of one run.
 
-    def prepare_call(self, adapter: Adapter, operation: str, request: Any) -> Call:
-        """Validate a call and estimate it, outside any transaction."""
-        return calls.prepare(adapter, operation, request)
+    Handed out by the engine (``Engine.start_run``, ``Coordinator.resume``,
+    ``Engine.new_linked_run``), not built by its users: its constructor takes
+    the engine's runtime.
+    """
 
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        run_id: str,
+        mission_id: str,
+        segment_id: str,
+        epoch: int,
+        principal: str,
+        lease_expires_us: int,
+        claim: str | None = None,
+    ) -> None:
+        self._segment = Segment(
+            runtime,
+            run_id=run_id,
+            mission_id=mission_id,
+            segment_id=segment_id,
+            epoch=epoch,
+            principal=principal,
+            lease_expires_us=lease_expires_us,
+            claim=claim,
+        )
+        self._runtime = runtime
+
+    def __repr__(self) -> str:
+        seg = self._segment
+        return f"<Executor run={seg.run_id} segment={seg.segment_id} epoch={seg.epoch}>"
+
+    # -- what the executor owns (read-only: the segment keeps them) -------------
+    @property
+    def run_id(self) -> str:
+        return self._segment.run_id
+
+    @property
+    def mission_id(self) -> str:
+        return self._segment.mission_id
+
+    @property
+    def segment_id(self) -> str:
+        return self._segment.segment_id
+
+    @property
+    def epoch(self) -> int:
+        """The run's epoch this executor writes at (R2); a takeover fences it."""
+        return self._segment.epoch
+
+    @property
+    def principal(self) -> str:
+        """The principal the run acts as (whoever started it)."""
+        return self._segment.principal
+
+    @property
+    def lease_expires_us(self) -> int:
+        """When this executor's lease ends by the store's clock, as it last saw it (F1)."""
+        return self._segment.lease_expires_us
+
+    def renew_lease(self) -> int:
+        """Extend the lease (fenced by epoch and claim); returns the new expiry in µs."""
+        return self._segment.renew_lease()
+
+    def release(self) -> None:
+        """Stop holding the run, so its segment can be resumed at once (best effort;
+        see :meth:`~charter.runs.ownership.Segment.release`)."""
+        self._segment.release()
+
+    # -- effects ---------------------------------------------------------------
     def admit(
         self,
         adapter: Adapter,
@@ -70,13 +143,13 @@ class Executor(Segment):
         later. The combined path is :meth:`attempt`.
         """
         call = calls.prepare(adapter, operation, request)
-        self.runtime.crash("admission.before")
+        self._runtime.crash("admission.before")
         lines = self._lineage(node_id, execution)
         effect = Effect(node_id, execution, effect_key, generation, retry_of, lines)
-        attempt = admission(self, call, effect, dispatch=False).attempt
-        self.runtime.crash("admission.after")
-        if self.runtime.observer is not None:
-            observed.report(self.runtime.observer, attempt)
+        attempt = admission(self._segment, call, effect, dispatch=False).attempt
+        self._runtime.crash("admission.after")
+        if self._runtime.observer is not None:
+            observed.report(self._runtime.observer, attempt)
         return attempt
 
     def dispatch(self, attempt_id: str, adapter: Adapter, *, request: Any = None) -> Attempt:
@@ -86,9 +159,9 @@ class Executor(Segment):
         caller has it (a replayed node does); it must be the recorded one. Without
         it the request is rebuilt from the record.
         """
-        attempt = dispatch.dispatch_prepared(self, attempt_id, adapter, request=request)
-        if self.runtime.observer is not None:
-            observed.report(self.runtime.observer, attempt, AttemptStatus.PREPARED)
+        attempt = dispatch.dispatch_prepared(self._segment, attempt_id, adapter, request=request)
+        if self._runtime.observer is not None:
+            observed.report(self._runtime.observer, attempt, AttemptStatus.PREPARED)
         return attempt
 
     def attempt(
@@ -102,7 +175,6 @@ class Executor(Segment):
         execution: int = 0,
         generation: int = 1,
         retry_of: str | None = None,
-        call: Call | None = None,
     ) -> Attempt:
         """Admit, dispatch, send and settle one effect; return the recorded attempt.
 
@@ -112,7 +184,7 @@ class Executor(Segment):
         refuses raises :class:`~charter.errors.SettlementUnrecorded`.
         """
         attempt = driver.perform(
-            self,
+            self._segment,
             adapter,
             operation,
             request,
@@ -121,11 +193,10 @@ class Executor(Segment):
             execution=execution,
             generation=generation,
             retry_of=retry_of,
-            call=call,
             lineage=self._lineage(node_id, execution),
         )
-        if self.runtime.observer is not None:
-            observed.report(self.runtime.observer, attempt)
+        if self._runtime.observer is not None:
+            observed.report(self._runtime.observer, attempt)
         return attempt
 
     def _lineage(self, node_id: str, execution: int) -> Lineage | None:
@@ -133,14 +204,15 @@ class Executor(Segment):
         itself; an attempt outside any node has only its own execution)."""
         if not node_id:
             return None
-        with self.runtime.db.read() as tx:
+        with self._runtime.db.read() as tx:
             return lineage(tx, self.run_id, node_id, execution)
 
     def replay(self, attempt: Attempt, adapter: Adapter) -> Evidence | None:
         """A8: send an uncertain ``idempotent_keyed`` attempt again with its own key
         (see :func:`charter.attempts.dispatch.replay`); ``None`` when nothing was sent."""
-        return dispatch.replay(self, attempt, adapter)
+        return dispatch.replay(self._segment, attempt, adapter)
 
+    # -- the plan ----------------------------------------------------------------
     def execute(self, plan: Plan | None = None, input: Any = None) -> Any:
         """Run the plan's remaining nodes as this segment; complete the run.
 
@@ -149,7 +221,7 @@ class Executor(Segment):
         feeds the first node. An executor whose nodes block lets go of the
         run, so its segment can be resumed at once (F1).
         """
-        with self.runtime.db.read() as tx:
+        with self._runtime.db.read() as tx:
             row = run_store.recorded_plan(tx, self.run_id)
         if row is None:
             raise NotFound(f"no run {self.run_id!r} in this store", run_id=self.run_id)
@@ -160,16 +232,16 @@ class Executor(Segment):
             if not isinstance(plan, Plan):
                 raise StateError(f"{row['plan']} is not a charter.Plan")
         value = input if input is not None or row["input"] is None else json.loads(row["input"])
-        observer = self.runtime.observer
+        seg, observer = self._segment, self._runtime.observer
         try:
             if observer is None:
-                return runner.execute(self, plan, value)
-            with observed.observed_run(self, observer, plan):
-                return runner.execute(self, observed.observed_plan(self, observer, plan), value)
+                return runner.execute(seg, plan, value)
+            with observed.observed_run(seg, observer, plan):
+                return runner.execute(seg, observed.observed_plan(seg, observer, plan), value)
         except Blocked:
-            self.release()
+            seg.release()
             raise
 
     def finish(self, status: RunStatus = RunStatus.COMPLETED, reason: str | None = None) -> None:
         """End the run (fenced); refused while any attempt of the run is unresolved."""
-        runner.finish(self, status, reason)
+        runner.finish(self._segment, status, reason)
