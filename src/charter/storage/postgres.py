@@ -19,28 +19,23 @@ and travel with that statement, or with ``COMMIT``, as one libpq pipeline of
 prepared statements. A transaction deciding on what this connection remembers
 of the mission (:mod:`charter.storage.recall`) sends nothing before its
 ``COMMIT``: an attempt then makes two round trips, one per commit.
+
+How a batch travels (prepared statements, one pipeline, results in order) is
+the connection's, :mod:`charter.storage.pipeline`; this module decides what a
+transaction sends and when.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
-import re
-import select
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from charter.clock import Clock, SystemClock
-from charter.errors import (
-    ConfigError,
-    MissingExtra,
-    StoreBusy,
-    StoreChanged,
-    StoreConflict,
-    StoreError,
-)
+from charter.errors import StoreChanged, StoreError
 from charter.hashing import head_table
 from charter.storage import dialect
+from charter.storage.pipeline import Pipeline, Result, translate
 from charter.storage.recall import (
     CLOCK_SLACK_US,
     GUARD,
@@ -54,16 +49,13 @@ from charter.storage.recall import (
     matching,
     merged,
 )
-from charter.storage.text import postgres as encoded
 from charter.storage.transaction import Head
 
 try:
     import psycopg
     from psycopg import errors as pg_errors
-    from psycopg.adapt import Transformer
     from psycopg.pq import ExecStatus
 
-    COMMAND_OK = ExecStatus.COMMAND_OK
     FATAL_ERROR = ExecStatus.FATAL_ERROR
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
@@ -71,29 +63,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 _CLOCK_US = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT"
 _NOW = f"SELECT {_CLOCK_US} AS now"
-
-
-def _translate(exc: Exception, busy_timeout: float) -> Exception:
-    if isinstance(exc, pg_errors.DeadlockDetected):
-        return StoreBusy(
-            "two workers waited on each other's rows and the server chose this one to give "
-            "way; nothing was changed — try again",
-            retryable=True,
-        )
-    if isinstance(exc, pg_errors.LockNotAvailable | pg_errors.QueryCanceled):
-        return StoreBusy(
-            f"the PostgreSQL store stayed busy for {busy_timeout:g}s (another worker holds "
-            "the mission's gate or its rows); try again, or raise busy_timeout_seconds",
-            retryable=True,
-        )
-    if isinstance(exc, psycopg.IntegrityError):
-        return StoreConflict(f"the store refused a write: {exc}")
-    return StoreError(f"PostgreSQL error: {exc}")
-
-
 _GATE = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
-#: Statements with more parameters than this are not kept prepared.
-_PREPARED_PARAMS = 1_000
 #: A chain's head (by the table that keeps it, see :func:`charter.hashing.head_table`),
 #: read in a statement of its own after the lock, so its snapshot sees every
 #: append before it; the clock is read there too, so a wait for the gate does not
@@ -119,36 +89,7 @@ _HEADGUARD = {
 _ANY_TIME = 1 << 62
 
 
-class Result:
-    """One statement's rows and row count, as a pipeline returns them."""
-
-    def __init__(self, rows: list[dict[str, Any]], rowcount: int) -> None:
-        self._rows = rows
-        self.rowcount = rowcount
-
-    def fetchone(self) -> dict[str, Any] | None:
-        return self._rows[0] if self._rows else None
-
-    def fetchall(self) -> list[dict[str, Any]]:
-        return self._rows
-
-
-def _numbered(sql: str) -> str:
-    """``%s`` placeholders as libpq numbers them: ``$1``, ``$2``, ..."""
-    n = itertools.count(1)
-    return re.sub("%s", lambda _: f"${next(n)}", sql)
-
-
-def _result(pg: Any) -> Any:
-    """The next result, waiting for it in ``select`` (which lets other threads
-    run: one may be about to release the lock this one waits for)."""
-    while pg.is_busy():
-        select.select([pg.socket], [], [])
-        pg.consume_input()
-    return pg.get_result()
-
-
-class PostgresDriver:
+class PostgresDriver(Pipeline):
     """One connection to one PostgreSQL database (and schema, via ``search_path``).
 
     Transactions commit one by one here: a shared commit would hold the gates
@@ -161,23 +102,11 @@ class PostgresDriver:
     recalls = True
 
     def __init__(self, url: str, *, busy_timeout: float = 5.0) -> None:
-        if psycopg is None:
-            raise MissingExtra(
-                "the PostgreSQL store needs psycopg: pip install 'charter[postgres]'",
-                extra="postgres",
-            )
-        if not psycopg.Pipeline.is_supported():
-            raise ConfigError(
-                f"the PostgreSQL store needs libpq 14 or newer (psycopg uses libpq "
-                f"{psycopg.pq.version()}); pip install 'charter[postgres]' brings one"
-            )
+        super().__init__(url, busy_timeout=busy_timeout)
         self.dialect = dialect.postgresql()
-        self._url = url
-        self._busy_timeout = busy_timeout
         self._pending: list[Pending] = []
         self._now: int | None = None
         self._heads: dict[str, Head | None] = {}
-        self._names = itertools.count()
         self._memories = Memories()
         self._clock: Clock = SystemClock()
         #: The server's clock as last read, and this process's monotonic clock
@@ -197,21 +126,9 @@ class PostgresDriver:
         self._connect()
 
     def _connect(self) -> None:
-        """Open the connection: at start, and again when a failure left it unusable
-        (a transaction on a lost or abandoned connection is rolled back by the
-        server), so that a failed transaction never breaks the engine."""
-        try:
-            self._conn = psycopg.connect(self._url, autocommit=True)
-            ms = max(1, round(self._busy_timeout * 1000))
-            self._conn.execute(f"SET lock_timeout = {ms}")
-            self._conn.execute("SET synchronous_commit = on")
-        except psycopg.Error as exc:
-            raise StoreError(f"cannot open the PostgreSQL store: {exc}") from None
-        #: The process that opened the connection: the only one that may use it.
-        self._pid = os.getpid()
-        #: Statement text -> the name it is prepared under on this connection.
-        self._prepared: dict[str, bytes] = {}
-        self._loaders = Transformer(self._conn)
+        """A new connection is a new session: it remembers nothing of the missions
+        the one before it did (see recall)."""
+        super()._connect()
         self._memories.clear()
 
     def execute(self, sql: str, params: Sequence[Any]) -> Result:
@@ -299,14 +216,14 @@ class PostgresDriver:
         try:
             results = self._exchange(pg, commands, split=len(commands) - 1 if alone else None)
         except psycopg.Error as exc:
-            raise _translate(exc, self._busy_timeout) from None
+            raise translate(exc, self._busy_timeout) from None
         failed = next((i for i, r in enumerate(results) if r.status == FATAL_ERROR), None)
         if failed is not None:
             if isinstance(batch[failed][2], Guard):
                 self._changed()
             # Statements first seen here are prepared afresh next time.
             error = pg_errors.error_from_result(results[failed], self._conn.info.encoding)
-            raise _translate(error, self._busy_timeout)
+            raise translate(error, self._busy_timeout)
         self._prepared.update(new)
         if self._recalling is not None:
             self._trusted, self._recalling = self._recalling, None
@@ -317,89 +234,6 @@ class PostgresDriver:
         if ending is not None and results[-1].command_status != ending.encode():
             raise StoreError(f"PostgreSQL ended the transaction otherwise than by {ending}")
         return self._load(results[-1])
-
-    def _commands(
-        self, batch: list[Pending]
-    ) -> list[tuple[bytes | None, bytes | None, list[bytes | None] | None]]:
-        """(name, text to prepare or None, parameters) of each statement, built
-        before anything is sent; no name: a statement sent once, unnamed."""
-        commands: list[tuple[bytes | None, bytes | None, list[bytes | None] | None]] = []
-        new: dict[str, bytes] = {}
-        for sql, params, _ in batch:
-            name = self._prepared.get(sql) or new.get(sql)
-            text = None
-            if name is None:
-                text = _numbered(sql).encode()
-                if len(params) <= _PREPARED_PARAMS:
-                    name = new[sql] = b"charter_%d" % next(self._names)
-            values = encoded(params) if params else None  # text as given, or refused (A10)
-            commands.append((name, text, values))
-        return commands
-
-    def _exchange(
-        self,
-        pg: Any,
-        commands: list[tuple[bytes | None, bytes | None, list[bytes | None] | None]],
-        split: int | None,
-    ) -> list[Any]:
-        """Send ``commands`` as one pipeline (with a sync point before the one at
-        ``split``) and return each one's result."""
-        pg.nonblocking = 0  # so the sync below flushes everything queued
-        pg.enter_pipeline_mode()
-        try:
-            for i, (name, text, values) in enumerate(commands):
-                if i == split:
-                    pg.pipeline_sync()
-                if name is None:
-                    assert text is not None
-                    pg.send_query_params(text, values)
-                    continue
-                if text is not None:
-                    pg.send_prepare(name, text)
-                pg.send_query_prepared(name, values)
-            pg.pipeline_sync()
-            results: list[Any] = []
-            for i, (name, text, _) in enumerate(commands):
-                if i == split:
-                    self._synced(pg)
-                prepared = self._next(pg) if name and text is not None else None
-                result = self._next(pg)
-                failed_prepare = prepared is not None and prepared.status != COMMAND_OK
-                results.append(prepared if failed_prepare else result)
-            self._synced(pg)
-            return results
-        finally:
-            try:
-                pg.exit_pipeline_mode()
-                pg.nonblocking = 1
-            except psycopg.Error:
-                # Interrupted with results in flight (or already broken): the
-                # connection cannot be reused; closing it rolls its transaction back.
-                self._conn.close()
-
-    @staticmethod
-    def _synced(pg: Any) -> None:
-        sync = _result(pg)
-        if sync is None or sync.status != ExecStatus.PIPELINE_SYNC:
-            raise StoreError("PostgreSQL answered a pipeline out of order")
-
-    @staticmethod
-    def _next(pg: Any) -> Any:
-        """One command's result (in a pipeline, each is followed by an end marker)."""
-        res = _result(pg)
-        while _result(pg) is not None:
-            pass
-        return res
-
-    def _load(self, res: Any) -> Result:
-        rows: list[dict[str, Any]] = []
-        if res.status == ExecStatus.TUPLES_OK and res.ntuples:
-            names = [res.fname(i).decode() for i in range(res.nfields)]
-            self._loaders.set_pgresult(res)
-            rows = self._loaders.load_rows(
-                0, res.ntuples, lambda values: dict(zip(names, values, strict=True))
-            )
-        return Result(rows, res.command_tuples or 0)
 
     def _changed(self) -> None:
         """A guard failed: the transaction decided on a copy that no longer held."""
@@ -579,7 +413,3 @@ class PostgresDriver:
                 # Unusable: closing it rolls back on the server; the next
                 # transaction opens a new one.
                 self._conn.close()
-
-    def close(self) -> None:
-        if os.getpid() == self._pid:  # closing would end the parent's session too
-            self._conn.close()
