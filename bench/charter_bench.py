@@ -2,7 +2,7 @@
 
 Everything here goes through Charter's public API — ``Engine.open``,
 ``EngineConfig``, ``testing.credential``, ``start_run``,
-``Executor.attempt``, ``Coordinator.recover`` — on the embedded SQLite store
+``Executor.perform``, ``Coordinator.recover`` — on the embedded SQLite store
 (WAL, ``synchronous=FULL``). Only the bulk of the big stores is written with
 direct SQL (see :mod:`storebuild`).
 """
@@ -134,7 +134,7 @@ def attempt_overhead(
         ex = engine.start_run(mission, by=agent, segment_id=f"seg-{i}")
         t1, c1 = clock(), time.process_time()
         for k in range(steps):
-            attempt = ex.attempt(adapter, "write", {"k": k}, effect_key=f"e{k}")
+            attempt = ex.perform(adapter, "write", {"k": k}, effect_key=f"e{k}")
             statuses.add(attempt.status.value)
         t2, c2 = clock(), time.process_time()
         ex.finish()
@@ -195,7 +195,7 @@ def concurrent_attempts(
         steady = engine.start_run(mission, by=agent, segment_id="seg-steady")
         warming = RecordingAdapter()
         for k in range(STEADY_ATTEMPTS):
-            steady.attempt(warming, "write", {"k": k}, effect_key=f"s{k}")
+            steady.perform(warming, "write", {"k": k}, effect_key=f"s{k}")
         steady.finish()
         if not shared:
             engine._db.driver.group_limit = 1
@@ -209,7 +209,7 @@ def concurrent_attempts(
 
         def work(ex: charter.Executor) -> None:
             for k in range(each):
-                ex.attempt(adapter, "write", {"k": k}, effect_key=f"e{k}")
+                ex.perform(adapter, "write", {"k": k}, effect_key=f"e{k}")
 
         workers = [threading.Thread(target=work, args=(ex,)) for ex in executors]
         t0 = clock()
@@ -274,7 +274,7 @@ def attempt_shape(
     setattr(driver, name, counting)
     try:
         for k in range(n):
-            ex.attempt(adapter, "write", {"k": k}, effect_key=f"shape{k}")
+            ex.perform(adapter, "write", {"k": k}, effect_key=f"shape{k}")
     finally:
         delattr(driver, name)
     ex.finish()
@@ -301,7 +301,7 @@ def log_pages(
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     adapter = RecordingAdapter()
     for k in range(n):
-        ex.attempt(adapter, "write", {"k": k}, effect_key=f"pages{k}")
+        ex.perform(adapter, "write", {"k": k}, effect_key=f"pages{k}")
     wal = Path(f"{store}-wal").read_bytes()
     ex.finish()  # after the read: its commit is not counted
     size, salt = int.from_bytes(wal[8:12], "big"), wal[16:24]
@@ -326,11 +326,11 @@ def profile_attempts(workdir: str, steps: int, top: int = 25) -> str:
     adapter = RecordingAdapter()
     ex = engine.start_run(mission, by=agent, segment_id="seg-warm")
     for k in range(50):
-        ex.attempt(adapter, "write", {"k": k}, effect_key=f"w{k}")
+        ex.perform(adapter, "write", {"k": k}, effect_key=f"w{k}")
     profiler = cProfile.Profile()
     profiler.enable()
     for k in range(steps):
-        ex.attempt(adapter, "write", {"k": k}, effect_key=f"e{k}")
+        ex.perform(adapter, "write", {"k": k}, effect_key=f"e{k}")
     profiler.disable()
     engine.close()
     out = io.StringIO()
@@ -353,7 +353,7 @@ def build_recovery_store(store: Path, settled: int, unresolved: int) -> dict[str
     engine, agent, mission, cred = setup(store, crash_hook=hook, lease_seconds=3600)
     ex = engine.start_run(mission, by=agent, segment_id="seg-1")
     adapter = RecordingAdapter()
-    template = ex.attempt(adapter, "write", {"k": 0}, effect_key=storebuild.KEY_TEMPLATE)
+    template = ex.perform(adapter, "write", {"k": 0}, effect_key=storebuild.KEY_TEMPLATE)
     assert template.status is charter.AttemptStatus.SUCCEEDED
     t0 = clock()
     storebuild.clone(
@@ -371,7 +371,7 @@ def build_recovery_store(store: Path, settled: int, unresolved: int) -> dict[str
     hook.armed = True
     for k in range(prepared, unresolved):
         try:
-            ex.attempt(adapter, "write", {"k": k}, effect_key=f"open-{k}")
+            ex.perform(adapter, "write", {"k": k}, effect_key=f"open-{k}")
         except Interrupted:
             pass
         else:

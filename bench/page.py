@@ -242,7 +242,7 @@ def _attempt_section(results: dict[str, Any], plan: dict[str, Any]) -> list[str]
     a = results["attempts"]
     body = []
     who = (
-        ("charter", "Charter: `Executor.attempt` through a no-op adapter"),
+        ("charter", "Charter: `Executor.perform` through a no-op adapter"),
         ("charter_tmpfs", "Charter, its SQLite file on tmpfs (no disk sync)"),
         ("dbos", "DBOS: one `@DBOS.step` in a workflow, as shipped"),
         ("dbos_wal", "DBOS, its SQLite file put in WAL first"),

@@ -36,7 +36,7 @@ def capture(engine: charter.Engine, agent: charter.Principal, mission: str) -> d
     driver: Any = engine._db.driver  # not public API: this explains a figure
     ex = engine.start_run(mission, by=agent, segment_id="seg-replay")
     adapter = RecordingAdapter()
-    ex.attempt(adapter, "write", {"k": -1}, effect_key="replay-warm")
+    ex.perform(adapter, "write", {"k": -1}, effect_key="replay-warm")
     sent: list[Statement] = []
     changed: list[int] = []
     original = driver.execute
@@ -49,7 +49,7 @@ def capture(engine: charter.Engine, agent: charter.Principal, mission: str) -> d
 
     driver.execute = recording
     try:
-        attempt = ex.attempt(adapter, "write", {"k": 0}, effect_key="replay")
+        attempt = ex.perform(adapter, "write", {"k": 0}, effect_key="replay")
     finally:
         del driver.execute
     ex.finish()

@@ -29,11 +29,11 @@ def _stream(job: dict[str, Any], barrier: Any, out: Any) -> None:
     agent = engine.authenticate(job["credential"])
     ex = engine.start_run(mission, by=agent, segment_id=f"seg-{tag}")
     adapter = RecordingAdapter()
-    ex.attempt(adapter, "write", {"k": -1}, effect_key="warm")  # statements prepared
+    ex.perform(adapter, "write", {"k": -1}, effect_key="warm")  # statements prepared
     barrier.wait()
     t0 = time.perf_counter()
     for k in range(n):
-        ex.attempt(adapter, "write", {"k": k}, effect_key=f"e{k}")
+        ex.perform(adapter, "write", {"k": k}, effect_key=f"e{k}")
     t1 = time.perf_counter()
     ex.finish()
     engine.close()

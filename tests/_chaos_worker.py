@@ -42,7 +42,7 @@ def main() -> None:
                 request = {"amount": 1_00, "currency": "usd", "payee": "acme", "reference": ref}
                 started = time.monotonic()
                 try:
-                    attempt = ex.attempt(payments, "pay", request, effect_key=ref)
+                    attempt = ex.perform(payments, "pay", request, effect_key=ref)
                 except charter.StoreBusy:
                     emit(busy=time.monotonic() - started)
                     continue

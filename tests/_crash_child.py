@@ -114,7 +114,7 @@ def crash(cfg: Mapping[str, Any], engine: charter.Engine, hook: ArmedKill) -> No
     agent = engine.authenticate(cfg["credential"])
     target = HttpTarget(cfg["target"])
     ex = engine.start_run(cfg["mission_id"], by=agent, segment_id="seg-1")
-    settled = ex.attempt(target, "write", {"n": 1}, effect_key="settled")
+    settled = ex.perform(target, "write", {"n": 1}, effect_key="settled")
     parked = ex.admit(target, "write", {"n": 2}, effect_key="parked")
     emit(
         "ready",
@@ -132,7 +132,7 @@ def crash(cfg: Mapping[str, Any], engine: charter.Engine, hook: ArmedKill) -> No
         attempt = ex.admit(target, "write", {"n": 3}, effect_key="crash")
         ex.dispatch(attempt.id, target)
     else:
-        ex.attempt(target, "write", {"n": 3}, effect_key="crash")
+        ex.perform(target, "write", {"n": 3}, effect_key="crash")
     emit("survived")
 
 
@@ -143,11 +143,11 @@ def zombie(cfg: Mapping[str, Any], engine: charter.Engine) -> None:
     parked = ex.admit(target, "write", {"n": 1}, effect_key="parked")
     emit("ready", run_id=ex.run_id, epoch=ex.epoch, parked=parked.id)
     target.pause = cfg["pause"]
-    first = ex.attempt(target, "write", {"n": 2}, effect_key="zombie")
+    first = ex.perform(target, "write", {"n": 2}, effect_key="zombie")
     emit("settled", attempt_id=first.id, status=first.status.value)
     tries: list[tuple[str, Callable[[], object]]] = [
         ("dispatch", lambda: ex.dispatch(parked.id, target)),
-        ("attempt", lambda: ex.attempt(target, "write", {"n": 3}, effect_key="after-takeover")),
+        ("attempt", lambda: ex.perform(target, "write", {"n": 3}, effect_key="after-takeover")),
         ("renew_lease", ex.renew_lease),
     ]
     results: list[dict[str, Any]] = []

@@ -43,7 +43,7 @@ def main(store: str, digest: str, cred: str, mission: str, sends: str) -> None:
         ex = engine.start_run(mission, by=agent, segment_id=f"seg-{n}")
         k = 0
         while True:
-            ex.attempt(adapter, "write", {"k": k}, effect_key=f"e{k}")
+            ex.perform(adapter, "write", {"k": k}, effect_key=f"e{k}")
             k += 1
             if k == 1:
                 started.wait()

@@ -53,7 +53,7 @@ def race(job: dict[str, Any]) -> dict[str, Any]:
                 if i % 2:
                     attempt = ex.admit(adapter, "read", {"i": i}, effect_key=f"k{i}")
                 else:
-                    attempt = ex.attempt(adapter, "read", {"i": i}, effect_key=f"k{i}")
+                    attempt = ex.perform(adapter, "read", {"i": i}, effect_key=f"k{i}")
             except charter.AllowanceExceeded:
                 ended = "allowance_exceeded"
                 break

@@ -263,7 +263,7 @@ class Simulation:
         fate = self._fate()
         n = self._next()
         try:
-            done = ex.attempt(self.adapter(), op, {"n": n}, effect_key=f"e{n}")
+            done = ex.perform(self.adapter(), op, {"n": n}, effect_key=f"e{n}")
         finally:
             proc.hook.pause = None
         return f"{op} {fate} -> {done.status.value}"
@@ -309,7 +309,7 @@ class Simulation:
         premature = last.status in HOLDING
         fate = self._fate()
         try:
-            done = ex.attempt(
+            done = ex.perform(
                 self.adapter(),
                 last.operation,
                 last.request,

@@ -91,7 +91,7 @@ def test_W2_effect_needing_approval_stays_prepared_with_its_hold_and_sends_nothi
     ex = start(engine, who, gated)
 
     with pytest.raises(charter.ApprovalRequired) as waiting:
-        ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+        ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     assert waiting.value.code == "approval_required"
     attempt = engine.attempt(waiting.value.details["attempt_id"])
@@ -286,7 +286,7 @@ def test_W2_denial_voids_the_attempt_and_releases_exactly_its_hold(
     limit = dataclasses.asdict(engine.balances(gated)["usd"])
     ex = start(engine, who, gated)
     with pytest.raises(charter.ApprovalRequired) as waiting:
-        ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+        ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     attempt = engine.attempt(waiting.value.details["attempt_id"])
     clock.advance(1)
 
@@ -326,7 +326,7 @@ def test_W2_denied_effect_admitted_again_with_the_same_request_is_voided_unsent(
     assert ex.dispatch(first.id, adapter).status is Status.VOIDED
     clock.advance(1)
 
-    again = ex.attempt(
+    again = ex.perform(
         adapter, "write", {"to": "x"}, effect_key="send", generation=2, retry_of=first.id
     )
 
@@ -422,7 +422,7 @@ def test_W2_retry_of_the_same_effect_and_request_reuses_its_approval(
     assert ex.dispatch(first.id, adapter).status is Status.FAILED
     del adapter.script["write"]
 
-    retry = ex.attempt(
+    retry = ex.perform(
         adapter, "write", {"to": "x"}, effect_key="send", generation=2, retry_of=first.id
     )
 
@@ -438,12 +438,12 @@ def test_W2_operation_outside_the_policy_is_sent_without_an_approval(
     all), so reads wait for a person or writes do not."""
     ex = start(engine, who, gated)
 
-    read = ex.attempt(adapter, "read", {"q": 1}, effect_key="look")
+    read = ex.perform(adapter, "read", {"q": 1}, effect_key="look")
 
     assert read.status is Status.SUCCEEDED
     assert engine.approvals() == []
     with pytest.raises(charter.ApprovalRequired):
-        ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+        ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     assert [s.operation for s in adapter.sent] == ["read"]
 
 
@@ -562,7 +562,7 @@ def test_W2_approval_expired_during_downtime_is_renewed_not_a_dead_end(
         engine.approve(request.id, by=who.bob)
     resumed = engine.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
     try:
-        again = resumed.attempt(
+        again = resumed.perform(
             adapter, "write", {"to": "x"}, effect_key="send", generation=2, retry_of=first.id
         )
     except charter.ApprovalRequired as waiting:
@@ -593,7 +593,7 @@ def test_W2_spent_approval_does_not_block_resume_after_it_expires(
 
     engine.coordinator.recover(ex.run_id, "seg-2")
     resumed = engine.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
-    read = resumed.attempt(adapter, "read", {"q": 1}, effect_key="look")
+    read = resumed.perform(adapter, "read", {"q": 1}, effect_key="look")
 
     assert read.status is Status.SUCCEEDED
     assert [s.attempt_id for s in adapter.sent] == [attempt.id, read.id]
@@ -608,7 +608,7 @@ def test_N5_W2_stopping_a_waiting_run_withdraws_its_pending_approval(
     can never lead to a send."""
     ex = start(engine, who, gated)
     with pytest.raises(charter.ApprovalRequired):
-        ex.attempt(adapter, "write", {"to": "x"}, effect_key="gated")
+        ex.perform(adapter, "write", {"to": "x"}, effect_key="gated")
     [attempt] = engine.attempts(run_id=ex.run_id)
     request = pending_of(engine, attempt)
 

@@ -155,7 +155,7 @@ def test_R7_an_async_lookup_is_awaited_and_its_evidence_settles_the_attempt(
 
     adapter.script["write"] = lost
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    unknown = ex.attempt(adapter, "write", {"invoice": 1}, effect_key="pay")
+    unknown = ex.perform(adapter, "write", {"invoice": 1}, effect_key="pay")
     assert unknown.status is AttemptStatus.UNKNOWN
     adapter.evidence[unknown.id] = Evidence.applied(
         Outcome.succeeded({"paid": True}, cost={"usd": 4_000, "calls": 1}, receipt="r-9")

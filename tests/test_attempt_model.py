@@ -212,7 +212,7 @@ class AttemptMachine(RuleBasedStateMachine):
         admits = self.model.admits(operation)
         n = self._next()
         try:
-            done = ex.attempt(self.target, operation, {"n": n}, effect_key=f"k{n}")
+            done = ex.perform(self.target, operation, {"n": n}, effect_key=f"k{n}")
         except charter.AllowanceExceeded:
             assert not admits
             return None
@@ -315,7 +315,7 @@ class AttemptMachine(RuleBasedStateMachine):
         self.fate, self.crash_at = fate, "settlement.before"
         n = self._next()
         try:
-            ex.attempt(self.target, operation, {"n": n}, effect_key=f"k{n}")
+            ex.perform(self.target, operation, {"n": n}, effect_key=f"k{n}")
         except SimulatedCrash:
             assert admits
             applied = dict(COSTS[operation])

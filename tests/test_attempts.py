@@ -101,7 +101,7 @@ def test_A1_admission_refused_without_run_right_records_nothing(
     events = len(engine.audit_events(mission))
 
     with pytest.raises(charter.NotAuthorized) as refused:
-        ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+        ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     assert refused.value.code == "not_authorized"
     assert refused.value.details["scope"] == "recorder.write"
@@ -116,7 +116,7 @@ def test_A1_authority_is_checked_under_the_current_contract_version(
     """Broken A1: authority is taken from the contract the run started under, so a right
     revoked by a new contract version still admits attempts."""
     ex = start(engine, who, mission)
-    assert ex.attempt(adapter, "write", {"n": 1}, effect_key="first").status is Status.SUCCEEDED
+    assert ex.perform(adapter, "write", {"n": 1}, effect_key="first").status is Status.SUCCEEDED
     revoked = default_contract()
     revoked["principals"] = {**revoked["principals"], "agent": {"run": ["recorder.read"]}}
     engine.amend_contract(mission, revoked, by=who.alice, reason="agent may only read")
@@ -124,7 +124,7 @@ def test_A1_authority_is_checked_under_the_current_contract_version(
     sent = list(adapter.sent)
 
     with pytest.raises(charter.NotAuthorized):
-        ex.attempt(adapter, "write", {"n": 2}, effect_key="second")
+        ex.perform(adapter, "write", {"n": 2}, effect_key="second")
 
     assert stored(engine, mission) == before
     assert adapter.sent == sent
@@ -139,7 +139,7 @@ def test_A1_admission_refused_on_a_stopped_run_records_nothing(
     before = stored(engine, mission)
 
     with pytest.raises(charter.AdmissionRefused) as refused:
-        ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+        ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     assert refused.value.details["run_status"] == "stopped"
     assert stored(engine, mission) == before
@@ -155,15 +155,15 @@ def test_A1_admission_refused_on_a_paused_run_even_when_it_would_fit(
         default_contract(allowance={"usd": 1_000_000, "calls": 1}), by=who.alice
     )
     ex = start(engine, who, mission)
-    assert ex.attempt(adapter, "write", {"n": 1}, effect_key="one").status is Status.SUCCEEDED
+    assert ex.perform(adapter, "write", {"n": 1}, effect_key="one").status is Status.SUCCEEDED
     with pytest.raises(charter.AllowanceExceeded):
-        ex.attempt(adapter, "write", {"n": 2}, effect_key="two")
+        ex.perform(adapter, "write", {"n": 2}, effect_key="two")
     assert engine.run(ex.run_id).status is charter.RunStatus.PAUSED
     before = stored(engine, mission)
     small = RecordingAdapter(costs={"read": {"usd": 1}})
 
     with pytest.raises(charter.AdmissionRefused) as refused:
-        ex.attempt(small, "read", {"n": 3}, effect_key="three")
+        ex.perform(small, "read", {"n": 3}, effect_key="three")
 
     assert refused.value.details["run_status"] == "paused"
     assert stored(engine, mission) == before
@@ -179,18 +179,18 @@ def test_A1_stop_condition_max_attempts_refuses_admission(
         default_contract(stop_conditions={"max_attempts": 1}), by=who.alice
     )
     ex = start(engine, who, mission)
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="one")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="one")
     before = stored(engine, mission)
 
     with pytest.raises(charter.AdmissionRefused) as refused:
-        ex.attempt(adapter, "write", {"n": 2}, effect_key="two")
+        ex.perform(adapter, "write", {"n": 2}, effect_key="two")
 
     assert refused.value.code == "admission_refused"
     assert "stop_condition" in refused.value.details
     assert stored(engine, mission) == before
     assert len(adapter.sent) == 1
     with pytest.raises(charter.AdmissionRefused):
-        ex.attempt(adapter, "write", {"n": 3}, effect_key="three")
+        ex.perform(adapter, "write", {"n": 3}, effect_key="three")
     assert stored(engine, mission) == before
     assert len(adapter.sent) == 1
 
@@ -204,11 +204,11 @@ def test_A1_stop_condition_max_failed_attempts_refuses_admission(
     )
     ex = start(engine, who, mission)
     adapter.script["write"] = not_applied
-    assert ex.attempt(adapter, "write", {"n": 1}, effect_key="one").status is Status.FAILED
+    assert ex.perform(adapter, "write", {"n": 1}, effect_key="one").status is Status.FAILED
     before = stored(engine, mission)
 
     with pytest.raises(charter.AdmissionRefused) as refused:
-        ex.attempt(adapter, "read", {"n": 2}, effect_key="two")
+        ex.perform(adapter, "read", {"n": 2}, effect_key="two")
 
     assert "stop_condition" in refused.value.details
     assert stored(engine, mission) == before
@@ -227,12 +227,12 @@ def test_A1_stop_condition_deadline_refuses_admission_by_the_store_clock(
         default_contract(stop_conditions={"deadline_us": deadline}), by=who.alice
     )
     ex = start(engine, who, mission)
-    assert ex.attempt(adapter, "write", {"n": 1}, effect_key="one").status is Status.SUCCEEDED
+    assert ex.perform(adapter, "write", {"n": 1}, effect_key="one").status is Status.SUCCEEDED
     clock.advance(5)
     before = stored(engine, mission)
 
     with pytest.raises(charter.AdmissionRefused) as refused:
-        ex.attempt(adapter, "write", {"n": 2}, effect_key="two")
+        ex.perform(adapter, "write", {"n": 2}, effect_key="two")
 
     assert "stop_condition" in refused.value.details
     assert stored(engine, mission) == before
@@ -249,7 +249,7 @@ def test_A1_admission_refused_for_a_unit_the_contract_does_not_budget(
     before = stored(engine, mission)
 
     with pytest.raises(charter.AdmissionRefused) as refused:
-        ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+        ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     assert refused.value.details["units"] == ["tokens"]
     assert stored(engine, mission) == before
@@ -268,7 +268,7 @@ def test_A1_allowance_refusal_holds_nothing_in_any_unit(
     before = stored(engine, mission)
 
     with pytest.raises(charter.AllowanceExceeded) as refused:
-        ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+        ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     assert refused.value.code == "allowance_exceeded"
     assert set(refused.value.details["short"]) == {"usd"}
@@ -322,7 +322,7 @@ def test_A1_unknown_operation_is_refused_and_changes_nothing(
     events = len(engine.audit_events(mission))
 
     with pytest.raises(charter.AdmissionRefused) as refused:
-        ex.attempt(adapter, "delete_everything", {"to": "x"}, effect_key="send")
+        ex.perform(adapter, "delete_everything", {"to": "x"}, effect_key="send")
 
     assert refused.value.details["operation"] == "delete_everything"
     assert stored(engine, mission) == before
@@ -354,7 +354,7 @@ def test_A1_non_json_request_is_refused_and_changes_nothing(
     before = stored(engine, mission)
 
     with pytest.raises(charter.AdmissionRefused) as refused:
-        ex.attempt(adapter, "write", request_body, effect_key="send")
+        ex.perform(adapter, "write", request_body, effect_key="send")
 
     assert refused.value.code == "admission_refused"
     assert stored(engine, mission) == before
@@ -376,7 +376,7 @@ def test_A1_adapter_estimate_that_is_not_an_estimate_changes_nothing(
     before = stored(engine, mission)
 
     with pytest.raises(charter.AdapterError):
-        ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+        ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     assert stored(engine, mission) == before
     assert adapter.sent == []
@@ -420,7 +420,7 @@ def test_A2_dispatched_is_committed_before_the_adapter_is_called(
     adapter.script["write"] = observer
     ex = start(engine, who, mission)
 
-    attempt = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     assert len(observer.seen) == 1
     seen = observer.seen[0]
@@ -460,7 +460,7 @@ def test_A2_combined_path_still_records_both_phases(
     """Broken A2: when admission and dispatch share a transaction the attempt skips
     its PREPARED record, so the audit trail cannot show admission before dispatch."""
     ex = start(engine, who, mission)
-    attempt = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     got = engine.attempt(attempt.id)
     assert got.prepared_at_us is not None
@@ -509,7 +509,7 @@ def test_A2_expired_lease_fences_the_combined_path_and_records_nothing(
     before = stored(engine, mission)
 
     with pytest.raises(charter.Fenced):
-        ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+        ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     assert adapter.sent == []
     assert stored(engine, mission) == before
@@ -529,7 +529,7 @@ def test_A2_executor_of_a_superseded_epoch_never_calls_the_adapter(
     with pytest.raises(charter.Fenced) as fenced:
         ex.dispatch(attempt.id, adapter)
     with pytest.raises(charter.Fenced):
-        ex.attempt(adapter, "write", {"to": "y"}, effect_key="other")
+        ex.perform(adapter, "write", {"to": "y"}, effect_key="other")
 
     assert fenced.value.current_epoch == ex.epoch + 1
     assert adapter.sent == []
@@ -641,7 +641,7 @@ def test_A3_adapter_exception_is_unknown_with_full_hold_kept(
     adapter.script["write"] = raising(error)
     ex = start(engine, who, mission)
 
-    attempt = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     assert attempt.status is Status.UNKNOWN
     got = engine.attempt(attempt.id)
@@ -668,7 +668,7 @@ def test_A3_not_applied_is_failed_with_hold_released_and_evidence_stored(
     ex = start(engine, who, mission)
     limit = engine.balances(mission)["usd"].available
 
-    attempt = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     assert attempt.status is Status.FAILED
     got = engine.attempt(attempt.id)
@@ -708,7 +708,7 @@ def test_A3_returned_garbage_is_unknown_with_full_hold_kept(
     adapter.script["write"] = returning(garbage)
     ex = start(engine, who, mission)
 
-    attempt = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     got = engine.attempt(attempt.id)
     assert attempt.status is Status.UNKNOWN
@@ -731,7 +731,7 @@ def test_A3_outcome_failed_is_failed_at_the_reported_cost(
     )
     ex = start(engine, who, mission)
 
-    attempt = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     got = engine.attempt(attempt.id)
     assert got.status is Status.FAILED
@@ -782,7 +782,7 @@ def test_A3_each_send_settles_only_as_far_as_its_outcome_proves(
 
     adapter = RecordingAdapter(costs={"write": WRITE_COST}, script={"write": handler})
     recorded = [
-        ex.attempt(adapter, "write", {"i": i}, effect_key=f"e{i}") for i in range(len(script))
+        ex.perform(adapter, "write", {"i": i}, effect_key=f"e{i}") for i in range(len(script))
     ]
 
     statuses = [engine.attempt(a.id).status for a in recorded]
@@ -806,12 +806,12 @@ def test_A4_retry_after_failed_is_a_new_attempt_with_new_id_and_key_linked_to_it
     its record, or is not linked to it."""
     adapter.script["write"] = not_applied
     ex = start(engine, who, mission)
-    first = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    first = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     assert first.status is Status.FAILED
     first_record = engine.attempt(first.id).to_dict()
     del adapter.script["write"]
 
-    retry = ex.attempt(
+    retry = ex.perform(
         adapter, "write", {"to": "x"}, effect_key="send", generation=2, retry_of=first.id
     )
 
@@ -845,7 +845,7 @@ def test_A4_settled_attempt_dispatched_again_is_refused_and_changes_nothing(
     elif outcome == "not_applied":
         adapter.script["write"] = not_applied
     ex = start(engine, who, mission)
-    attempt = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     assert attempt.status.settled
     before = stored(engine, mission)
     evidence = engine.evidence(attempt.id)
@@ -868,13 +868,13 @@ def test_A4_unknown_attempt_is_not_retried(
     that may already have happened is performed again instead of being reconciled."""
     adapter.script["write"] = raising(TimeoutError("no response"))
     ex = start(engine, who, mission)
-    first = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    first = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     assert first.status is Status.UNKNOWN
     del adapter.script["write"]
     before = stored(engine, mission)
 
     with pytest.raises(charter.CharterError):
-        ex.attempt(
+        ex.perform(
             adapter, "write", {"to": "x"}, effect_key="send", generation=2, retry_of=first.id
         )
 
@@ -889,14 +889,14 @@ def test_A4_same_effect_key_and_generation_is_never_performed_again(
     settled attempt sends it again, changes the store, or fails with an untyped
     database error instead of a Charter error."""
     ex = start(engine, who, mission)
-    first = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    first = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     assert first.status is Status.SUCCEEDED
     before = stored(engine, mission)
 
     error: BaseException | None = None
     again: charter.Attempt | None = None
     try:
-        again = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+        again = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     except Exception as exc:
         error = exc
 
@@ -927,8 +927,8 @@ def test_A5_idempotency_key_is_the_attempts_own_and_stable_forever(
     prepared = ex.admit(adapter, "write", {"to": "x"}, effect_key="two-phase")
     key_at_admission = engine.attempt(prepared.id).idempotency_key
     ex.dispatch(prepared.id, adapter)
-    combined = ex.attempt(adapter, "write", {"to": "y"}, effect_key="combined")
-    unknown = ex.attempt(adapter, "read", {"q": 1}, effect_key="unknown")
+    combined = ex.perform(adapter, "write", {"to": "y"}, effect_key="combined")
+    unknown = ex.perform(adapter, "read", {"q": 1}, effect_key="unknown")
     assert unknown.status is Status.UNKNOWN
 
     attempts = [prepared, combined, unknown]
@@ -955,7 +955,7 @@ def test_A5_fencing_token_sent_is_the_runs_epoch(
     """Broken A5/F3: the adapter is not given the run's epoch as fencing token, so a
     target that checks it cannot reject a stale owner's send."""
     ex = start(engine, who, mission)
-    attempt = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     two_phase = ex.admit(adapter, "write", {"to": "y"}, effect_key="later")
     ex.dispatch(two_phase.id, adapter)
 
@@ -977,7 +977,7 @@ def test_A5_send_deadline_never_exceeds_the_lease(
     could still send after another owner took the run over."""
     ex = start(engine, who, mission)
     clock.advance(10)  # a third of the lease used: not renewed, 20 s left
-    attempt = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     lease = engine.run(ex.run_id).lease_expires_us
     sent = adapter.sent[0]
@@ -1008,7 +1008,7 @@ def test_A5_send_deadline_follows_the_configured_send_window(
     agent = short.authenticate(who.credentials["agent"])
     ex = short.start_run(mission, by=agent, segment_id="seg-short")
 
-    ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     assert adapter.sent[0].send_deadline_us == clock.now_us() + seconds_us(5)
     assert adapter.sent[0].send_deadline_us < short.run(ex.run_id).lease_expires_us
@@ -1034,7 +1034,7 @@ def test_A7_read_only_unknown_is_written_off_at_full_hold_and_retried_as_a_new_a
     adapter.script["read"] = flaky
     ex = start(engine, who, mission)
 
-    result = ex.attempt(adapter, "read", {"prompt": "hi"}, effect_key="ask")
+    result = ex.perform(adapter, "read", {"prompt": "hi"}, effect_key="ask")
 
     attempts = engine.attempts(mission_id=mission)
     assert len(attempts) == 2
@@ -1071,7 +1071,7 @@ def test_A7_unsafe_and_keyed_unknown_are_never_written_off(
     adapter.script[operation] = raising(TimeoutError("no response"))
     ex = start(engine, who, mission)
 
-    attempt = ex.attempt(adapter, operation, {"amount": 1}, effect_key="pay")
+    attempt = ex.perform(adapter, operation, {"amount": 1}, effect_key="pay")
 
     assert attempt.status is Status.UNKNOWN
     attempts = engine.attempts(mission_id=mission)
@@ -1092,7 +1092,7 @@ def test_A7_default_contract_keeps_a_read_only_unknown_waiting(
     adapter.script["read"] = raising(TimeoutError("model call timed out"))
     ex = start(engine, who, mission)
 
-    attempt = ex.attempt(adapter, "read", {"prompt": "hi"}, effect_key="ask")
+    attempt = ex.perform(adapter, "read", {"prompt": "hi"}, effect_key="ask")
 
     assert attempt.status is Status.UNKNOWN
     assert [a.status for a in engine.attempts(mission_id=mission)] == [Status.UNKNOWN]
@@ -1111,7 +1111,7 @@ def test_A7_read_only_retries_are_bounded_and_the_caller_sees_what_is_stored(
     adapter.script["read"] = raising(TimeoutError("model call timed out"))
     ex = start(engine, who, mission)
 
-    result = ex.attempt(adapter, "read", {"prompt": "hi"}, effect_key="ask")
+    result = ex.perform(adapter, "read", {"prompt": "hi"}, effect_key="ask")
 
     assert len(adapter.sent) == 1 + adapter.operations["read"].retries
     attempts = engine.attempts(mission_id=mission)
@@ -1137,7 +1137,7 @@ def test_S1_F1_a_lease_renewal_is_an_audited_transition(
     first = engine.run(ex.run_id).lease_expires_us
 
     clock.advance(16)  # past half of the 30 s lease: the next commit renews it
-    ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     renewed = engine.run(ex.run_id).lease_expires_us
     clock.advance(1)
     explicit = ex.renew_lease()

@@ -120,7 +120,7 @@ def make_history(
     succeeded = _step(
         raw,
         clock,
-        lambda: ex.attempt(adapter, "write", {"n": 1}, effect_key="w1"),
+        lambda: ex.perform(adapter, "write", {"n": 1}, effect_key="w1"),
         kinds=["attempt.prepared", "attempt.dispatched", "attempt.settled"],
     )
     assert isinstance(succeeded, charter.Attempt)
@@ -132,7 +132,7 @@ def make_history(
     unknown = _step(
         raw,
         clock,
-        lambda: ex.attempt(adapter, "read", {"n": 2}, effect_key="r1"),
+        lambda: ex.perform(adapter, "read", {"n": 2}, effect_key="r1"),
         kinds=["attempt.prepared", "attempt.dispatched", "attempt.unknown"],
     )
     assert isinstance(unknown, charter.Attempt)
@@ -141,7 +141,7 @@ def make_history(
     waiting = _step(
         raw,
         clock,
-        lambda: ex.attempt(adapter, "charge", {"n": 3}, effect_key="c1"),
+        lambda: ex.perform(adapter, "charge", {"n": 3}, effect_key="c1"),
         kinds=["approval.requested", "attempt.prepared"],
         raises=charter.ApprovalRequired,
     )
@@ -167,7 +167,7 @@ def make_history(
     overrun = _step(
         raw,
         clock,
-        lambda: ex.attempt(adapter, "write", {"n": 4}, effect_key="w2"),
+        lambda: ex.perform(adapter, "write", {"n": 4}, effect_key="w2"),
         kinds=["attempt.prepared", "attempt.dispatched", "attempt.settled", "incident.opened"],
     )
     assert isinstance(overrun, charter.Attempt)
@@ -185,7 +185,7 @@ def make_history(
     _step(
         raw,
         clock,
-        lambda: ex.attempt(adapter, "read", {"n": 5}, effect_key="r2"),
+        lambda: ex.perform(adapter, "read", {"n": 5}, effect_key="r2"),
         kinds=["run.status", "admission.refused"],  # L7: paused while an incident is open
         raises=charter.AllowanceExceeded,
     )
@@ -374,12 +374,12 @@ def test_S1_a_transition_whose_event_cannot_be_written_does_not_happen(
     mission = engine.create_mission(APPROVAL_CONTRACT, by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     with pytest.raises(charter.ApprovalRequired):
-        ex.attempt(adapter, "charge", {"n": 1}, effect_key="c1")
+        ex.perform(adapter, "charge", {"n": 1}, effect_key="c1")
     (pending,) = engine.approvals(pending=True)
     actions: dict[str, Callable[[], object]] = {
         "create_mission": lambda: engine.create_mission(default_contract(), by=who.alice),
         "start_run": lambda: engine.start_run(mission, by=who.agent, segment_id="seg-2"),
-        "attempt": lambda: ex.attempt(adapter, "write", {"n": 2}, effect_key="w1"),
+        "attempt": lambda: ex.perform(adapter, "write", {"n": 2}, effect_key="w1"),
         "approve": lambda: engine.approve(pending.id, by=who.bob),
     }
     before_state, before_events = raw.state(), raw.events()
@@ -422,7 +422,7 @@ def test_S1_a_failed_decision_leaves_no_event(
     adapter.script["write"] = lambda send: charter.Outcome.succeeded(
         cost={"usd": 50_000, "calls": 1}
     )
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="w1")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="w1")
     (incident,) = engine.incidents(mission, open_only=True)
     before_state, before_events = raw.state(), raw.events()
     with pytest.raises(charter.StateError):
@@ -469,7 +469,7 @@ def test_S1_recovery_and_resolution_append_their_events(
         )
         prepared = ex.admit(adapter, "write", {"n": 1}, effect_key="later")
         with pytest.raises(SimulatedCrash):
-            ex.attempt(adapter, "write", {"n": 2}, effect_key="now")
+            ex.perform(adapter, "write", {"n": 2}, effect_key="now")
     finally:
         doomed.close()
     (dispatched,) = (
@@ -689,7 +689,7 @@ def test_S1_swapping_two_missions_whole_chains_is_detected(
     other = engine.create_mission(default_contract(), by=who.alice)
     ex = engine.start_run(other, by=who.agent, segment_id="seg-other")
     for i in range(3):
-        ex.attempt(RecordingAdapter(), "write", {"i": i}, effect_key=f"w{i}")
+        ex.perform(RecordingAdapter(), "write", {"i": i}, effect_key=f"w{i}")
     rename = "UPDATE audit_events SET mission_id = ? WHERE mission_id = ?"
     raw.execute(rename, "swap", history.mission)
     raw.execute(rename, history.mission, other)
@@ -884,8 +884,8 @@ def test_S1_chains_are_per_mission(
     ex2 = engine.start_run(second, by=who.agent, segment_id="seg-b")
     for i in range(3):  # interleaved work on both missions
         clock.advance(1)
-        ex1.attempt(adapter, "write", {"i": i}, effect_key=f"a{i}")
-        ex2.attempt(adapter, "read", {"i": i}, effect_key=f"b{i}")
+        ex1.perform(adapter, "write", {"i": i}, effect_key=f"a{i}")
+        ex2.perform(adapter, "read", {"i": i}, effect_key=f"b{i}")
     engine.raise_limit(second, "calls", 500, by=who.alice)
 
     owned = {

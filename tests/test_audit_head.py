@@ -61,7 +61,7 @@ def mission(
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     for n in range(3):
         clock.advance(1)
-        ex.attempt(adapter, "write", {"n": n}, effect_key=f"w{n}")
+        ex.perform(adapter, "write", {"n": n}, effect_key=f"w{n}")
     for guess in ("alice:not-the-secret", "bob:nor-this"):  # events on the engine's chain
         with pytest.raises(charter.AuthenticationError):
             engine.authenticate(guess)

@@ -80,9 +80,9 @@ def test_S3_a_canary_echoed_in_every_encoding_is_found_nowhere(
     )
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     request = {"amount": 1, "auth": charter.Secret(CANARY, name="canary")}
-    done = ex.attempt(adapter, "charge", request, effect_key="c")
-    refused = ex.attempt(adapter, "write", request, effect_key="w")
-    lost = ex.attempt(adapter, "read", request, effect_key="r")
+    done = ex.perform(adapter, "charge", request, effect_key="c")
+    refused = ex.perform(adapter, "write", request, effect_key="w")
+    lost = ex.perform(adapter, "read", request, effect_key="r")
     adapter.evidence[lost.id] = charter.Evidence.indeterminate(
         {"seen": forms(CANARY)["json-escaped"], "b64": forms(CANARY)["base64"]}
     )

@@ -212,9 +212,9 @@ def populated(
         )
         ex = engine.start_run(mission, by=agent, segment_id="seg-1")
         mail = _cli_mission.make_mail()
-        settled = ex.attempt(mail, "send", {"n": 1}, effect_key="a")
+        settled = ex.perform(mail, "send", {"n": 1}, effect_key="a")
         lost = RecordingAdapter(name="mail", operations=mail.operations, script={"send": _raise})
-        unknown = ex.attempt(lost, "send", {"n": 2}, effect_key="b")
+        unknown = ex.perform(lost, "send", {"n": 2}, effect_key="b")
     return {
         **setup,
         "store": store_address,
@@ -599,14 +599,14 @@ class Listing:
         elif listing == "runs":
             self.engine.start_run(self.mission, by=self.who.agent, segment_id=f"s{self.n}")
         elif listing == "attempts":
-            self.run.attempt(self.adapter, "read", {"n": self.n}, effect_key=f"k{self.n}")
+            self.run.perform(self.adapter, "read", {"n": self.n}, effect_key=f"k{self.n}")
         elif listing == "approvals":
             ex = self.engine.start_run(self.gated, by=self.who.agent, segment_id=f"s{self.n}")
             with pytest.raises(charter.ApprovalRequired):
-                ex.attempt(self.adapter, "write", {"n": self.n}, effect_key="w")
+                ex.perform(self.adapter, "write", {"n": self.n}, effect_key="w")
         else:  # an overrun opens an incident; closed, so the mission admits again
             self.adapter.script["write"] = _overrun
-            self.run.attempt(self.adapter, "write", {"n": self.n}, effect_key=f"o{self.n}")
+            self.run.perform(self.adapter, "write", {"n": self.n}, effect_key=f"o{self.n}")
             for incident in self.engine.incidents(self.mission, open_only=True):
                 self.engine.close_incident(incident["id"], by=self.who.alice, note="seen")
 

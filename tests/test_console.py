@@ -410,7 +410,7 @@ def test_a_ledger_chart_reads_a_window_of_newest_entries_and_ends_at_the_balance
     mission = desk.create_mission(default_contract(), by=who.alice)
     ex = desk.start_run(mission, by=who.agent, segment_id="s1")
     for i in range(4):
-        ex.attempt(_desk.ADAPTER, "write", {"to": "a", "amount": i}, effect_key=f"pay-{i}")
+        ex.perform(_desk.ADAPTER, "write", {"to": "a", "amount": i}, effect_key=f"pay-{i}")
     now = desk.balances(mission)["usd"]
     every = desk.ledger_entries(mission, unit="usd")
     assert desk.ledger_entries(mission, unit="usd", newest=3) == every[-3:]

@@ -601,7 +601,7 @@ def test_P2_an_amendment_that_only_narrows_needs_no_right(
     limits and the resume restriction, holding none of the rights to widen them."""
     mission = engine.create_mission(_narrow(resume="rules"), by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "read", {"n": 1}, effect_key="r")  # 1_000 usd spent
+    ex.perform(adapter, "read", {"n": 1}, effect_key="r")  # 1_000 usd spent
     narrowed = _narrow(
         allowance={"usd": 1_000, "calls": 1},
         principals={"agent": {"run": ["recorder.read"]}, "alice": ["stop"]},
@@ -665,7 +665,7 @@ def test_a_revoked_run_right_refuses_the_next_admission(
     adapter: RecordingAdapter,
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    first = ex.attempt(adapter, "write", {"n": 1}, effect_key="before")
+    first = ex.perform(adapter, "write", {"n": 1}, effect_key="before")
     assert first.status is charter.AttemptStatus.SUCCEEDED
     revoked = _with(
         principals={
@@ -676,7 +676,7 @@ def test_a_revoked_run_right_refuses_the_next_admission(
     engine.amend_contract(mission, revoked, by=who.alice, reason="agent misbehaved")
     balances = engine.balances(mission)
     with pytest.raises(charter.NotAuthorized) as info:
-        ex.attempt(adapter, "write", {"n": 2}, effect_key="after")
+        ex.perform(adapter, "write", {"n": 2}, effect_key="after")
     assert info.value.details["principal"] == "agent"
     assert [a.id for a in engine.attempts(mission_id=mission)] == [first.id]
     assert len(adapter.sent) == 1
@@ -695,9 +695,9 @@ def test_a_narrowed_scope_applies_to_the_running_executor(
     narrowed = _with(principals={"agent": {"run": ["recorder.read"]}, "alice": ["resolve", "stop"]})
     engine.amend_contract(mission, narrowed, by=who.alice, reason="read only from now on")
     with pytest.raises(charter.NotAuthorized) as info:
-        ex.attempt(adapter, "write", {"n": 1}, effect_key="w")
+        ex.perform(adapter, "write", {"n": 1}, effect_key="w")
     assert info.value.details["scope"] == "recorder.write"
-    read = ex.attempt(adapter, "read", {"n": 2}, effect_key="r")
+    read = ex.perform(adapter, "read", {"n": 2}, effect_key="r")
     assert read.status is charter.AttemptStatus.SUCCEEDED
     assert [s.operation for s in adapter.sent] == ["read"]
 
@@ -710,7 +710,7 @@ def test_a_right_revoked_by_another_engine_is_seen_at_the_next_admission(
     make_engine: Callable[..., charter.Engine],
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="w1")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="w1")
     other = make_engine()
     alice_there = other.authenticate(who.credentials["alice"])
     other.amend_contract(
@@ -720,7 +720,7 @@ def test_a_right_revoked_by_another_engine_is_seen_at_the_next_admission(
         reason="revoked elsewhere",
     )
     with pytest.raises(charter.NotAuthorized):
-        ex.attempt(adapter, "write", {"n": 2}, effect_key="w2")
+        ex.perform(adapter, "write", {"n": 2}, effect_key="w2")
     assert len(adapter.sent) == 1
 
 
@@ -732,7 +732,7 @@ def test_a_revoked_approver_no_longer_decides(
     )
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     with pytest.raises(charter.ApprovalRequired):
-        ex.attempt(adapter, "charge", {"amount": 1}, effect_key="c")
+        ex.perform(adapter, "charge", {"amount": 1}, effect_key="c")
     (approval,) = engine.approvals(pending=True)
     engine.amend_contract(
         mission,

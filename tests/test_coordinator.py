@@ -79,7 +79,7 @@ def left_dispatched(
     """An attempt left DISPATCHED: the process died while the adapter was sending."""
     adapter.script[operation] = die
     with pytest.raises(ProcessDied):
-        ex.attempt(adapter, operation, {"key": key}, effect_key=key)
+        ex.perform(adapter, operation, {"key": key}, effect_key=key)
     del adapter.script[operation]
     return adapter.sent[-1].attempt_id
 
@@ -89,7 +89,7 @@ def left_unknown(
 ) -> str:
     """An attempt left UNKNOWN: the adapter call timed out."""
     adapter.script[operation] = lose
-    attempt = ex.attempt(adapter, operation, {"key": key}, effect_key=key)
+    attempt = ex.perform(adapter, operation, {"key": key}, effect_key=key)
     del adapter.script[operation]
     assert attempt.status is AttemptStatus.UNKNOWN
     return attempt.id
@@ -149,7 +149,7 @@ def wait_for_approval(
 ) -> tuple[str, str]:
     """Admit an effect that needs approval; return (attempt ID, pending approval ID)."""
     with pytest.raises(charter.ApprovalRequired) as refused:
-        ex.attempt(
+        ex.perform(
             adapter, operation, request, effect_key=key, generation=generation, retry_of=retry_of
         )
     attempt_id = refused.value.details["attempt_id"]
@@ -173,7 +173,7 @@ def test_r1_reused_segment_refused_and_nothing_changed(
     clock: ManualClock,
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     clock.advance(LEASE)
     before, seen = stored(engine, mission), len(engine.audit_events(mission))
 
@@ -209,7 +209,7 @@ def test_r1_live_lease_refused_and_the_owner_keeps_working(
 
     assert stored(engine, mission) == before
     assert new_events(engine, mission, seen) == []
-    attempt = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     assert attempt.status is AttemptStatus.SUCCEEDED
     assert [s.epoch for s in adapter.sent] == [1]
     # The refused segment was not recorded as used: it can take over later.
@@ -247,7 +247,7 @@ def test_r1_force_needs_a_principal_with_stop_is_audited_and_fences_the_owner(
     assert payload(recovered)["forced"] is True
     assert payload(recovered)["previous_segment"] == "seg-1"
     with pytest.raises(charter.Fenced):
-        ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+        ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     assert adapter.sent == []
     assert engine.attempts(run_id=run_id) == []
 
@@ -292,7 +292,7 @@ def test_r2_every_recovery_increments_the_epoch_and_makes_the_segment_owner(
         ("3", "4", "seg-4"),
     ]
     with pytest.raises(charter.Fenced):
-        ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+        ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     assert adapter.sent == []
 
 
@@ -362,7 +362,7 @@ def test_r3_w2_an_approved_effect_readmitted_after_recovery_reuses_its_approval(
     eng.coordinator.recover(ex.run_id, "seg-2")
     assert eng.attempt(old).status is AttemptStatus.VOIDED
     ex2 = eng.coordinator.resume(ex.run_id, "seg-2")
-    attempt = ex2.attempt(
+    attempt = ex2.perform(
         adapter, "write", {"to": "x"}, effect_key="send", generation=2, retry_of=old
     )
 
@@ -394,7 +394,7 @@ def test_r3_w2_a_pending_approval_stays_bound_and_a_changed_request_needs_a_new_
     # The effect is settled: it is never performed again, with this request or
     # another (A4), and no approval is asked for it.
     with pytest.raises(charter.AttemptAlreadySettled):
-        ex2.attempt(adapter, "write", {"to": "y"}, effect_key="send", generation=3, retry_of=again)
+        ex2.perform(adapter, "write", {"to": "y"}, effect_key="send", generation=3, retry_of=again)
     assert len(eng.approvals(run_id=ex.run_id)) == 1
     assert [s.attempt_id for s in adapter.sent] == [again]
 
@@ -473,9 +473,9 @@ def test_r5_recovery_state_holds_what_an_operator_needs(
     contract = approval_contract("recorder.charge", ttl=10)
     eng, who, mission = open_engine(make_engine, creds, contract)
     ex = eng.start_run(mission, by=who.agent, segment_id="seg-1")
-    ok = ex.attempt(adapter, "read", {"q": 1}, effect_key="ok")
+    ok = ex.perform(adapter, "read", {"q": 1}, effect_key="ok")
     adapter.script["write"] = fail
-    bad = ex.attempt(adapter, "write", {"to": "x"}, effect_key="bad")
+    bad = ex.perform(adapter, "write", {"to": "x"}, effect_key="bad")
     del adapter.script["write"]
     assert (ok.status, bad.status) == (AttemptStatus.SUCCEEDED, AttemptStatus.FAILED)
     unknown = left_unknown(ex, adapter, "write", key="lost")
@@ -741,7 +741,7 @@ def test_r7_reconcile_on_a_settled_attempt_is_refused_and_changes_nothing(
     engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    done = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    done = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     before, seen = stored(engine, mission), len(engine.audit_events(mission))
 
     with pytest.raises(charter.AttemptAlreadySettled):
@@ -1116,7 +1116,7 @@ def test_r8_resolve_on_a_settled_attempt_is_refused_and_changes_nothing(
     engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    done = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    done = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     attempt_id = left_unknown(ex, adapter, "write", key="other")
     engine.coordinator.resolve(
         attempt_id, by=who.alice, outcome="written_off", evidence="unknowable"
@@ -1144,7 +1144,7 @@ def test_r9_automatic_continues_when_clean_with_an_executor_of_the_current_epoch
 ) -> None:
     eng, who, mission = open_engine(make_engine, creds, resume="automatic")
     ex = eng.start_run(mission, by=who.agent, segment_id="seg-1")
-    first = ex.attempt(adapter, "write", {"to": "x"}, effect_key="one")
+    first = ex.perform(adapter, "write", {"to": "x"}, effect_key="one")
     clock.advance(LEASE)
 
     ex2 = eng.coordinator.resume(ex.run_id, "seg-2")
@@ -1152,7 +1152,7 @@ def test_r9_automatic_continues_when_clean_with_an_executor_of_the_current_epoch
     run = eng.run(ex.run_id)
     assert (ex2.epoch, ex2.segment_id, ex2.run_id) == (run.epoch, "seg-2", ex.run_id)
     assert run.status is RunStatus.ACTIVE
-    second = ex2.attempt(adapter, "write", {"to": "y"}, effect_key="two")
+    second = ex2.perform(adapter, "write", {"to": "y"}, effect_key="two")
     assert second.status is AttemptStatus.SUCCEEDED
     assert second.admitted_epoch == run.epoch == 2
     assert [(s.attempt_id, s.epoch) for s in adapter.sent] == [
@@ -1187,7 +1187,7 @@ def test_r9_the_executor_returned_to_the_recovered_segment_can_attempt_after_a_l
     ex2 = engine.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
 
     assert ex2.epoch == engine.run(ex.run_id).epoch == 2
-    attempt = ex2.attempt(adapter, "write", {"to": "y"}, effect_key="next")
+    attempt = ex2.perform(adapter, "write", {"to": "y"}, effect_key="next")
     assert attempt.status is AttemptStatus.SUCCEEDED
     assert adapter.sent[-1].epoch == 2
 
@@ -1225,7 +1225,7 @@ def test_r9_human_needs_a_principal_with_a_run_grant(
 
     assert ex2.epoch == 2
     assert [e["actor"] for e in events(engine, mission, "run.resumed")] == ["agent"]
-    assert ex2.attempt(adapter, "write", {"to": "x"}, effect_key="k").status is (
+    assert ex2.perform(adapter, "write", {"to": "x"}, effect_key="k").status is (
         AttemptStatus.SUCCEEDED
     )
 
@@ -1260,7 +1260,7 @@ def test_r9_rules_consults_the_configured_predicates(
     assert ex2.epoch == 2
     assert len(seen) == 2
     adapter.script["write"] = fail
-    ex2.attempt(adapter, "write", {"to": "x"}, effect_key="k")
+    ex2.perform(adapter, "write", {"to": "x"}, effect_key="k")
     clock.advance(LEASE)
     with pytest.raises(charter.NeedsIntervention):
         eng.coordinator.resume(ex.run_id, "seg-3")
@@ -1409,7 +1409,7 @@ def test_r9_no_mode_continues_past_an_exhausted_allowance(
         make_engine, creds, mode, default_contract(allowance={"usd": 1_000_000, "calls": 1})
     )
     ex = eng.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "read", {"q": 1}, effect_key="only")
+    ex.perform(adapter, "read", {"q": 1}, effect_key="only")
     clock.advance(LEASE)
 
     _refused_in_every_mode(eng, mission, ex.run_id, who.agent, mode=mode, adapter=adapter)
@@ -1459,7 +1459,7 @@ def test_w2_r9_an_expired_approval_is_asked_again_and_resume_continues_once_deci
     assert again.effect_id == eng.approvals(run_id=ex.run_id)[0].effect_id
     eng.approve(again.id, by=who.bob)
     ex2 = eng.coordinator.resume(ex.run_id, "seg-2")
-    attempt = ex2.attempt(
+    attempt = ex2.perform(
         adapter, "write", {"to": "x"}, effect_key="send", generation=2, retry_of=old
     )
 
@@ -1506,7 +1506,7 @@ def test_table_prepared_is_voided_by_the_new_epoch_and_can_be_readmitted(
     assert eng.attempt(prepared).status is AttemptStatus.VOIDED
     assert held(eng, mission) == {"usd": 0, "calls": 0}
     ex2 = eng.coordinator.resume(ex.run_id, "seg-2")
-    again = ex2.attempt(
+    again = ex2.perform(
         adapter, "write", {"to": "x"}, effect_key="send", generation=2, retry_of=prepared
     )
     assert again.status is AttemptStatus.SUCCEEDED
@@ -1567,9 +1567,9 @@ def test_table_settled_attempts_are_never_performed_again(
     clock: ManualClock,
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    succeeded = ex.attempt(adapter, "charge", {"n": 1}, effect_key="ok").id
+    succeeded = ex.perform(adapter, "charge", {"n": 1}, effect_key="ok").id
     adapter.script["write"] = fail
-    failed = ex.attempt(adapter, "write", {"to": "x"}, effect_key="bad").id
+    failed = ex.perform(adapter, "write", {"to": "x"}, effect_key="bad").id
     del adapter.script["write"]
     written_off = left_unknown(ex, adapter, "write", key="lost")
     engine.coordinator.resolve(
@@ -1609,7 +1609,7 @@ def test_table_a_terminal_run_is_never_reopened(
     clock: ManualClock,
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     ex.finish()
     clock.advance(LEASE)
     before, seen = stored(engine, mission), len(engine.audit_events(mission))
@@ -1625,7 +1625,7 @@ def test_table_a_terminal_run_is_never_reopened(
     with pytest.raises(charter.RunTerminal):
         engine.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
     with pytest.raises(charter.Fenced):
-        ex.attempt(adapter, "write", {"to": "y"}, effect_key="again")
+        ex.perform(adapter, "write", {"to": "y"}, effect_key="again")
     run = engine.run(ex.run_id)
     assert (run.status, run.epoch, run.owner_segment) == (RunStatus.COMPLETED, 1, "seg-1")
     assert len(adapter.sent) == 1
@@ -1651,7 +1651,7 @@ def test_f2_a_late_result_that_contradicts_recorded_evidence_opens_an_incident(
         return Outcome.succeeded({"ok": True}, cost={"usd": 5_000, "calls": 1}, receipt={"r": 1})
 
     adapter.script["write"] = slow
-    attempt = ex.attempt(adapter, "write", {"to": "x"}, effect_key="late")
+    attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="late")
 
     assert attempt.status is AttemptStatus.UNKNOWN
     assert eng.attempt(attempt.id).status is AttemptStatus.UNKNOWN
@@ -1784,7 +1784,7 @@ def test_s1_l0_mixed_workers_on_one_mission_queue_without_deadlock(
         ex = e.start_run(mission, by=Principals(creds[0], creds[1], e).agent, segment_id=f"w{i}")
         adapter = RecordingAdapter()
         for k in range(30):
-            ex.attempt(adapter, "write", {"k": k}, effect_key=f"k{k}")
+            ex.perform(adapter, "write", {"k": k}, effect_key=f"k{k}")
 
     def raises() -> None:
         e = engines[3]
@@ -1832,7 +1832,7 @@ def test_n4_a_finished_run_is_never_changed_again_even_by_its_owner(
 ) -> None:
     eng, who, mission = open_engine(make_engine, creds)
     ex = eng.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     ex.finish(RunStatus.COMPLETED)
     before = stored(eng, mission)
 
@@ -1867,7 +1867,7 @@ def test_R9_a_resume_rule_that_reads_the_engine_does_not_deadlock(
     )
     engines.append(eng)
     ex = eng.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"to": "x"}, effect_key="k")
+    ex.perform(adapter, "write", {"to": "x"}, effect_key="k")
     clock.advance(LEASE)
     result: list[Any] = []
     worker = threading.Thread(
@@ -1895,10 +1895,10 @@ def test_F1_a_segment_is_held_by_one_live_executor_only(
     clock.advance(LEASE)  # the executor is presumed dead: its segment continues anew
     second = eng.coordinator.resume(ex.run_id, "seg-1", by=who.agent)
     with pytest.raises(charter.Fenced):
-        ex.attempt(adapter, "write", {"to": "x"}, effect_key="zombie")
+        ex.perform(adapter, "write", {"to": "x"}, effect_key="zombie")
     with pytest.raises(charter.LeaseHeld):
         eng.coordinator.resume(ex.run_id, "seg-1", by=who.agent)
-    assert second.attempt(adapter, "write", {"to": "x"}, effect_key="k").status is (
+    assert second.perform(adapter, "write", {"to": "x"}, effect_key="k").status is (
         AttemptStatus.SUCCEEDED
     )
     assert [s.attempt_id for s in adapter.sent] == [a.id for a in eng.attempts(mission_id=mission)]

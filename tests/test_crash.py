@@ -639,7 +639,7 @@ def test_F2_a_paused_owner_is_fenced_and_its_late_settlement_is_kept_as_evidence
     agent = world.principal("agent")
     ex = engine.coordinator.resume(ready["run_id"], "seg-2", by=agent)
     assert ex.epoch == 2
-    after = ex.attempt(HttpTarget(world.target.url), "write", {"n": 4}, effect_key="next")
+    after = ex.perform(HttpTarget(world.target.url), "write", {"n": 4}, effect_key="next")
     assert after.status is AttemptStatus.SUCCEEDED
     latest = world.target.received()[-1]
     assert (latest.key, latest.fencing_token) == (after.idempotency_key, f"{after.run_id}:2")
@@ -766,7 +766,7 @@ def test_F3_no_send_is_possible_at_the_instant_another_owner_may_take_over(
                 return super().dispatch(send)
 
         adapter = AtTheDeadline(name="target")
-        attempt = ex.attempt(adapter, "write", {"n": 1}, effect_key="edge")
+        attempt = ex.perform(adapter, "write", {"n": 1}, effect_key="edge")
         # The deadline is the lease itself here: the boundary under test.
         [(deadline, lease)] = deadline_and_lease
         assert deadline == lease

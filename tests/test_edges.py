@@ -91,7 +91,7 @@ def test_A3_R7_a_list_lookup_that_finds_nothing_does_not_settle_a_payment_never_
         mission = _mission(engine, who, "payments")
         run = engine.start_run(mission, by=who.agent, segment_id="seg-1")
         box.fault("refuse")  # 429, nothing applied
-        refused = run.attempt(adapter, "pay", REQUEST, effect_key="inv-7")
+        refused = run.perform(adapter, "pay", REQUEST, effect_key="inv-7")
         assert refused.status is AttemptStatus.UNKNOWN
         evidence = engine.coordinator.reconcile(refused.id, adapter)
         adapter.close()
@@ -117,7 +117,7 @@ def test_A3_an_empty_list_answer_proves_nothing_even_where_absence_is_proof(
     mission = _mission(engine, who, "things")
     run = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     target.arm("applied_then_lost")
-    lost = run.attempt(adapter, "create", REQUEST, effect_key="t-1")
+    lost = run.perform(adapter, "create", REQUEST, effect_key="t-1")
     target.arm("lookup_list")  # 200 {"data": []}
     assert engine.coordinator.reconcile(lost.id, adapter).verdict == "indeterminate"
     target.arm("lookup_empty")  # 200, no body
@@ -154,9 +154,9 @@ def test_S3_an_env_header_echoed_by_the_target_is_stored_nowhere(
     with declare("things", table).build() as adapter:
         run = engine.start_run(mission, by=who.agent, segment_id="seg-1")
         target.arm("echo_in_body")
-        echoed = run.attempt(adapter, "create", REQUEST, effect_key="a")
+        echoed = run.perform(adapter, "create", REQUEST, effect_key="a")
         target.arm("echo_in_exception")
-        failed = run.attempt(adapter, "create", {**REQUEST, "reference": "b"}, effect_key="b")
+        failed = run.perform(adapter, "create", {**REQUEST, "reference": "b"}, effect_key="b")
     assert echoed.status is AttemptStatus.SUCCEEDED
     assert echoed.result["seen_authorization"] == "***"
     assert failed.status is AttemptStatus.UNKNOWN
@@ -173,7 +173,7 @@ def test_S3_a_model_api_key_quoted_back_in_a_401_is_stored_nowhere(
         mission = _mission(engine, who, "openai")
         run = engine.start_run(mission, by=who.agent, segment_id="seg-1")
         request = {"model": "gpt-4o-mini", "input": "hi", "max_output_tokens": 20}
-        refused = run.attempt(adapter, "responses", request, effect_key="m")
+        refused = run.perform(adapter, "responses", request, effect_key="m")
         assert provider.received[0].headers["authorization"] == f"Bearer {SECRET}"
     assert refused.status is AttemptStatus.FAILED  # a 401 is a refusal before any work
     stored = _everything(engine, mission)
@@ -193,7 +193,7 @@ def test_A10_a_huge_answer_is_stored_once_and_bounded(
     with target.declaration(timeout_seconds=10.0).build() as adapter:
         run = engine.start_run(mission, by=who.agent, segment_id="seg-1")
         target.arm("huge_answer")
-        big = run.attempt(adapter, "create", REQUEST, effect_key="big")
+        big = run.perform(adapter, "create", REQUEST, effect_key="big")
     assert big.status is AttemptStatus.SUCCEEDED
     kept = big.result["$bounded"]
     assert kept["bytes"] > 50 * 1024 * 1024
@@ -218,7 +218,7 @@ def test_A3_A10_an_adapter_error_whose_text_no_store_keeps_still_leaves_the_atte
     adapter = RecordingAdapter(script={"write": broken})
     mission = _mission(engine, who, "recorder")
     run = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    lost = run.attempt(adapter, "write", {"to": "x"}, effect_key="w")
+    lost = run.perform(adapter, "write", {"to": "x"}, effect_key="w")
     assert lost.status is AttemptStatus.UNKNOWN
     assert len(adapter.sent) == 1
     escaped = "\\x00" if odd == "\x00" else "\\ud800"

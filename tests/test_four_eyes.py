@@ -48,7 +48,7 @@ def _asked(
     mission = engine.create_mission(contract, by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     with pytest.raises(charter.ApprovalRequired):
-        ex.attempt(adapter, "charge", {"amount": 1}, effect_key="charge")
+        ex.perform(adapter, "charge", {"amount": 1}, effect_key="charge")
     (approval,) = engine.approvals(pending=True)
     return mission, ex, approval
 
@@ -223,7 +223,7 @@ def _uncertain(
     mission = engine.create_mission(contract, by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     adapter.script.update(read=_lost, write=_lost)
-    lost = {op: ex.attempt(adapter, op, {"op": op}, effect_key=op) for op in ("read", "write")}
+    lost = {op: ex.perform(adapter, op, {"op": op}, effect_key=op) for op in ("read", "write")}
     return mission, ex, lost
 
 
@@ -323,7 +323,7 @@ def desk(
         ex = engine.start_run(mission, by=engine.authenticate(creds["agent"][0]), segment_id="s1")
         mail = _cli_mission.make_mail()
         lost = RecordingAdapter(name="mail", operations=mail.operations, script={"send": _lost})
-        unknown = ex.attempt(lost, "send", {"n": 1}, effect_key="b")
+        unknown = ex.perform(lost, "send", {"n": 1}, effect_key="b")
 
     def cli(who: str, *args: str) -> tuple[int, Any]:
         monkeypatch.setenv("CHARTER_CREDENTIAL", creds[who][0])

@@ -166,7 +166,7 @@ def test_concurrent_attempts_settle_every_effect_once_sharing_commits(
     def work(ex: charter.Executor) -> None:
         try:
             for k in range(15):
-                attempt = ex.attempt(adapter, "read", {"k": k}, effect_key=f"e{k}")
+                attempt = ex.perform(adapter, "read", {"k": k}, effect_key=f"e{k}")
                 assert attempt.status is charter.AttemptStatus.SUCCEEDED
         except BaseException as exc:  # reported to the test
             failures.append(exc)

@@ -184,9 +184,9 @@ def working_mission(source: charter.Engine, creds: Creds) -> tuple[str, Any]:
         {"statement": "x" * 200}, cost={"usd": 5_000, "calls": 1}
     )
     ex = source.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(system, "write", {"invoice": 1}, effect_key="one")
+    ex.perform(system, "write", {"invoice": 1}, effect_key="one")
     system.script["write"] = lost
-    ex.attempt(system, "write", {"invoice": 2}, effect_key="two")
+    ex.perform(system, "write", {"invoice": 2}, effect_key="two")
     return mission, ex
 
 
@@ -280,7 +280,7 @@ def test_S5_an_export_the_import_would_refuse_fences_nothing(
     assert source.handoff(mission_id=mission)["source"]["sealed"] is None
     # The executor still owns its run here: the mission goes on.
     system = RecordingAdapter()
-    assert ex.attempt(system, "read", {"q": 1}, effect_key="on").status.value == "succeeded"
+    assert ex.perform(system, "read", {"q": 1}, effect_key="on").status.value == "succeeded"
 
 
 def test_S5_export_and_import_hold_a_snapshot_to_one_set_of_bounds(

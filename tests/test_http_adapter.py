@@ -98,7 +98,7 @@ def test_A3_R7_applied_but_response_lost_is_unknown_until_a_person_confirms_the_
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     box.fault("drop_after_apply")
 
-    attempt = ex.attempt(payments, "pay", pay(4_50, "inv-1"), effect_key="inv-1")
+    attempt = ex.perform(payments, "pay", pay(4_50, "inv-1"), effect_key="inv-1")
 
     assert attempt.status is AttemptStatus.UNKNOWN
     assert engine.balances(mission)[UNIT].held == 4_50
@@ -131,7 +131,7 @@ def test_R7_under_auto_the_lookup_settles_a_lost_response_at_once(
     mission = engine.create_mission(contract(), by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     box.fault("drop_after_apply")
-    attempt = ex.attempt(payments, "pay", pay(12_00, "inv-2"), effect_key="inv-2")
+    attempt = ex.perform(payments, "pay", pay(12_00, "inv-2"), effect_key="inv-2")
     take_over(engine, ex.run_id, clock)
 
     engine.coordinator.reconcile(attempt.id, payments)
@@ -160,7 +160,7 @@ def test_A3_an_answer_that_may_hide_an_application_is_unknown_and_the_lookup_fin
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     box.fault(fault, seconds=seconds)
 
-    attempt = ex.attempt(payments, "pay", pay(7_00, "inv-3"), effect_key="inv-3")
+    attempt = ex.perform(payments, "pay", pay(7_00, "inv-3"), effect_key="inv-3")
 
     assert attempt.status is AttemptStatus.UNKNOWN
     assert reason in (attempt.reason or "")
@@ -184,7 +184,7 @@ def test_R7_a_lookup_that_finds_nothing_proves_non_application_and_closes_the_ke
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     box.fault("refuse")
 
-    attempt = ex.attempt(defaults, "pay", pay(5_00, "inv-5"), effect_key="inv-5")
+    attempt = ex.perform(defaults, "pay", pay(5_00, "inv-5"), effect_key="inv-5")
 
     assert attempt.status is AttemptStatus.UNKNOWN
     assert box.payments() == []
@@ -215,7 +215,7 @@ def test_R7_lookups_unavailable_leave_the_attempt_unknown_with_its_hold(
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     box.fault("drop_after_apply")
-    attempt = ex.attempt(payments, "pay", pay(8_00, "inv-6"), effect_key="inv-6")
+    attempt = ex.perform(payments, "pay", pay(8_00, "inv-6"), effect_key="inv-6")
     take_over(engine, ex.run_id, clock)
     box.fault("lookups_unavailable")
 
@@ -238,7 +238,7 @@ def test_A8_a_same_key_replay_answers_the_first_payment_and_applies_nothing_new(
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     box.fault("drop_after_apply")
-    attempt = ex.attempt(payments, "pay", pay(9_00, "inv-7"), effect_key="inv-7")
+    attempt = ex.perform(payments, "pay", pay(9_00, "inv-7"), effect_key="inv-7")
     clock.advance(LEASE)
     engine.coordinator.recover(ex.run_id, "seg-2")
     box.fault("lookups_unavailable")
@@ -284,7 +284,7 @@ def test_A3_a_4xx_refusal_is_failed_with_the_response_as_receipt(
     adapter = HttpDeclaration(base.name, base.base_url, ops, headers=base.headers).build()
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
 
-    attempt = ex.attempt(adapter, operation, request_ or pay(1_00, "inv-8"), effect_key="e")
+    attempt = ex.perform(adapter, operation, request_ or pay(1_00, "inv-8"), effect_key="e")
 
     assert attempt.status is AttemptStatus.FAILED
     assert attempt.receipt["status"] == status
@@ -299,7 +299,7 @@ def test_A3_a_key_reused_with_another_body_is_refused_422_and_applies_nothing(
     engine: charter.Engine, who: Principals, mission: str, box: Sandbox, payments: HttpAdapter
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    first = ex.attempt(payments, "pay", pay(2_00, "inv-9"), effect_key="inv-9")
+    first = ex.perform(payments, "pay", pay(2_00, "inv-9"), effect_key="inv-9")
     forged = payments._client.post(  # another client reusing the key
         "/v1/payments",
         json=pay(99_00, "inv-9"),
@@ -319,7 +319,7 @@ def test_A2_refused_connection_is_not_applied_and_releases_the_hold(
     adapter = declaration(f"http://127.0.0.1:{port}").build()
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
 
-    attempt = ex.attempt(adapter, "pay", pay(6_00, "inv-10"), effect_key="inv-10")
+    attempt = ex.perform(adapter, "pay", pay(6_00, "inv-10"), effect_key="inv-10")
 
     assert attempt.status is AttemptStatus.FAILED
     assert verdicts(engine, attempt.id) == ["not_applied"]
@@ -341,11 +341,11 @@ def test_F2_a_stale_fencing_token_is_refused_by_the_target_before_it_applies(
 ) -> None:
     """A send of epoch 1 still in flight after epoch 2 has sent is refused by the sandbox."""
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(payments, "pay", pay(1_00, "inv-11"), effect_key="inv-11")
+    ex.perform(payments, "pay", pay(1_00, "inv-11"), effect_key="inv-11")
     clock.advance(LEASE)
     engine.coordinator.recover(ex.run_id, "seg-2")
     new = engine.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
-    new.attempt(payments, "pay", pay(2_00, "inv-12"), effect_key="inv-12")
+    new.perform(payments, "pay", pay(2_00, "inv-12"), effect_key="inv-12")
     stale = charter.Dispatch(
         "att_zombie",
         "pay",

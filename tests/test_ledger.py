@@ -272,7 +272,7 @@ def crash_in_flight(ex: Executor, switch: CrashSwitch, adapter: RecordingAdapter
     switch.point = "settlement.before"
     sent = len(adapter.sent)
     with pytest.raises(SimulatedCrash):
-        ex.attempt(adapter, "charge", {"amount": 20}, effect_key=f"charge-{sent}")
+        ex.perform(adapter, "charge", {"amount": 20}, effect_key=f"charge-{sent}")
     assert len(adapter.sent) == sent + 1
     return adapter.sent[-1].attempt_id
 
@@ -304,19 +304,19 @@ def test_L0_holds_after_every_kind_of_transition(
 
     check()  # funded from the contract
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="at-estimate")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="at-estimate")
     check()
     adapter.script["write"] = pays({"usd": 1_200, "calls": 1})
-    ex.attempt(adapter, "write", {"n": 2}, effect_key="below-estimate")
+    ex.perform(adapter, "write", {"n": 2}, effect_key="below-estimate")
     check()
     adapter.script["write"] = not_applied
-    ex.attempt(adapter, "write", {"n": 3}, effect_key="not-applied")
+    ex.perform(adapter, "write", {"n": 3}, effect_key="not-applied")
     check()
     adapter.script["write"] = fails({"usd": 300, "calls": 1})
-    ex.attempt(adapter, "write", {"n": 4}, effect_key="failed-billed")
+    ex.perform(adapter, "write", {"n": 4}, effect_key="failed-billed")
     check()
     adapter.script["write"] = lost
-    ex.attempt(adapter, "write", {"n": 5}, effect_key="lost")
+    ex.perform(adapter, "write", {"n": 5}, effect_key="lost")
     check()
     ex.admit(adapter, "read", {"n": 6}, effect_key="two-phase")
     check()
@@ -329,7 +329,7 @@ def test_L0_holds_after_every_kind_of_transition(
     check()
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-2")
     adapter.script["write"] = pays({"usd": 9_000, "calls": 1})
-    ex.attempt(adapter, "write", {"n": 7}, effect_key="overrun")
+    ex.perform(adapter, "write", {"n": 7}, effect_key="overrun")
     check()
     for incident in engine.incidents(mission, open_only=True):
         engine.close_incident(incident["id"], by=who.alice, note="overrun confirmed")
@@ -344,7 +344,7 @@ def test_L0_lowering_a_limit_never_drives_available_negative(
     new contract version whose limit is below what is already held and spent being
     accepted, leaving available negative with no overrun anywhere."""
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="spent")  # 5_000 spent
+    ex.perform(adapter, "write", {"n": 1}, effect_key="spent")  # 5_000 spent
     ex.admit(adapter, "read", {"n": 2}, effect_key="held")  # 1_000 held
     before = snapshot(engine, mission)
     below = default_contract(allowance={"usd": 2_000, "calls": 100})
@@ -399,10 +399,10 @@ def test_L1_held_is_the_sum_of_prepared_dispatched_and_unknown_holds(
     engine, who = crashable.engine, crashable.who
     mission = engine.create_mission(default_contract(), by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="settled")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="settled")
     prepared = ex.admit(adapter, "read", {"n": 2}, effect_key="prepared")
     adapter.script["write"] = lost
-    unknown = ex.attempt(adapter, "write", {"n": 3}, effect_key="unknown")
+    unknown = ex.perform(adapter, "write", {"n": 3}, effect_key="unknown")
     dispatched = crash_in_flight(ex, crashable.switch, adapter)
 
     statuses = {a.id: a.status for a in engine.attempts(mission_id=mission)}
@@ -440,7 +440,7 @@ def test_L2_spent_is_the_sum_of_actuals_in_full(
     ]
     for i, (script, actual) in enumerate(reported):
         adapter.script["write"] = script
-        attempt = ex.attempt(adapter, "write", {"n": i}, effect_key=f"k{i}")
+        attempt = ex.perform(adapter, "write", {"n": i}, effect_key=f"k{i}")
         assert engine.attempt(attempt.id).actual == actual
     balances = assert_ledger(engine, mission)
     assert balances["usd"].spent == 5_000 + 1_234 + 300 + 7_777
@@ -463,9 +463,9 @@ def test_L2_S1_entries_travel_in_their_transitions_hashed_events_not_rows_of_the
     an entry whose event is not its transition's, or an entry edited in the store
     that neither the chain nor the ledger check reports."""
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="paid")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="paid")
     adapter.script["write"] = pays({"usd": 9_000, "calls": 1})
-    ex.attempt(adapter, "write", {"n": 2}, effect_key="overrun")
+    ex.perform(adapter, "write", {"n": 2}, effect_key="overrun")
     for incident in engine.incidents(mission, open_only=True):
         engine.close_incident(incident["id"], by=who.alice, note="overrun confirmed")
     ex.admit(adapter, "read", {"n": 3}, effect_key="voided")
@@ -527,7 +527,7 @@ def test_L2_entries_written_as_rows_before_schema_15_are_still_counted(
     breaking this looks like those entries left out of the books rebuilt from the
     store (an L2 problem on every upgraded store), or out of the entries listed."""
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="paid")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="paid")
     # An earlier raise of the limit, recorded the way Charter did before schema 15:
     # its entry as a row, its balances moved with it.
     raw.execute(
@@ -576,7 +576,7 @@ def test_L2_float_actual_cost_never_reaches_the_ledger(
 
     adapter.script["write"] = float_cost
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    attempt = ex.attempt(adapter, "write", {"n": 1}, effect_key="float")
+    attempt = ex.perform(adapter, "write", {"n": 1}, effect_key="float")
     stored = engine.attempt(attempt.id)
     assert stored.status is AttemptStatus.UNKNOWN
     assert stored.actual is None
@@ -644,11 +644,11 @@ def test_L3_one_unit_short_means_no_hold_on_any_unit(
     (or an attempt recorded) although one unit could not cover its estimate."""
     mission = engine.create_mission(default_contract(allowance=allowance), by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="first")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="first")
     before = snapshot(engine, mission)
     sent = len(adapter.sent)
     with pytest.raises(charter.AllowanceExceeded) as info:
-        ex.attempt(adapter, "write", {"n": 2}, effect_key="second")
+        ex.perform(adapter, "write", {"n": 2}, effect_key="second")
     assert set(info.value.details["short"]) == {short}
     assert snapshot(engine, mission) == before
     assert len(adapter.sent) == sent
@@ -664,7 +664,7 @@ def test_L3_estimate_in_an_unbudgeted_unit_is_refused_and_records_nothing(
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     before = snapshot(engine, mission)
     with pytest.raises(charter.AdmissionRefused):
-        ex.attempt(adapter, "write", {"n": 1}, effect_key="gpu")
+        ex.perform(adapter, "write", {"n": 1}, effect_key="gpu")
     assert snapshot(engine, mission) == before
     assert adapter.sent == []
     assert_ledger(engine, mission)
@@ -680,7 +680,7 @@ def test_L3_non_integer_estimate_is_refused_with_adapter_error_and_records_nothi
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     before = snapshot(engine, mission)
     with pytest.raises(charter.AdapterError):
-        ex.attempt(adapter, "write", {"n": 1}, effect_key="float")
+        ex.perform(adapter, "write", {"n": 1}, effect_key="float")
     with pytest.raises(charter.AdapterError):
         ex.admit(adapter, "write", {"n": 1}, effect_key="float")
     assert snapshot(engine, mission) == before
@@ -790,7 +790,7 @@ def test_L4_dispatched_attempt_keeps_its_full_hold_as_days_pass(
     for days in (1, 7, 30):
         clock.advance(days * DAY)
         later = engine.start_run(mission, by=who.agent, segment_id=f"later-{days}")
-        later.attempt(adapter, "read", {"day": days}, effect_key="read")
+        later.perform(adapter, "read", {"day": days}, effect_key="read")
         still_held()
     engine.raise_limit(mission, "usd", 5_000_000, by=who.alice)
     still_held()
@@ -798,7 +798,7 @@ def test_L4_dispatched_attempt_keeps_its_full_hold_as_days_pass(
     assert run.status is RunStatus.STOPPING
     still_held()
     with pytest.raises(charter.Fenced):  # the old owner's lease expired long ago
-        ex.attempt(adapter, "read", {"n": 1}, effect_key="zombie")
+        ex.perform(adapter, "read", {"n": 1}, effect_key="zombie")
     still_held()
 
 
@@ -813,14 +813,14 @@ def test_L4_unknown_attempt_keeps_its_full_hold_as_days_pass(
     to a zero cost or settled by a timer as days pass and other work goes on."""
     adapter.script["write"] = lost
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    unknown = ex.attempt(adapter, "write", {"n": 1}, effect_key="lost")
+    unknown = ex.perform(adapter, "write", {"n": 1}, effect_key="lost")
     assert unknown.status is AttemptStatus.UNKNOWN
     adapter.script.pop("write")
     entries = entries_of(engine, mission, unknown.id)
     for days in (1, 7, 30, 365):
         clock.advance(days * DAY)
         later = engine.start_run(mission, by=who.agent, segment_id=f"later-{days}")
-        later.attempt(adapter, "write", {"day": days}, effect_key="write")
+        later.perform(adapter, "write", {"day": days}, effect_key="write")
         stored = engine.attempt(unknown.id)
         assert stored.status is AttemptStatus.UNKNOWN
         assert stored.actual is None
@@ -847,7 +847,7 @@ def test_L5_overrun_recorded_in_full_with_receipt_and_incident(
         {"usd": 9_500, "calls": 2}, receipt=receipt, price_source="recorder/invoice-2026-01"
     )
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    attempt = ex.attempt(adapter, "write", {"n": 1}, effect_key="over")
+    attempt = ex.perform(adapter, "write", {"n": 1}, effect_key="over")
 
     stored = engine.attempt(attempt.id)
     assert stored.status is AttemptStatus.SUCCEEDED
@@ -935,7 +935,7 @@ def test_L6_approval_denial_voids_once_and_nothing_is_sent(
     mission = engine.create_mission(contract, by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     with pytest.raises(charter.ApprovalRequired) as info:
-        ex.attempt(adapter, "charge", {"amount": 20}, effect_key="pay")
+        ex.perform(adapter, "charge", {"amount": 20}, effect_key="pay")
     attempt_id = info.value.details["attempt_id"]
     assert engine.attempt(attempt_id).status is AttemptStatus.PREPARED
     assert engine.balances(mission)["usd"].held == 20_000  # kept while waiting
@@ -966,9 +966,9 @@ def test_L6_a_settled_hold_is_never_resolved_again(
     second time, adding spend or release entries to a hold already resolved."""
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     adapter.script["write"] = pays({"usd": 4_000, "calls": 1})
-    settled = ex.attempt(adapter, "write", {"n": 1}, effect_key="once")
+    settled = ex.perform(adapter, "write", {"n": 1}, effect_key="once")
     adapter.script["write"] = not_applied
-    failed = ex.attempt(adapter, "write", {"n": 2}, effect_key="failed")
+    failed = ex.perform(adapter, "write", {"n": 2}, effect_key="failed")
     after = ledger_state(engine, mission)
     for attempt_id in (settled.id, failed.id):
         with pytest.raises(charter.StateError):
@@ -1039,9 +1039,9 @@ def exhaust(
     """A mission whose usd allowance the first write uses up, and its paused run."""
     mission = engine.create_mission(default_contract(allowance=allowance), by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="first")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="first")
     with pytest.raises(charter.AllowanceExceeded):
-        ex.attempt(adapter, "read", {"n": 2}, effect_key="one-more")
+        ex.perform(adapter, "read", {"n": 2}, effect_key="one-more")
     assert engine.run(ex.run_id).status is RunStatus.PAUSED
     return mission, ex
 
@@ -1056,13 +1056,13 @@ def test_L7_exhausted_allowance_refuses_admission_pauses_run_and_records_nothing
         default_contract(allowance={"usd": 5_000, "calls": 100}), by=who.alice
     )
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="first")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="first")
     assert engine.balances(mission)["usd"].available == 0
     before = snapshot(engine, mission)
     sent = len(adapter.sent)
 
     with pytest.raises(charter.AllowanceExceeded):
-        ex.attempt(adapter, "read", {"n": 2}, effect_key="one-more")
+        ex.perform(adapter, "read", {"n": 2}, effect_key="one-more")
     assert engine.run(ex.run_id).status is RunStatus.PAUSED
     assert snapshot(engine, mission) == before
     with pytest.raises(charter.AdmissionRefused):  # a paused run admits nothing
@@ -1103,7 +1103,7 @@ def test_L7_raise_limit_makes_a_new_contract_version_and_unpauses(
     raised = [e for e in engine.audit_events(mission) if e["kind"] == "contract.version"]
     assert (raised[-1]["actor"], raised[-1]["after"]) == ("alice", str(new_version))
     assert engine.run(ex.run_id).status is RunStatus.ACTIVE
-    assert ex.attempt(adapter, "read", {"n": 3}, effect_key="after-raise").status is (
+    assert ex.perform(adapter, "read", {"n": 3}, effect_key="after-raise").status is (
         AttemptStatus.SUCCEEDED
     )
     assert_ledger(engine, mission)
@@ -1143,13 +1143,13 @@ def test_L7_open_incident_refuses_admission_until_closed_with_resolve(
     that is not recorded with who closed it."""
     adapter.script["write"] = pays({"usd": 9_000, "calls": 1})
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="over")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="over")
     adapter.script.pop("write")
     (incident,) = engine.incidents(mission, open_only=True)
     before = snapshot(engine, mission)
 
     with pytest.raises(charter.AllowanceExceeded) as info:
-        ex.attempt(adapter, "read", {"n": 2}, effect_key="blocked")
+        ex.perform(adapter, "read", {"n": 2}, effect_key="blocked")
     assert info.value.details["open_incidents"] == 1
     assert engine.run(ex.run_id).status is RunStatus.PAUSED
     assert snapshot(engine, mission) == before
@@ -1169,7 +1169,7 @@ def test_L7_open_incident_refuses_admission_until_closed_with_resolve(
     closes = [e for e in engine.audit_events(mission) if e["kind"] == "incident.closed"]
     assert [(e["entity"], e["actor"]) for e in closes] == [(incident["id"], "alice")]
     assert engine.run(ex.run_id).status is RunStatus.ACTIVE
-    assert ex.attempt(adapter, "read", {"n": 3}, effect_key="after").status is (
+    assert ex.perform(adapter, "read", {"n": 3}, effect_key="after").status is (
         AttemptStatus.SUCCEEDED
     )
     assert_ledger(engine, mission)
@@ -1185,25 +1185,25 @@ def test_L7_overrun_past_the_limit_stays_paused_until_the_limit_is_raised(
     )
     adapter.script["write"] = pays({"usd": 7_000, "calls": 1})
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="over")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="over")
     adapter.script.pop("write")
     usd = assert_ledger(engine, mission)["usd"]
     assert (usd.available, usd.overrun) == (-2_000, 2_000)
     with pytest.raises(charter.AllowanceExceeded):
-        ex.attempt(adapter, "read", {"n": 2}, effect_key="blocked")
+        ex.perform(adapter, "read", {"n": 2}, effect_key="blocked")
     (incident,) = engine.incidents(mission, open_only=True)
     engine.close_incident(incident["id"], by=who.alice, note="overrun accepted")
     assert engine.run(ex.run_id).status is RunStatus.PAUSED
     other = engine.start_run(mission, by=who.agent, segment_id="seg-2")
     before = snapshot(engine, mission)
     with pytest.raises(charter.AllowanceExceeded):
-        other.attempt(adapter, "read", {"n": 3}, effect_key="still-blocked")
+        other.perform(adapter, "read", {"n": 3}, effect_key="still-blocked")
     assert snapshot(engine, mission) == before
 
     engine.raise_limit(mission, "usd", 20_000, by=who.alice)
     assert engine.balances(mission)["usd"].available == 13_000
     assert engine.run(ex.run_id).status is RunStatus.ACTIVE
-    assert ex.attempt(adapter, "read", {"n": 4}, effect_key="after").status is (
+    assert ex.perform(adapter, "read", {"n": 4}, effect_key="after").status is (
         AttemptStatus.SUCCEEDED
     )
     assert_ledger(engine, mission)
@@ -1218,7 +1218,7 @@ def test_L7_raise_limit_unpauses_although_an_unused_unit_has_a_zero_limit(
     mission, ex = exhaust(engine, who, adapter, usd=5_000, calls=100, gpu_seconds=0)
     engine.raise_limit(mission, "usd", 50_000, by=who.alice)
     assert engine.run(ex.run_id).status is RunStatus.ACTIVE
-    assert ex.attempt(adapter, "read", {"n": 3}, effect_key="after").status is (
+    assert ex.perform(adapter, "read", {"n": 3}, effect_key="after").status is (
         AttemptStatus.SUCCEEDED
     )
     assert_ledger(engine, mission)
@@ -1235,9 +1235,9 @@ def test_L8_hold_and_settlement_entries_record_the_reported_price_source(
     reported for the actual."""
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     adapter.script["write"] = pays({"usd": 2_000, "calls": 1}, price_source="recorder/v7")
-    below = ex.attempt(adapter, "write", {"n": 1}, effect_key="below")
+    below = ex.perform(adapter, "write", {"n": 1}, effect_key="below")
     adapter.script["write"] = pays({"usd": 8_000, "calls": 1}, price_source="recorder/v8")
-    above = ex.attempt(adapter, "write", {"n": 2}, effect_key="above")
+    above = ex.perform(adapter, "write", {"n": 2}, effect_key="above")
     sources = {
         (e["attempt_id"], e["kind"], e["unit"]): e["price_source"]
         for e in engine.ledger_entries(mission)
@@ -1261,11 +1261,11 @@ def test_L8_every_hold_and_settlement_entry_records_a_price_source(
     adapter's outcome names none (or the attempt failed before any byte was sent):
     the ledger can no longer say where the amount it moved came from."""
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="default-outcome")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="default-outcome")
     adapter.script["write"] = pays({"usd": 1_000, "calls": 1}, price_source=None)
-    ex.attempt(adapter, "write", {"n": 2}, effect_key="no-source")
+    ex.perform(adapter, "write", {"n": 2}, effect_key="no-source")
     adapter.script["write"] = not_applied
-    ex.attempt(adapter, "write", {"n": 3}, effect_key="not-applied")
+    ex.perform(adapter, "write", {"n": 3}, effect_key="not-applied")
     missing = [
         (e["kind"], e["unit"], e["attempt_id"])
         for e in engine.ledger_entries(mission)
@@ -1291,7 +1291,7 @@ def test_L9_read_only_unknown_is_written_off_at_its_full_hold_under_the_opt_in(
 
     adapter.script["read"] = answer
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    result = ex.attempt(adapter, "read", {"q": "charter"}, effect_key="search")
+    result = ex.perform(adapter, "read", {"q": "charter"}, effect_key="search")
 
     first, retry = sorted(engine.attempts(mission_id=mission), key=lambda a: a.generation)
     assert first.status is AttemptStatus.WRITTEN_OFF
@@ -1321,7 +1321,7 @@ def test_L9_write_offs_stop_at_the_retry_limit_and_the_result_matches_the_record
     mission = engine.create_mission(default_contract(read_only_unknown="write_off"), by=who.alice)
     adapter.script["read"] = lost
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    result = ex.attempt(adapter, "read", {"q": "charter"}, effect_key="search")
+    result = ex.perform(adapter, "read", {"q": "charter"}, effect_key="search")
 
     attempts = sorted(engine.attempts(mission_id=mission), key=lambda a: a.generation)
     assert len(attempts) == adapter.operations["read"].retries + 1
@@ -1342,7 +1342,7 @@ def test_L9_without_the_opt_in_a_read_only_unknown_keeps_its_hold(
     contract did not opt in: by default every UNKNOWN waits for evidence or a person."""
     adapter.script["read"] = lost
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    result = ex.attempt(adapter, "read", {"q": "charter"}, effect_key="search")
+    result = ex.perform(adapter, "read", {"q": "charter"}, effect_key="search")
     (stored,) = engine.attempts(mission_id=mission)
     assert stored.id == result.id
     assert stored.status is AttemptStatus.UNKNOWN
@@ -1360,7 +1360,7 @@ def test_L9_only_read_only_unknowns_are_written_off_under_the_opt_in(
     mission = engine.create_mission(default_contract(read_only_unknown="write_off"), by=who.alice)
     adapter.script[operation] = lost
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, operation, {"n": 1}, effect_key="effect")
+    ex.perform(adapter, operation, {"n": 1}, effect_key="effect")
     (stored,) = engine.attempts(mission_id=mission)
     assert stored.status is AttemptStatus.UNKNOWN
     assert engine.balances(mission)["usd"].held == COSTS[operation]["usd"]
@@ -1376,7 +1376,7 @@ def test_L9_a_person_with_resolve_writes_off_an_unknown_at_its_full_hold(
     or a second resolution moving the same hold again."""
     adapter.script["write"] = lost
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    unknown = ex.attempt(adapter, "write", {"to": "x"}, effect_key="lost")
+    unknown = ex.perform(adapter, "write", {"to": "x"}, effect_key="lost")
     assert unknown.status is AttemptStatus.UNKNOWN
     evidence = {"ticket": "OPS-1", "seen": "the target keeps no record of this request"}
     before = snapshot(engine, mission)
@@ -1431,7 +1431,7 @@ def test_A9_raise_limit_past_the_largest_amount_is_refused_and_the_mission_still
     (and its funding added to the cached balances), after which the mission's
     contract never loads again and every admission fails."""
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="spent")  # 5_000 spent
+    ex.perform(adapter, "write", {"n": 1}, effect_key="spent")  # 5_000 spent
     before = stored(engine, mission)
     for limit in (2**63, 2**64 + 5, 10**30):
         with pytest.raises(charter.ContractError) as info:
@@ -1452,7 +1452,7 @@ def test_A9_raise_limit_past_the_largest_amount_is_refused_and_the_mission_still
     )
     assert_integer_balances(engine, mission)
     assert_ledger(engine, mission)
-    assert ex.attempt(adapter, "write", {"n": 2}, effect_key="after").status is (
+    assert ex.perform(adapter, "write", {"n": 2}, effect_key="after").status is (
         AttemptStatus.SUCCEEDED
     )
     assert_ledger(engine, mission)
@@ -1493,7 +1493,7 @@ def overrun_near_the_largest_amount(
     first = ex.admit(adapter, "write", {"n": 1}, effect_key="first")
     second = ex.admit(adapter, "write", {"n": 2}, effect_key="second")
     adapter.script["write"] = pays({"usd": MAX_AMOUNT - 15_000, "calls": 1})
-    ex.attempt(adapter, "write", {"n": 3}, effect_key="huge")
+    ex.perform(adapter, "write", {"n": 3}, effect_key="huge")
     usd = engine.balances(mission)["usd"]
     assert (usd.spent, usd.held, usd.available) == (MAX_AMOUNT - 15_000, 10_000, 5_000)
     assert_ledger(engine, mission)
@@ -1695,7 +1695,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.adapter.script[operation] = scripted(outcome)
         n = self._next()
         try:
-            done = ex.attempt(self.adapter, operation, {"n": n}, effect_key=f"k{n}")
+            done = ex.perform(self.adapter, operation, {"n": n}, effect_key=f"k{n}")
         except charter.AllowanceExceeded:
             assert refuse
             self._refused(ex, before)
@@ -1761,7 +1761,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.switch.point = "settlement.before"
         n = self._next()
         try:
-            ex.attempt(self.adapter, operation, {"n": n}, effect_key=f"k{n}")
+            ex.perform(self.adapter, operation, {"n": n}, effect_key=f"k{n}")
         except SimulatedCrash:
             assert not refuse
             self.executor = None  # the process died; its run keeps its lease

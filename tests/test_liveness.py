@@ -148,7 +148,7 @@ def test_R1_F1_a_killed_executor_s_segment_is_resumed_at_once_without_force(
     ex = engine.coordinator.resume(run_id, "seg-2", by=who.agent)
 
     assert (ex.epoch, engine.run(run_id).owner_segment) == (2, "seg-2")
-    assert ex.attempt(RecordingAdapter(), "read", {}, effect_key="k").status.value == "succeeded"
+    assert ex.perform(RecordingAdapter(), "read", {}, effect_key="k").status.value == "succeeded"
 
 
 def test_R1_an_owner_recorded_on_another_host_keeps_its_lease(
@@ -167,7 +167,7 @@ def test_R1_an_owner_recorded_on_another_host_keeps_its_lease(
 
 def _use_in_a_fork(ex: charter.Executor, out: Any) -> None:
     try:
-        ex.attempt(RecordingAdapter(), "read", {}, effect_key="from-a-fork")
+        ex.perform(RecordingAdapter(), "read", {}, effect_key="from-a-fork")
         out.put("sent")
     except charter.Fenced as fenced:
         out.put(str(fenced))
@@ -189,7 +189,7 @@ def test_R1_an_executor_used_from_a_forked_child_is_fenced_and_sends_nothing(
     assert "a fork" in out.get()
     assert engine.attempts(run_id=ex.run_id) == []
     # Nothing of the child reached the parent's connection: the parent goes on.
-    attempt = ex.attempt(RecordingAdapter(), "read", {}, effect_key="in-the-parent")
+    attempt = ex.perform(RecordingAdapter(), "read", {}, effect_key="in-the-parent")
     assert attempt.status.value == "succeeded"
 
 

@@ -81,7 +81,7 @@ def call(
     key: str = "m",
 ) -> charter.Attempt:
     ex = engine.start_run(mission, by=who.agent, segment_id=f"seg-{key}")
-    return ex.attempt(adapter, op, request, effect_key=key)
+    return ex.perform(adapter, op, request, effect_key=key)
 
 
 def priced(model: str, provider: str, input_tokens: int, output_tokens: int) -> int:
@@ -238,7 +238,7 @@ def test_L3_a_model_request_without_an_output_limit_is_refused_and_changes_nothi
     before = stored(engine, mission)
     unlimited = {k: v for k, v in request_.items() if not k.startswith("max_")}
     with pytest.raises(charter.AdmissionRefused, match="must set max"):
-        ex.attempt(models(provider, which), op, unlimited, effect_key="m")
+        ex.perform(models(provider, which), op, unlimited, effect_key="m")
     assert stored(engine, mission) == before
     assert provider.received == []
 

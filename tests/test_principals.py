@@ -61,15 +61,15 @@ def scene(
         raise TimeoutError("no answer")
 
     adapter.script["read"] = lost
-    unknown = ex.attempt(adapter, "read", {"q": 1}, effect_key="lookup")
+    unknown = ex.perform(adapter, "read", {"q": 1}, effect_key="lookup")
     assert unknown.status is charter.AttemptStatus.UNKNOWN
     with pytest.raises(charter.ApprovalRequired):
-        ex.attempt(adapter, "charge", {"amount": 1}, effect_key="charge")
+        ex.perform(adapter, "charge", {"amount": 1}, effect_key="charge")
     (approval,) = engine.approvals(pending=True)
     adapter.script["write"] = lambda send: charter.Outcome.succeeded(
         cost={"usd": 50_000, "calls": 1}, receipt={"id": "r1"}
     )
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="w1")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="w1")
     (incident,) = engine.incidents(mission, open_only=True)
     ids = (mission, ex.run_id, approval.id, incident["id"], unknown.id)
     return Scene(engine, who, raw, *ids, adapter, clock)
@@ -335,7 +335,7 @@ def test_P1_an_approver_needs_the_right_on_the_effects_scope(
     mission = engine.create_mission(contract, by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     with pytest.raises(charter.ApprovalRequired):
-        ex.attempt(adapter, "charge", {"amount": 1}, effect_key="charge")
+        ex.perform(adapter, "charge", {"amount": 1}, effect_key="charge")
     (approval,) = engine.approvals(pending=True)
     with pytest.raises(charter.NotAuthorized) as info:
         engine.approve(approval.id, by=who.bob)
@@ -417,7 +417,7 @@ def test_P1_secrets_never_enter_the_store(
     principals = {n: engine.authenticate(c) for n, c in creds[0].items()}
     mission = engine.create_mission(default_contract(), by=principals["alice"])
     ex = engine.start_run(mission, by=principals["agent"], segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="w1")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="w1")
     engine.raise_limit(mission, "usd", 2_000_000, by=principals["alice"])
     wrong = "guessed-" + "q" * 40
     tried = [

@@ -31,7 +31,7 @@ from conftest import Principals, default_contract
 def _warm(ex: charter.Executor, adapter: RecordingAdapter, n: int = 2) -> None:
     """Attempts that leave the engine's memory of the mission as its last commit read it."""
     for k in range(n):
-        assert ex.attempt(adapter, "write", {"k": k}, effect_key=f"warm-{k}").status.value == (
+        assert ex.perform(adapter, "write", {"k": k}, effect_key=f"warm-{k}").status.value == (
             "succeeded"
         )
 
@@ -79,7 +79,7 @@ def test_F1_F2_an_executor_whose_run_was_taken_over_meanwhile_is_fenced_and_send
     second.coordinator.recover(ex.run_id, "seg-2")
     events = len(first.audit_events(mission))
     with pytest.raises(charter.Fenced):
-        ex.attempt(adapter, "write", {"k": 9}, effect_key="after-takeover")
+        ex.perform(adapter, "write", {"k": 9}, effect_key="after-takeover")
     assert len(adapter.sent) == 2
     assert sorted(a.effect_key for a in first.attempts(run_id=ex.run_id)) == ["warm-0", "warm-1"]
     assert len(first.audit_events(mission)) == events  # a fence records nothing
@@ -97,7 +97,7 @@ def test_A1_N5_an_admission_after_a_person_stopped_the_run_meanwhile_is_refused(
     alice = second.authenticate(who.credentials["alice"])
     second.stop_run(ex.run_id, by=alice, reason="enough")
     with pytest.raises(charter.AdmissionRefused) as refused:
-        ex.attempt(adapter, "write", {"k": 9}, effect_key="after-stop")
+        ex.perform(adapter, "write", {"k": 9}, effect_key="after-stop")
     assert refused.value.details["run_status"] == "stopped"
     assert len(adapter.sent) == 2
     assert len(first.attempts(run_id=ex.run_id)) == 2
@@ -120,7 +120,7 @@ def test_L3_an_admission_spends_from_a_limit_raised_by_another_worker_meanwhile(
     ex = first.start_run(mission, by=who.agent, segment_id="seg-1")
     _warm(ex, adapter)  # 2 x 5,000 usd: nothing is left
     second.raise_limit(mission, "usd", 15_000, by=second.authenticate(who.credentials["alice"]))
-    attempt = ex.attempt(adapter, "write", {"k": 9}, effect_key="after-raise")
+    attempt = ex.perform(adapter, "write", {"k": 9}, effect_key="after-raise")
     assert attempt.status.value == "succeeded"
     usd = first.balances(mission)["usd"]
     assert (usd.limit, usd.spent, usd.held, usd.available) == (15_000, 15_000, 0, 0)
@@ -143,7 +143,7 @@ def test_A4_a_row_changed_from_outside_is_seen_by_the_next_attempt(
     _warm(ex, adapter)
     raw.execute("UPDATE runs SET status = 'paused' WHERE id = ?", ex.run_id)
     with pytest.raises(charter.AdmissionRefused) as refused:
-        ex.attempt(adapter, "write", {"k": 9}, effect_key="after-edit")
+        ex.perform(adapter, "write", {"k": 9}, effect_key="after-edit")
     assert refused.value.details["run_status"] == "paused"
     assert len(adapter.sent) == 2
     assert _doubted(engine, mission) is (backend == "postgresql")
@@ -193,7 +193,7 @@ def test_after_a_guard_fails_the_mission_is_read_fresh_for_a_while_then_recalled
     other = second.start_run(
         mission, by=second.authenticate(who.credentials["agent"]), segment_id="o"
     )
-    other.attempt(adapter, "write", {}, effect_key="other")  # moves the chain's head
+    other.perform(adapter, "write", {}, effect_key="other")  # moves the chain's head
     driver: Any = first._db.driver
     sends: list[str] = []
     send = driver._send
@@ -203,12 +203,12 @@ def test_after_a_guard_fails_the_mission_is_read_fresh_for_a_while_then_recalled
         return send(last)
 
     driver._send = counting
-    ex.attempt(adapter, "write", {}, effect_key="guessed-wrong")
+    ex.perform(adapter, "write", {}, effect_key="guessed-wrong")
     # The admission's guess failed (1), it ran on fresh reads (2), the
     # settlement read first as well (2).
     assert sends == ["COMMIT", "read", "COMMIT", "read", "COMMIT"]
     sends.clear()
-    ex.attempt(adapter, "write", {}, effect_key="recalled-again")
+    ex.perform(adapter, "write", {}, effect_key="recalled-again")
     assert sends == ["COMMIT", "COMMIT"]
     assert first.check_ledger(mission) == []
     assert [a.status.value for a in first.attempts(run_id=ex.run_id)] == ["succeeded"] * 4
@@ -241,14 +241,14 @@ def test_F1_F3_a_stray_clock_estimate_is_never_recorded(
         with psycopg.connect(store_address, autocommit=True) as con:
             row = con.execute("SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1e6)::BIGINT")
             before = row.fetchone()
-        attempt = ex.attempt(adapter, "write", {}, effect_key="estimated")
+        attempt = ex.perform(adapter, "write", {}, effect_key="estimated")
         assert before is not None
         assert attempt.dispatched_at_us is not None
         assert 0 <= attempt.dispatched_at_us - before[0] < 1_000_000
         assert _doubted(engine, mission)
         # The next attempt estimates from a fresh reading, within the slack: its
         # settlement commits on the copy, and the doubt is gone.
-        later = ex.attempt(adapter, "write", {}, effect_key="later")
+        later = ex.perform(adapter, "write", {}, effect_key="later")
         assert later.prepared_at_us is not None and later.settled_at_us is not None
         assert later.settled_at_us >= later.prepared_at_us >= attempt.dispatched_at_us
         assert not _doubted(engine, mission)
@@ -357,7 +357,7 @@ def test_A4_L6_a_settlement_whose_attempt_was_changed_by_hand_meanwhile_settles_
             return super().dispatch(send)
 
     target = Meddled(costs=costs)
-    attempt = ex.attempt(target, "write", {"k": 9}, effect_key="meddled")
+    attempt = ex.perform(target, "write", {"k": 9}, effect_key="meddled")
     assert len(target.sent) == 1
     assert attempt.status.value == "succeeded"
     [late] = engine.evidence(attempt.id)
@@ -416,7 +416,7 @@ def test_a_commit_leaves_no_copy_older_than_itself(
         tx.audit(mission, "run.noted", ex.run_id, actor="test")
 
     first._db.transact(both, gate=mission)
-    attempt = ex.attempt(adapter, "write", {}, effect_key="after-both")
+    attempt = ex.perform(adapter, "write", {}, effect_key="after-both")
     assert attempt.status.value == "succeeded"
     assert not _doubted(first, mission)
     assert all(v.ok for v in first.verify_audit(mission))

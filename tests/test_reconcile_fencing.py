@@ -95,7 +95,7 @@ def lost_then_recovered(
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     box.fault("drop_after_apply")
     pay = {"amount": 7_00, "currency": "usd", "payee": "acme", "reference": "inv-1"}
-    attempt = ex.attempt(payments, "pay", pay, effect_key="inv-1")
+    attempt = ex.perform(payments, "pay", pay, effect_key="inv-1")
     assert attempt.status is AttemptStatus.UNKNOWN
     expire_lease(engine, ex.run_id, clock)
     engine.coordinator.recover(ex.run_id, "seg-2")
@@ -340,7 +340,7 @@ def test_F1_an_executor_whose_segment_another_resumed_cannot_renew_its_lease(
         ex.renew_lease()
     pay = {"amount": 3_00, "currency": "usd", "payee": "acme", "reference": "inv-3"}
     with pytest.raises(charter.Fenced):
-        ex.attempt(payments, "pay", pay, effect_key="inv-3")
+        ex.perform(payments, "pay", pay, effect_key="inv-3")
 
     assert (fenced.value.epoch, fenced.value.current_epoch) == (1, 1)
     assert engine.run(ex.run_id).lease_expires_us == held.lease_expires_us

@@ -111,8 +111,8 @@ def test_N5_a_stopping_run_ends_stopped_when_a_person_resolves_its_last_unknown_
 
     adapter.script["write"] = lost
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    first = ex.attempt(adapter, "write", {"n": 1}, effect_key="first")
-    second = ex.attempt(adapter, "write", {"n": 2}, effect_key="second")
+    first = ex.perform(adapter, "write", {"n": 1}, effect_key="first")
+    second = ex.perform(adapter, "write", {"n": 2}, effect_key="second")
     assert {first.status, second.status} == {AttemptStatus.UNKNOWN}
     assert engine.stop_run(ex.run_id, by=who.alice, reason="operator").status is (
         RunStatus.STOPPING
@@ -145,11 +145,11 @@ def test_N5_a_stop_condition_with_nothing_in_flight_stops_the_run_at_once(
         default_contract(stop_conditions={"max_attempts": 1}), by=who.alice
     )
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="one")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="one")
     before = stored(engine, mission, runs=False)
 
     with pytest.raises(charter.AdmissionRefused) as refused:
-        ex.attempt(adapter, "write", {"n": 2}, effect_key="two")
+        ex.perform(adapter, "write", {"n": 2}, effect_key="two")
 
     assert refused.value.details["stop_condition"]
     run = engine.run(ex.run_id)
@@ -220,7 +220,7 @@ def test_N4_a_terminal_run_is_never_reopened(
     """Breaking N4 looks like any way back into a terminal run: ending it again
     with another status, stopping it, resuming it, or admitting a new attempt."""
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="one")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="one")
     end(engine, who, ex, status)
     before = stored(engine, mission)
 
@@ -232,7 +232,7 @@ def test_N4_a_terminal_run_is_never_reopened(
     with pytest.raises(charter.RunTerminal):
         engine.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
     with pytest.raises(charter.AdmissionRefused) as refused:
-        ex.attempt(adapter, "write", {"n": 2}, effect_key="two")
+        ex.perform(adapter, "write", {"n": 2}, effect_key="two")
 
     assert refused.value.details["run_status"] == status.value
     assert stored(engine, mission) == before
@@ -418,7 +418,7 @@ def test_N4_a_linked_run_is_refused_for_a_live_run_an_unknown_run_or_without_lin
     """Breaking N4 looks like a second run started beside a live one, or one started
     by a principal nobody gave ``link``; either way nothing may change."""
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="one")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="one")
     before = stored(engine, mission)
 
     with pytest.raises(charter.StateError):
@@ -474,7 +474,7 @@ config = charter.EngineConfig(credentials=cfg["digests"])
 engine = charter.Engine.open(cfg["store"], config=config, crash_hook=kill_at("settlement.before"))
 ex = engine.start_run(cfg["mission"], by=engine.authenticate(cfg["agent"]), segment_id="seg-1")
 print(ex.run_id, flush=True)
-ex.attempt(RecordingAdapter(), "write", {"n": 1}, effect_key="k")
+ex.perform(RecordingAdapter(), "write", {"n": 1}, effect_key="k")
 """
 
 
@@ -538,11 +538,11 @@ def test_N5_a_stop_condition_voids_what_was_never_sent_and_the_run_ends_stopped(
     )
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     with pytest.raises(charter.ApprovalRequired) as waiting:
-        ex.attempt(adapter, "write", {"n": 1}, effect_key="gated")
-    ex.attempt(adapter, "read", {"n": 2}, effect_key="read")
+        ex.perform(adapter, "write", {"n": 1}, effect_key="gated")
+    ex.perform(adapter, "read", {"n": 2}, effect_key="read")
 
     with pytest.raises(charter.AdmissionRefused):
-        ex.attempt(adapter, "read", {"n": 3}, effect_key="over")
+        ex.perform(adapter, "read", {"n": 3}, effect_key="over")
 
     assert engine.run(ex.run_id).status is RunStatus.STOPPED
     gated = engine.attempt(waiting.value.details["attempt_id"])
@@ -573,9 +573,9 @@ def test_N5_an_approval_that_expires_on_a_stopping_run_is_not_asked_again(
 
     adapter.script["charge"] = dies
     with pytest.raises(OwnerDies):
-        ex.attempt(adapter, "charge", {"n": 1}, effect_key="in-flight")
+        ex.perform(adapter, "charge", {"n": 1}, effect_key="in-flight")
     with pytest.raises(charter.ApprovalRequired):
-        ex.attempt(adapter, "write", {"n": 2}, effect_key="gated")
+        ex.perform(adapter, "write", {"n": 2}, effect_key="gated")
     [request] = engine.approvals(pending=True)
     engine.approve(request.id, by=who.bob)
     assert engine.stop_run(ex.run_id, by=who.alice).status is RunStatus.STOPPING

@@ -57,7 +57,7 @@ def test_S3_a_secret_reaches_the_adapter_and_is_recorded_by_its_name_only(
     adapter.script["charge"] = echoing(seen)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
 
-    done = ex.attempt(
+    done = ex.perform(
         adapter, "charge", charge(charter.Secret(TOKEN, name="stripe")), effect_key="c"
     )
 
@@ -85,7 +85,7 @@ def test_S3_a_target_error_that_echoes_the_secret_is_recorded_without_it(
     adapter.script["charge"] = refused
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
 
-    lost = ex.attempt(
+    lost = ex.perform(
         adapter, "charge", charge(charter.Secret(TOKEN, name="stripe")), effect_key="c"
     )
 
@@ -101,7 +101,7 @@ def test_S3_no_byte_of_the_secret_is_in_the_store_file(
     shows up in the SQLite files themselves."""
     adapter.script["charge"] = echoing([])
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "charge", charge(charter.Secret(TOKEN, name="stripe")), effect_key="c")
+    ex.perform(adapter, "charge", charge(charter.Secret(TOKEN, name="stripe")), effect_key="c")
     engine.close()
 
     files = [p for p in Path(store_url).parent.iterdir() if p.name.startswith("charter.db")]
@@ -140,7 +140,7 @@ def test_S3_a_send_rebuilt_from_the_record_reads_an_env_secret_again(
     adapter.script["charge"] = echoing(seen)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     with pytest.raises(charter.ApprovalRequired) as waiting:
-        ex.attempt(
+        ex.perform(
             adapter, "charge", charge(charter.Secret.env("CHARTER_TEST_TOKEN")), effect_key="c"
         )
     [approval] = engine.approvals(pending=True)
@@ -167,7 +167,7 @@ def test_S3_a_literal_secret_cannot_be_rebuilt_and_the_send_stops_before_it_comm
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     live = charge(charter.Secret(TOKEN, name="stripe"))
     with pytest.raises(charter.ApprovalRequired) as waiting:
-        ex.attempt(adapter, "charge", live, effect_key="c")
+        ex.perform(adapter, "charge", live, effect_key="c")
     attempt_id = waiting.value.details["attempt_id"]
     [approval] = engine.approvals(pending=True)
     engine.approve(approval.id, by=who.bob)
@@ -193,7 +193,7 @@ def test_S3_a_request_that_uses_the_placeholder_key_itself_is_refused(
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     before = stored(engine, mission)
     with pytest.raises(charter.AdmissionRefused):
-        ex.attempt(adapter, "write", {"note": {"$secret": "x"}}, effect_key="w")
+        ex.perform(adapter, "write", {"note": {"$secret": "x"}}, effect_key="w")
     assert stored(engine, mission) == before
     assert adapter.sent == []
 
@@ -216,7 +216,7 @@ def test_S3_a_result_that_echoes_the_request_records_the_placeholder(
     """The recorder answers ``{"echo": request}``: the secret object it echoes is
     recorded as its placeholder, not its value (and does not break settlement)."""
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    done = ex.attempt(
+    done = ex.perform(
         adapter, "write", charge(charter.Secret(TOKEN, name="stripe")), effect_key="w"
     )
     echoed = engine.attempt(done.id).result["echo"]["headers"]["authorization"]
@@ -241,10 +241,10 @@ def test_S3_A8_a_same_key_replay_reads_an_env_secret_again_and_skips_a_literal_o
 
     adapter.script["charge"] = lost
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    from_env = ex.attempt(
+    from_env = ex.perform(
         adapter, "charge", charge(charter.Secret.env("CHARTER_TEST_TOKEN")), effect_key="env"
     )
-    literal = ex.attempt(
+    literal = ex.perform(
         adapter, "charge", charge(charter.Secret(TOKEN, name="lit")), effect_key="lit"
     )
     assert {from_env.status, literal.status} == {charter.AttemptStatus.UNKNOWN}
@@ -302,9 +302,9 @@ def test_S3_a_secret_echoed_in_bytes_an_exception_or_any_object_never_reaches_th
     adapter.script = {"charge": applied, "write": refused, "read": lost}
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     request = charge(charter.Secret(TOKEN, name="stripe"))
-    done = ex.attempt(adapter, "charge", request, effect_key="c")
-    failed = ex.attempt(adapter, "write", request, effect_key="w")
-    unknown = ex.attempt(adapter, "read", request, effect_key="r")
+    done = ex.perform(adapter, "charge", request, effect_key="c")
+    failed = ex.perform(adapter, "write", request, effect_key="w")
+    unknown = ex.perform(adapter, "read", request, effect_key="r")
     adapter.evidence[unknown.id] = charter.Evidence.indeterminate({"seen": TOKEN.encode()})
     engine.coordinator.reconcile(unknown.id, adapter, by=who.alice)
 

@@ -137,7 +137,7 @@ def test_A4_a_direct_caller_gets_settlement_unrecorded_and_cannot_retry_the_effe
     ex = start(engine, who, mission)
     try:
         with pytest.raises(charter.SettlementUnrecorded) as info:
-            ex.attempt(adapter, "write", {"invoice": 1}, effect_key="pay")
+            ex.perform(adapter, "write", {"invoice": 1}, effect_key="pay")
     finally:
         for held in holding:
             held.__exit__(None, None, None)
@@ -146,7 +146,7 @@ def test_A4_a_direct_caller_gets_settlement_unrecorded_and_cannot_retry_the_effe
     before = stored(engine, mission)
     for generation, retry_of in ((1, None), (2, None), (2, first)):
         with pytest.raises(charter.StateError):
-            ex.attempt(
+            ex.perform(
                 adapter,
                 "write",
                 {"invoice": 1},
@@ -197,7 +197,7 @@ def test_A9_a_report_the_store_cannot_hold_settles_nothing_and_is_kept_as_text(
     adapter.script["write"] = answer
     ex = start(engine, who, mission)
 
-    attempt = ex.attempt(adapter, "write", {"invoice": 1}, effect_key="pay")
+    attempt = ex.perform(adapter, "write", {"invoice": 1}, effect_key="pay")
 
     assert attempt.status is AttemptStatus.UNKNOWN
     recorded = engine.attempt(attempt.id)
@@ -218,16 +218,16 @@ def test_A9_a_report_the_store_cannot_hold_settles_nothing_and_is_kept_as_text(
 def test_A4_a_later_generation_must_name_the_attempt_it_follows(
     engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter
 ) -> None:
-    """Broken A4: the public Executor.attempt accepted a later generation without
+    """Broken A4: the public Executor.perform accepted a later generation without
     ``retry_of``, so a caller could perform a settled effect again."""
     ex = start(engine, who, mission)
-    first = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    first = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     assert first.status is AttemptStatus.SUCCEEDED
     before = stored(engine, mission)
     with pytest.raises(charter.StateError):
-        ex.attempt(adapter, "write", {"to": "x"}, effect_key="send", generation=2)
+        ex.perform(adapter, "write", {"to": "x"}, effect_key="send", generation=2)
     with pytest.raises(charter.AttemptAlreadySettled):
-        ex.attempt(
+        ex.perform(
             adapter, "write", {"to": "x"}, effect_key="send", generation=2, retry_of=first.id
         )
     assert stored(engine, mission) == before
@@ -241,12 +241,12 @@ def test_A4_no_admission_while_an_earlier_execution_left_the_effect_unresolved(
     a new execution admitted an effect whose earlier attempt was UNKNOWN."""
     adapter.script["write"] = never_answers
     ex = start(engine, who, mission)
-    lost = ex.attempt(adapter, "write", {"to": "x"}, effect_key="k", node_id="n", execution=1)
+    lost = ex.perform(adapter, "write", {"to": "x"}, effect_key="k", node_id="n", execution=1)
     assert lost.status is AttemptStatus.UNKNOWN
     before = stored(engine, mission)
     for retry_of in (None, lost.id):
         with pytest.raises(charter.StateError):
-            ex.attempt(
+            ex.perform(
                 adapter,
                 "write",
                 {"to": "x"},
@@ -317,7 +317,7 @@ def _recovered_unknown(
 ) -> charter.Attempt:
     adapter.script["charge"] = never_answers
     ex = start(engine, who, mission)
-    lost = ex.attempt(adapter, "charge", {"amount": 1}, effect_key="c")
+    lost = ex.perform(adapter, "charge", {"amount": 1}, effect_key="c")
     clock.advance(LEASE + 1)
     engine.coordinator.recover(ex.run_id, "seg-2")
     del adapter.script["charge"]
@@ -429,7 +429,7 @@ def test_F3_a_worker_with_a_skewed_clock_never_sends_after_its_lease(
     who = Principals(who.credentials, who.digests, worker)
     mission = worker.create_mission(default_contract(), by=who.alice)
     ex = worker.start_run(mission, by=who.agent, segment_id="seg-1")
-    assert ex.attempt(adapter, "write", {"n": 1}, effect_key="on-time").status is (
+    assert ex.perform(adapter, "write", {"n": 1}, effect_key="on-time").status is (
         AttemptStatus.SUCCEEDED
     )
 
@@ -444,7 +444,7 @@ def test_F3_a_worker_with_a_skewed_clock_never_sends_after_its_lease(
         return Outcome.succeeded()
 
     adapter.script["write"] = stalled
-    late = ex.attempt(adapter, "write", {"n": 2}, effect_key="late")
+    late = ex.perform(adapter, "write", {"n": 2}, effect_key="late")
 
     assert delivered == []
     assert engine_status(other, late.id) in (AttemptStatus.FAILED, AttemptStatus.UNKNOWN)
@@ -487,7 +487,7 @@ def test_F3_the_engine_checks_the_deadline_itself_before_calling_the_adapter(
         stall.append(LEASE + 1)
         # Unsent, the effect is tried again (A4); past its lease the executor is fenced.
         with pytest.raises(charter.Fenced):
-            ex.attempt(careless, "write", {"n": 1}, effect_key="late")
+            ex.perform(careless, "write", {"n": 1}, effect_key="late")
         assert called == []
         [late] = engine.attempts(run_id=ex.run_id)
         assert late.status is AttemptStatus.FAILED
@@ -520,7 +520,7 @@ def test_A4_F3_an_effect_left_unsent_past_its_deadline_is_tried_again_within_the
         target = RecordingAdapter()
         ex = engine.start_run(mission, by=people["agent"], segment_id="seg-1")
         stall.append(LEASE / 2)  # past the send deadline, within the lease
-        done = ex.attempt(target, "write", {"n": 1}, effect_key="paused")
+        done = ex.perform(target, "write", {"n": 1}, effect_key="paused")
 
         assert done.status is AttemptStatus.SUCCEEDED
         [first, second] = sorted(engine.attempts(run_id=ex.run_id), key=lambda a: a.generation)
@@ -574,7 +574,7 @@ def test_L5_a_late_result_above_the_hold_after_a_write_off_opens_an_incident_and
         return Outcome.succeeded({"ok": True}, cost={"usd": 400_000}, receipt={"billed": 400_000})
 
     adapter.script["write"] = slow
-    attempt = ex.attempt(adapter, "write", {"job": 1}, effect_key="job")
+    attempt = ex.perform(adapter, "write", {"job": 1}, effect_key="job")
 
     assert engine.attempt(attempt.id).status is AttemptStatus.WRITTEN_OFF
     late = [e for e in evidence_of(engine, attempt.id) if e["source"].startswith("late")]
@@ -606,7 +606,7 @@ def test_A6_a_request_with_a_key_that_is_not_a_string_is_refused_and_changes_not
     ex = start(engine, who, mission)
     before = stored(engine, mission)
     with pytest.raises(charter.AdmissionRefused, match="not a string"):
-        ex.attempt(adapter, "write", request_, effect_key="k")
+        ex.perform(adapter, "write", request_, effect_key="k")
     assert stored(engine, mission) == before
     assert adapter.sent == []
 
@@ -633,7 +633,7 @@ def test_F2_a_fenced_executor_writes_nothing_off(
 
     adapter.script["read"] = lost_while_taken_over
     with pytest.raises(charter.Fenced):
-        ex.attempt(adapter, "read", {"q": 1}, effect_key="q")
+        ex.perform(adapter, "read", {"q": 1}, effect_key="q")
     (attempt,) = engine.attempts(mission_id=mission)
     assert attempt.status is AttemptStatus.WRITTEN_OFF
     [settled] = [e for e in engine.audit_events(mission) if e["kind"] == "attempt.settled"]
@@ -644,7 +644,7 @@ def test_F2_a_fenced_executor_writes_nothing_off(
     )
     assert len(adapter.sent) == 1
     with pytest.raises(charter.Fenced):
-        ex.attempt(adapter, "read", {"q": 2}, effect_key="q2")
+        ex.perform(adapter, "read", {"q": 2}, effect_key="q2")
     assert len(adapter.sent) == 1
 
 

@@ -11,7 +11,7 @@ def test_one_attempt_settles_and_the_ledger_and_chain_hold(
     engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    attempt = ex.attempt(adapter, "write", {"to": "x"}, effect_key="send")
+    attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     assert attempt.status is charter.AttemptStatus.SUCCEEDED
     assert [s.idempotency_key for s in adapter.sent] == [attempt.idempotency_key]
     stored = engine.attempt(attempt.id)

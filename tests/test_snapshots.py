@@ -105,7 +105,7 @@ def busy_mission(engine: charter.Engine, who: Principals, clock: ManualClock) ->
     mission = engine.create_mission(contract, by=who.alice, name="invoices")
     adapter = RecordingAdapter(costs={"write": {"usd": 5_000, "calls": 1}})
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.attempt(adapter, "write", {"invoice": 1}, effect_key="inv-1")
+    ex.perform(adapter, "write", {"invoice": 1}, effect_key="inv-1")
     clock.advance(1)
 
     def lost(send: charter.Dispatch) -> charter.Outcome:
@@ -113,16 +113,16 @@ def busy_mission(engine: charter.Engine, who: Principals, clock: ManualClock) ->
 
     adapter.script["write"] = lost
     assert (
-        ex.attempt(adapter, "write", {"invoice": 2}, effect_key="inv-2").status.value == "unknown"
+        ex.perform(adapter, "write", {"invoice": 2}, effect_key="inv-2").status.value == "unknown"
     )
     clock.advance(1)
     with pytest.raises(charter.ApprovalRequired):
-        ex.attempt(adapter, "charge", {"invoice": 3}, effect_key="inv-3")
+        ex.perform(adapter, "charge", {"invoice": 3}, effect_key="inv-3")
     clock.advance(1)
     adapter.script["read"] = lambda send: charter.Outcome.succeeded(
         {"ok": True}, cost={"calls": 1, "usd": 9_000}
     )
-    ex.attempt(adapter, "read", {"q": "balance"}, effect_key="look")  # over its hold: incident
+    ex.perform(adapter, "read", {"q": "balance"}, effect_key="look")  # over its hold: incident
     clock.advance(1)
     return mission
 
@@ -213,7 +213,7 @@ def test_S3_no_secret_enters_a_snapshot(
     mission = signed.create_mission(default_contract(), by=who.alice)
     ex = signed.start_run(mission, by=who.agent, segment_id="seg-9")
     secret = charter.Secret("tok-very-secret-value", name="api")
-    ex.attempt(RecordingAdapter(), "read", {"auth": secret}, effect_key="s")
+    ex.perform(RecordingAdapter(), "read", {"auth": secret}, effect_key="s")
     data = signed.export_snapshot(mission)
     inflated = gzip.decompress(data)
     for text in ["tok-very-secret-value", *creds[0].values(), Path(key).read_text()]:
@@ -576,7 +576,7 @@ def genuine(
     ) as eng:
         mission = eng.create_mission(default_contract(), by=eng.authenticate(alice[0]))
         ex = eng.start_run(mission, by=eng.authenticate(agent[0]), segment_id="s")
-        ex.attempt(RecordingAdapter(), "write", {"n": 1}, effect_key="one")
+        ex.perform(RecordingAdapter(), "write", {"n": 1}, effect_key="one")
         data = eng.export_snapshot(mission)
     with charter.Engine.open(
         str(here / "t.db"), config=charter.EngineConfig(trusted_keys=(public(key),))
@@ -685,7 +685,7 @@ def test_S5_a_handover_fences_the_source_and_the_target_performs_each_effect_onc
     assert source.run(ex.run_id).status.value == "handed_off"
     before = everything(source, mission)
     for act in (
-        lambda: ex.attempt(system, "write", {"step": "late"}, effect_key="late"),
+        lambda: ex.perform(system, "write", {"step": "late"}, effect_key="late"),
         lambda: source.start_run(mission, by=on_source.agent, segment_id="seg-3"),
         lambda: source.new_linked_run(ex.run_id, reviewed_by=on_source.alice, segment_id="s4"),
     ):

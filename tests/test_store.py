@@ -170,8 +170,8 @@ def test_A5_upgrading_drops_the_index_of_the_derived_key_and_keeps_every_attempt
 
     adapter.script["write"] = lost
     ex = old.start_run(mission, by=agent, segment_id="s1")
-    ex.attempt(adapter, "read", {"k": 1}, effect_key="r1")
-    assert ex.attempt(adapter, "write", {"k": 2}, effect_key="w1").status.value == "unknown"
+    ex.perform(adapter, "read", {"k": 1}, effect_key="r1")
+    assert ex.perform(adapter, "write", {"k": 2}, effect_key="w1").status.value == "unknown"
     old.close()
     assert len(raw.rows("SELECT * FROM evidence")) == 1
     keyed = _attempt_indexes(raw)
@@ -193,7 +193,7 @@ def test_A5_upgrading_drops_the_index_of_the_derived_key_and_keeps_every_attempt
     with pytest.raises(Exception, match=r"(?i)unique"):
         raw.execute("INSERT INTO attempts SELECT * FROM attempts WHERE effect_key = 'r1'")
     ex = upgraded.start_run(mission, by=upgraded.authenticate(creds[0]["agent"]), segment_id="s2")
-    assert ex.attempt(RecordingAdapter(), "read", {"k": 3}, effect_key="r2").status.value == (
+    assert ex.perform(RecordingAdapter(), "read", {"k": 3}, effect_key="r2").status.value == (
         "succeeded"
     )
 
@@ -264,7 +264,7 @@ engine = charter.Engine.open(store, config=charter.EngineConfig(credentials={"ag
 ex = engine.start_run(mission, by=engine.authenticate(cred), segment_id="long-log")
 adapter = RecordingAdapter()
 for k in range(int(n)):
-    ex.attempt(adapter, "write", {"k": k}, effect_key=f"e{k}")
+    ex.perform(adapter, "write", {"k": k}, effect_key=f"e{k}")
 print(ex.run_id, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -364,7 +364,7 @@ def test_a_held_write_lock_gives_store_busy_after_a_bounded_wait(
     before = raw.dump()
     writes: list[Callable[[], object]] = [
         lambda: engine.create_mission(default_contract(), by=alice),
-        lambda: ex.attempt(adapter, "write", {"n": 1}, effect_key="w1"),
+        lambda: ex.perform(adapter, "write", {"n": 1}, effect_key="w1"),
         lambda: engine.raise_limit(mission, "usd", 5_000_000, by=alice),
         lambda: engine.stop_run(ex.run_id, by=alice),
     ]
@@ -382,7 +382,7 @@ def test_a_held_write_lock_gives_store_busy_after_a_bounded_wait(
     assert engine.check_ledger(mission) == []
     assert all(v.ok for v in engine.verify_audit())
     # The store serves again once the lock is gone.
-    attempt = ex.attempt(adapter, "write", {"n": 1}, effect_key="w1")
+    attempt = ex.perform(adapter, "write", {"n": 1}, effect_key="w1")
     assert attempt.status is charter.AttemptStatus.SUCCEEDED
 
 
@@ -705,7 +705,7 @@ def test_a_write_blocked_by_another_worker_is_store_busy_after_a_bounded_wait(
         con.execute(take)
         started = time.monotonic()
         with pytest.raises(charter.StoreBusy) as info:
-            ex.attempt(adapter, "write", {"to": "x"}, effect_key="blocked")
+            ex.perform(adapter, "write", {"to": "x"}, effect_key="blocked")
         waited = time.monotonic() - started
         con.execute("ROLLBACK")
     assert info.value.details["retryable"] is True
@@ -798,7 +798,7 @@ def test_a_statement_the_store_refuses_leaves_the_connection_usable(
     assert stored(engine, mission) == before
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-after")
     adapter = RecordingAdapter()
-    assert ex.attempt(adapter, "write", {}, effect_key="after").status.value == "succeeded"
+    assert ex.perform(adapter, "write", {}, effect_key="after").status.value == "succeeded"
     assert len(adapter.sent) == 1
 
 
@@ -832,7 +832,7 @@ def test_an_attempt_is_two_durable_commits_and_two_round_trips(
     mission = engine.create_mission(default_contract(), by=alice)
     ex = engine.start_run(mission, by=engine.authenticate(creds[0]["agent"]), segment_id="s")
     adapter = RecordingAdapter()
-    ex.attempt(adapter, "write", {"n": 0}, effect_key="warm")  # statements get prepared
+    ex.perform(adapter, "write", {"n": 0}, effect_key="warm")  # statements get prepared
     driver: Any = engine._db.driver
     sent: list[list[str]] = []
     if backend == "postgresql":
@@ -851,7 +851,7 @@ def test_an_attempt_is_two_durable_commits_and_two_round_trips(
             return execute(sql, params)
 
         driver.execute = counting
-    ex.attempt(adapter, "write", {"n": 1}, effect_key="counted")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="counted")
     engine.close()
     statements = [q for batch in sent for q in batch]
     assert statements.count("COMMIT") == 2
@@ -897,7 +897,7 @@ def test_a_transaction_reads_the_stores_clock_after_waiting_for_the_gate(
 
             waiter = threading.Thread(target=release)
             waiter.start()
-            attempt = ex.attempt(RecordingAdapter(), "write", {}, effect_key="queued")
+            attempt = ex.perform(RecordingAdapter(), "write", {}, effect_key="queued")
             waiter.join()
     # Read before the wait, the clock would be about 0.5 s earlier than this.
     assert attempt.prepared_at_us >= released[0] - 50_000
@@ -1009,7 +1009,7 @@ def test_an_engine_stays_usable_after_any_failed_transaction(
     assert stored(engine, mission) == before
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-after")
     adapter = RecordingAdapter()
-    assert ex.attempt(adapter, "write", {}, effect_key="after").status.value == "succeeded"
+    assert ex.perform(adapter, "write", {}, effect_key="after").status.value == "succeeded"
     assert len(adapter.sent) == 1
     assert all(v.ok for v in engine.verify_audit())
 
@@ -1046,7 +1046,7 @@ def test_R3_R4_N5_a_run_with_10_000_attempts_in_flight_is_stopped_and_recovered(
         prepared = {ex.admit(adapter, "write", {"i": i}, effect_key=f"p{i}").id for i in range(n)}
         for i in range(n):
             with contextlib.suppress(Crash):
-                ex.attempt(adapter, "write", {"i": i}, effect_key=f"d{i}")
+                ex.perform(adapter, "write", {"i": i}, effect_key=f"d{i}")
     finally:
         doomed.close()
     in_flight = engine.attempts(run_id=ex.run_id)

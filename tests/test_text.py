@@ -83,14 +83,14 @@ def test_A10_effect_keys_differing_after_a_nul_are_refused_and_nothing_is_paid(
 
     for key in (f"inv{NUL}A", f"inv{NUL}B"):
         with pytest.raises(TextRefused) as refused:
-            ex.attempt(payments, "pay", pay(4_00, key), effect_key=key)
+            ex.perform(payments, "pay", pay(4_00, key), effect_key=key)
         assert refused.value.details == {"field": "effect key", "problem": "nul", "position": 3}
 
     assert unchanged(engine, mission) == before
     assert box.requests() == [] and box.payments() == []
     # The same payments under keys both stores keep as given are two payments.
     for key in ("inv-A", "inv-B"):
-        assert ex.attempt(payments, "pay", pay(4_00, key), effect_key=key).status is (
+        assert ex.perform(payments, "pay", pay(4_00, key), effect_key=key).status is (
             AttemptStatus.SUCCEEDED
         )
     assert sorted(p["reference"] for p in box.payments()) == ["inv-A", "inv-B"]
@@ -179,7 +179,7 @@ def test_A10_every_entry_point_refuses_an_identifier_no_store_keeps(
         assert engine.missions() == missions, name
     for key, node in ((f"k{bad}", ""), ("k", f"node{bad}")):
         with pytest.raises(TextRefused):
-            ex.attempt(adapter, "write", {"n": 1}, effect_key=key, node_id=node)
+            ex.perform(adapter, "write", {"n": 1}, effect_key=key, node_id=node)
     assert unchanged(engine, mission) == before
     assert adapter.sent == []
     chains_verify(engine)
@@ -215,7 +215,7 @@ def test_A10_a_nul_inside_a_request_and_its_result_is_stored_losslessly(
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     request = {"memo": f"line{NUL}break", f"key{NUL}": [f"{NUL}"], "text": "é😀"}
 
-    attempt = ex.attempt(adapter, "write", request, effect_key="memo")
+    attempt = ex.perform(adapter, "write", request, effect_key="memo")
 
     assert attempt.status is AttemptStatus.SUCCEEDED
     assert [s.request for s in adapter.sent] == [request]
@@ -248,7 +248,7 @@ def test_A10_a_lone_surrogate_in_a_request_is_refused_at_admission_and_nothing_i
     before = unchanged(engine, mission)
 
     with pytest.raises(TextRefused) as refused:
-        ex.attempt(payments, "pay", request, effect_key="inv-1")
+        ex.perform(payments, "pay", request, effect_key="inv-1")
 
     assert refused.value.details["problem"] == "surrogate"
     assert unchanged(engine, mission) == before
@@ -256,7 +256,7 @@ def test_A10_a_lone_surrogate_in_a_request_is_refused_at_admission_and_nothing_i
     assert engine.balances(mission)[UNIT].held == 0
     assert box.requests() == [] and box.payments() == []
     # The effect is free: the same payment in valid text goes out once.
-    done = ex.attempt(payments, "pay", pay(3_00, "inv-1"), effect_key="inv-1")
+    done = ex.perform(payments, "pay", pay(3_00, "inv-1"), effect_key="inv-1")
     assert done.status is AttemptStatus.SUCCEEDED
     assert [p["reference"] for p in box.payments()] == ["inv-1"]
     chains_verify(engine)
@@ -274,7 +274,7 @@ def test_A10_charter_audit_verify_passes_after_refusals_and_nul_requests(
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     with pytest.raises(TextRefused):
         engine.start_run(mission, by=who.agent, segment_id=f"seg{NUL}2")
-    ex.attempt(adapter, "write", {"memo": f"a{NUL}b"}, effect_key="memo")
+    ex.perform(adapter, "write", {"memo": f"a{NUL}b"}, effect_key="memo")
     done = subprocess.run(
         [sys.executable, "-m", "charter", "audit", "verify", "--store", store_address, "--json"],
         env={**os.environ, "CHARTER_CONFIG": os.devnull},

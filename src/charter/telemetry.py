@@ -6,7 +6,7 @@ execution starts and ends, and, for each attempt a node execution made, when
 it was admitted and when it settled, as recorded (its times are the store's).
 A node's attempts are reported when the node execution ends, read back from
 the store, so the attempt path itself carries no observer at all; an attempt
-made outside a node (``Executor.attempt``) is reported when it returns.
+made outside a node (``Executor.perform``) is reported when it returns.
 
 Without an observer the engine does nothing more than ask whether it has one.
 An observer's error never reaches the run: telemetry must not change what

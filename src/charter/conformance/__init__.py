@@ -204,7 +204,7 @@ class _Bench:
 
     def attempt(self, case: str, request: Mapping[str, Any] | None = None) -> charter.Attempt:
         run = self.engine.start_run(self.mission, by=self.agent, segment_id=f"seg-{case}")
-        attempt = run.attempt(
+        attempt = run.perform(
             self.adapter, self.operation, dict(request or self.request), effect_key=case
         )
         self.keys.append(attempt.idempotency_key)

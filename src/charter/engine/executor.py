@@ -140,7 +140,7 @@ class Executor:
         """Admit an attempt and record it PREPARED, without dispatching it.
 
         For two-phase use (an approval wait, a batch): call :meth:`dispatch`
-        later. The combined path is :meth:`attempt`.
+        later. The combined path is :meth:`perform`.
         """
         call = calls.prepare(adapter, operation, request)
         self._runtime.crash("admission.before")
@@ -164,7 +164,7 @@ class Executor:
             observed.report(self._runtime.observer, attempt, AttemptStatus.PREPARED)
         return attempt
 
-    def attempt(
+    def perform(
         self,
         adapter: Adapter,
         operation: str,
