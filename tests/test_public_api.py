@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import typing
 from collections.abc import Callable, Iterator
@@ -17,7 +18,10 @@ PUBLIC = [
     "AllowanceExceeded",
     "AmountOverflow",
     "AnswerNotRecorded",
+    "Approval",
+    "ApprovalPolicy",
     "ApprovalRequired",
+    "ApprovalStatus",
     "ArtifactError",
     "Attempt",
     "AttemptAlreadySettled",
@@ -25,6 +29,7 @@ PUBLIC = [
     "AttemptStatus",
     "AuditError",
     "AuthenticationError",
+    "Balance",
     "Blocked",
     "CharterError",
     "Clock",
@@ -32,6 +37,7 @@ PUBLIC = [
     "Context",
     "Contract",
     "ContractError",
+    "Coordinator",
     "Dispatch",
     "EffectClass",
     "Engine",
@@ -40,12 +46,15 @@ PUBLIC = [
     "Evidence",
     "Executor",
     "Fenced",
+    "Figures",
     "JournalEntry",
     "LeaseHeld",
     "ManualClock",
     "MissingExtra",
+    "Mission",
     "MissionSealed",
     "NeedsIntervention",
+    "NextAction",
     "Node",
     "NodeExecution",
     "NodeFailed",
@@ -64,6 +73,7 @@ PUBLIC = [
     "PlanError",
     "Principal",
     "RecordedAttempt",
+    "RecoveryState",
     "Right",
     "Run",
     "RunStatus",
@@ -80,14 +90,20 @@ PUBLIC = [
     "SnapshotTampered",
     "StateError",
     "Step",
+    "StopConditions",
     "StoreBusy",
     "StoreError",
     "StoreNotFound",
     "SystemClock",
     "TextRefused",
+    "Unit",
     "UsageError",
+    "Verification",
+    "Wait",
     "WaitError",
+    "WaitKind",
     "WaitPending",
+    "WaitStatus",
     "__version__",
     "handoff_markdown",
     "hash_secret",
@@ -125,6 +141,12 @@ def test_every_error_has_one_root_and_a_stable_code() -> None:
 #: ``resume``, the ``Coordinator`` as ``engine.coordinator`` and a ``Context``
 #: as a node's first argument.
 MADE_BY_THE_ENGINE = frozenset({"Engine", "Executor", "Coordinator", "Context"})
+
+
+#: Where else a type of the face may be imported from: the modules users import
+#: by name, each a face of its own (the errors; what an adapter is made of; the
+#: HTTP adapter kit that ``EngineConfig.adapters`` takes, docs/adapters.md).
+KITS = ("charter.errors", "charter.adapters", "charter.adapters.http")
 
 
 def _public_classes() -> list[type]:
@@ -187,3 +209,50 @@ def test_no_public_method_works_inside_a_store_transaction() -> None:
     ]
     assert offences == []
     assert not issubclass(charter.Executor, Segment)
+
+
+def _importable(cls: type) -> bool:
+    """``cls`` is Python's or a library's, or importable by name from the face or a kit."""
+    if not cls.__module__.startswith("charter"):
+        return True
+    homes = [charter, *(importlib.import_module(kit) for kit in KITS)]
+    return any(getattr(home, cls.__name__, None) is cls for home in homes)
+
+
+def test_every_type_the_face_takes_or_returns_is_importable() -> None:
+    """A caller can name, in its own annotations, whatever a public method hands it
+    or asks of it: ``engine.mission(id)`` returns a ``charter.Mission``,
+    ``engine.coordinator`` is a ``charter.Coordinator``, ``engine.balances`` maps
+    to ``charter.Balance``. Walked from every class the face exports, through
+    the types its methods, properties and constructors name (records' fields
+    are their constructors' parameters), to every class reached that way."""
+    seen: set[type] = set()
+    todo = _public_classes()
+    missing: dict[str, set[str]] = {}
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        for qualname, member in _methods(cls):
+            for hint in _hints(member).values():
+                for found in _types(hint):
+                    if not _importable(found):
+                        missing.setdefault(f"{found.__module__}.{found.__qualname__}", set()).add(
+                            qualname
+                        )
+                    elif found.__module__.startswith("charter"):
+                        todo.append(found)
+    assert {name: sorted(users) for name, users in missing.items()} == {}
+
+
+def test_recovery_is_the_coordinators_as_documented() -> None:
+    """``coordinator.recover(run_id, segment_id)`` and ``coordinator.reconcile(attempt_id,
+    adapter)``, the original design's names, on the class the face exports."""
+    assert isinstance(charter.Engine.coordinator, property)
+    hints = typing.get_type_hints(charter.Engine.coordinator.fget)
+    assert hints["return"] is charter.Coordinator
+    recover = inspect.signature(charter.Coordinator.recover).parameters
+    assert list(recover)[1:3] == ["run_id", "segment_id"]
+    reconcile = inspect.signature(charter.Coordinator.reconcile).parameters
+    assert list(reconcile)[1:3] == ["attempt_id", "adapter"]

@@ -74,28 +74,40 @@ from charter.telemetry import ObservedAttempt, ObservedNode, ObservedRun, Observ
 
 if TYPE_CHECKING:
     from charter.attempts.model import Attempt, AttemptStatus
+    from charter.audit.chain import Verification
     from charter.audit.handoff import handoff_markdown
     from charter.audit.signing import new_signing_key
     from charter.config import EngineConfig
-    from charter.contracts.contract import Contract
-    from charter.contracts.model import SignIn
+    from charter.contracts.contract import ApprovalPolicy, Contract, StopConditions, Unit
+    from charter.contracts.model import Mission, SignIn
     from charter.contracts.principals import Principal, Right, hash_secret, new_credential
+    from charter.engine.coordinator import Coordinator
     from charter.engine.engine import Engine
     from charter.engine.executor import Executor
+    from charter.engine.overview import Figures
+    from charter.ledger.accounts import Balance
     from charter.plans.graph import Step
     from charter.plans.journal import JournalEntry, NodeExecution
     from charter.plans.nodes import Context, Node, Plan, node
+    from charter.recovery.state import NextAction, RecoveryState
     from charter.runs.run import Run, RunStatus
+    from charter.waits.model import Approval, ApprovalStatus, Wait, WaitKind, WaitStatus
 
 #: Names whose modules load the store, imported on first use: ``import
 #: charter.adapters`` (an adapter, ``charter.testing``) never loads the engine.
 _LAZY = {
+    "Approval": "charter.waits.model",
+    "ApprovalPolicy": "charter.contracts.contract",
+    "ApprovalStatus": "charter.waits.model",
     "Attempt": "charter.attempts.model",
     "AttemptStatus": "charter.attempts.model",
+    "Balance": "charter.ledger.accounts",
     "EngineConfig": "charter.config",
     "Contract": "charter.contracts.contract",
+    "Coordinator": "charter.engine.coordinator",
     "Engine": "charter.engine.engine",
     "Executor": "charter.engine.executor",
+    "Figures": "charter.engine.overview",
     "JournalEntry": "charter.plans.journal",
     "NodeExecution": "charter.plans.journal",
     "Context": "charter.plans.nodes",
@@ -106,7 +118,16 @@ _LAZY = {
     "Right": "charter.contracts.principals",
     "hash_secret": "charter.contracts.principals",
     "new_credential": "charter.contracts.principals",
+    "Mission": "charter.contracts.model",
+    "NextAction": "charter.recovery.state",
+    "RecoveryState": "charter.recovery.state",
     "SignIn": "charter.contracts.model",
+    "StopConditions": "charter.contracts.contract",
+    "Unit": "charter.contracts.contract",
+    "Verification": "charter.audit.chain",
+    "Wait": "charter.waits.model",
+    "WaitKind": "charter.waits.model",
+    "WaitStatus": "charter.waits.model",
     "new_signing_key": "charter.audit.signing",
     "handoff_markdown": "charter.audit.handoff",
     "Run": "charter.runs.run",
@@ -133,7 +154,10 @@ __all__ = [
     "AllowanceExceeded",
     "AmountOverflow",
     "AnswerNotRecorded",
+    "Approval",
+    "ApprovalPolicy",
     "ApprovalRequired",
+    "ApprovalStatus",
     "ArtifactError",
     "Attempt",
     "AttemptAlreadySettled",
@@ -141,6 +165,7 @@ __all__ = [
     "AttemptStatus",
     "AuditError",
     "AuthenticationError",
+    "Balance",
     "Blocked",
     "CharterError",
     "Clock",
@@ -148,6 +173,7 @@ __all__ = [
     "Context",
     "Contract",
     "ContractError",
+    "Coordinator",
     "Dispatch",
     "EffectClass",
     "Engine",
@@ -156,12 +182,15 @@ __all__ = [
     "Evidence",
     "Executor",
     "Fenced",
+    "Figures",
     "JournalEntry",
     "LeaseHeld",
     "ManualClock",
     "MissingExtra",
+    "Mission",
     "MissionSealed",
     "NeedsIntervention",
+    "NextAction",
     "Node",
     "NodeExecution",
     "NodeFailed",
@@ -180,6 +209,7 @@ __all__ = [
     "PlanError",
     "Principal",
     "RecordedAttempt",
+    "RecoveryState",
     "Right",
     "Run",
     "RunStatus",
@@ -196,14 +226,20 @@ __all__ = [
     "SnapshotTampered",
     "StateError",
     "Step",
+    "StopConditions",
     "StoreBusy",
     "StoreError",
     "StoreNotFound",
     "SystemClock",
     "TextRefused",
+    "Unit",
     "UsageError",
+    "Verification",
+    "Wait",
     "WaitError",
+    "WaitKind",
     "WaitPending",
+    "WaitStatus",
     "__version__",
     "handoff_markdown",
     "hash_secret",

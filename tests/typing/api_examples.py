@@ -1,10 +1,15 @@
-"""User-facing API, type-checked under mypy strict (never executed)."""
+"""User-facing API, type-checked under mypy strict (never executed).
+
+Every type written here is named through the face (``charter.X``) or the
+errors module: what a public method takes or returns, a caller can name.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import charter
+from charter import errors
 
 
 def offsite(
@@ -12,7 +17,10 @@ def offsite(
 ) -> None:
     @charter.node(check=bool)
     def research(ctx: charter.Context, team: dict[str, Any]) -> str:
-        answer: dict[str, Any] = ctx.attempt(llm, "complete", {"max_tokens": 400})
+        try:
+            answer: dict[str, Any] = ctx.attempt(llm, "complete", {"max_tokens": 400})
+        except charter.AttemptFailed:
+            raise charter.NodeFailed("the model refused the question") from None
         when = ctx.now().isoformat()
         return f"{answer['text']} at {when}"
 
@@ -23,7 +31,39 @@ def offsite(
     executor.execute(plan)
 
 
+def outside_a_node(executor: charter.Executor, llm: charter.Adapter) -> charter.AttemptStatus:
+    attempt: charter.Attempt = executor.perform(llm, "complete", {}, effect_key="q1")
+    return attempt.status
+
+
 def recover(engine: charter.Engine, run_id: str) -> list[str]:
-    state, unresolved = engine.coordinator.recover(run_id, "seg-2")
+    coordinator: charter.Coordinator = engine.coordinator
+    state, unresolved = coordinator.recover(run_id, "seg-2")
     assert state.epoch >= 2
-    return list(unresolved)
+    recovered: charter.RecoveryState = coordinator.state(run_id)
+    actions: list[charter.NextAction] = recovered.next_actions
+    return [*unresolved, *(action.id for action in actions)]
+
+
+def read(engine: charter.Engine, mission_id: str, attempt_id: str) -> int:
+    mission: charter.Mission = engine.mission(mission_id)
+    balances: dict[str, charter.Balance] = engine.balances(mission.id)
+    approvals: list[charter.Approval] = engine.approvals(pending=True)
+    waits: list[charter.Wait] = engine.waits(open_only=True)
+    checks: list[charter.Verification] = engine.verify_audit(mission.id)
+    attempt: charter.Attempt = engine.attempt(attempt_id)
+    return (
+        sum(b.available for b in balances.values())
+        + len(approvals)
+        + len(waits)
+        + len(checks)
+        + (attempt.status is charter.AttemptStatus.SUCCEEDED)
+    )
+
+
+def decide(engine: charter.Engine, approval_id: str, by: charter.Principal) -> bool:
+    try:
+        status: charter.ApprovalStatus = engine.approve(approval_id, by=by)
+    except errors.NotAuthorized as refused:
+        return refused.code == "not_authorized"
+    return status is charter.ApprovalStatus.APPROVED

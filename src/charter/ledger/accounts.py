@@ -108,20 +108,15 @@ def settle(held: Mapping[str, int], actual: Mapping[str, int]) -> list[Move]:
 
 @dataclass
 class Balance:
+    """One unit's accounts in a mission (L0-L2), in the unit's smallest step:
+    ``available + held + spent == limit``; ``overrun`` is what settlements spent
+    above their holds (L5)."""
+
     limit: int = 0
     available: int = 0
     held: int = 0
     spent: int = 0
     overrun: int = 0
-
-    def apply(self, move: Move) -> None:
-        for account, sign in ((move.source, -1), (move.target, 1)):
-            if account == "limit":
-                self.limit -= sign * move.amount
-            else:
-                setattr(self, account, getattr(self, account) + sign * move.amount)
-        if move.kind == "overrun":
-            self.overrun += move.amount
 
     @property
     def exhausted(self) -> bool:
@@ -133,8 +128,20 @@ def balances(moves: Iterable[Move]) -> dict[str, Balance]:
     or, over all of a mission's entries, its balances rebuilt from scratch (L2)."""
     out: dict[str, Balance] = {}
     for m in moves:
-        out.setdefault(m.unit, Balance()).apply(m)
+        _apply(out.setdefault(m.unit, Balance()), m)
     return out
+
+
+def _apply(balance: Balance, move: Move) -> None:
+    """Add one move to a per-unit sum (the ledger's arithmetic, not the balance's:
+    a :class:`Balance` a reader is handed is a record)."""
+    for account, sign in ((move.source, -1), (move.target, 1)):
+        if account == "limit":
+            balance.limit -= sign * move.amount
+        else:
+            setattr(balance, account, getattr(balance, account) + sign * move.amount)
+    if move.kind == "overrun":
+        balance.overrun += move.amount
 
 
 def check_sums(current: Mapping[str, Balance], change: Mapping[str, Balance]) -> None:
