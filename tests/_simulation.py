@@ -374,7 +374,7 @@ class Simulation:
         line = f"{self.ordinal.get(attempt.id)} {lookup} -> {evidence.verdict}"
         if (
             evidence.conclusive
-            and eng.attempt(attempt.id).status.unresolved
+            and eng.get_attempt(attempt.id).status.unresolved
             and self.rng.random() < 0.7
         ):
             done = eng.coordinator.confirm(attempt.id, by=self.operator.who["alice"])
@@ -478,7 +478,7 @@ class Simulation:
 
     def _check_send(self, send: Dispatch) -> None:
         eng = self.operator.engine
-        attempt = eng.attempt(send.attempt_id)
+        attempt = eng.get_attempt(send.attempt_id)
         run = eng.run(send.run_id)
         first = all(r.attempt_id != send.attempt_id for r in self.world.received)
         if first and (

@@ -94,7 +94,7 @@ def test_W2_effect_needing_approval_stays_prepared_with_its_hold_and_sends_nothi
         ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     assert waiting.value.code == "approval_required"
-    attempt = engine.attempt(waiting.value.details["attempt_id"])
+    attempt = engine.get_attempt(waiting.value.details["attempt_id"])
     assert attempt.status is Status.PREPARED
     assert attempt.dispatched_epoch is None
     assert attempt.send_deadline_us is None
@@ -159,7 +159,7 @@ def test_W2_approved_effect_is_sent_once_under_its_own_key(
     settled = ex.dispatch(attempt.id, adapter)
 
     assert settled.status is Status.SUCCEEDED
-    assert engine.attempt(attempt.id).status is Status.SUCCEEDED
+    assert engine.get_attempt(attempt.id).status is Status.SUCCEEDED
     assert [(s.attempt_id, s.idempotency_key) for s in adapter.sent] == [
         (attempt.id, attempt.idempotency_key)
     ]
@@ -195,7 +195,7 @@ def test_W2_approval_expired_before_dispatch_opens_a_new_request_and_keeps_the_h
     assert renewed.request_hash == attempt.request_hash
     statuses = {a.id: a.status for a in approvals_of(engine, attempt)}
     assert statuses == {first.id: ApprovalStatus.EXPIRED, renewed.id: ApprovalStatus.PENDING}
-    assert engine.attempt(attempt.id).status is Status.PREPARED
+    assert engine.get_attempt(attempt.id).status is Status.PREPARED
     assert ledger_of(engine, gated, attempt.id) == {"hold": WRITE_COST}
     assert adapter.sent == []
 
@@ -229,7 +229,7 @@ def test_W2_approvers_authority_is_rechecked_at_the_dispatch_commit(
     renewed = pending_of(engine, attempt)
     statuses = {a.id: a.status for a in approvals_of(engine, attempt)}
     assert statuses == {first.id: ApprovalStatus.SUPERSEDED, renewed.id: ApprovalStatus.PENDING}
-    assert engine.attempt(attempt.id).status is Status.PREPARED
+    assert engine.get_attempt(attempt.id).status is Status.PREPARED
     assert engine.balances(gated)["usd"].held == WRITE_COST["usd"]
     assert adapter.sent == []
     with pytest.raises(charter.NotAuthorized):
@@ -287,7 +287,7 @@ def test_W2_denial_voids_the_attempt_and_releases_exactly_its_hold(
     ex = start(engine, who, gated)
     with pytest.raises(charter.ApprovalRequired) as waiting:
         ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
-    attempt = engine.attempt(waiting.value.details["attempt_id"])
+    attempt = engine.get_attempt(waiting.value.details["attempt_id"])
     clock.advance(1)
 
     decided = engine.approve(pending_of(engine, attempt).id, by=who.bob, deny=True)
@@ -296,7 +296,7 @@ def test_W2_denial_voids_the_attempt_and_releases_exactly_its_hold(
 
     assert decided is ApprovalStatus.DENIED
     assert voided.status is Status.VOIDED
-    got = engine.attempt(attempt.id)
+    got = engine.get_attempt(attempt.id)
     assert got.status is Status.VOIDED
     assert got.dispatched_epoch is None
     assert ledger_of(engine, gated, attempt.id) == {"hold": WRITE_COST, "release": WRITE_COST}
@@ -331,7 +331,7 @@ def test_W2_denied_effect_admitted_again_with_the_same_request_is_voided_unsent(
     )
 
     assert again.status is Status.VOIDED
-    assert engine.attempt(again.id).status is Status.VOIDED
+    assert engine.get_attempt(again.id).status is Status.VOIDED
     assert ledger_of(engine, gated, again.id) == {"hold": WRITE_COST, "release": WRITE_COST}
     assert engine.balances(gated)["usd"].held == 0
     assert adapter.sent == []
@@ -357,7 +357,7 @@ def test_W2_approval_is_bound_to_the_request_hash(
     engine.approve(pending_of(engine, approved).id, by=who.bob)
     clock.advance(31)
     engine.coordinator.recover(ex.run_id, "seg-2")
-    assert engine.attempt(approved.id).status is Status.VOIDED
+    assert engine.get_attempt(approved.id).status is Status.VOIDED
     # The approval for 10 expired meanwhile: the engine asked again (W2); bob decides.
     [renewed] = engine.approvals(pending=True)
     assert renewed.request_hash == approved.request_hash
@@ -376,7 +376,7 @@ def test_W2_approval_is_bound_to_the_request_hash(
     assert [(a.id, a.status.value) for a in for_changed] == [
         (waiting.value.details["approval_id"], "pending")
     ]
-    assert engine.attempt(changed.id).status is Status.PREPARED
+    assert engine.get_attempt(changed.id).status is Status.PREPARED
     assert adapter.sent == []
 
 
@@ -400,7 +400,7 @@ def test_W2_approval_is_bound_to_the_effect_key(
         ex.dispatch(other.id, adapter)
 
     assert pending_of(engine, other).effect_id != effect_of(approved)
-    assert engine.attempt(other.id).status is Status.PREPARED
+    assert engine.get_attempt(other.id).status is Status.PREPARED
     assert adapter.sent == []
 
 
@@ -557,7 +557,7 @@ def test_W2_approval_expired_during_downtime_is_renewed_not_a_dead_end(
     clock.advance(engine.config.lease_seconds + 1)  # the process is gone; TTL passes too
 
     engine.coordinator.recover(ex.run_id, "seg-2")
-    assert engine.attempt(first.id).status is Status.VOIDED
+    assert engine.get_attempt(first.id).status is Status.VOIDED
     for request in engine.approvals(pending=True):
         engine.approve(request.id, by=who.bob)
     resumed = engine.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
@@ -566,7 +566,7 @@ def test_W2_approval_expired_during_downtime_is_renewed_not_a_dead_end(
             adapter, "write", {"to": "x"}, effect_key="send", generation=2, retry_of=first.id
         )
     except charter.ApprovalRequired as waiting:
-        readmitted = engine.attempt(waiting.details["attempt_id"])
+        readmitted = engine.get_attempt(waiting.details["attempt_id"])
         engine.approve(pending_of(engine, readmitted).id, by=who.bob)
         again = resumed.dispatch(readmitted.id, adapter)
 
@@ -597,7 +597,7 @@ def test_W2_spent_approval_does_not_block_resume_after_it_expires(
 
     assert read.status is Status.SUCCEEDED
     assert [s.attempt_id for s in adapter.sent] == [attempt.id, read.id]
-    assert engine.attempt(attempt.id).status is Status.SUCCEEDED
+    assert engine.get_attempt(attempt.id).status is Status.SUCCEEDED
 
 
 def test_N5_W2_stopping_a_waiting_run_withdraws_its_pending_approval(
@@ -617,7 +617,7 @@ def test_N5_W2_stopping_a_waiting_run_withdraws_its_pending_approval(
     assert engine.approvals(pending=True) == []
     [withdrawn] = approvals_of(engine, attempt)
     assert (withdrawn.id, withdrawn.status) == (request.id, ApprovalStatus.WITHDRAWN)
-    assert engine.attempt(attempt.id).status is charter.AttemptStatus.VOIDED
+    assert engine.get_attempt(attempt.id).status is charter.AttemptStatus.VOIDED
     before = stored(engine, gated)
     with pytest.raises(charter.StateError):
         engine.approve(request.id, by=who.bob)

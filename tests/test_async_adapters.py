@@ -31,7 +31,7 @@ def test_A2_an_async_send_is_awaited_on_the_callers_loop_after_its_dispatch_comm
     seen: dict[str, Any] = {}
 
     def write(send: Dispatch) -> Outcome:
-        seen["status"] = engine.attempt(send.attempt_id).status  # committed before the send
+        seen["status"] = engine.get_attempt(send.attempt_id).status  # committed before the send
         seen["thread"] = threading.get_ident()
         return Outcome.succeeded({"ok": 1}, cost=COSTS["write"])
 
@@ -165,6 +165,6 @@ def test_R7_an_async_lookup_is_awaited_and_its_evidence_settles_the_attempt(
 
     assert found.verdict == "applied"
     assert adapter.reconciled == [unknown.id]
-    settled = engine.attempt(unknown.id)
+    settled = engine.get_attempt(unknown.id)
     assert settled.status is AttemptStatus.SUCCEEDED and settled.receipt == "r-9"
     assert engine.balances(mission)["usd"].spent == 4_000

@@ -250,7 +250,7 @@ class AttemptMachine(RuleBasedStateMachine):
         return ex, attempt.id
 
     def _approved(self, attempt_id: str) -> bool:
-        a = self.engine.attempt(attempt_id)
+        a = self.engine.get_attempt(attempt_id)
         effect = effect_id(a.run_id, a.node_id, a.execution, a.effect_key)
         return any(
             p.effect_id == effect and p.status.value == "approved" for p in self.engine.approvals()
@@ -350,7 +350,7 @@ class AttemptMachine(RuleBasedStateMachine):
     def reconcile(self, data: st.DataObject) -> None:
         """R7: evidence is stored; under ``confirm`` it settles nothing yet."""
         attempt_id = data.draw(st.sampled_from(self._with(S.UNKNOWN)))
-        self.target.evidence[attempt_id] = self._look_up(self.engine.attempt(attempt_id))
+        self.target.evidence[attempt_id] = self._look_up(self.engine.get_attempt(attempt_id))
         found = self.engine.coordinator.reconcile(attempt_id, self.target, by=self.who["alice"])
         assert found.conclusive
         self.model.attempts[attempt_id].evidence = True

@@ -287,7 +287,7 @@ def test_A1_admission_records_prepared_with_holds_and_request_hash(
 
     attempt = ex.admit(adapter, "write", request, effect_key="send")
 
-    got = engine.attempt(attempt.id)
+    got = engine.get_attempt(attempt.id)
     assert got.status is Status.PREPARED
     assert got.estimate == WRITE_COST
     assert got.request == request
@@ -298,7 +298,7 @@ def test_A1_admission_records_prepared_with_holds_and_request_hash(
     )
     assert got.request_hash == request_hash("recorder", "write", canonical)
     other = ex.admit(adapter, "write", {"to": "y", "body": {"a": 1, "b": 2}}, effect_key="other")
-    assert engine.attempt(other.id).request_hash != got.request_hash
+    assert engine.get_attempt(other.id).request_hash != got.request_hash
     entries = entries_of(engine, mission, attempt.id)
     assert amounts(entries, "hold") == WRITE_COST
     assert {e["kind"] for e in entries} == {"hold"}
@@ -394,7 +394,7 @@ class StoreObserver:
     dispatched_events: list[int] = dataclasses.field(default_factory=list)
 
     def __call__(self, send: Dispatch) -> Outcome:
-        attempt = self.engine.attempt(send.attempt_id)
+        attempt = self.engine.get_attempt(send.attempt_id)
         self.seen.append(attempt)
         self.dispatched_events.append(
             sum(
@@ -429,7 +429,7 @@ def test_A2_dispatched_is_committed_before_the_adapter_is_called(
     assert seen.send_deadline_us == adapter.sent[0].send_deadline_us
     assert seen.estimate == WRITE_COST
     assert observer.dispatched_events == [1]
-    assert engine.attempt(attempt.id).status is Status.SUCCEEDED
+    assert engine.get_attempt(attempt.id).status is Status.SUCCEEDED
 
 
 def test_A2_two_phase_dispatch_commits_before_the_adapter_is_called(
@@ -445,13 +445,13 @@ def test_A2_two_phase_dispatch_commits_before_the_adapter_is_called(
     adapter.script["write"] = observer
     ex = start(engine, who, mission)
     attempt = ex.admit(adapter, "write", {"to": "x"}, effect_key="send")
-    assert observer.engine.attempt(attempt.id).status is Status.PREPARED
+    assert observer.engine.get_attempt(attempt.id).status is Status.PREPARED
 
     ex.dispatch(attempt.id, adapter)
 
     assert [a.status for a in observer.seen] == [Status.DISPATCHED]
     assert observer.dispatched_events == [1]
-    assert engine.attempt(attempt.id).status is Status.SUCCEEDED
+    assert engine.get_attempt(attempt.id).status is Status.SUCCEEDED
 
 
 def test_A2_combined_path_still_records_both_phases(
@@ -462,7 +462,7 @@ def test_A2_combined_path_still_records_both_phases(
     ex = start(engine, who, mission)
     attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
-    got = engine.attempt(attempt.id)
+    got = engine.get_attempt(attempt.id)
     assert got.prepared_at_us is not None
     assert got.dispatched_at_us is not None
     assert got.prepared_at_us <= got.dispatched_at_us
@@ -490,7 +490,7 @@ def test_A2_expired_lease_fences_dispatch_and_the_adapter_is_never_called(
     assert fenced.value.epoch == ex.epoch
     assert adapter.sent == []
     assert stored(engine, mission) == before
-    got = engine.attempt(attempt.id)
+    got = engine.get_attempt(attempt.id)
     assert got.status is Status.PREPARED
     assert got.dispatched_epoch is None
     assert "attempt.dispatched" not in audit_kinds(engine, mission)
@@ -534,7 +534,7 @@ def test_A2_executor_of_a_superseded_epoch_never_calls_the_adapter(
     assert fenced.value.current_epoch == ex.epoch + 1
     assert adapter.sent == []
     assert stored(engine, mission) == before
-    got = engine.attempt(attempt.id)
+    got = engine.get_attempt(attempt.id)
     assert got.status is Status.VOIDED
     assert got.dispatched_epoch is None
     assert "attempt.dispatched" not in audit_kinds(engine, mission)
@@ -557,7 +557,7 @@ def test_A2_dispatch_refused_when_the_run_right_was_revoked_after_admission(
 
     assert adapter.sent == []
     assert stored(engine, mission) == before
-    assert engine.attempt(attempt.id).status is Status.PREPARED
+    assert engine.get_attempt(attempt.id).status is Status.PREPARED
 
 
 def test_A2_attempt_voided_by_a_stop_is_never_dispatched(
@@ -568,7 +568,7 @@ def test_A2_attempt_voided_by_a_stop_is_never_dispatched(
     ex = start(engine, who, mission)
     attempt = ex.admit(adapter, "write", {"to": "x"}, effect_key="send")
     engine.stop_run(ex.run_id, by=who.alice)
-    assert engine.attempt(attempt.id).status is Status.VOIDED
+    assert engine.get_attempt(attempt.id).status is Status.VOIDED
     before = stored(engine, mission)
 
     with pytest.raises(charter.StateError) as refused:
@@ -644,7 +644,7 @@ def test_A3_adapter_exception_is_unknown_with_full_hold_kept(
     attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     assert attempt.status is Status.UNKNOWN
-    got = engine.attempt(attempt.id)
+    got = engine.get_attempt(attempt.id)
     assert got.status is Status.UNKNOWN
     assert got.actual is None
     assert got.settled_at_us is None
@@ -671,7 +671,7 @@ def test_A3_not_applied_is_failed_with_hold_released_and_evidence_stored(
     attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
     assert attempt.status is Status.FAILED
-    got = engine.attempt(attempt.id)
+    got = engine.get_attempt(attempt.id)
     assert got.status is Status.FAILED
     assert got.actual == {}
     assert got.settled_at_us is not None
@@ -710,7 +710,7 @@ def test_A3_returned_garbage_is_unknown_with_full_hold_kept(
 
     attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
-    got = engine.attempt(attempt.id)
+    got = engine.get_attempt(attempt.id)
     assert attempt.status is Status.UNKNOWN
     assert got.status is Status.UNKNOWN
     assert got.actual is None
@@ -733,7 +733,7 @@ def test_A3_outcome_failed_is_failed_at_the_reported_cost(
 
     attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
 
-    got = engine.attempt(attempt.id)
+    got = engine.get_attempt(attempt.id)
     assert got.status is Status.FAILED
     assert got.actual == {"usd": 300, "calls": 1}
     assert got.receipt == {"id": "rc_1"}
@@ -785,7 +785,7 @@ def test_A3_each_send_settles_only_as_far_as_its_outcome_proves(
         ex.perform(adapter, "write", {"i": i}, effect_key=f"e{i}") for i in range(len(script))
     ]
 
-    statuses = [engine.attempt(a.id).status for a in recorded]
+    statuses = [engine.get_attempt(a.id).status for a in recorded]
     assert statuses == [EXPECTED[w] for w in script]
     unknown = sum(1 for w in script if EXPECTED[w] is Status.UNKNOWN)
     spent = sum(4_000 if w == "succeeded" else 100 if w == "failed" else 0 for w in script)
@@ -808,7 +808,7 @@ def test_A4_retry_after_failed_is_a_new_attempt_with_new_id_and_key_linked_to_it
     ex = start(engine, who, mission)
     first = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     assert first.status is Status.FAILED
-    first_record = engine.attempt(first.id).to_dict()
+    first_record = engine.get_attempt(first.id).to_dict()
     del adapter.script["write"]
 
     retry = ex.perform(
@@ -818,11 +818,11 @@ def test_A4_retry_after_failed_is_a_new_attempt_with_new_id_and_key_linked_to_it
     assert retry.status is Status.SUCCEEDED
     assert retry.id != first.id
     assert retry.idempotency_key != first.idempotency_key
-    got = engine.attempt(retry.id)
+    got = engine.get_attempt(retry.id)
     assert got.retry_of == first.id
     assert got.generation == 2
     assert got.effect_key == "send"
-    assert engine.attempt(first.id).to_dict() == first_record
+    assert engine.get_attempt(first.id).to_dict() == first_record
     assert [s.idempotency_key for s in adapter.sent] == [
         first.idempotency_key,
         retry.idempotency_key,
@@ -925,7 +925,7 @@ def test_A5_idempotency_key_is_the_attempts_own_and_stable_forever(
     adapter.script["read"] = raising(TimeoutError("no response"))
     ex = start(engine, who, mission)
     prepared = ex.admit(adapter, "write", {"to": "x"}, effect_key="two-phase")
-    key_at_admission = engine.attempt(prepared.id).idempotency_key
+    key_at_admission = engine.get_attempt(prepared.id).idempotency_key
     ex.dispatch(prepared.id, adapter)
     combined = ex.perform(adapter, "write", {"to": "y"}, effect_key="combined")
     unknown = ex.perform(adapter, "read", {"q": 1}, effect_key="unknown")
@@ -937,8 +937,8 @@ def test_A5_idempotency_key_is_the_attempts_own_and_stable_forever(
     for attempt, sent in zip(attempts, adapter.sent, strict=True):
         assert sent.idempotency_key == idempotency_key_for(attempt.id)
         assert attempt.id in sent.idempotency_key
-        assert engine.attempt(attempt.id).idempotency_key == sent.idempotency_key
-        assert other.attempt(attempt.id).idempotency_key == sent.idempotency_key
+        assert engine.get_attempt(attempt.id).idempotency_key == sent.idempotency_key
+        assert other.get_attempt(attempt.id).idempotency_key == sent.idempotency_key
     assert key_at_admission == adapter.sent[0].idempotency_key
     assert len({s.idempotency_key for s in adapter.sent}) == 3
     dispatched = {
@@ -962,8 +962,8 @@ def test_A5_fencing_token_sent_is_the_runs_epoch(
     epoch = engine.run(ex.run_id).epoch
     assert epoch == ex.epoch == 1
     assert [s.fencing_token for s in adapter.sent] == [f"{ex.run_id}:{epoch}"] * 2
-    assert engine.attempt(attempt.id).dispatched_epoch == epoch
-    assert engine.attempt(two_phase.id).dispatched_epoch == epoch
+    assert engine.get_attempt(attempt.id).dispatched_epoch == epoch
+    assert engine.get_attempt(two_phase.id).dispatched_epoch == epoch
 
 
 def test_A5_send_deadline_never_exceeds_the_lease(
@@ -984,7 +984,7 @@ def test_A5_send_deadline_never_exceeds_the_lease(
     assert sent.send_deadline_us <= lease
     assert sent.send_deadline_us <= clock.now_us() + seconds_us(engine.config.send_deadline_seconds)
     assert sent.send_deadline_us > clock.now_us()
-    assert engine.attempt(attempt.id).send_deadline_us == sent.send_deadline_us
+    assert engine.get_attempt(attempt.id).send_deadline_us == sent.send_deadline_us
 
     clock.advance(10)  # less than half the lease left: the dispatch commit renews it
     later = ex.admit(adapter, "write", {"to": "y"}, effect_key="later")
@@ -992,7 +992,7 @@ def test_A5_send_deadline_never_exceeds_the_lease(
     ex.dispatch(later.id, adapter)
     lease = engine.run(ex.run_id).lease_expires_us
     assert adapter.sent[1].send_deadline_us <= lease
-    assert engine.attempt(later.id).send_deadline_us == adapter.sent[1].send_deadline_us
+    assert engine.get_attempt(later.id).send_deadline_us == adapter.sent[1].send_deadline_us
 
 
 def test_A5_send_deadline_follows_the_configured_send_window(
@@ -1043,7 +1043,7 @@ def test_A7_read_only_unknown_is_written_off_at_full_hold_and_retried_as_a_new_a
     assert first.actual == READ_COST
     assert result.id != first.id
     assert result.status is Status.SUCCEEDED
-    retry = engine.attempt(result.id)
+    retry = engine.get_attempt(result.id)
     assert retry.retry_of == first.id
     assert retry.effect_key == first.effect_key
     assert retry.generation == first.generation + 1
@@ -1120,7 +1120,7 @@ def test_A7_read_only_retries_are_bounded_and_the_caller_sees_what_is_stored(
     for a in attempts:
         if a.retry_of is not None:
             assert by_id[a.retry_of].status is Status.WRITTEN_OFF
-    assert result.status is engine.attempt(result.id).status
+    assert result.status is engine.get_attempt(result.id).status
     assert engine.check_ledger(mission) == []
 
 

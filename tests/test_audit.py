@@ -407,7 +407,7 @@ def test_S1_a_transaction_that_fails_after_staging_events_leaves_none(
         engine.stop_run(ex.run_id, by=who.alice)
     assert raw.state() == before_state
     assert raw.events() == before_events
-    assert engine.attempt(prepared.id).status is charter.AttemptStatus.PREPARED
+    assert engine.get_attempt(prepared.id).status is charter.AttemptStatus.PREPARED
     assert engine.check_ledger(mission) == []
 
 
@@ -505,7 +505,7 @@ def test_S1_recovery_and_resolution_append_their_events(
         changes_state=False,
         raises=charter.NotAuthorized,
     )
-    assert engine.attempt(dispatched.id).status is charter.AttemptStatus.FAILED
+    assert engine.get_attempt(dispatched.id).status is charter.AttemptStatus.FAILED
     assert all(v.ok for v in engine.verify_audit())
     assert engine.check_ledger(mission) == []
 

@@ -168,7 +168,7 @@ def test_R7_lost_response_is_reconciled_confirmed_and_the_run_finishes_from_the_
     page.goto(f"/console/runs/{run_id}")
     page.get_by_role("button", name="Resume").click()
     page.wait_for_selector("#run-status:text-is('completed')")
-    assert desk.attempt(attempt.id).status is charter.AttemptStatus.SUCCEEDED
+    assert desk.get_attempt(attempt.id).status is charter.AttemptStatus.SUCCEEDED
     assert len(_desk.ADAPTER.sent) == 1  # sent once, never again on a guess
 
 

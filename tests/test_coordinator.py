@@ -327,7 +327,7 @@ def test_r3_prepared_attempts_of_older_epochs_are_voided_releasing_exactly_their
 
     assert sorted(state.voided) == sorted([first, second])
     for attempt_id in (first, second):
-        attempt = eng.attempt(attempt_id)
+        attempt = eng.get_attempt(attempt_id)
         assert attempt.status is AttemptStatus.VOIDED
         assert attempt.dispatched_epoch is None
         assert entries_for(eng, mission, attempt_id) == [
@@ -347,7 +347,7 @@ def test_r3_prepared_attempts_of_older_epochs_are_voided_releasing_exactly_their
     with pytest.raises(charter.StateError):
         ex2.dispatch(first, adapter)
     assert adapter.sent == []
-    assert eng.attempt(first).status is AttemptStatus.VOIDED
+    assert eng.get_attempt(first).status is AttemptStatus.VOIDED
 
 
 def test_r3_w2_an_approved_effect_readmitted_after_recovery_reuses_its_approval(
@@ -360,7 +360,7 @@ def test_r3_w2_an_approved_effect_readmitted_after_recovery_reuses_its_approval(
     clock.advance(LEASE)  # the process died before dispatching
 
     eng.coordinator.recover(ex.run_id, "seg-2")
-    assert eng.attempt(old).status is AttemptStatus.VOIDED
+    assert eng.get_attempt(old).status is AttemptStatus.VOIDED
     ex2 = eng.coordinator.resume(ex.run_id, "seg-2")
     attempt = ex2.perform(
         adapter, "write", {"to": "x"}, effect_key="send", generation=2, retry_of=old
@@ -412,12 +412,12 @@ def test_r4_dispatched_of_the_lost_owner_becomes_unknown_hold_kept_nothing_resen
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     attempt_id = left_dispatched(ex, adapter, "write")
     sent = list(adapter.sent)
-    assert engine.attempt(attempt_id).status is AttemptStatus.DISPATCHED
+    assert engine.get_attempt(attempt_id).status is AttemptStatus.DISPATCHED
     clock.advance(LEASE)
 
     state = engine.coordinator.recover(ex.run_id, "seg-2")
 
-    attempt = engine.attempt(attempt_id)
+    attempt = engine.get_attempt(attempt_id)
     assert attempt.status is AttemptStatus.UNKNOWN
     assert attempt.reason is not None and "owner lost" in attempt.reason
     assert attempt.actual is None
@@ -455,11 +455,11 @@ def test_r4_an_unknown_attempt_stays_unknown_with_its_hold_across_recoveries(
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     attempt_id = left_unknown(ex, adapter, "write")
-    before = engine.attempt(attempt_id)
+    before = engine.get_attempt(attempt_id)
     for segment in ("seg-2", "seg-3"):
         clock.advance(LEASE)
         engine.coordinator.recover(ex.run_id, segment)
-    assert engine.attempt(attempt_id) == before
+    assert engine.get_attempt(attempt_id) == before
     assert held(engine, mission) == {"usd": 5_000, "calls": 1}
     assert len(adapter.sent) == 1
 
@@ -498,7 +498,7 @@ def test_r5_recovery_state_holds_what_an_operator_needs(
     assert state.contract_version == version == 2
     assert sorted(unresolved) == sorted([unknown, dispatched])
     assert unresolved == state.unresolved == [a.id for a in state.attempts]
-    assert state.attempts == [eng.attempt(i) for i in unresolved]  # in full
+    assert state.attempts == [eng.get_attempt(i) for i in unresolved]  # in full
     assert all(a.status is AttemptStatus.UNKNOWN for a in state.attempts)
     assert state.settled_counts == {"succeeded": 1, "failed": 1, "voided": 2}
     assert sorted(state.voided) == sorted([approved, pending])
@@ -567,7 +567,7 @@ def test_r6_recover_never_dispatches_never_reconciles_never_resumes(
     attempts = eng.attempts(run_id=ex.run_id)
     assert len(attempts) == count
     assert not [a for a in attempts if a.status is AttemptStatus.DISPATCHED]
-    assert {eng.attempt(i).status for i in (ready, admitted)} == {AttemptStatus.VOIDED}
+    assert {eng.get_attempt(i).status for i in (ready, admitted)} == {AttemptStatus.VOIDED}
     assert events(eng, mission, "run.resumed") == []
     assert events(eng, mission, "attempt.dispatched")[-1]["epoch"] == 1
 
@@ -634,7 +634,7 @@ def test_r7_reconcile_accepted_on_a_dispatched_attempt_whose_lease_expired(
 
     assert adapter.reconciled == [attempt_id]
     assert [e["verdict"] for e in engine.evidence(attempt_id)] == ["indeterminate"]
-    assert engine.attempt(attempt_id).status is AttemptStatus.DISPATCHED
+    assert engine.get_attempt(attempt_id).status is AttemptStatus.DISPATCHED
     assert held(engine, mission) == {"usd": 5_000, "calls": 1}
 
 
@@ -661,18 +661,18 @@ def test_r7_under_confirm_evidence_is_stored_and_a_person_confirms_it(
     [row] = engine.evidence(attempt_id)
     assert (row["verdict"], row["settled"]) == ("applied", 0)
     assert json.loads(row["outcome"])["cost"] == {"usd": 4_000, "calls": 1}
-    assert engine.attempt(attempt_id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(attempt_id).status is AttemptStatus.UNKNOWN
     assert held(engine, mission) == {"usd": 5_000, "calls": 1}
     assert len(events(engine, mission, "evidence.recorded")) == 1
     for outsider in (who.mallory, who.agent):
         with pytest.raises(charter.NotAuthorized):
             engine.coordinator.confirm(attempt_id, by=outsider)
-    assert engine.attempt(attempt_id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(attempt_id).status is AttemptStatus.UNKNOWN
 
     attempt = engine.coordinator.confirm(attempt_id, by=who.alice)
 
     assert attempt.status is AttemptStatus.SUCCEEDED
-    assert engine.attempt(attempt_id).actual == {"usd": 4_000, "calls": 1}
+    assert engine.get_attempt(attempt_id).actual == {"usd": 4_000, "calls": 1}
     assert held(engine, mission) == {"usd": 0, "calls": 0}
     assert spent(engine, mission) == {"usd": 4_000, "calls": 1}
     assert [r["settled"] for r in engine.evidence(attempt_id)] == [1]
@@ -697,11 +697,11 @@ def test_r7_under_auto_conclusive_evidence_with_a_receipt_settles(
     eng.coordinator.reconcile(with_receipt, adapter)
     eng.coordinator.reconcile(without_receipt, adapter)
 
-    settled = eng.attempt(with_receipt)
+    settled = eng.get_attempt(with_receipt)
     assert settled.status is AttemptStatus.SUCCEEDED
     assert settled.actual == {"usd": 3_000, "calls": 1}
     assert [r["settled"] for r in eng.evidence(with_receipt)] == [1]
-    assert eng.attempt(without_receipt).status is AttemptStatus.UNKNOWN
+    assert eng.get_attempt(without_receipt).status is AttemptStatus.UNKNOWN
     assert [r["settled"] for r in eng.evidence(without_receipt)] == [0]
     assert held(eng, mission) == {"usd": 5_000, "calls": 1}
     assert spent(eng, mission) == {"usd": 3_000, "calls": 1}
@@ -729,11 +729,11 @@ def test_r7_indeterminate_evidence_never_settles(
     assert lookups == [attempt_id]
     rows = eng.evidence(attempt_id)
     assert [(r["verdict"], r["settled"]) for r in rows] == [("indeterminate", 0)] * 2
-    assert eng.attempt(attempt_id).status is AttemptStatus.UNKNOWN
+    assert eng.get_attempt(attempt_id).status is AttemptStatus.UNKNOWN
     assert held(eng, mission) == {"usd": 5_000, "calls": 1}
     with pytest.raises(charter.StateError):
         eng.coordinator.confirm(attempt_id, by=who.alice)
-    assert eng.attempt(attempt_id).status is AttemptStatus.UNKNOWN
+    assert eng.get_attempt(attempt_id).status is AttemptStatus.UNKNOWN
     assert len(adapter.sent) == 1
 
 
@@ -782,7 +782,7 @@ def test_a8_replay_sends_the_same_key_again_with_an_owning_executor_inside_the_w
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     attempt_id = left_unknown(ex, adapter, "charge")
-    key = engine.attempt(attempt_id).idempotency_key
+    key = engine.get_attempt(attempt_id).idempotency_key
     clock.advance(10)
 
     evidence = engine.coordinator.reconcile(attempt_id, adapter, executor=ex)
@@ -798,7 +798,7 @@ def test_a8_replay_sends_the_same_key_again_with_an_owning_executor_inside_the_w
     [replayed] = events(engine, mission, "attempt.replayed")
     assert (replayed["entity"], payload(replayed)["idempotency_key"]) == (attempt_id, key)
     # Under 'confirm' the replay's answer is evidence, not a settlement.
-    assert engine.attempt(attempt_id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(attempt_id).status is AttemptStatus.UNKNOWN
     assert held(engine, mission) == {"usd": 20_000, "calls": 1}
     assert len(engine.attempts(run_id=ex.run_id)) == 1
 
@@ -842,7 +842,7 @@ def test_a8_after_a_recovery_the_recovered_segment_replays_with_the_same_key(
     nothing and changes nothing."""
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     attempt_id = left_unknown(ex, adapter, "charge")
-    key = engine.attempt(attempt_id).idempotency_key
+    key = engine.get_attempt(attempt_id).idempotency_key
     clock.advance(LEASE)
     engine.coordinator.recover(ex.run_id, "seg-2")
     before = stored(engine, mission)
@@ -856,7 +856,7 @@ def test_a8_after_a_recovery_the_recovered_segment_replays_with_the_same_key(
     assert [(s.idempotency_key, s.epoch) for s in adapter.sent] == [(key, 1), (key, 2)]
     [replayed] = events(engine, mission, "attempt.replayed")
     assert (replayed["entity"], replayed["segment"], replayed["epoch"]) == (attempt_id, "seg-2", 2)
-    assert engine.attempt(attempt_id).status is AttemptStatus.UNKNOWN  # confirm decides
+    assert engine.get_attempt(attempt_id).status is AttemptStatus.UNKNOWN  # confirm decides
 
     clock.advance(LEASE)  # nobody renewed seg-2's lease: it holds the run no more
     before = stored(engine, mission)
@@ -887,7 +887,7 @@ def test_a8_an_executor_that_no_longer_owns_the_run_sends_no_replay(
 
     assert len(adapter.sent) == 1
     assert events(engine, mission, "attempt.replayed") == []
-    assert engine.attempt(attempt_id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(attempt_id).status is AttemptStatus.UNKNOWN
 
 
 def test_r7_a8_a_reconcile_with_a_fenced_executor_still_stores_the_lookup(
@@ -928,7 +928,7 @@ def test_a8_no_replay_outside_the_dedupe_window(
     assert len(adapter.sent) == 1
     assert events(engine, mission, "attempt.replayed") == []
     assert [r["verdict"] for r in engine.evidence(attempt_id)] == ["indeterminate"]
-    assert engine.attempt(attempt_id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(attempt_id).status is AttemptStatus.UNKNOWN
 
 
 @pytest.mark.parametrize("operation", ["write", "read"])
@@ -946,7 +946,7 @@ def test_a8_no_replay_for_operations_the_target_does_not_deduplicate(
 
     assert len(adapter.sent) == 1
     assert events(engine, mission, "attempt.replayed") == []
-    assert engine.attempt(attempt_id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(attempt_id).status is AttemptStatus.UNKNOWN
 
 
 def test_a8_a_replay_under_auto_settles_on_the_targets_answer(
@@ -958,7 +958,7 @@ def test_a8_a_replay_under_auto_settles_on_the_targets_answer(
 
     eng.coordinator.reconcile(attempt_id, adapter, executor=ex)
 
-    attempt = eng.attempt(attempt_id)
+    attempt = eng.get_attempt(attempt_id)
     assert attempt.status is AttemptStatus.SUCCEEDED
     assert attempt.actual == {"usd": 20_000, "calls": 1}
     assert len({s.idempotency_key for s in adapter.sent}) == 1
@@ -981,7 +981,7 @@ def test_a8_a_replay_that_was_not_applied_proves_nothing_about_the_first_send(
     eng.coordinator.reconcile(attempt_id, adapter, executor=ex)
 
     assert len(adapter.sent) == 2
-    assert eng.attempt(attempt_id).status is AttemptStatus.UNKNOWN
+    assert eng.get_attempt(attempt_id).status is AttemptStatus.UNKNOWN
     assert held(eng, mission) == {"usd": 20_000, "calls": 1}
     assert spent(eng, mission) == {"usd": 0, "calls": 0}
 
@@ -1004,7 +1004,7 @@ def test_r8_resolve_succeeded_settles_at_the_given_cost(
         result={"id": "m-1"},
     )
 
-    attempt = engine.attempt(attempt_id)
+    attempt = engine.get_attempt(attempt_id)
     assert attempt.status is AttemptStatus.SUCCEEDED
     assert attempt.actual == {"usd": 3_500, "calls": 1}
     assert attempt.result == {"id": "m-1"}
@@ -1027,7 +1027,7 @@ def test_r8_resolve_failed_releases_the_hold(
         attempt_id, by=who.alice, outcome="failed", evidence="the target has no record of it"
     )
 
-    attempt = engine.attempt(attempt_id)
+    attempt = engine.get_attempt(attempt_id)
     assert attempt.status is AttemptStatus.FAILED
     assert held(engine, mission) == {"usd": 0, "calls": 0}
     assert spent(engine, mission) == {"usd": 0, "calls": 0}
@@ -1053,7 +1053,7 @@ def test_r8_l9_written_off_settles_at_the_full_hold(
         evidence="nobody can tell whether it was sent",
     )
 
-    attempt = engine.attempt(attempt_id)
+    attempt = engine.get_attempt(attempt_id)
     assert attempt.status is AttemptStatus.WRITTEN_OFF
     assert attempt.actual == attempt.estimate == {"usd": 5_000, "calls": 1}
     assert held(engine, mission) == {"usd": 0, "calls": 0}
@@ -1336,7 +1336,7 @@ def test_r9_no_mode_continues_past_an_unresolved_attempt(
 
     _refused_in_every_mode(eng, mission, ex.run_id, who.agent, mode=mode, adapter=adapter)
 
-    assert eng.attempt(attempt_id).status is AttemptStatus.UNKNOWN
+    assert eng.get_attempt(attempt_id).status is AttemptStatus.UNKNOWN
     eng.coordinator.resolve(attempt_id, by=who.alice, outcome="failed", evidence="bounced")
     assert eng.coordinator.resume(ex.run_id, "seg-2", by=who.agent).epoch == 2
 
@@ -1503,7 +1503,7 @@ def test_table_prepared_is_voided_by_the_new_epoch_and_can_be_readmitted(
     assert [(n.id, n.phase, n.action) for n in state.next_actions] == [
         (prepared, "prepared", NEXT_ACTIONS["prepared"])
     ]
-    assert eng.attempt(prepared).status is AttemptStatus.VOIDED
+    assert eng.get_attempt(prepared).status is AttemptStatus.VOIDED
     assert held(eng, mission) == {"usd": 0, "calls": 0}
     ex2 = eng.coordinator.resume(ex.run_id, "seg-2")
     again = ex2.perform(
@@ -1512,7 +1512,7 @@ def test_table_prepared_is_voided_by_the_new_epoch_and_can_be_readmitted(
     assert again.status is AttemptStatus.SUCCEEDED
     assert again.id != prepared
     assert again.retry_of == prepared
-    assert again.idempotency_key != eng.attempt(prepared).idempotency_key
+    assert again.idempotency_key != eng.get_attempt(prepared).idempotency_key
     assert [s.attempt_id for s in adapter.sent] == [again.id]
     assert eng.check_ledger(mission) == []
 
@@ -1654,7 +1654,7 @@ def test_f2_a_late_result_that_contradicts_recorded_evidence_opens_an_incident(
     attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="late")
 
     assert attempt.status is AttemptStatus.UNKNOWN
-    assert eng.attempt(attempt.id).status is AttemptStatus.UNKNOWN
+    assert eng.get_attempt(attempt.id).status is AttemptStatus.UNKNOWN
     assert held(eng, mission) == {"usd": 5_000, "calls": 1}
     [incident] = eng.incidents(mission, open_only=True)
     assert (incident["kind"], incident["attempt_id"]) == ("conflicting_evidence", attempt.id)
@@ -1707,7 +1707,7 @@ def test_f1_r1_two_engines_recovering_at_once_make_exactly_one_owner(
     assert (len(won), len(refused)) == (1, 1), results
     run = eng.run(ex.run_id)
     assert run.epoch == 2 and run.owner_segment == won[0].run.owner_segment
-    assert eng.attempt(lost).status is AttemptStatus.UNKNOWN
+    assert eng.get_attempt(lost).status is AttemptStatus.UNKNOWN
     assert held(eng, mission) == {"usd": 5_000, "calls": 1}
     assert len(events(eng, mission, "run.recovered")) == 1
 
@@ -1732,7 +1732,7 @@ def test_r8_l6_two_people_resolving_at_once_settle_the_hold_once(
     settled = [r for r in results if isinstance(r, charter.Attempt)]
     refused = [r for r in results if isinstance(r, charter.AttemptAlreadySettled)]
     assert (len(settled), len(refused)) == (1, 1), results
-    assert eng.attempt(lost).status is settled[0].status
+    assert eng.get_attempt(lost).status is settled[0].status
     assert held(eng, mission) == {"usd": 0, "calls": 0}
     resolved = [
         amount

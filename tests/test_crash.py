@@ -467,7 +467,7 @@ def test_R1_F1_a_live_owner_s_lease_is_taken_over_only_by_force_by_a_principal_w
         engine.coordinator.recover(run_id, "seg-2", force=True, by=world.principal("agent"))
     run = engine.run(run_id)
     assert (run.epoch, run.owner_segment) == (1, "seg-1")
-    assert engine.attempt(paused["attempt_id"]).status is AttemptStatus.DISPATCHED
+    assert engine.get_attempt(paused["attempt_id"]).status is AttemptStatus.DISPATCHED
     assert audited(world, "run.recovered", run_id) == []
     [refusal] = audited(world, "authorization.refused", run_id)
     assert refusal["actor"] == "agent"
@@ -476,8 +476,8 @@ def test_R1_F1_a_live_owner_s_lease_is_taken_over_only_by_force_by_a_principal_w
     state, unresolved = engine.coordinator.recover(run_id, "seg-2", force=True, by=alice)
     assert state.epoch == engine.run(run_id).epoch == 2
     assert unresolved == [paused["attempt_id"]]
-    assert engine.attempt(paused["attempt_id"]).status is AttemptStatus.UNKNOWN
-    assert engine.attempt(ready["parked"]).status is AttemptStatus.VOIDED
+    assert engine.get_attempt(paused["attempt_id"]).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(ready["parked"]).status is AttemptStatus.VOIDED
     [event] = audited(world, "run.recovered", run_id)
     assert (event["actor"], event["epoch"]) == ("alice", 2)
     assert json.loads(event["payload"])["forced"] is True
@@ -513,8 +513,8 @@ def test_R1_an_owner_killed_on_this_host_is_taken_over_at_once_without_force(
 
     assert state.epoch == engine.run(run_id).epoch == 2
     assert unresolved == [crashed.id]
-    assert engine.attempt(crashed.id).status is AttemptStatus.UNKNOWN
-    assert engine.attempt(ready["parked"]).status is AttemptStatus.VOIDED
+    assert engine.get_attempt(crashed.id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(ready["parked"]).status is AttemptStatus.VOIDED
     [event] = audited(world, "run.recovered", run_id)
     payload = json.loads(event["payload"])
     assert (event["actor"], payload["forced"]) == ("segment:seg-2", False)
@@ -533,7 +533,7 @@ def _pause_recover(world: World, child: Child) -> tuple[dict[str, Any], charter.
     paused = child.expect("paused")
     run_id = ready["run_id"]
     run = engine.run(run_id)
-    attempt = engine.attempt(paused["attempt_id"])
+    attempt = engine.get_attempt(paused["attempt_id"])
     # A2: DISPATCHED is committed by the owner's epoch before the adapter is called.
     assert attempt.status is AttemptStatus.DISPATCHED
     assert attempt.dispatched_epoch == run.epoch == ready["epoch"] == 1
@@ -545,9 +545,9 @@ def _pause_recover(world: World, child: Child) -> tuple[dict[str, Any], charter.
     takeover_us = SystemClock().now_us()
     assert state.epoch == 2
     assert unresolved == [attempt.id]
-    assert engine.attempt(attempt.id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(attempt.id).status is AttemptStatus.UNKNOWN
     assert entries(world, attempt.id) == expected_entries("hold")
-    assert engine.attempt(ready["parked"]).status is AttemptStatus.VOIDED
+    assert engine.get_attempt(ready["parked"]).status is AttemptStatus.VOIDED
     return ready, attempt, takeover_us
 
 
@@ -567,7 +567,7 @@ def _assert_fenced(
     attempts = world.engine.attempts(run_id=ready["run_id"])
     assert sorted(a.effect_key for a in attempts) == ["parked", "zombie"]
     assert [a for a in attempts if a.status is AttemptStatus.DISPATCHED] == []
-    parked = world.engine.attempt(ready["parked"])
+    parked = world.engine.get_attempt(ready["parked"])
     assert parked.dispatched_epoch is None
     run = world.engine.run(ready["run_id"])
     if current_epoch == 1:
@@ -592,7 +592,7 @@ def test_F2_an_owner_whose_lease_expired_is_fenced_even_without_a_takeover(
     child.go()
     settled = child.expect("settled")
     # Its own DISPATCHED attempt still settles (nobody else owns it) ...
-    assert settled["status"] == engine.attempt(paused["attempt_id"]).status.value == "succeeded"
+    assert settled["status"] == engine.get_attempt(paused["attempt_id"]).status.value == "succeeded"
     # ... but with its lease expired by the store's clock it admits and dispatches nothing.
     _assert_fenced(world, child, ready, current_epoch=1)
     [received] = world.target.received()
@@ -623,7 +623,7 @@ def test_F2_a_paused_owner_is_fenced_and_its_late_settlement_is_kept_as_evidence
     assert world.target.received() == [received]
 
     # F2: the late settlement is evidence with its epoch, and settles the UNKNOWN attempt.
-    final = engine.attempt(attempt.id)
+    final = engine.get_attempt(attempt.id)
     assert settled["status"] == final.status.value == "succeeded"
     assert final.actual == COST
     [evidence] = engine.evidence(attempt.id)
@@ -663,7 +663,7 @@ def test_F3_a_paused_owner_refuses_to_send_after_its_deadline(
     # F3: past its send deadline the old owner sent nothing at all.
     assert world.target.received() == []
     # Its proof of non-application is kept with its epoch and settles the attempt FAILED.
-    final = engine.attempt(attempt.id)
+    final = engine.get_attempt(attempt.id)
     assert settled["status"] == final.status.value == "failed"
     assert final.actual == {}
     [evidence] = engine.evidence(attempt.id)
@@ -705,7 +705,7 @@ def test_F2_a_late_settlement_after_a_persons_resolution(
     assert len(world.target.received()) == 1
 
     # The person's settlement stands; the late one is kept as evidence with its epoch.
-    final = engine.attempt(attempt.id)
+    final = engine.get_attempt(attempt.id)
     assert settled["status"] == final.status.value == resolution
     assert final.actual == cost
     evidence = engine.evidence(attempt.id)
@@ -773,5 +773,5 @@ def test_F3_no_send_is_possible_at_the_instant_another_owner_may_take_over(
         # Exactly one of the two may happen at that instant: a takeover, or a send.
         assert (took_over, len(adapter.sent)) in (([2], 0), ([], 1)), (took_over, adapter.sent)
         expected = AttemptStatus.FAILED if took_over else AttemptStatus.SUCCEEDED
-        assert old.attempt(attempt.id).status is expected
+        assert old.get_attempt(attempt.id).status is expected
         assert old.check_ledger(mission) == []

@@ -97,7 +97,7 @@ def test_A3_R7_a_list_lookup_that_finds_nothing_does_not_settle_a_payment_never_
         adapter.close()
         assert box.payments() == []
     assert evidence.verdict == "indeterminate"
-    assert engine.attempt(refused.id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(refused.id).status is AttemptStatus.UNKNOWN
     assert engine.balances(mission)["usd_cents"].spent == 0
     assert engine.balances(mission)["usd_cents"].held == 7_00  # waits for a person
 
@@ -222,4 +222,4 @@ def test_A3_A10_an_adapter_error_whose_text_no_store_keeps_still_leaves_the_atte
     assert lost.status is AttemptStatus.UNKNOWN
     assert len(adapter.sent) == 1
     escaped = "\\x00" if odd == "\x00" else "\\ud800"
-    assert f"peer said {escaped}bye" in (engine.attempt(lost.id).reason or "")
+    assert f"peer said {escaped}bye" in (engine.get_attempt(lost.id).reason or "")

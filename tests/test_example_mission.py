@@ -151,7 +151,7 @@ def test_N1_N2_N3_W1_the_example_mission_survives_a_kill_in_its_fan_out(
     _, unresolved = engine.coordinator.recover(run_id, "seg-2")
     with payments_adapter(box.url) as payments:
         for attempt_id in unresolved:
-            if engine.attempt(attempt_id).status is AttemptStatus.UNKNOWN:
+            if engine.get_attempt(attempt_id).status is AttemptStatus.UNKNOWN:
                 assert engine.coordinator.reconcile(attempt_id, payments, by=who.ops).conclusive
                 engine.coordinator.confirm(attempt_id, by=who.ops)
 

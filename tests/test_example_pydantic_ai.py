@@ -131,7 +131,7 @@ def test_A7_L9_recover_writes_off_a_read_only_call_its_dead_owner_left_under_the
 
         state, unresolved = engine.coordinator.recover(run_id, "seg-2")
         assert unresolved == []
-        written = engine.attempt(lost.id)
+        written = engine.get_attempt(lost.id)
         assert (written.status, written.actual) == (AttemptStatus.WRITTEN_OFF, lost.estimate)
         [event] = [
             e
@@ -161,4 +161,4 @@ def test_A7_recover_never_writes_off_a_payment_under_the_read_only_opt_in(
         run_id, pay = killed_after_paying(EXAMPLE, world, tmp_path)
         _, unresolved = world.engine.coordinator.recover(run_id, "seg-2")
         assert unresolved == [pay.id]
-        assert world.engine.attempt(pay.id).status is AttemptStatus.UNKNOWN
+        assert world.engine.get_attempt(pay.id).status is AttemptStatus.UNKNOWN

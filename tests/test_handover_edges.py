@@ -138,7 +138,7 @@ def test_S5_a_result_that_arrives_after_the_handover_is_kept_as_late_evidence(
         assert json.loads(kept["outcome"])["receipt"] == {"charge": "ch_1"}
     else:
         assert json.loads(kept["detail"]) == {"charge": "ch_1?"}
-    assert source.attempt(attempt.id).status is AttemptStatus.UNKNOWN
+    assert source.get_attempt(attempt.id).status is AttemptStatus.UNKNOWN
     assert source.balances(mission)["usd"].held == 5_000  # the hold is kept (L4)
     assert source.run(ex.run_id).status.value == "handed_off"
     # ... recorded on the engine's chain, since the mission's takes no event; every
@@ -157,7 +157,7 @@ def test_S5_a_result_that_arrives_after_the_handover_is_kept_as_late_evidence(
     on_target = Principals(creds[0], creds[1], target)
     assert target.import_snapshot(file) == mission
     (linked,) = target.adopt(mission, by=on_target.alice, segment_id="seg-t")
-    assert target.attempt(attempt.id).status is AttemptStatus.UNKNOWN
+    assert target.get_attempt(attempt.id).status is AttemptStatus.UNKNOWN
     assert target.balances(mission)["usd"].held == 5_000
     with pytest.raises(charter.Blocked):  # the payment waits for a person
         linked.execute(plan)

@@ -111,7 +111,7 @@ def test_A3_R7_applied_but_response_lost_is_unknown_until_a_person_confirms_the_
     [row] = engine.evidence(attempt.id)
     assert json.loads(row["outcome"])["cost"] == {UNIT: 4_50}
     assert json.loads(row["outcome"])["result"]["id"] == box.payments()[0]["id"]
-    assert engine.attempt(attempt.id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(attempt.id).status is AttemptStatus.UNKNOWN
     settled = engine.coordinator.confirm(attempt.id, by=who.alice)
     assert settled.status is AttemptStatus.SUCCEEDED
     assert settled.actual == {UNIT: 4_50}
@@ -136,8 +136,8 @@ def test_R7_under_auto_the_lookup_settles_a_lost_response_at_once(
 
     engine.coordinator.reconcile(attempt.id, payments)
 
-    assert engine.attempt(attempt.id).status is AttemptStatus.SUCCEEDED
-    assert engine.attempt(attempt.id).actual == {UNIT: 12_00}
+    assert engine.get_attempt(attempt.id).status is AttemptStatus.SUCCEEDED
+    assert engine.get_attempt(attempt.id).actual == {UNIT: 12_00}
     books_agree(engine, mission, box)
 
 
@@ -223,7 +223,7 @@ def test_R7_lookups_unavailable_leave_the_attempt_unknown_with_its_hold(
 
     assert evidence.verdict == "indeterminate"
     assert evidence.detail["status"] == 503
-    assert engine.attempt(attempt.id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(attempt.id).status is AttemptStatus.UNKNOWN
     assert engine.balances(mission)[UNIT].held == 8_00
     assert len(box.payments()) == 1  # applied: the hold stays until someone proves it
 

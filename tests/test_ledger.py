@@ -441,7 +441,7 @@ def test_L2_spent_is_the_sum_of_actuals_in_full(
     for i, (script, actual) in enumerate(reported):
         adapter.script["write"] = script
         attempt = ex.perform(adapter, "write", {"n": i}, effect_key=f"k{i}")
-        assert engine.attempt(attempt.id).actual == actual
+        assert engine.get_attempt(attempt.id).actual == actual
     balances = assert_ledger(engine, mission)
     assert balances["usd"].spent == 5_000 + 1_234 + 300 + 7_777
     assert balances["usd"].overrun == 7_777 - 5_000
@@ -577,7 +577,7 @@ def test_L2_float_actual_cost_never_reaches_the_ledger(
     adapter.script["write"] = float_cost
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     attempt = ex.perform(adapter, "write", {"n": 1}, effect_key="float")
-    stored = engine.attempt(attempt.id)
+    stored = engine.get_attempt(attempt.id)
     assert stored.status is AttemptStatus.UNKNOWN
     assert stored.actual is None
     assert entries_of(engine, mission, attempt.id) == [("hold", "calls", 1), ("hold", "usd", 5_000)]
@@ -779,7 +779,7 @@ def test_L4_dispatched_attempt_keeps_its_full_hold_as_days_pass(
     assert entries == [("hold", "calls", 1), ("hold", "usd", 20_000)]
 
     def still_held() -> None:
-        stored = engine.attempt(dispatched)
+        stored = engine.get_attempt(dispatched)
         assert stored.status is AttemptStatus.DISPATCHED
         assert stored.actual is None
         assert entries_of(engine, mission, dispatched) == entries
@@ -821,14 +821,14 @@ def test_L4_unknown_attempt_keeps_its_full_hold_as_days_pass(
         clock.advance(days * DAY)
         later = engine.start_run(mission, by=who.agent, segment_id=f"later-{days}")
         later.perform(adapter, "write", {"day": days}, effect_key="write")
-        stored = engine.attempt(unknown.id)
+        stored = engine.get_attempt(unknown.id)
         assert stored.status is AttemptStatus.UNKNOWN
         assert stored.actual is None
         assert entries_of(engine, mission, unknown.id) == entries
         assert engine.balances(mission)["usd"].held == 5_000
         assert_ledger(engine, mission)
     assert engine.stop_run(ex.run_id, by=who.alice).status is RunStatus.STOPPING
-    assert engine.attempt(unknown.id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(unknown.id).status is AttemptStatus.UNKNOWN
     assert engine.balances(mission)["usd"].held == 5_000
     assert_ledger(engine, mission)
 
@@ -849,7 +849,7 @@ def test_L5_overrun_recorded_in_full_with_receipt_and_incident(
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     attempt = ex.perform(adapter, "write", {"n": 1}, effect_key="over")
 
-    stored = engine.attempt(attempt.id)
+    stored = engine.get_attempt(attempt.id)
     assert stored.status is AttemptStatus.SUCCEEDED
     assert stored.actual == {"usd": 9_500, "calls": 2}
     assert stored.estimate == {"usd": 5_000, "calls": 1}
@@ -902,8 +902,8 @@ def test_L6_voided_releases_exactly_its_hold_and_only_before_dispatch(
 
     run = engine.stop_run(ex.run_id, by=who.alice)
     assert run.status is RunStatus.STOPPING  # a DISPATCHED attempt is still in flight
-    assert engine.attempt(prepared.id).status is AttemptStatus.VOIDED
-    assert engine.attempt(dispatched).status is AttemptStatus.DISPATCHED
+    assert engine.get_attempt(prepared.id).status is AttemptStatus.VOIDED
+    assert engine.get_attempt(dispatched).status is AttemptStatus.DISPATCHED
     assert entries_of(engine, mission, prepared.id) == [
         ("hold", "calls", 1),
         ("hold", "usd", 5_000),
@@ -937,14 +937,14 @@ def test_L6_approval_denial_voids_once_and_nothing_is_sent(
     with pytest.raises(charter.ApprovalRequired) as info:
         ex.perform(adapter, "charge", {"amount": 20}, effect_key="pay")
     attempt_id = info.value.details["attempt_id"]
-    assert engine.attempt(attempt_id).status is AttemptStatus.PREPARED
+    assert engine.get_attempt(attempt_id).status is AttemptStatus.PREPARED
     assert engine.balances(mission)["usd"].held == 20_000  # kept while waiting
 
     (approval,) = engine.approvals(run_id=ex.run_id, pending=True)
     engine.approve(approval.id, by=who.bob, deny=True)
     voided = ex.dispatch(attempt_id, adapter)
     assert voided.status is AttemptStatus.VOIDED
-    assert engine.attempt(attempt_id).status is AttemptStatus.VOIDED
+    assert engine.get_attempt(attempt_id).status is AttemptStatus.VOIDED
     assert entries_of(engine, mission, attempt_id) == [
         ("hold", "calls", 1),
         ("hold", "usd", 20_000),
@@ -1007,14 +1007,14 @@ def test_L6_recovery_voids_prepared_holds_exactly_and_keeps_in_flight_holds(
     clock.advance(60)  # the dead owner's lease runs out
 
     engine.coordinator.recover(ex.run_id, "seg-2")
-    assert engine.attempt(prepared.id).status is AttemptStatus.VOIDED
+    assert engine.get_attempt(prepared.id).status is AttemptStatus.VOIDED
     assert entries_of(engine, mission, prepared.id) == [
         ("hold", "calls", 1),
         ("hold", "usd", 5_000),
         ("release", "calls", 1),
         ("release", "usd", 5_000),
     ]
-    stored = engine.attempt(dispatched)
+    stored = engine.get_attempt(dispatched)
     assert stored.status is AttemptStatus.UNKNOWN
     assert stored.actual is None
     assert entries_of(engine, mission, dispatched) == [
@@ -1250,8 +1250,8 @@ def test_L8_hold_and_settlement_entries_record_the_reported_price_source(
         assert sources[(above.id, "spend", unit)] == "recorder/v8"
     assert sources[(below.id, "release", "usd")] == "recorder/v7"
     assert sources[(above.id, "overrun", "usd")] == "recorder/v8"
-    assert engine.attempt(below.id).price_source == "recorder/v7"
-    assert engine.attempt(above.id).price_source == "recorder/v8"
+    assert engine.get_attempt(below.id).price_source == "recorder/v7"
+    assert engine.get_attempt(above.id).price_source == "recorder/v8"
 
 
 def test_L8_every_hold_and_settlement_entry_records_a_price_source(
@@ -1332,7 +1332,7 @@ def test_L9_write_offs_stop_at_the_retry_limit_and_the_result_matches_the_record
             assert a.actual == a.estimate
     assert all(a.status is AttemptStatus.WRITTEN_OFF for a in attempts[:-1])
     assert_ledger(engine, mission)
-    assert result.status is engine.attempt(result.id).status
+    assert result.status is engine.get_attempt(result.id).status
 
 
 def test_L9_without_the_opt_in_a_read_only_unknown_keeps_its_hold(
@@ -1564,7 +1564,7 @@ def test_A9_a_reported_cost_the_ledger_cannot_add_leaves_the_attempt_unknown_wit
     adapter.script["write"] = pays({"usd": 10_001, "calls": 1}, receipt={"id": "inv-77"})
     attempt = ex.dispatch(first.id, adapter)
     assert attempt.status is AttemptStatus.UNKNOWN
-    assert engine.attempt(first.id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(first.id).status is AttemptStatus.UNKNOWN
     assert engine.balances(mission) == balances
     (evidence,) = engine.evidence(first.id)
     assert evidence["verdict"] == "applied"
@@ -1676,7 +1676,7 @@ class LedgerMachine(RuleBasedStateMachine):
         return [r for r in self.engine.runs(self.mission) if not r.status.terminal]
 
     def _settled_as(self, attempt_id: str, outcome: tuple[str, dict[str, int]]) -> None:
-        stored = self.engine.attempt(attempt_id)
+        stored = self.engine.get_attempt(attempt_id)
         assert stored.status is EXPECTED[outcome[0]]
         if outcome[0] in ("succeeded", "failed"):
             assert stored.actual == outcome[1]
@@ -1703,7 +1703,7 @@ class LedgerMachine(RuleBasedStateMachine):
         except charter.ApprovalRequired as exc:
             assert not refuse
             assert operation == "charge"
-            prepared = self.engine.attempt(exc.details["attempt_id"])
+            prepared = self.engine.get_attempt(exc.details["attempt_id"])
             assert prepared.status is AttemptStatus.PREPARED
             return
         assert not refuse
@@ -1723,7 +1723,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self._refused(ex, before)
             return
         assert not refuse
-        assert self.engine.attempt(prepared.id).status is AttemptStatus.PREPARED
+        assert self.engine.get_attempt(prepared.id).status is AttemptStatus.PREPARED
         after = self.engine.balances(self.mission)
         for unit, amount in COSTS[operation].items():
             assert after[unit].held == before[0][unit]["held"] + amount
@@ -1766,7 +1766,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert not refuse
             self.executor = None  # the process died; its run keeps its lease
             attempt_id = self.adapter.sent[-1].attempt_id
-            stored = self.engine.attempt(attempt_id)
+            stored = self.engine.get_attempt(attempt_id)
             assert stored.status is AttemptStatus.DISPATCHED
             self.unresolved[attempt_id] = stored.estimate
             return
@@ -1887,7 +1887,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 confirm_above_hold=True,  # overruns of any size are meant here (L5)
             )
         except charter.StateError:  # DISPATCHED by a live owner: its answer may still come
-            assert self.engine.attempt(attempt_id).status is AttemptStatus.DISPATCHED
+            assert self.engine.get_attempt(attempt_id).status is AttemptStatus.DISPATCHED
             assert ledger_state(self.engine, self.mission) == before
             return
         estimate = self.unresolved.pop(attempt_id)
@@ -1906,7 +1906,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @invariant()
     def in_flight_holds_are_kept(self) -> None:
         for attempt_id, estimate in self.unresolved.items():
-            stored = self.engine.attempt(attempt_id)
+            stored = self.engine.get_attempt(attempt_id)
             assert stored.status.unresolved
             assert stored.actual is None
             assert stored.estimate == estimate

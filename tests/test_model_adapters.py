@@ -194,7 +194,7 @@ def test_R7_an_answer_lost_after_billing_keeps_its_hold_until_the_usage_lookup_s
     found = engine.coordinator.reconcile(lost.id, adapter, by=who.alice)
 
     assert found.verdict == "applied"
-    settled = engine.attempt(lost.id)
+    settled = engine.get_attempt(lost.id)
     billed = provider.billed[lost.idempotency_key]
     assert settled.status is AttemptStatus.SUCCEEDED
     assert settled.actual["usd"] == priced(
@@ -214,13 +214,13 @@ def test_L9_without_a_usage_lookup_a_lost_answer_is_resolved_by_a_person(
     _, _, request_ = CALLS[2]
     lost = call(engine, who, mission, adapter, "messages", request_)
     assert engine.coordinator.reconcile(lost.id, adapter, by=who.alice).verdict == "indeterminate"
-    assert engine.attempt(lost.id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(lost.id).status is AttemptStatus.UNKNOWN
 
     engine.coordinator.resolve(
         lost.id, by=who.alice, outcome="written_off", evidence="billed; the answer was lost"
     )
 
-    assert engine.attempt(lost.id).status is AttemptStatus.WRITTEN_OFF
+    assert engine.get_attempt(lost.id).status is AttemptStatus.WRITTEN_OFF
     assert engine.balances(mission)["usd"].spent == lost.estimate["usd"]
 
 

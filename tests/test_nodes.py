@@ -377,7 +377,7 @@ def test_A6_unknown_attempt_blocks_replayed_node_until_a_person_resolves_it(
     with pytest.raises(charter.Blocked) as blocked:
         owner.execute()
     assert blocked.value.attempt_id == uncertain.id
-    assert engine.attempt(uncertain.id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(uncertain.id).status is AttemptStatus.UNKNOWN
     assert [a.id for a in attempts_of(engine, run_id)] == [uncertain.id]
     assert len(outbox()) == 1
     assert engine.run(run_id).status is RunStatus.NEEDS_INTERVENTION
@@ -900,7 +900,7 @@ def test_A4_a_loop_of_ten_invoices_killed_at_the_fifth_pays_each_invoice_once(
     assert len(outbox()) == (5 if sent else 4)
     state = engine.coordinator.recover(run_id, "seg-2")
     (lost,) = state.unresolved
-    assert engine.attempt(lost).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(lost).status is AttemptStatus.UNKNOWN
     engine.coordinator.reconcile(lost, plans.Outbox(), by=who.alice)  # indeterminate
     if sent:  # the operator finds invoice 4 in the target's log
         engine.coordinator.resolve(
@@ -929,7 +929,7 @@ def test_A4_a_loop_of_ten_invoices_killed_at_the_fifth_pays_each_invoice_once(
     if not sent:
         retried = [a for a in engine.attempts(run_id=run_id) if a.retry_of == lost]
         assert [(a.status, a.generation) for a in retried] == [(AttemptStatus.SUCCEEDED, 2)]
-        assert engine.attempt(lost).answered is False
+        assert engine.get_attempt(lost).answered is False
     assert engine.check_ledger(engine.run(run_id).mission_id) == []
 
 

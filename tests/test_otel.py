@@ -269,7 +269,8 @@ def test_settlements_made_outside_a_run_are_observed_and_agree_with_the_ledger(
         # told at once, before any run goes on
         spend = telemetry.counters()["charter.spend"]
         assert (
-            spend[at("agent-models.responses", unit="usd")] == engine.attempt(lost.id).actual["usd"]
+            spend[at("agent-models.responses", unit="usd")]
+            == engine.get_attempt(lost.id).actual["usd"]
         )
         resumed = engine.coordinator.resume(ex.run_id, "seg-1", by=who.alice)
         assert resumed.execute(plan) == "Paid inv-7."
@@ -316,7 +317,7 @@ def test_a_read_only_call_recovery_writes_off_is_observed_as_settled(
         config = charter.EngineConfig(credentials=world.cfg["digests"])
         with charter.Engine.open(store_address, config=config, observer=telemetry.observer) as eng:
             eng.coordinator.recover(lost.run_id, "seg-2")
-            written = eng.attempt(lost.id)
+            written = eng.get_attempt(lost.id)
     assert written.status is charter.AttemptStatus.WRITTEN_OFF
     [span] = telemetry.finished()
     assert (span.attributes or {})[otel.STATUS] == "written_off"

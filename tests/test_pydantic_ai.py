@@ -356,7 +356,7 @@ def test_R8_a_tool_call_resolved_with_the_tools_plain_value_is_what_the_model_is
 
     resumed = engine.coordinator.resume(ex.run_id, "seg-1", by=who.alice)
     assert resumed.execute(plan) == 'tool-return: {"wired":5}'
-    recorded = engine.attempt(call.id).result
+    recorded = engine.get_attempt(call.id).result
     form = {"kind": "tool_return", "result": {"wired": 5}}
     assert recorded == (form if with_adapter else {"wired": 5})
     assert [a.id for a in engine.attempts(run_id=ex.run_id) if a.operation == "wire"] == [call.id]

@@ -134,7 +134,7 @@ def assert_fenced_executor_did_nothing(
     )
     assert len(box.payments()) == 1
     assert events(engine, mission, "attempt.replayed") == []
-    assert engine.attempt(attempt.id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(attempt.id).status is AttemptStatus.UNKNOWN
     assert engine.balances(mission)[UNIT].held == 7_00
     assert engine.balances(mission)[UNIT].spent == 0
     sources = [row["source"] for row in engine.evidence(attempt.id)]
@@ -181,7 +181,7 @@ def test_F2_a_recovery_during_the_lookup_fences_the_idle_owners_replay(
         ("replayed", f"{attempt.run_id}:3")
     ]
     assert len(box.payments()) == 1
-    assert engine.attempt(attempt.id).status is AttemptStatus.SUCCEEDED
+    assert engine.get_attempt(attempt.id).status is AttemptStatus.SUCCEEDED
 
 
 def test_F2_a_lease_that_ends_during_the_lookup_fences_the_idle_owners_replay(

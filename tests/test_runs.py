@@ -514,7 +514,7 @@ def test_N5_recovering_a_stopping_run_keeps_it_stopping_until_it_ends_stopped(
 
     assert (state.run.status, state.run.status_reason) == (RunStatus.STOPPING, "operator")
     assert unresolved == [attempt.id]
-    assert engine.attempt(attempt.id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(attempt.id).status is AttemptStatus.UNKNOWN
     with pytest.raises(charter.NeedsIntervention):
         engine.coordinator.resume(run_id, "seg-2", by=who.agent)
     engine.coordinator.resolve(attempt.id, by=who.alice, outcome="written_off", evidence="?")
@@ -545,7 +545,7 @@ def test_N5_a_stop_condition_voids_what_was_never_sent_and_the_run_ends_stopped(
         ex.perform(adapter, "read", {"n": 3}, effect_key="over")
 
     assert engine.run(ex.run_id).status is RunStatus.STOPPED
-    gated = engine.attempt(waiting.value.details["attempt_id"])
+    gated = engine.get_attempt(waiting.value.details["attempt_id"])
     assert gated.status is AttemptStatus.VOIDED
     assert held(engine, mission) == {"usd": 0, "calls": 0}
     assert engine.approvals(pending=True) == []

@@ -62,7 +62,7 @@ def test_S3_a_secret_reaches_the_adapter_and_is_recorded_by_its_name_only(
     )
 
     assert seen == [TOKEN]
-    recorded = engine.attempt(done.id)
+    recorded = engine.get_attempt(done.id)
     assert recorded.status is charter.AttemptStatus.SUCCEEDED
     token = recorded.request["headers"]["authorization"]
     assert isinstance(token, charter.Secret) and token.name == "stripe"
@@ -90,7 +90,9 @@ def test_S3_a_target_error_that_echoes_the_secret_is_recorded_without_it(
     )
 
     assert lost.status is charter.AttemptStatus.UNKNOWN
-    assert engine.attempt(lost.id).reason == "ConnectionResetError: reset after sending Bearer ***"
+    assert (
+        engine.get_attempt(lost.id).reason == "ConnectionResetError: reset after sending Bearer ***"
+    )
     assert TOKEN not in everything(engine, mission)
 
 
@@ -219,7 +221,7 @@ def test_S3_a_result_that_echoes_the_request_records_the_placeholder(
     done = ex.perform(
         adapter, "write", charge(charter.Secret(TOKEN, name="stripe")), effect_key="w"
     )
-    echoed = engine.attempt(done.id).result["echo"]["headers"]["authorization"]
+    echoed = engine.get_attempt(done.id).result["echo"]["headers"]["authorization"]
     assert done.status is charter.AttemptStatus.SUCCEEDED
     assert isinstance(echoed, dict) and echoed == {"$secret": "stripe"}
     assert TOKEN not in everything(engine, mission)
@@ -313,7 +315,7 @@ def test_S3_a_secret_echoed_in_bytes_an_exception_or_any_object_never_reaches_th
         charter.AttemptStatus.FAILED,
         charter.AttemptStatus.UNKNOWN,
     )
-    assert engine.attempt(done.id).result["raw"] == "b'***'"
+    assert engine.get_attempt(done.id).result["raw"] == "b'***'"
     text = everything(engine, mission)
     assert TOKEN not in text, text[max(0, text.find(TOKEN) - 300) : text.find(TOKEN) + 50]
     if backend == "sqlite":  # and in the files themselves, write-ahead log included

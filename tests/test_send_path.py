@@ -142,7 +142,7 @@ def test_A4_a_direct_caller_gets_settlement_unrecorded_and_cannot_retry_the_effe
         for held in holding:
             held.__exit__(None, None, None)
     first = info.value.details["attempt_id"]
-    assert engine.attempt(first).status is AttemptStatus.DISPATCHED
+    assert engine.get_attempt(first).status is AttemptStatus.DISPATCHED
     before = stored(engine, mission)
     for generation, retry_of in ((1, None), (2, None), (2, first)):
         with pytest.raises(charter.StateError):
@@ -200,7 +200,7 @@ def test_A9_a_report_the_store_cannot_hold_settles_nothing_and_is_kept_as_text(
     attempt = ex.perform(adapter, "write", {"invoice": 1}, effect_key="pay")
 
     assert attempt.status is AttemptStatus.UNKNOWN
-    recorded = engine.attempt(attempt.id)
+    recorded = engine.get_attempt(attempt.id)
     assert recorded.status is AttemptStatus.UNKNOWN and recorded.actual is None
     assert "cannot be recorded" in (recorded.reason or "")
     (kept,) = evidence_of(engine, attempt.id)
@@ -347,7 +347,7 @@ def test_A8_a_replay_never_sends_an_attempt_a_person_settled_meanwhile(
         engine.coordinator.reconcile(lost.id, adapter, segment_id="seg-2")
 
     assert [s.attempt_id for s in adapter.sent] == [lost.id]  # the first send only
-    assert engine.attempt(lost.id).status is AttemptStatus.FAILED
+    assert engine.get_attempt(lost.id).status is AttemptStatus.FAILED
     kept = [e["detail"] for e in evidence_of(engine, lost.id)]
     assert {"lookup": "nothing found"} in kept  # what the lookup found is kept
 
@@ -375,7 +375,8 @@ def test_A8_what_a_replay_reports_after_a_settlement_is_kept_and_a_contradiction
         engine.coordinator.reconcile(lost.id, adapter, segment_id="seg-2")
 
     assert len(adapter.sent) == 2  # the first send and the one replay
-    assert engine.attempt(lost.id).status is AttemptStatus.FAILED  # a person's settlement stands
+    # a person's settlement stands
+    assert engine.get_attempt(lost.id).status is AttemptStatus.FAILED
     replayed = [e for e in evidence_of(engine, lost.id) if e["source"] == "same-key replay"]
     assert [e["verdict"] for e in replayed] == ["applied"]
     (incident,) = engine.incidents(mission, open_only=True)
@@ -407,7 +408,7 @@ def test_A8_a_replay_is_not_sent_for_a_run_that_may_not_send(
 
     assert evidence.verdict == "indeterminate"
     assert [s.attempt_id for s in adapter.sent] == [lost.id]
-    assert engine.attempt(lost.id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(lost.id).status is AttemptStatus.UNKNOWN
 
 
 # -- F3: deadlines on the sending process's monotonic clock --------------------------------
@@ -452,7 +453,7 @@ def test_F3_a_worker_with_a_skewed_clock_never_sends_after_its_lease(
 
 
 def engine_status(engine: charter.Engine, attempt_id: str) -> AttemptStatus:
-    return engine.attempt(attempt_id).status
+    return engine.get_attempt(attempt_id).status
 
 
 @pytest.mark.parametrize("skew", [-20.0, 20.0], ids=["worker-behind", "worker-ahead"])
@@ -576,7 +577,7 @@ def test_L5_a_late_result_above_the_hold_after_a_write_off_opens_an_incident_and
     adapter.script["write"] = slow
     attempt = ex.perform(adapter, "write", {"job": 1}, effect_key="job")
 
-    assert engine.attempt(attempt.id).status is AttemptStatus.WRITTEN_OFF
+    assert engine.get_attempt(attempt.id).status is AttemptStatus.WRITTEN_OFF
     late = [e for e in evidence_of(engine, attempt.id) if e["source"].startswith("late")]
     assert [e["outcome"]["cost"] for e in late] == [{"usd": 400_000}]  # kept as evidence
     (incident,) = engine.incidents(mission, open_only=True)
@@ -668,6 +669,6 @@ def test_A8_a_replay_is_sent_under_the_run_principals_current_authority(
 
     assert evidence.verdict == "indeterminate"
     assert [s.attempt_id for s in adapter.sent] == [lost.id]  # no replay
-    assert engine.attempt(lost.id).status is AttemptStatus.UNKNOWN
+    assert engine.get_attempt(lost.id).status is AttemptStatus.UNKNOWN
     kinds = [e["kind"] for e in engine.audit_events(mission)]
     assert "attempt.replayed" not in kinds and "evidence.recorded" in kinds

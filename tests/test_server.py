@@ -108,7 +108,7 @@ class Scene:
         outcome = charter.Outcome.succeeded({"ok": True}, cost={"usd": 5_000, "calls": 1})
         _desk.ADAPTER.evidence[self.unknown[1]] = charter.Evidence.applied(outcome)
         engine.coordinator.reconcile(self.unknown[1], _desk.ADAPTER)
-        self.run = engine.attempt(self.unknown[0]).run_id
+        self.run = engine.get_attempt(self.unknown[0]).run_id
         self.active = engine.start_run(self.mission, by=who["agent"], segment_id="s9").run_id
         engine.coordinator.resolve(
             self.unknown[2],
@@ -316,7 +316,7 @@ def test_R8_a_resolution_far_above_the_hold_needs_confirming_over_http_too(
     ``confirm_above_hold``, as Python and the CLI do."""
     scene = Scene(desk, creds)
     attempt = scene.unknown[0]
-    hold = desk.attempt(attempt).estimate["usd"]
+    hold = desk.get_attempt(attempt).estimate["usd"]
     body = {"outcome": "succeeded", "evidence": "bank statement", "cost": {"usd": hold * 11}}
     before = stored(desk, scene.mission)
     with client(base, creds, "alice") as http:
@@ -325,7 +325,7 @@ def test_R8_a_resolution_far_above_the_hold_needs_confirming_over_http_too(
         assert stored(desk, scene.mission) == before
         meant = http.post(f"/attempts/{attempt}/resolve", json={**body, "confirm_above_hold": True})
     assert meant.status_code == 200, meant.text
-    assert desk.attempt(attempt).actual == {"usd": hold * 11}
+    assert desk.get_attempt(attempt).actual == {"usd": hold * 11}
 
 
 def test_W2_two_operators_deciding_the_same_approval_at_once_make_exactly_one_decision(

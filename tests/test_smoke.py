@@ -14,7 +14,7 @@ def test_one_attempt_settles_and_the_ledger_and_chain_hold(
     attempt = ex.perform(adapter, "write", {"to": "x"}, effect_key="send")
     assert attempt.status is charter.AttemptStatus.SUCCEEDED
     assert [s.idempotency_key for s in adapter.sent] == [attempt.idempotency_key]
-    stored = engine.attempt(attempt.id)
+    stored = engine.get_attempt(attempt.id)
     assert stored.status is charter.AttemptStatus.SUCCEEDED
     assert stored.actual == {"usd": 5_000, "calls": 1}
     assert engine.check_ledger(mission) == []

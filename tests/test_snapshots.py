@@ -707,7 +707,7 @@ def test_S5_a_handover_fences_the_source_and_the_target_performs_each_effect_onc
         target.adopt(mission, by=on_target.agent, segment_id="seg-t")
     (linked,) = target.adopt(mission, by=on_target.alice, segment_id="seg-t")
     assert target.run(linked.run_id).linked_from == ex.run_id
-    moved = target.attempt(uncertain.id)
+    moved = target.get_attempt(uncertain.id)
     assert moved.status.value == "unknown"  # still unresolved, its hold kept
     assert target.balances(mission)["calls"].held == 1
     with pytest.raises(charter.Blocked):  # nothing is sent past an unresolved attempt

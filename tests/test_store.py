@@ -410,7 +410,7 @@ UNKNOWN: dict[str, tuple[str, Lookup]] = {
     "check ledger": ("mission_id", lambda e, w, m, x, a: e.check_ledger("msn_nope")),
     "verify audit": ("mission_id", lambda e, w, m, x, a: e.verify_audit("msn_nope")),
     "run": ("run_id", lambda e, w, m, x, a: e.run("run_nope")),
-    "attempt": ("attempt_id", lambda e, w, m, x, a: e.attempt("att_nope")),
+    "attempt": ("attempt_id", lambda e, w, m, x, a: e.get_attempt("att_nope")),
     "evidence": ("attempt_id", lambda e, w, m, x, a: e.evidence("att_nope")),
     "approve": ("approval_id", lambda e, w, m, x, a: e.approve("apr_nope", by=w.bob)),
     "close incident": (

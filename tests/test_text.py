@@ -154,7 +154,7 @@ def entry_points(
         "approve id": lambda: engine.approve(f"apr_x{bad}", by=who.bob),
         "close_incident note": lambda: engine.close_incident("inc_x", by=who.alice, note=bad),
         "read a run": lambda: engine.run(f"{run_id}{bad}"),
-        "read an attempt": lambda: engine.attempt(f"att_x{bad}"),
+        "read an attempt": lambda: engine.get_attempt(f"att_x{bad}"),
         "reconcile attempt id": lambda: coordinator.reconcile(f"att_x{bad}", recorder),
         "confirm attempt id": lambda: coordinator.confirm(f"att_x{bad}", by=who.alice),
         "resolve attempt id": lambda: coordinator.resolve(
@@ -219,7 +219,7 @@ def test_A10_a_nul_inside_a_request_and_its_result_is_stored_losslessly(
 
     assert attempt.status is AttemptStatus.SUCCEEDED
     assert [s.request for s in adapter.sent] == [request]
-    recorded = engine.attempt(attempt.id)
+    recorded = engine.get_attempt(attempt.id)
     assert recorded.request == request
     assert recorded.result == {"ok": True, "echo": request}
     assert recorded.request_hash == request_hash("recorder", "write", canonical(request))

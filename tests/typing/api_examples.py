@@ -51,7 +51,7 @@ def read(engine: charter.Engine, mission_id: str, attempt_id: str) -> int:
     approvals: list[charter.Approval] = engine.approvals(pending=True)
     waits: list[charter.Wait] = engine.waits(open_only=True)
     checks: list[charter.Verification] = engine.verify_audit(mission.id)
-    attempt: charter.Attempt = engine.attempt(attempt_id)
+    attempt: charter.Attempt = engine.get_attempt(attempt_id)
     return (
         sum(b.available for b in balances.values())
         + len(approvals)

@@ -196,11 +196,11 @@ def _recover(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _reconcile(engine: Engine, args: argparse.Namespace) -> Any:
-    attempt = engine.attempt(args.attempt)
+    attempt = engine.get_attempt(args.attempt)
     adapter = engine.config.load_adapter(attempt.adapter)
     by = principal(engine) if _identified() else None  # needs `reconcile` (P3)
     evidence = engine.coordinator.reconcile(args.attempt, adapter, by=by, segment_id=args.segment)
-    after = engine.attempt(args.attempt)
+    after = engine.get_attempt(args.attempt)
     data = {
         "attempt_id": args.attempt,
         "verdict": evidence.verdict,

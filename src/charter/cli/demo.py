@@ -199,7 +199,7 @@ def _recover(
     """recover, then reconcile and confirm what is uncertain, showing the ledger."""
     contract = engine.contract(engine.run(run_id).mission_id)
     state, unresolved = engine.coordinator.recover(run_id, "seg-2")
-    attempts = [engine.attempt(a) for a in unresolved]
+    attempts = [engine.get_attempt(a) for a in unresolved]
     story.tell(
         "recover",
         f"recover took run {run_id} over as seg-2 at once (its owner is provably dead): "

@@ -77,7 +77,9 @@ class Reads:
                 missions.load(tx, mission_id)
             return run_store.list_runs(tx, mission_id, status=status, limit=limit, after=after)
 
-    def attempt(self, attempt_id: str) -> Attempt:
+    def get_attempt(self, attempt_id: str) -> Attempt:
+        """The attempt as recorded. ``attempt`` is what a node does
+        (``ctx.attempt``: perform an effect); reading one back is ``get_attempt``."""
         with self._db.read() as tx:
             return attempts_store.load(tx, attempt_id)
 

@@ -144,7 +144,7 @@ def _attempts(engine: Engine, who: Principal, call: Call) -> Any:
 
 
 def _attempt(engine: Engine, who: Principal, call: Call) -> Any:
-    attempt = engine.attempt(call.path["attempt_id"]).to_dict()
+    attempt = engine.get_attempt(call.path["attempt_id"]).to_dict()
     evidence = engine.evidence(attempt["id"])
     unresolved = attempt["status"] in ("prepared", "dispatched", "unknown")
     return {
@@ -209,12 +209,12 @@ def _recover(engine: Engine, who: Principal, call: Call) -> Any:
 
 
 def _reconcile(engine: Engine, who: Principal, call: Call) -> Any:
-    attempt = engine.attempt(call.path["attempt_id"])
+    attempt = engine.get_attempt(call.path["attempt_id"])
     adapter = engine.config.load_adapter(attempt.adapter)
     evidence = engine.coordinator.reconcile(
         attempt.id, adapter, by=who, segment_id=call.text("segment")
     )
-    after = engine.attempt(attempt.id)
+    after = engine.get_attempt(attempt.id)
     return {
         "attempt_id": attempt.id,
         "verdict": evidence.verdict,
