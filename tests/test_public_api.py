@@ -256,3 +256,25 @@ def test_recovery_is_the_coordinators_as_documented() -> None:
     assert list(recover)[1:3] == ["run_id", "segment_id"]
     reconcile = inspect.signature(charter.Coordinator.reconcile).parameters
     assert list(reconcile)[1:3] == ["attempt_id", "adapter"]
+
+
+#: Names more than one of the engine's handles offers, each with the one meaning
+#: they share.
+SHARED = {"epoch": "the run's epoch the holder writes at (R2)"}
+
+
+def test_a_name_means_one_thing_on_the_engines_handles() -> None:
+    """``attempt`` is what a node does (``ctx.attempt``, the seed's name: perform an
+    effect, return its result); the executor *performs* an effect and returns its
+    record; the engine *gets* a recorded attempt. A name on two of the handles a
+    user holds means the same on both."""
+    handles = (charter.Engine, charter.Executor, charter.Coordinator, charter.Context)
+    offered: dict[str, list[str]] = {}
+    for cls in handles:
+        for name in dir(cls):
+            if not name.startswith("_"):
+                offered.setdefault(name, []).append(cls.__name__)
+    assert {n for n, where in offered.items() if len(where) > 1} == set(SHARED)
+    assert offered["attempt"] == ["Context"]
+    assert offered["perform"] == ["Executor"]
+    assert offered["get_attempt"] == ["Engine"]
