@@ -125,9 +125,15 @@ CYCLES_LISTED = 10_000
 
 FACE = "charter"
 OUTER_ROOMS = ("charter.cli", "charter.server", "charter.integrations")
-#: Modules users import by name besides the face, documented as public: what
-#: an adapter is built from (the protocol, the HTTP adapter) and the sandbox.
-PUBLIC_MODULES = ("charter.adapters", "charter.attempts.classify", "charter.sandbox")
+#: Modules users import by name besides the face, documented as public: the
+#: errors (the face lists only the few user code meets), what an adapter is
+#: built from (the protocol, the HTTP adapter) and the sandbox.
+PUBLIC_MODULES = (
+    "charter.errors",
+    "charter.adapters",
+    "charter.attempts.classify",
+    "charter.sandbox",
+)
 
 
 def _fail_on(offences: list[str], what: str, count: int | None = None) -> None:

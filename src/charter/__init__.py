@@ -5,6 +5,11 @@ allowance, written down before it is sent, settled after. At most one dispatch
 per attempt; a settled effect is never performed again; exactly-once only
 toward targets that deduplicate by idempotency key; everything uncertain goes
 to evidence or a person.
+
+Errors live in :mod:`charter.errors`. The face lists the few that user code
+meets in its own code (a node, an adapter); every other one is reachable here
+too, for code written before, but imported from :mod:`charter.errors` (its
+docstring draws the tree and says why).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from charter import errors
 from charter.adapters import (
     Adapter,
     Dispatch,
@@ -24,50 +30,15 @@ from charter.adapters import (
 )
 from charter.clock import Clock, ManualClock, SystemClock
 from charter.errors import (
-    AdapterError,
-    AdmissionRefused,
-    AllowanceExceeded,
-    AmountOverflow,
     AnswerNotRecorded,
     ApprovalRequired,
-    ArtifactError,
-    AttemptAlreadySettled,
     AttemptFailed,
-    AuditError,
-    AuthenticationError,
     Blocked,
     CharterError,
-    ConfigError,
-    ContractError,
     Fenced,
-    LeaseHeld,
-    MissingExtra,
-    MissionSealed,
-    NeedsIntervention,
     NodeFailed,
-    NonDeterminismError,
     NotApplied,
-    NotAuthorized,
-    NotFound,
     OutcomeUnknown,
-    PlanError,
-    RunTerminal,
-    SchemaError,
-    SecretUnavailable,
-    SegmentReused,
-    SettlementUnrecorded,
-    SignatureInvalid,
-    SnapshotMalformed,
-    SnapshotRefused,
-    SnapshotTampered,
-    StateError,
-    StoreBusy,
-    StoreError,
-    StoreNotFound,
-    TextRefused,
-    UsageError,
-    WaitError,
-    WaitPending,
 )
 from charter.secret import Secret
 from charter.telemetry import ObservedAttempt, ObservedNode, ObservedRun, Observer
@@ -137,6 +108,8 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name in errors.__all__:  # every error, for code written before charter.errors
+        return getattr(errors, name)
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'charter' has no attribute {name!r}")
@@ -149,30 +122,20 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Adapter",
-    "AdapterError",
-    "AdmissionRefused",
-    "AllowanceExceeded",
-    "AmountOverflow",
     "AnswerNotRecorded",
     "Approval",
     "ApprovalPolicy",
     "ApprovalRequired",
     "ApprovalStatus",
-    "ArtifactError",
     "Attempt",
-    "AttemptAlreadySettled",
     "AttemptFailed",
     "AttemptStatus",
-    "AuditError",
-    "AuthenticationError",
     "Balance",
     "Blocked",
     "CharterError",
     "Clock",
-    "ConfigError",
     "Context",
     "Contract",
-    "ContractError",
     "Coordinator",
     "Dispatch",
     "EffectClass",
@@ -184,20 +147,13 @@ __all__ = [
     "Fenced",
     "Figures",
     "JournalEntry",
-    "LeaseHeld",
     "ManualClock",
-    "MissingExtra",
     "Mission",
-    "MissionSealed",
-    "NeedsIntervention",
     "NextAction",
     "Node",
     "NodeExecution",
     "NodeFailed",
-    "NonDeterminismError",
     "NotApplied",
-    "NotAuthorized",
-    "NotFound",
     "ObservedAttempt",
     "ObservedNode",
     "ObservedRun",
@@ -206,41 +162,24 @@ __all__ = [
     "Outcome",
     "OutcomeUnknown",
     "Plan",
-    "PlanError",
     "Principal",
     "RecordedAttempt",
     "RecoveryState",
     "Right",
     "Run",
     "RunStatus",
-    "RunTerminal",
-    "SchemaError",
     "Secret",
-    "SecretUnavailable",
-    "SegmentReused",
-    "SettlementUnrecorded",
     "SignIn",
-    "SignatureInvalid",
-    "SnapshotMalformed",
-    "SnapshotRefused",
-    "SnapshotTampered",
-    "StateError",
     "Step",
     "StopConditions",
-    "StoreBusy",
-    "StoreError",
-    "StoreNotFound",
     "SystemClock",
-    "TextRefused",
     "Unit",
-    "UsageError",
     "Verification",
     "Wait",
-    "WaitError",
     "WaitKind",
-    "WaitPending",
     "WaitStatus",
     "__version__",
+    "errors",
     "handoff_markdown",
     "hash_secret",
     "new_credential",

@@ -1,8 +1,11 @@
 """Charter's errors: one root, a shallow tree, behaviour carried as data.
 
-Every error a caller can act on derives from :class:`CharterError` and carries a
-stable ``code`` (used by the JSON CLI output and, later, the HTTP API). The
-message says what was wrong and what to do about it::
+This module is where errors are imported from (``from charter.errors import
+NeedsIntervention``), as a client's exceptions are in httpx or Temporal.
+Every error a caller can act on derives from :class:`CharterError` and carries
+a stable ``code`` (the JSON CLI output and the HTTP API answer with it) and its
+details as data (``to_dict``). The message says what was wrong and what to do
+about it::
 
     CharterError
     ├── ConfigError                 engine configuration is unusable
@@ -18,8 +21,11 @@ message says what was wrong and what to do about it::
     │   ├── LeaseHeld               the owner's lease has not expired (R1)
     │   ├── NeedsIntervention       the run needs a person (R6, A6)
     │   ├── ApprovalRequired        the effect waits for an approval (W2)
+    │   ├── PlanError               a plan or a change to it is refused; nothing ran
+    │   ├── WaitError               an answer or a signal is refused (W1)
     │   ├── AmountOverflow          a ledger sum would pass 2^63 - 1 (A9)
     │   └── MissionSealed           an imported or handed-over mission is read-only (S2, S5)
+    ├── ArtifactError               an artifact's name, hash or object is refused (N2)
     ├── AdmissionRefused            A1 checks failed; nothing was recorded
     │   └── AllowanceExceeded       L3/L7: the allowance cannot cover it
     ├── AttemptFailed               an effect settled FAILED or WRITTEN_OFF (A4)
@@ -44,15 +50,84 @@ message says what was wrong and what to do about it::
         ├── SettlementUnrecorded    sent, but its settlement could not be committed (A4)
         └── StoreNotFound           no store there, and none was to be created
 
-Signals that user code must not swallow derive from ``BaseException``:
-:class:`Fenced` (this executor no longer owns the run) and :class:`Blocked`
-(a node cannot continue past an unresolved attempt or a wait).
-:class:`NotApplied` is what an *adapter* raises to prove non-application (A3).
+Signals that user code must not swallow derive from ``BaseException``, so
+that a node's ``except Exception`` lets them through; what an adapter raises
+to say what became of a send derives from ``Exception`` and is no caller's
+error (A3)::
+
+    BaseException
+    ├── Fenced                      this executor no longer owns the run (F1, F2)
+    └── Blocked                     a node cannot go on past an unresolved attempt or a wait
+        └── WaitPending             the node waits for an answer, a timer or a signal (W1)
+    Exception
+    ├── NotApplied                  the adapter proves the target did not apply it (A3)
+    └── OutcomeUnknown              the adapter cannot tell, and has evidence (A3)
+
+The face, ``charter``, lists in its ``__all__`` only the errors user code
+meets in its own code: :class:`CharterError`; the signals :class:`Blocked`
+and :class:`Fenced` a node lets through; :class:`AttemptFailed` and
+:class:`AnswerNotRecorded` that ``ctx.attempt`` raises and
+:class:`ApprovalRequired` that ``executor.perform`` raises; :class:`NodeFailed`
+that node code raises; :class:`NotApplied` and :class:`OutcomeUnknown` that
+an adapter raises. Every other error is still reachable as ``charter.<Name>``,
+so code written against the face before keeps working (httpx and Temporal
+re-export theirs the same way), but the face does not list it: new code
+imports it from here.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+__all__ = [
+    "AdapterError",
+    "AdmissionRefused",
+    "AllowanceExceeded",
+    "AmountOverflow",
+    "AnswerNotRecorded",
+    "ApprovalRequired",
+    "ArtifactError",
+    "AttemptAlreadySettled",
+    "AttemptFailed",
+    "AuditError",
+    "AuthenticationError",
+    "Blocked",
+    "CharterError",
+    "ConfigError",
+    "ContractError",
+    "ExportRefused",
+    "Fenced",
+    "LeaseHeld",
+    "MissingExtra",
+    "MissionSealed",
+    "NeedsIntervention",
+    "NodeFailed",
+    "NonDeterminismError",
+    "NotApplied",
+    "NotAuthorized",
+    "NotFound",
+    "OutcomeUnknown",
+    "PlanError",
+    "RunTerminal",
+    "SchemaError",
+    "SecretUnavailable",
+    "SegmentReused",
+    "SettlementUnrecorded",
+    "SignatureInvalid",
+    "SnapshotMalformed",
+    "SnapshotRefused",
+    "SnapshotTampered",
+    "StateError",
+    "StoreBusy",
+    "StoreChanged",
+    "StoreConflict",
+    "StoreError",
+    "StoreNotFound",
+    "TextRefused",
+    "UsageError",
+    "WaitError",
+    "WaitPending",
+]
 
 
 class CharterError(Exception):

@@ -29,9 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from charter import Blocked, CharterError, Fenced, UsageError
+from charter import Blocked, CharterError, Fenced
 from charter.cli.graphs import COMMANDS as GRAPH_COMMANDS
 from charter.cli.graphs import add_arguments as graph_arguments
+from charter.errors import UsageError
 
 #: Where a listing's page starts: after (time in µs, id) of the last row shown.
 Position = tuple[int, str]

@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from charter import AuditError, AuthenticationError, RunStatus, RunTerminal, StateError
+from charter import RunStatus
 from charter.cli import snapshots
+from charter.errors import AuditError, AuthenticationError, RunTerminal, StateError
 
 if TYPE_CHECKING:
     from charter import Engine, Principal

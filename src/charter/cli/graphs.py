@@ -14,8 +14,8 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from charter import UsageError
 from charter.cli.commands import Handler, principal, table
+from charter.errors import UsageError
 
 if TYPE_CHECKING:
     from charter import Engine

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from charter import UsageError
+from charter.errors import UsageError
 
 if TYPE_CHECKING:
     from charter import Engine

@@ -37,13 +37,13 @@ from charter import (
     EffectClass,
     Estimate,
     Evidence,
-    MissingExtra,
     Operation,
     Outcome,
     OutcomeUnknown,
     RecordedAttempt,
 )
 from charter.attempts.classify import error_answer
+from charter.errors import MissingExtra
 
 KEY_META = "charter/idempotency_key"
 FENCE_META = "charter/fencing_token"

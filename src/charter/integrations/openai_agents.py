@@ -41,25 +41,22 @@ from typing import Any
 from charter import (
     AttemptFailed,
     CharterError,
-    ConfigError,
     Context,
     Dispatch,
     EffectClass,
     Estimate,
     Evidence,
-    MissingExtra,
     NotApplied,
     Operation,
     Outcome,
     RecordedAttempt,
-    StateError,
-    UsageError,
 )
 from charter.adapters.models.base import ModelAdapter
 from charter.adapters.models.openai import OpenAIModels
 from charter.adapters.models.pricing import Usage
 from charter.adapters.models.refusals import refused_or_raise
 from charter.attempts.classify import error_answer
+from charter.errors import ConfigError, MissingExtra, StateError, UsageError
 
 try:
     import openai

@@ -30,7 +30,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from charter import MissingExtra, ObservedAttempt, ObservedNode, ObservedRun, Observer
+from charter import ObservedAttempt, ObservedNode, ObservedRun, Observer
+from charter.errors import MissingExtra
 
 try:
     from opentelemetry import context, metrics, trace

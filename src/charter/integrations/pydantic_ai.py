@@ -45,20 +45,13 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, ClassVar
 
-from charter import (
-    AttemptFailed,
-    ConfigError,
-    Context,
-    Estimate,
-    MissingExtra,
-    StateError,
-    UsageError,
-)
+from charter import AttemptFailed, Context, Estimate
 from charter.adapters import Dispatch, EffectClass, Evidence, Operation, Outcome, RecordedAttempt
 from charter.adapters.models import ModelUnits, Usage
 from charter.adapters.models.pricing import Pricing, UsageLookup, input_bound, max_tokens
 from charter.adapters.models.refusals import refused_or_raise
 from charter.attempts.classify import error_answer
+from charter.errors import ConfigError, MissingExtra, StateError, UsageError
 
 try:
     from pydantic_ai.durable_exec import (

@@ -5,7 +5,7 @@ A client of the public face like the command line: every request is
 authenticated as a principal (P1), every decision goes through the engine,
 which authorises it against the mission's current contract and audits it
 (refusals included). Starlette, uvicorn and Jinja2 are loaded only here, on
-first use; without them :class:`~charter.MissingExtra` names the extra.
+first use; without them :class:`~charter.errors.MissingExtra` names the extra.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import importlib
 import secrets
 from typing import TYPE_CHECKING, Any
 
-from charter import MissingExtra
+from charter.errors import MissingExtra
 
 if TYPE_CHECKING:
     from charter import Engine

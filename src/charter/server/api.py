@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from charter import Blocked, RunStatus, UsageError
+from charter import Blocked, RunStatus
+from charter.errors import UsageError
 from charter.server.wire import jsonable, limit, listing, next_action, position, whole
 
 if TYPE_CHECKING:

@@ -25,7 +25,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from charter import CharterError, UsageError
+from charter import CharterError
+from charter.errors import UsageError
 from charter.server import console, metrics, openapi
 from charter.server.api import ENDPOINTS, PREFIX, VERSION, Call, Endpoint
 from charter.server.auth import SignInForms

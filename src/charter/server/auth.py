@@ -20,7 +20,7 @@ import hashlib
 import hmac
 from typing import TYPE_CHECKING
 
-from charter import AuthenticationError
+from charter.errors import AuthenticationError
 from charter.server.wire import CsrfRefused
 
 if TYPE_CHECKING:

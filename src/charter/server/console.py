@@ -27,7 +27,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from charter import AuthenticationError, CharterError
+from charter import CharterError
+from charter.errors import AuthenticationError
 from charter.server import pages
 from charter.server.api import ENDPOINTS, Call
 from charter.server.auth import (

@@ -33,7 +33,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from charter import AuthenticationError, CharterError, ConfigError
+from charter import CharterError
+from charter.errors import AuthenticationError, ConfigError
 from charter.server.auth import bearer
 from charter.server.wire import BodyTooLarge, MalformedBody
 

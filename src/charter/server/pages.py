@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from markupsafe import Markup
 
-from charter import RunStatus, UsageError
+from charter import RunStatus
+from charter.errors import UsageError
 from charter.server.wire import PAGE, listing, next_action, position, whole
 
 if TYPE_CHECKING:

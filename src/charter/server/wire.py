@@ -13,10 +13,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from charter import (
+from charter import CharterError
+from charter.errors import (
     AdmissionRefused,
     AuthenticationError,
-    CharterError,
     ConfigError,
     ContractError,
     NotAuthorized,

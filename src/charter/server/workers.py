@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from charter import ConfigError, Engine, EngineConfig
+from charter import Engine, EngineConfig
+from charter.errors import ConfigError
 from charter.server.app import build, settled
 from charter.server.gate import MAX_BODY
 
