@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import json
 import os
 import random
 import uuid
@@ -26,8 +27,9 @@ import pytest
 import charter
 from _fake_models import FakeProvider, pay_invoice_script
 from _raw import RawStore
+from charter.adapters.http import HttpAdapter
 from charter.clock import Clock
-from charter.sandbox import Sandbox
+from charter.sandbox import Sandbox, declaration
 from charter.testing import (
     AsyncRecordingAdapter,
     ManualClock,
@@ -233,10 +235,78 @@ def mission(engine: charter.Engine, who: Principals) -> str:
 
 
 @pytest.fixture
-def box(tmp_path: Path) -> Iterator[Sandbox]:
-    """The payments sandbox, on a store of its own under ``tmp_path``."""
-    with Sandbox(tmp_path / "sandbox.db") as sandbox:
+def box(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sandbox]:
+    """The payments sandbox, on a store of its own under ``tmp_path``. A module
+    that sets ``SANDBOX_KEY`` gets one that asks for that API key, as a real
+    payments API does (else 401)."""
+    api_key = getattr(request.module, "SANDBOX_KEY", None)
+    with Sandbox(tmp_path / "sandbox.db", api_key=api_key) as sandbox:
         yield sandbox
+
+
+@pytest.fixture
+def payments(box: Sandbox) -> Iterator[HttpAdapter]:
+    """The HTTP adapter declared for ``box`` (its key, if it asks for one), quick to time out."""
+    with declaration(box.url, timeout_seconds=0.5, api_key=box.api_key).build() as adapter:
+        yield adapter
+
+
+def payments_contract(**overrides: Any) -> dict[str, Any]:
+    """A contract for the sandbox: ``agent`` pays, ``alice`` resolves and stops,
+    within 1,000 dollars (in the sandbox's unit, cents)."""
+    return default_contract(
+        principals={"agent": {"run": ["payments.*"]}, "alice": ["resolve", "stop"]},
+        allowance={"usd_cents": 100_000},
+        **overrides,
+    )
+
+
+def payment(amount: int, invoice: str, payee: str = "acme") -> dict[str, Any]:
+    """A request to the sandbox's ``pay``: ``amount`` cents to ``payee`` for ``invoice``."""
+    return {"amount": amount, "currency": "usd", "payee": payee, "reference": invoice}
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> str:
+    """A fresh signing key's file, for an engine that signs its snapshots."""
+    path = tmp_path / "signing.pem"
+    charter.new_signing_key(path)
+    return str(path)
+
+
+@pytest.fixture
+def desk(make_engine: Callable[..., charter.Engine]) -> charter.Engine:
+    """The operator's desk engine (``_desk``): its configuration names the shared
+    recorder, reset for this test. A module that serves it authenticates ``who`` on it."""
+    import _desk  # the server's dependencies, only for the tests that serve
+
+    _desk.reset()
+    return make_engine(**_desk.CONFIG)
+
+
+@pytest.fixture
+def cli(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., tuple[int, Any]]:
+    """Run ``charter ARGS`` in this process from an empty directory with no configuration;
+    returns the exit status and the parsed JSON (under ``--json``) or the text printed."""
+    from charter.cli.app import main
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    for name in ("CHARTER_CONFIG", "CHARTER_CREDENTIAL", "CHARTER_CREDENTIAL_FILE"):
+        monkeypatch.delenv(name, raising=False)
+
+    def run(*args: str) -> tuple[int, Any]:
+        status = main(list(args))
+        out, err = capsys.readouterr()
+        if "--json" in args:
+            assert not err, err
+            return status, json.loads(out)
+        return status, out + err
+
+    return run
 
 
 @pytest.fixture

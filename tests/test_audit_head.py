@@ -30,7 +30,6 @@ from charter.audit.archive import write as write_archive
 from charter.audit.chain import verify_events
 from charter.audit.model import ChainHead
 from charter.audit.signing import load_signer
-from charter.cli.app import main
 from charter.hashing import HASHED_FIELDS, canonical, event_hash
 from charter.testing import ManualClock, RecordingAdapter
 from conftest import Principals, default_contract, fresh_store
@@ -38,13 +37,6 @@ from conftest import Principals, default_contract, fresh_store
 ENGINE = "engine"
 AT_HEAD = "the last event does not match the chain's head"
 PAST_HEAD = "an event after the chain's head"
-
-
-@pytest.fixture
-def key(tmp_path: Path) -> str:
-    path = tmp_path / "signing.pem"
-    charter.new_signing_key(path)
-    return str(path)
 
 
 @pytest.fixture
@@ -190,27 +182,6 @@ def test_S1_an_event_past_the_head_is_reported(
 # -- the command line ------------------------------------------------------------------
 
 
-@pytest.fixture
-def cli(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> Callable[..., tuple[int, Any]]:
-    """``charter ARGS --json`` in this process, from an empty directory with no
-    configuration; the exit status and the parsed answer."""
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    for name in ("CHARTER_CONFIG", "CHARTER_CREDENTIAL", "CHARTER_CREDENTIAL_FILE"):
-        monkeypatch.delenv(name, raising=False)
-
-    def run(*args: str) -> tuple[int, Any]:
-        status = main([*args, "--json"])
-        out, err = capsys.readouterr()
-        assert not err, err
-        return status, json.loads(out)
-
-    return run
-
-
 @pytest.mark.parametrize("tamper", ["last event rewritten", "head changed"])
 def test_S1_charter_audit_verify_reports_a_chain_that_does_not_end_at_its_head(
     engine: charter.Engine,
@@ -220,7 +191,7 @@ def test_S1_charter_audit_verify_reports_a_chain_that_does_not_end_at_its_head(
     cli: Callable[..., tuple[int, Any]],
     tamper: str,
 ) -> None:
-    code, fine = cli("audit", "verify", "--store", store_address)
+    code, fine = cli("audit", "verify", "--store", store_address, "--json")
     assert code == 0 and all(c["ok"] for c in fine)
     if tamper == "last event rewritten":
         rewrite_last(raw, mission)
@@ -230,7 +201,7 @@ def test_S1_charter_audit_verify_reports_a_chain_that_does_not_end_at_its_head(
     seq = len(raw.events(mission))
 
     for args in ([], ["--mission", mission]):
-        code, out = cli("audit", "verify", "--store", store_address, *args)
+        code, out = cli("audit", "verify", "--store", store_address, *args, "--json")
         assert code == 1
         assert out["error"]["code"] == "audit_broken"
         assert f"{mission} at event {seq}" in out["error"]["message"]

@@ -12,7 +12,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +48,6 @@ CONTRACT: dict[str, Any] = {
     "allowance": {"usd": 1_000_000, "calls": 100},
 }
 GATED = {**CONTRACT, "approvals": {"required": ["recorder.write"], "ttl_seconds": 900}}
-
-
-@pytest.fixture
-def desk(make_engine: Callable[..., charter.Engine]) -> charter.Engine:
-    _desk.reset()
-    return make_engine(**_desk.CONFIG)
 
 
 @pytest.fixture

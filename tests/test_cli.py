@@ -17,7 +17,6 @@ import _cli_mission
 import charter
 from _raw import RawStore
 from charter.cli import app as cli_mod
-from charter.cli.app import main
 from charter.storage import Tx
 from charter.testing import RecordingAdapter, credential
 from conftest import default_contract
@@ -407,29 +406,6 @@ def test_N5_cli_stop_then_resolve_ends_the_run_stopped_and_raise_limit_versions_
 
 
 # -- the command line itself: global options, the store, exit codes, paging -----------------
-
-
-@pytest.fixture
-def cli(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> Callable[..., tuple[int, Any]]:
-    """Run ``charter ARGS`` in this process from an empty directory with no configuration;
-    returns the exit status and the parsed JSON (under ``--json``) or the text printed."""
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    monkeypatch.chdir(cwd)
-    for name in ("CHARTER_CONFIG", "CHARTER_CREDENTIAL", "CHARTER_CREDENTIAL_FILE"):
-        monkeypatch.delenv(name, raising=False)
-
-    def run(*args: str) -> tuple[int, Any]:
-        status = main(list(args))
-        out, err = capsys.readouterr()
-        if "--json" in args:
-            assert not err, err
-            return status, json.loads(out)
-        return status, out + err
-
-    return run
 
 
 @pytest.mark.parametrize("where", ["before", "after"])

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,6 @@ from charter.server import pages
 from charter.server.console import _environment
 from charter.testing import credential
 from conftest import Principals, default_contract, stored
-
-
-@pytest.fixture
-def desk(make_engine: Callable[..., charter.Engine]) -> charter.Engine:
-    _desk.reset()
-    return make_engine(**_desk.CONFIG)
 
 
 @pytest.fixture

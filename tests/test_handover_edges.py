@@ -36,13 +36,6 @@ WAIT = 30  # seconds a test thread waits for the other before the test fails
 
 
 @pytest.fixture
-def key(tmp_path: Path) -> str:
-    path = tmp_path / "source.pem"
-    charter.new_signing_key(path)
-    return str(path)
-
-
-@pytest.fixture
 def target(
     tmp_path: Path, backend: str, clock: ManualClock, creds: Creds, key: str
 ) -> Iterator[charter.Engine]:

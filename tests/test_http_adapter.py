@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,40 +26,18 @@ from charter.adapters.http import (
 )
 from charter.sandbox import Sandbox, declaration
 from charter.testing import ManualClock
-from conftest import Principals, default_contract
+from conftest import Principals, payment, payments_contract
 
 UNIT = "usd_cents"
+SANDBOX_KEY = "sk_test"
 LEASE = 30.0
 MakeEngine = Callable[..., charter.Engine]
 Creds = tuple[dict[str, str], dict[str, str]]
 
 
 @pytest.fixture
-def box(tmp_path: Path) -> Iterator[Sandbox]:
-    with Sandbox(tmp_path / "sandbox.db", api_key="sk_test") as sandbox:
-        yield sandbox
-
-
-@pytest.fixture
-def payments(box: Sandbox) -> Iterator[HttpAdapter]:
-    with declaration(box.url, timeout_seconds=0.5, api_key="sk_test").build() as adapter:
-        yield adapter
-
-
-def contract() -> dict[str, Any]:
-    return default_contract(
-        principals={"agent": {"run": ["payments.*"]}, "alice": ["resolve", "stop"]},
-        allowance={UNIT: 100_000},
-    )
-
-
-@pytest.fixture
 def mission(engine: charter.Engine, who: Principals) -> str:
-    return engine.create_mission(contract(), by=who.alice)
-
-
-def pay(amount: int, invoice: str, payee: str = "acme") -> dict[str, Any]:
-    return {"amount": amount, "currency": "usd", "payee": payee, "reference": invoice}
+    return engine.create_mission(payments_contract(), by=who.alice)
 
 
 def books_agree(engine: charter.Engine, mission: str, box: Sandbox) -> None:
@@ -98,7 +76,7 @@ def test_A3_R7_applied_but_response_lost_is_unknown_until_a_person_confirms_the_
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     box.fault("drop_after_apply")
 
-    attempt = ex.perform(payments, "pay", pay(4_50, "inv-1"), effect_key="inv-1")
+    attempt = ex.perform(payments, "pay", payment(4_50, "inv-1"), effect_key="inv-1")
 
     assert attempt.status is AttemptStatus.UNKNOWN
     assert engine.balances(mission)[UNIT].held == 4_50
@@ -128,10 +106,10 @@ def test_R7_under_auto_the_lookup_settles_a_lost_response_at_once(
 ) -> None:
     engine = make_engine(evidence_settles="auto")
     who = Principals(*creds, engine)
-    mission = engine.create_mission(contract(), by=who.alice)
+    mission = engine.create_mission(payments_contract(), by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     box.fault("drop_after_apply")
-    attempt = ex.perform(payments, "pay", pay(12_00, "inv-2"), effect_key="inv-2")
+    attempt = ex.perform(payments, "pay", payment(12_00, "inv-2"), effect_key="inv-2")
     take_over(engine, ex.run_id, clock)
 
     engine.coordinator.reconcile(attempt.id, payments)
@@ -160,7 +138,7 @@ def test_A3_an_answer_that_may_hide_an_application_is_unknown_and_the_lookup_fin
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     box.fault(fault, seconds=seconds)
 
-    attempt = ex.perform(payments, "pay", pay(7_00, "inv-3"), effect_key="inv-3")
+    attempt = ex.perform(payments, "pay", payment(7_00, "inv-3"), effect_key="inv-3")
 
     assert attempt.status is AttemptStatus.UNKNOWN
     assert reason in (attempt.reason or "")
@@ -176,7 +154,7 @@ def test_R7_a_lookup_that_finds_nothing_proves_non_application_and_closes_the_ke
 ) -> None:
     """A 429 the API does not document as unprocessed is UNKNOWN (the default);
     the lookup by key finds nothing and closes the key, which proves it."""
-    mission = engine.create_mission(contract(), by=who.alice)
+    mission = engine.create_mission(payments_contract(), by=who.alice)
     plain = declaration(box.url, api_key="sk_test")
     defaults = HttpDeclaration(
         plain.name, plain.base_url, plain.operations, headers=plain.headers
@@ -184,7 +162,7 @@ def test_R7_a_lookup_that_finds_nothing_proves_non_application_and_closes_the_ke
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     box.fault("refuse")
 
-    attempt = ex.perform(defaults, "pay", pay(5_00, "inv-5"), effect_key="inv-5")
+    attempt = ex.perform(defaults, "pay", payment(5_00, "inv-5"), effect_key="inv-5")
 
     assert attempt.status is AttemptStatus.UNKNOWN
     assert box.payments() == []
@@ -196,7 +174,7 @@ def test_R7_a_lookup_that_finds_nothing_proves_non_application_and_closes_the_ke
     # The key is closed: the original request, had it been in flight, cannot apply now.
     late = defaults._client.post(  # a late copy of the send
         "/v1/payments",
-        json=pay(5_00, "inv-5"),
+        json=payment(5_00, "inv-5"),
         headers={"Idempotency-Key": attempt.idempotency_key, "Authorization": "Bearer sk_test"},
     )
     assert late.status_code == 409
@@ -215,7 +193,7 @@ def test_R7_lookups_unavailable_leave_the_attempt_unknown_with_its_hold(
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     box.fault("drop_after_apply")
-    attempt = ex.perform(payments, "pay", pay(8_00, "inv-6"), effect_key="inv-6")
+    attempt = ex.perform(payments, "pay", payment(8_00, "inv-6"), effect_key="inv-6")
     take_over(engine, ex.run_id, clock)
     box.fault("lookups_unavailable")
 
@@ -238,7 +216,7 @@ def test_A8_a_same_key_replay_answers_the_first_payment_and_applies_nothing_new(
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     box.fault("drop_after_apply")
-    attempt = ex.perform(payments, "pay", pay(9_00, "inv-7"), effect_key="inv-7")
+    attempt = ex.perform(payments, "pay", payment(9_00, "inv-7"), effect_key="inv-7")
     clock.advance(LEASE)
     engine.coordinator.recover(ex.run_id, "seg-2")
     box.fault("lookups_unavailable")
@@ -262,8 +240,8 @@ def test_A8_a_same_key_replay_answers_the_first_payment_and_applies_nothing_new(
     [
         (400, {"amount": 1_00, "currency": "", "payee": "acme"}, "pay"),
         (401, None, "pay"),
-        (403, pay(1_00, "inv-8", payee="blocked"), "pay"),
-        (404, pay(1_00, "inv-8"), "missing"),
+        (403, payment(1_00, "inv-8", payee="blocked"), "pay"),
+        (404, payment(1_00, "inv-8"), "missing"),
     ],
     ids=["400-invalid", "401-unauthorized", "403-forbidden", "404-no-such-endpoint"],
 )
@@ -284,7 +262,7 @@ def test_A3_a_4xx_refusal_is_failed_with_the_response_as_receipt(
     adapter = HttpDeclaration(base.name, base.base_url, ops, headers=base.headers).build()
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
 
-    attempt = ex.perform(adapter, operation, request_ or pay(1_00, "inv-8"), effect_key="e")
+    attempt = ex.perform(adapter, operation, request_ or payment(1_00, "inv-8"), effect_key="e")
 
     assert attempt.status is AttemptStatus.FAILED
     assert attempt.receipt["status"] == status
@@ -299,10 +277,10 @@ def test_A3_a_key_reused_with_another_body_is_refused_422_and_applies_nothing(
     engine: charter.Engine, who: Principals, mission: str, box: Sandbox, payments: HttpAdapter
 ) -> None:
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    first = ex.perform(payments, "pay", pay(2_00, "inv-9"), effect_key="inv-9")
+    first = ex.perform(payments, "pay", payment(2_00, "inv-9"), effect_key="inv-9")
     forged = payments._client.post(  # another client reusing the key
         "/v1/payments",
-        json=pay(99_00, "inv-9"),
+        json=payment(99_00, "inv-9"),
         headers={"Idempotency-Key": first.idempotency_key, "Authorization": "Bearer sk_test"},
     )
     assert forged.status_code == 422
@@ -319,7 +297,7 @@ def test_A2_refused_connection_is_not_applied_and_releases_the_hold(
     adapter = declaration(f"http://127.0.0.1:{port}").build()
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
 
-    attempt = ex.perform(adapter, "pay", pay(6_00, "inv-10"), effect_key="inv-10")
+    attempt = ex.perform(adapter, "pay", payment(6_00, "inv-10"), effect_key="inv-10")
 
     assert attempt.status is AttemptStatus.FAILED
     assert verdicts(engine, attempt.id) == ["not_applied"]
@@ -341,15 +319,15 @@ def test_F2_a_stale_fencing_token_is_refused_by_the_target_before_it_applies(
 ) -> None:
     """A send of epoch 1 still in flight after epoch 2 has sent is refused by the sandbox."""
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    ex.perform(payments, "pay", pay(1_00, "inv-11"), effect_key="inv-11")
+    ex.perform(payments, "pay", payment(1_00, "inv-11"), effect_key="inv-11")
     clock.advance(LEASE)
     engine.coordinator.recover(ex.run_id, "seg-2")
     new = engine.coordinator.resume(ex.run_id, "seg-2", by=who.agent)
-    new.perform(payments, "pay", pay(2_00, "inv-12"), effect_key="inv-12")
+    new.perform(payments, "pay", payment(2_00, "inv-12"), effect_key="inv-12")
     stale = charter.Dispatch(
         "att_zombie",
         "pay",
-        pay(3_00, "inv-13"),
+        payment(3_00, "inv-13"),
         "key-zombie",
         ex.run_id,
         1,
@@ -371,7 +349,7 @@ def test_F3_nothing_is_sent_after_the_send_deadline(box: Sandbox, payments: Http
     late = charter.Dispatch(
         "att_late",
         "pay",
-        pay(1_00, "inv-14"),
+        payment(1_00, "inv-14"),
         "key-late",
         "run_x",
         1,
@@ -472,7 +450,7 @@ absent_is_proof = true
     assert isinstance(adapter, HttpAdapter)
     with adapter:
         assert adapter.operations["pay"].effect is charter.EffectClass.IDEMPOTENT_KEYED
-        assert adapter.estimate("pay", pay(4_50, "inv-15")).amounts == {UNIT: 4_50}
+        assert adapter.estimate("pay", payment(4_50, "inv-15")).amounts == {UNIT: 4_50}
         box.fault("drop_after_apply")
         clock = ManualClock()
         with pytest.raises(Exception, match="Server disconnected"):
@@ -480,7 +458,7 @@ absent_is_proof = true
                 charter.Dispatch(
                     "att_1",
                     "pay",
-                    pay(4_50, "inv-15"),
+                    payment(4_50, "inv-15"),
                     "key-15",
                     "run_1",
                     1,
@@ -492,7 +470,7 @@ absent_is_proof = true
 
         class Recorded:
             id, run_id, operation, request_hash = "att_1", "run_1", "pay", "h"
-            request, idempotency_key = pay(4_50, "inv-15"), "key-15"
+            request, idempotency_key = payment(4_50, "inv-15"), "key-15"
             estimate, dispatched_epoch, dispatched_at_us = {UNIT: 4_50}, 1, 0
 
         found = adapter.reconcile(Recorded())

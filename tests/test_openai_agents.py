@@ -181,6 +181,24 @@ def one_call(tool: str) -> Callable[[str, Any], list[dict[str, Any]]]:
     return script
 
 
+def clerk_plan(fake: FakeProvider, tools: AgentTools, prompt: str) -> charter.Plan:
+    """A plan of one node running the agent ``clerk``, whose model is ``fake``'s
+    and whose tools are ``tools``, on ``prompt``."""
+    models = AgentModels(base_url=fake.url + "/v1", api_key="sk-test")
+    agent = Agent(
+        name="clerk",
+        model="gpt-4o-mini",
+        model_settings=ModelSettings(max_tokens=50),
+        tools=list(tools.tools.values()),
+    )
+
+    @charter.node
+    async def go(ctx: charter.Context, _: Any) -> str:
+        return str((await run(ctx, agent, prompt, models=models, tools=tools)).final_output)
+
+    return charter.Plan("p", (go,))
+
+
 @pytest.mark.parametrize(
     ("effect", "status"),
     [
@@ -205,21 +223,9 @@ def test_A3_a_tools_error_is_read_by_the_one_rule_failed_only_for_a_read_only_to
 
     tools = AgentTools([lookup], effects={"lookup": effect})
     with FakeProvider(script=one_call("lookup")) as fake:
-        models = AgentModels(base_url=fake.url + "/v1", api_key="sk-test")
-        agent = Agent(
-            name="clerk",
-            model="gpt-4o-mini",
-            model_settings=ModelSettings(max_tokens=50),
-            tools=list(tools.tools.values()),
-        )
-
-        @charter.node
-        async def go(ctx: charter.Context, _: Any) -> str:
-            return str((await run(ctx, agent, "look", models=models, tools=tools)).final_output)
-
+        plan = clerk_plan(fake, tools, "look")
         m = mission(engine, who)
         ex = engine.start_run(m, by=who.agent, segment_id="seg-1")
-        plan = charter.Plan("p", (go,))
         if status is AttemptStatus.FAILED:
             assert (
                 ex.execute(plan)
@@ -292,21 +298,9 @@ def test_N6_a_tool_call_resolved_without_its_answer_stops_the_node_and_tells_the
 
     tools = AgentTools([lookup], effects={"lookup": EffectClass.UNSAFE})
     with FakeProvider(script=one_call("lookup")) as fake:
-        models = AgentModels(base_url=fake.url + "/v1", api_key="sk-test")
-        agent = Agent(
-            name="clerk",
-            model="gpt-4o-mini",
-            model_settings=ModelSettings(max_tokens=50),
-            tools=list(tools.tools.values()),
-        )
-
-        @charter.node
-        async def go(ctx: charter.Context, _: Any) -> str:
-            return str((await run(ctx, agent, "pay", models=models, tools=tools)).final_output)
-
+        plan = clerk_plan(fake, tools, "pay")
         m = mission(engine, who)
         ex = engine.start_run(m, by=who.agent, segment_id="seg-1")
-        plan = charter.Plan("p", (go,))
         with pytest.raises(charter.Blocked):
             ex.execute(plan)
         [call] = [a for a in engine.attempts(run_id=ex.run_id) if a.operation == "lookup"]

@@ -22,8 +22,7 @@ segment, and the claim (the last tests).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -31,31 +30,13 @@ import pytest
 import charter
 from charter import AttemptStatus, Evidence
 from charter.adapters.http import HttpAdapter
-from charter.sandbox import Sandbox, declaration
+from charter.sandbox import Sandbox
 from charter.testing import ManualClock
-from conftest import Principals, default_contract
+from conftest import Principals, default_contract, payment, payments_contract
 
 UNIT = "usd_cents"
+SANDBOX_KEY = "sk_test"
 MakeEngine = Callable[..., charter.Engine]
-
-
-@pytest.fixture
-def box(tmp_path: Path) -> Iterator[Sandbox]:
-    with Sandbox(tmp_path / "sandbox.db", api_key="sk_test") as sandbox:
-        yield sandbox
-
-
-@pytest.fixture
-def payments(box: Sandbox) -> Iterator[HttpAdapter]:
-    with declaration(box.url, timeout_seconds=0.5, api_key="sk_test").build() as adapter:
-        yield adapter
-
-
-@pytest.fixture
-def key(tmp_path: Path) -> str:
-    path = tmp_path / "signing.pem"
-    charter.new_signing_key(path)
-    return str(path)
 
 
 @pytest.fixture
@@ -66,11 +47,7 @@ def engine(make_engine: MakeEngine, key: str) -> charter.Engine:
 
 @pytest.fixture
 def mission(engine: charter.Engine, who: Principals) -> str:
-    contract = default_contract(
-        principals={"agent": {"run": ["payments.*"]}, "alice": ["resolve", "stop"]},
-        allowance={UNIT: 100_000},
-    )
-    return engine.create_mission(contract, by=who.alice)
+    return engine.create_mission(payments_contract(), by=who.alice)
 
 
 def creates(box: Sandbox) -> list[dict[str, Any]]:
@@ -94,7 +71,7 @@ def lost_then_recovered(
     lease ran out and ``seg-2`` recovered the run, idle (nobody holds it)."""
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     box.fault("drop_after_apply")
-    pay = {"amount": 7_00, "currency": "usd", "payee": "acme", "reference": "inv-1"}
+    pay = payment(7_00, "inv-1")
     attempt = ex.perform(payments, "pay", pay, effect_key="inv-1")
     assert attempt.status is AttemptStatus.UNKNOWN
     expire_lease(engine, ex.run_id, clock)
@@ -282,7 +259,7 @@ def test_F1_an_executor_that_let_go_cannot_renew_the_lease_of_a_newer_owner(
         approvals={"required": ["payments.pay"]},
     )
     mission = engine.create_mission(contract, by=who.alice)
-    pay = {"amount": 3_00, "currency": "usd", "payee": "acme", "reference": "inv-2"}
+    pay = payment(3_00, "inv-2")
 
     @charter.node
     def paying(ctx: charter.Context, value: Any) -> Any:
@@ -338,7 +315,7 @@ def test_F1_an_executor_whose_segment_another_resumed_cannot_renew_its_lease(
 
     with pytest.raises(charter.Fenced) as fenced:
         ex.renew_lease()
-    pay = {"amount": 3_00, "currency": "usd", "payee": "acme", "reference": "inv-3"}
+    pay = payment(3_00, "inv-3")
     with pytest.raises(charter.Fenced):
         ex.perform(payments, "pay", pay, effect_key="inv-3")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -33,12 +33,6 @@ Creds = tuple[dict[str, str], dict[str, str]]
 def creds() -> Creds:
     pairs = {n: credential(n) for n in NAMES}
     return {n: c for n, (c, _) in pairs.items()}, {n: d for n, (_, d) in pairs.items()}
-
-
-@pytest.fixture
-def desk(make_engine: Callable[..., charter.Engine]) -> charter.Engine:
-    _desk.reset()
-    return make_engine(**_desk.CONFIG)
 
 
 @pytest.fixture

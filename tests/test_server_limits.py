@@ -12,7 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,12 +27,6 @@ from conftest import Principals, default_contract, stored
 
 LIMIT = 4096
 SLOW = 10  # seconds a client waits for an answer that should come at once
-
-
-@pytest.fixture
-def desk(make_engine: Callable[..., charter.Engine]) -> charter.Engine:
-    _desk.reset()
-    return make_engine(**_desk.CONFIG)
 
 
 @pytest.fixture
@@ -70,6 +64,17 @@ def answer_of(conn: http.client.HTTPConnection) -> tuple[int, dict[str, Any], st
     for the rest of the body times this out."""
     response = conn.getresponse()
     return response.status, json.loads(response.read())["error"], response.getheader("connection")
+
+
+def begin_stop(
+    conn: http.client.HTTPConnection,
+    run: str,
+    creds: tuple[dict[str, str], dict[str, str]],
+    headers: dict[str, str],
+) -> None:
+    """Alice's POST stopping ``run``: its request line, ``headers`` and her
+    credential, and nothing of its body yet."""
+    begin(conn, f"/api/v1/runs/{run}/stop", {**headers, **bearer(creds, "alice")})
 
 
 def bearer(creds: tuple[dict[str, str], dict[str, str]], name: str) -> dict[str, str]:
@@ -117,11 +122,7 @@ def test_P4_a_declared_length_above_the_limit_is_refused_before_any_byte_is_read
     mission, run = running
     before = stored(desk, mission)
     with _desk.serving(desk, max_body=LIMIT) as base, connection(base) as conn:
-        begin(
-            conn,
-            f"/api/v1/runs/{run}/stop",
-            {"Content-Length": str(LIMIT + 1), **bearer(creds, "alice")},
-        )
+        begin_stop(conn, run, creds, {"Content-Length": str(LIMIT + 1)})
         status, error, close = answer_of(conn)
     assert (status, error["code"], error["limit"], close) == (413, "body_too_large", LIMIT, "close")
     assert stored(desk, mission) == before
@@ -133,11 +134,7 @@ def test_P4_the_default_limit_is_one_mebibyte(
     """Broken P4: a server started without a limit has none."""
     _, run = running
     with _desk.serving(desk) as base, connection(base) as conn:
-        begin(
-            conn,
-            f"/api/v1/runs/{run}/stop",
-            {"Content-Length": str(MAX_BODY + 1), **bearer(creds, "alice")},
-        )
+        begin_stop(conn, run, creds, {"Content-Length": str(MAX_BODY + 1)})
         status, error, _ = answer_of(conn)
     assert (status, error["code"], error["limit"]) == (413, "body_too_large", 1 << 20)
     assert desk.run(run).status is charter.RunStatus.ACTIVE
@@ -152,11 +149,7 @@ def test_P4_a_body_without_a_length_is_cut_off_at_the_limit(
     mission, run = running
     before = stored(desk, mission)
     with _desk.serving(desk, max_body=LIMIT) as base, connection(base) as conn:
-        begin(
-            conn,
-            f"/api/v1/runs/{run}/stop",
-            {"Transfer-Encoding": "chunked", **bearer(creds, "alice")},
-        )
+        begin_stop(conn, run, creds, {"Transfer-Encoding": "chunked"})
         sent = 0
         try:  # the server may hang up before all of it is sent: it has read enough
             while sent < 2 * LIMIT:

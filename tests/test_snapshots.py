@@ -40,13 +40,6 @@ OpenEngine = Callable[..., charter.Engine]
 
 
 @pytest.fixture
-def key(tmp_path: Path) -> str:
-    path = tmp_path / "source.pem"
-    charter.new_signing_key(path)
-    return str(path)
-
-
-@pytest.fixture
 def other_key(tmp_path: Path) -> str:
     path = tmp_path / "other.pem"
     charter.new_signing_key(path)

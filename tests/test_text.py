@@ -15,8 +15,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,37 +26,15 @@ from charter.adapters.http import HttpAdapter
 from charter.attempts.calls import request_hash
 from charter.hashing import canonical
 from charter.ids import IdFactory
-from charter.sandbox import Sandbox, declaration
+from charter.sandbox import Sandbox
 from charter.storage import open_database
 from charter.testing import ManualClock, RecordingAdapter
-from conftest import Principals, default_contract, stored
+from conftest import Principals, default_contract, payment, payments_contract, stored
 
 UNIT = "usd_cents"
+SANDBOX_KEY = "sk_test"
 NUL = "\0"
 SURROGATE = "\ud800"
-
-
-@pytest.fixture
-def box(tmp_path: Path) -> Iterator[Sandbox]:
-    with Sandbox(tmp_path / "sandbox.db", api_key="sk_test") as sandbox:
-        yield sandbox
-
-
-@pytest.fixture
-def payments(box: Sandbox) -> Iterator[HttpAdapter]:
-    with declaration(box.url, timeout_seconds=0.5, api_key="sk_test").build() as adapter:
-        yield adapter
-
-
-def pay_contract() -> dict[str, Any]:
-    return default_contract(
-        principals={"agent": {"run": ["payments.*"]}, "alice": ["resolve", "stop"]},
-        allowance={UNIT: 100_000},
-    )
-
-
-def pay(amount: int, invoice: str) -> dict[str, Any]:
-    return {"amount": amount, "currency": "usd", "payee": "acme", "reference": invoice}
 
 
 def unchanged(engine: charter.Engine, mission: str) -> dict[str, Any]:
@@ -77,20 +54,20 @@ def test_A10_effect_keys_differing_after_a_nul_are_refused_and_nothing_is_paid(
 ) -> None:
     """``inv\\0A`` and ``inv\\0B`` would be one key on PostgreSQL (cut at the NUL),
     two on SQLite: refused on both, so the stores never disagree on an effect."""
-    mission = engine.create_mission(pay_contract(), by=who.alice)
+    mission = engine.create_mission(payments_contract(), by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     before = unchanged(engine, mission)
 
     for key in (f"inv{NUL}A", f"inv{NUL}B"):
         with pytest.raises(TextRefused) as refused:
-            ex.perform(payments, "pay", pay(4_00, key), effect_key=key)
+            ex.perform(payments, "pay", payment(4_00, key), effect_key=key)
         assert refused.value.details == {"field": "effect key", "problem": "nul", "position": 3}
 
     assert unchanged(engine, mission) == before
     assert box.requests() == [] and box.payments() == []
     # The same payments under keys both stores keep as given are two payments.
     for key in ("inv-A", "inv-B"):
-        assert ex.perform(payments, "pay", pay(4_00, key), effect_key=key).status is (
+        assert ex.perform(payments, "pay", payment(4_00, key), effect_key=key).status is (
             AttemptStatus.SUCCEEDED
         )
     assert sorted(p["reference"] for p in box.payments()) == ["inv-A", "inv-B"]
@@ -236,9 +213,9 @@ def test_A10_a_lone_surrogate_in_a_request_is_refused_at_admission_and_nothing_i
     """The HTTP adapter cannot encode a lone surrogate, so it would send nothing
     and the attempt would wait UNKNOWN with its hold for a person. Admission
     refuses it instead: nothing admitted, nothing held, nothing sent."""
-    mission = engine.create_mission(pay_contract(), by=who.alice)
+    mission = engine.create_mission(payments_contract(), by=who.alice)
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
-    request = pay(3_00, "inv-1")
+    request = payment(3_00, "inv-1")
     if where == "reference":
         request["reference"] = f"inv-{SURROGATE}"
     elif where == "key":
@@ -256,7 +233,7 @@ def test_A10_a_lone_surrogate_in_a_request_is_refused_at_admission_and_nothing_i
     assert engine.balances(mission)[UNIT].held == 0
     assert box.requests() == [] and box.payments() == []
     # The effect is free: the same payment in valid text goes out once.
-    done = ex.perform(payments, "pay", pay(3_00, "inv-1"), effect_key="inv-1")
+    done = ex.perform(payments, "pay", payment(3_00, "inv-1"), effect_key="inv-1")
     assert done.status is AttemptStatus.SUCCEEDED
     assert [p["reference"] for p in box.payments()] == ["inv-1"]
     chains_verify(engine)
