@@ -275,6 +275,29 @@ def key(tmp_path: Path) -> str:
 
 
 @pytest.fixture
+def target(
+    tmp_path: Path,
+    backend: str,
+    clock: ManualClock,
+    creds: tuple[dict[str, str], dict[str, str]],
+    key: str,
+) -> Iterator[charter.Engine]:
+    """The store a mission is handed or imported to: an empty store of its own,
+    of the same kind, that trusts ``key``'s public half."""
+    from charter.audit.signing import load_signer
+
+    folder = tmp_path / "target"
+    folder.mkdir()
+    with fresh_store(folder, backend) as url:
+        config = charter.EngineConfig(
+            credentials=creds[1], trusted_keys=(load_signer(key).public_key,)
+        )
+        eng = charter.Engine.open(url, config=config, clock=clock)
+        yield eng
+        eng.close()
+
+
+@pytest.fixture
 def desk(make_engine: Callable[..., charter.Engine]) -> charter.Engine:
     """The operator's desk engine (``_desk``): its configuration names the shared
     recorder, reset for this test. A module that serves it authenticates ``who`` on it."""

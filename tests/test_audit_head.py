@@ -13,12 +13,9 @@ backend.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import random
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,7 +29,7 @@ from charter.audit.model import ChainHead
 from charter.audit.signing import load_signer
 from charter.hashing import HASHED_FIELDS, canonical, event_hash
 from charter.testing import ManualClock, RecordingAdapter
-from conftest import Principals, default_contract, fresh_store
+from conftest import Principals, default_contract
 
 ENGINE = "engine"
 AT_HEAD = "the last event does not match the chain's head"
@@ -212,25 +209,6 @@ def test_S1_charter_audit_verify_reports_a_chain_that_does_not_end_at_its_head(
 # -- a snapshot's import (S2) -------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def target_store(
-    tmp_path: Path,
-    backend: str,
-    clock: ManualClock,
-    creds: tuple[dict[str, str], dict[str, str]],
-    trusted: str,
-) -> Iterator[charter.Engine]:
-    """An empty store of the same backend that trusts the source's key."""
-    (tmp_path / "target").mkdir()
-    with fresh_store(tmp_path / "target", backend) as url:
-        config = charter.EngineConfig(credentials=creds[1], trusted_keys=(trusted,))
-        target = charter.Engine.open(url, config=config, clock=clock, rng=random.Random(7))
-        try:
-            yield target
-        finally:
-            target.close()
-
-
 def signed_again(entries: dict[str, bytes], key: str) -> bytes:
     """The archive with its header's digests following the entries, signed again
     with the source's own key: what someone holding that key could produce."""
@@ -260,10 +238,7 @@ def test_S2_an_imported_chain_must_end_at_the_signed_head(
     engine: charter.Engine,
     mission: str,
     key: str,
-    tmp_path: Path,
-    backend: str,
-    clock: ManualClock,
-    creds: tuple[dict[str, str], dict[str, str]],
+    target: charter.Engine,
     signed: bool,
 ) -> None:
     """The snapshot's chain, its last event rewritten consistently, ends elsewhere
@@ -271,26 +246,22 @@ def test_S2_an_imported_chain_must_end_at_the_signed_head(
     not the header's digests were made to follow (signed again with the key)."""
     entries, seq = rewritten_last_line(read_archive(engine.export_snapshot(mission)))
     data = signed_again(entries, key) if signed else write_archive(entries, mtime=0)
-    with target_store(tmp_path, backend, clock, creds, load_signer(key).public_key) as target:
-        with pytest.raises(charter.SnapshotTampered) as refused:
-            target.import_snapshot(data)
-        assert refused.value.details["problem"] == "chain_broken"
-        assert refused.value.details["seq"] == seq
-        assert AT_HEAD in refused.value.message
-        with pytest.raises(charter.NotFound):
-            target.mission(mission)
-        assert target.import_snapshot(engine.export_snapshot(mission)) == mission
-        assert all(v.ok for v in target.verify_audit())
+    with pytest.raises(charter.SnapshotTampered) as refused:
+        target.import_snapshot(data)
+    assert refused.value.details["problem"] == "chain_broken"
+    assert refused.value.details["seq"] == seq
+    assert AT_HEAD in refused.value.message
+    with pytest.raises(charter.NotFound):
+        target.mission(mission)
+    assert target.import_snapshot(engine.export_snapshot(mission)) == mission
+    assert all(v.ok for v in target.verify_audit())
 
 
 def test_S2_a_snapshot_whose_mission_row_is_not_at_the_signed_head_is_refused(
     engine: charter.Engine,
     mission: str,
     key: str,
-    tmp_path: Path,
-    backend: str,
-    clock: ManualClock,
-    creds: tuple[dict[str, str], dict[str, str]],
+    target: charter.Engine,
 ) -> None:
     """The chain is intact and ends at the signed head, but the mission's row in
     state.json says the chain ends elsewhere (signed again with the key): imported,
@@ -301,9 +272,8 @@ def test_S2_a_snapshot_whose_mission_row_is_not_at_the_signed_head_is_refused(
     events = [json.loads(line) for line in entries["audit.jsonl"].splitlines()]
     state["missions"][0]["audit_hash"] = events[-2]["hash"]
     data = signed_again({**entries, "state.json": canonical(state).encode()}, key)
-    with target_store(tmp_path, backend, clock, creds, load_signer(key).public_key) as target:
-        with pytest.raises(charter.SnapshotTampered) as refused:
-            target.import_snapshot(data)
-        assert refused.value.details["problem"] == "head_mismatch"
-        with pytest.raises(charter.NotFound):
-            target.mission(mission)
+    with pytest.raises(charter.SnapshotTampered) as refused:
+        target.import_snapshot(data)
+    assert refused.value.details["problem"] == "head_mismatch"
+    with pytest.raises(charter.NotFound):
+        target.mission(mission)

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,30 +24,13 @@ import charter.errors
 from _raw import RawStore
 from charter.attempts.model import AttemptStatus
 from charter.audit import archive
-from charter.audit.signing import load_signer
 from charter.hashing import ENGINE_CHAIN
-from charter.testing import ManualClock, RecordingAdapter
-from conftest import Principals, default_contract, fresh_store
+from charter.testing import RecordingAdapter
+from conftest import Principals, default_contract
 
 MakeEngine = Callable[..., charter.Engine]
 Creds = tuple[dict[str, str], dict[str, str]]
 WAIT = 30  # seconds a test thread waits for the other before the test fails
-
-
-@pytest.fixture
-def target(
-    tmp_path: Path, backend: str, clock: ManualClock, creds: Creds, key: str
-) -> Iterator[charter.Engine]:
-    """The store the mission is handed to: a store of its own, of the same kind."""
-    folder = tmp_path / "target"
-    folder.mkdir()
-    with fresh_store(folder, backend) as url:
-        config = charter.EngineConfig(
-            credentials=creds[1], trusted_keys=(load_signer(key).public_key,)
-        )
-        eng = charter.Engine.open(url, config=config, clock=clock)
-        yield eng
-        eng.close()
 
 
 # -- a send in flight at the handover ------------------------------------------------------

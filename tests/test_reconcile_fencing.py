@@ -59,7 +59,8 @@ def events(engine: charter.Engine, mission: str, kind: str) -> list[dict[str, An
     return [e for e in engine.audit_events(mission) if e["kind"] == kind]
 
 
-def lost_then_recovered(
+@pytest.fixture
+def lost(
     engine: charter.Engine,
     who: Principals,
     mission: str,
@@ -71,8 +72,7 @@ def lost_then_recovered(
     lease ran out and ``seg-2`` recovered the run, idle (nobody holds it)."""
     ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
     box.fault("drop_after_apply")
-    pay = payment(7_00, "inv-1")
-    attempt = ex.perform(payments, "pay", pay, effect_key="inv-1")
+    attempt = ex.perform(payments, "pay", payment(7_00, "inv-1"), effect_key="inv-1")
     assert attempt.status is AttemptStatus.UNKNOWN
     expire_lease(engine, ex.run_id, clock)
     engine.coordinator.recover(ex.run_id, "seg-2")
@@ -121,68 +121,66 @@ def assert_fenced_executor_did_nothing(
 def test_F2_a_recovery_during_the_lookup_fences_the_idle_owners_replay(
     make_engine: MakeEngine,
     engine: charter.Engine,
-    who: Principals,
     mission: str,
     box: Sandbox,
     payments: HttpAdapter,
     clock: ManualClock,
+    lost: charter.Attempt,
 ) -> None:
     """While seg-2's lookup runs, its lease passes and another engine recovers the
     run as seg-3 (epoch 3). seg-2's replay would go out with the attempt's key and
     the stale token ``run:2``, which the sandbox, never having seen epoch 3, would
     answer: only the fence stops it. seg-3, the owner now, may replay."""
-    attempt = lost_then_recovered(engine, who, mission, box, payments, clock)
     elsewhere = make_engine()
 
     def taken_over() -> None:
-        expire_lease(engine, attempt.run_id, clock)
-        elsewhere.coordinator.recover(attempt.run_id, "seg-3")
+        expire_lease(engine, lost.run_id, clock)
+        elsewhere.coordinator.recover(lost.run_id, "seg-3")
 
     looking_up_while(payments, box, taken_over)
-    evidence = engine.coordinator.reconcile(attempt.id, payments, segment_id="seg-2")
+    evidence = engine.coordinator.reconcile(lost.id, payments, segment_id="seg-2")
 
     assert evidence.verdict == "indeterminate"
     assert evidence.detail["status"] == 503  # the lookup's own answer, kept as it was
-    run = engine.run(attempt.run_id)
+    run = engine.run(lost.run_id)
     assert (run.owner_segment, run.epoch) == ("seg-3", 3)
-    assert_fenced_executor_did_nothing(engine, mission, box, attempt)
-    assert [row["verdict"] for row in engine.evidence(attempt.id)] == ["indeterminate"]
+    assert_fenced_executor_did_nothing(engine, mission, box, lost)
+    assert [row["verdict"] for row in engine.evidence(lost.id)] == ["indeterminate"]
 
     # The owner now can: the same reconcile as seg-3 replays, and settles (auto).
     payments.reconcile = HttpAdapter.reconcile.__get__(payments)  # type: ignore[method-assign]
     box.fault("lookups_unavailable")
-    assert engine.coordinator.reconcile(attempt.id, payments, segment_id="seg-3").verdict == (
+    assert engine.coordinator.reconcile(lost.id, payments, segment_id="seg-3").verdict == (
         "applied"
     )
     assert [(r["verdict"], r["fencing_token"]) for r in creates(box)][1:] == [
-        ("replayed", f"{attempt.run_id}:3")
+        ("replayed", f"{lost.run_id}:3")
     ]
     assert len(box.payments()) == 1
-    assert engine.get_attempt(attempt.id).status is AttemptStatus.SUCCEEDED
+    assert engine.get_attempt(lost.id).status is AttemptStatus.SUCCEEDED
 
 
 def test_F2_a_lease_that_ends_during_the_lookup_fences_the_idle_owners_replay(
     engine: charter.Engine,
-    who: Principals,
     mission: str,
     box: Sandbox,
     payments: HttpAdapter,
     clock: ManualClock,
+    lost: charter.Attempt,
 ) -> None:
     """Nobody takes the run over, but seg-2's lease ends (to the microsecond, by
     the store's clock) while its lookup runs: an owner whose lease expired is
     fenced (F1, F2), so nothing is replayed and nothing renews the lease."""
-    attempt = lost_then_recovered(engine, who, mission, box, payments, clock)
-    lease = engine.run(attempt.run_id).lease_expires_us
+    lease = engine.run(lost.run_id).lease_expires_us
 
-    looking_up_while(payments, box, lambda: expire_lease(engine, attempt.run_id, clock))
-    evidence = engine.coordinator.reconcile(attempt.id, payments, segment_id="seg-2")
+    looking_up_while(payments, box, lambda: expire_lease(engine, lost.run_id, clock))
+    evidence = engine.coordinator.reconcile(lost.id, payments, segment_id="seg-2")
 
     assert evidence.verdict == "indeterminate"
-    run = engine.run(attempt.run_id)
+    run = engine.run(lost.run_id)
     assert (run.owner_segment, run.epoch, run.lease_expires_us) == ("seg-2", 2, lease)
     assert events(engine, mission, "run.lease_renewed") == []
-    assert_fenced_executor_did_nothing(engine, mission, box, attempt)
+    assert_fenced_executor_did_nothing(engine, mission, box, lost)
 
 
 def test_F2_S5_a_handover_during_the_lookup_fences_the_idle_owners_replay(
@@ -191,25 +189,24 @@ def test_F2_S5_a_handover_during_the_lookup_fences_the_idle_owners_replay(
     mission: str,
     box: Sandbox,
     payments: HttpAdapter,
-    clock: ManualClock,
+    lost: charter.Attempt,
 ) -> None:
     """While seg-2's lookup runs, the mission is handed over to another store: the
     run's epoch moves on under the same owning segment, with nobody holding it.
     A replay would make two stores able to send the same effect (S5): none goes
     out. The mission is sealed here now, so the lookup's answer cannot be recorded
     either: the reconcile says so with a typed error."""
-    attempt = lost_then_recovered(engine, who, mission, box, payments, clock)
 
     def handed_over() -> None:
         engine.export_snapshot(mission, handover_to="store-elsewhere", by=who.alice)
 
     looking_up_while(payments, box, handed_over)
     with pytest.raises(charter.MissionSealed):
-        engine.coordinator.reconcile(attempt.id, payments, segment_id="seg-2")
+        engine.coordinator.reconcile(lost.id, payments, segment_id="seg-2")
 
-    run = engine.run(attempt.run_id)
+    run = engine.run(lost.run_id)
     assert (run.status.value, run.owner_segment, run.epoch) == ("handed_off", "seg-2", 3)
-    assert_fenced_executor_did_nothing(engine, mission, box, attempt)
+    assert_fenced_executor_did_nothing(engine, mission, box, lost)
 
 
 # -- renewing a lease is fenced like any write (F1) ----------------------------------
