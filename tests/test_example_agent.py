@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +41,14 @@ def step(cfg: dict[str, Any], tmp: Path, **how: Any) -> tuple[int, list[dict[str
     return run_step(EXAMPLE, cfg, tmp, **how)
 
 
-@pytest.mark.crash
-def test_A4_A8_the_agent_killed_after_its_payment_resumes_without_paying_or_billing_twice(
-    store_address: str, tmp_path: Path
-) -> None:
+World = tuple[charter.Engine, Sandbox, FakeProvider, charter.Principal, str, dict[str, Any]]
+
+
+@contextmanager
+def world(store_address: str, tmp_path: Path) -> Iterator[World]:
+    """An engine on the test's store, the sandbox and the fake provider running,
+    ``ops`` and a mission under the example's contract; and the configuration
+    each process of the example is given (as the agent)."""
     pairs = {name: credential(name) for name in ("agent", "ops")}
     digests = {n: d for n, (_, d) in pairs.items()}
     config = charter.EngineConfig(credentials=digests)
@@ -61,6 +67,14 @@ def test_A4_A8_the_agent_killed_after_its_payment_resumes_without_paying_or_bill
             "model_url": provider.url + "/v1",
             "payments_url": box.url,
         }
+        yield engine, box, provider, ops, mission, cfg
+
+
+@pytest.mark.crash
+def test_A4_A8_the_agent_killed_after_its_payment_resumes_without_paying_or_billing_twice(
+    store_address: str, tmp_path: Path
+) -> None:
+    with world(store_address, tmp_path) as (engine, box, provider, ops, mission, cfg):
         # 1. Killed once the paying tool answered: settlements of model call 1,
         # the invoice, model call 2, then the payment's, which never commits.
         code, out = step(cfg, tmp_path, step="start", kill_at="settlement.before", nth=4)
@@ -108,24 +122,7 @@ def test_N6_a_model_call_lost_in_a_crash_and_settled_by_its_usage_is_made_again(
     and its answer is gone. The usage lookup settles it (what was billed, not
     what was said), so the resumed agent asks again as a new attempt linked to
     the settled one, and finishes."""
-    pairs = {name: credential(name) for name in ("agent", "ops")}
-    digests = {n: d for n, (_, d) in pairs.items()}
-    config = charter.EngineConfig(credentials=digests)
-    with (
-        charter.Engine.open(store_address, config=config) as engine,
-        Sandbox(tmp_path / "sandbox.db") as box,
-        FakeProvider(script=pay_invoice_script) as provider,
-    ):
-        ops = engine.authenticate(pairs["ops"][0])
-        mission = engine.create_mission(example.CONTRACT, by=ops)
-        cfg = {
-            "store": store_address,
-            "digests": digests,
-            "credential": pairs["agent"][0],
-            "mission": mission,
-            "model_url": provider.url + "/v1",
-            "payments_url": box.url,
-        }
+    with world(store_address, tmp_path) as (engine, box, provider, ops, mission, cfg):
         code, out = step(cfg, tmp_path, step="start", kill_at="settlement.before", nth=1)
         assert code == -signal.SIGKILL
         run_id = out[0]["run_id"]
