@@ -205,8 +205,8 @@ PROCESS_WIDE = 8
 #: Values of the secrets made in this process, by name, for scrubbing only.
 _SEEN: dict[str, set[str]] = {}
 
-#: The values scrubbed from everything recorded, made from ``_SEEN`` again
-#: whenever a value is added to it (values are only ever added).
+#: The values of ``_SEEN`` scrubbed from everything recorded (those of
+#: :data:`PROCESS_WIDE` characters or more), grown as :func:`_see` adds one.
 _WIDE: frozenset[str] = frozenset()
 
 

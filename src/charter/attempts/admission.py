@@ -41,7 +41,7 @@ from charter.waits.approvals import ApprovalStatus
 def check_effect(seg: Segment, tx: Tx, effect: Effect) -> None:
     """A4 under the mission's gate: the effect's attempts read now must admit
     this try (:func:`effects.check_admissible`, the decider's rule)."""
-    lines = [(seg.run_id, effect.execution)] if effect.lineage is None else effect.lineage
+    lines = effect.lines(seg.run_id)
     rows = store.effect_attempts(tx, lines, effect.node_id, effect.key)
     effects.check_admissible(rows, effect, seg.run_id)
 

@@ -59,7 +59,7 @@ def calling(
     """A node's call of effect ``at``: the step :func:`effects.decide` takes from
     the effect's newest recorded attempt, then :func:`performing`."""
     call = calls.prepare(adapter, operation, request)
-    lines = [(seg.run_id, at.execution)] if at.lineage is None else at.lineage
+    lines = at.lines(seg.run_id)
     with seg.runtime.db.read() as tx:
         newest = store.effect_attempts(tx, lines, at.node_id, at.key, newest=True)
     step = effects.decide(newest[0] if newest else None, effects.InHand.of(call, seg.run_id, at))

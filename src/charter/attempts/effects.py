@@ -88,7 +88,7 @@ class InHand(NamedTuple):
             effect.execution,
             effect.key,
             call.request_hash,
-            f"{call.adapter.name}.{call.operation}",
+            call.scope,
             call.effect_class,
             retries,
         )

@@ -82,6 +82,11 @@ class Effect:
     #: context read them; ``None``: this execution only.
     lineage: Lineage | None = None
 
+    def lines(self, run_id: str) -> Lineage:
+        """The node executions to read this effect's attempts from: its lineage,
+        or this execution of ``run_id`` alone."""
+        return [(run_id, self.execution)] if self.lineage is None else self.lineage
+
     def followed(self, linked_from: str | None) -> bool:
         """Whether earlier attempts of this effect may exist besides its first try
         in this execution (which the store's unique index already guards): a
