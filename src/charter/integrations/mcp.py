@@ -138,7 +138,7 @@ class McpTools:
             return error_answer(
                 self.operations[send.operation],
                 value,
-                receipt=receipt if receipt is not None else body,
+                receipt=receipt,  # None when the answer is the result: stored once
                 reason=f"tool {send.operation!r} answered with an error (isError)",
             )
         cost = self.estimate(send.operation, send.request).amounts
