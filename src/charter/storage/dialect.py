@@ -12,6 +12,9 @@ backends cannot drift:
 - ``{indexed_by NAME}`` after a table's name makes SQLite read it through that
   index (its planner, without statistics, prefers the primary key whenever the
   key's first column is constrained); PostgreSQL plans from its statistics;
+- ``{skip_locked}`` after a ``SELECT`` makes PostgreSQL lock the rows it returns
+  and pass over rows another transaction holds (SQLite's one writer holds the
+  whole store already, so there it is nothing);
 - ``max_params`` bounds the parameters of one statement.
 
 ``has_table`` finds a table of the store by name (the catalogues differ).
@@ -37,6 +40,7 @@ class Dialect:
     group_concat: str
     indexed_by: str  # a format string for the index's name
     has_table: str
+    skip_locked: str
     #: The most parameters one statement may carry (multi-row writes are split under it).
     max_params: int
     _cache: dict[str, str] = field(default_factory=dict, repr=False)
@@ -49,6 +53,7 @@ class Dialect:
                 text.replace("{serial_pk}", self.serial_pk)
                 .replace("{without_rowid}", self.without_rowid)
                 .replace("{group_concat}", self.group_concat)
+                .replace("{skip_locked}", self.skip_locked)
             )
             out = _INDEXED_BY.sub(lambda m: self.indexed_by.format(m.group(1)), out)
             if self.placeholder != "?":
@@ -67,6 +72,7 @@ def sqlite() -> Dialect:
         "group_concat",
         " INDEXED BY {}",
         "SELECT 1 AS x FROM sqlite_master WHERE type = 'table' AND name = ?",
+        "",
         32_766,
     )
 
@@ -82,5 +88,6 @@ def postgresql() -> Dialect:
         "",
         "SELECT 1 AS x FROM information_schema.tables "
         "WHERE table_schema = current_schema() AND table_name = ?",
+        " FOR UPDATE SKIP LOCKED",
         65_535,
     )

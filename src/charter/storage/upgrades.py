@@ -363,3 +363,33 @@ UPGRADES.append(
 # table changes; the version tells an older Charter, which would look for every
 # entry in that table, that it cannot read this store.
 UPGRADES.append((15, "ledger entries carried by their transitions' audit events (S1, L2)", []))
+
+# From 16 on, runs may be submitted to be run by whichever worker is free (K1).
+# The queue is the store's own: a run's place in it, which plan and queue it
+# belongs to and when a worker should next look at it, is operational state, not
+# part of the mission's record, so a snapshot leaves it behind. Takeovers are
+# counted per effect left unresolved (K1), so a healthy run woken and carried on
+# by many workers is never stopped for having been taken over often.
+UPGRADES.append(
+    (
+        16,
+        "runs run by workers: the queue of due runs, takeovers counted per unresolved effect",
+        [
+            """CREATE TABLE run_queue (
+                run_id TEXT PRIMARY KEY REFERENCES runs(id),
+                queue TEXT NOT NULL,
+                plan TEXT NOT NULL,
+                due_at_us BIGINT,
+                taken_by TEXT,
+                tries INTEGER NOT NULL DEFAULT 0
+            )""",
+            "CREATE INDEX run_queue_due ON run_queue (queue, due_at_us)",
+            """CREATE TABLE effect_takeovers (
+                attempt_id TEXT PRIMARY KEY REFERENCES attempts(id),
+                run_id TEXT NOT NULL,
+                takeovers INTEGER NOT NULL
+            )""",
+            "CREATE INDEX effect_takeovers_run ON effect_takeovers (run_id)",
+        ],
+    )
+)
