@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from charter.recovery.state import NextAction, RecoveryState
     from charter.runs.run import Run, RunStatus
     from charter.waits.model import Approval, ApprovalStatus, Wait, WaitKind, WaitStatus
+    from charter.workers.worker import Teller, Worker
 
 #: Names whose modules load the store, imported on first use: ``import
 #: charter.adapters`` (an adapter, ``charter.testing``) never loads the engine.
@@ -104,6 +105,8 @@ _LAZY = {
     "Run": "charter.runs.run",
     "Step": "charter.plans.graph",
     "RunStatus": "charter.runs.run",
+    "Teller": "charter.workers.worker",
+    "Worker": "charter.workers.worker",
 }
 
 
@@ -173,11 +176,13 @@ __all__ = [
     "Step",
     "StopConditions",
     "SystemClock",
+    "Teller",
     "Unit",
     "Verification",
     "Wait",
     "WaitKind",
     "WaitStatus",
+    "Worker",
     "__version__",
     "errors",
     "handoff_markdown",

@@ -270,6 +270,7 @@ class Coordinator:
             ):
                 raise _settled_meanwhile(attempt)
             settled_by(tx, row["id"])
+            run_store.wake(tx, attempt.run_id)  # K2: a person's settlement
             done = load(tx, attempt_id)
         return observed.told(self._runtime.observer, done, attempt.status)
 
@@ -342,6 +343,7 @@ class Coordinator:
             ):
                 raise _settled_meanwhile(attempt)
             record(tx, attempt, kept, actor=by.name, epoch=None, settled=True)
+            run_store.wake(tx, attempt.run_id)  # K2: a person's settlement
             done = load(tx, attempt_id)
         return observed.told(self._runtime.observer, done, attempt.status)
 

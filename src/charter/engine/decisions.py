@@ -71,7 +71,9 @@ class Decisions:
             tx.lock_mission(mission_id)  # P2 is checked against the version it replaces
             mission = missions.load(tx, mission_id)
             current = self._authority.contract(tx, mission_id, mission.contract_version)
-            return missions.amend(tx, mission, current, parsed, by=by.name, reason=reason)
+            version = missions.amend(tx, mission, current, parsed, by=by.name, reason=reason)
+            run_store.wake_mission(tx, mission_id)  # K2: a limit or a right may have changed
+            return version
 
     def raise_limit(self, mission_id: str, unit: str, limit: int, *, by: Principal) -> int:
         """Raise an allowance limit (a new contract version, L7); needs ``raise_limit``."""
@@ -106,6 +108,7 @@ class Decisions:
                 previous=current,
             )
             self._unpause(tx, mission_id, by.name)
+            run_store.wake_mission(tx, mission_id)  # K2: a raised limit
             return version
 
     def _unpause(self, tx: Tx, mission_id: str, actor: str) -> None:
@@ -136,6 +139,7 @@ class Decisions:
             )
             status = RunStatus.STOPPING if in_flight else RunStatus.STOPPED
             runs.set_status(tx, run, status, reason, actor=by.name)
+            run_store.wake(tx, run_id)  # its worker lets go of it, or settles what is in flight
             return runs.load(tx, run_id)
 
     # -- approvals (W2) --------------------------------------------------------------
@@ -170,6 +174,7 @@ class Decisions:
                 tx, run_id=run.id, pending=True
             ):
                 runs.set_status(tx, run, RunStatus.ACTIVE, "approval decided", actor=by.name)
+            run_store.wake(tx, run.id)  # K2: a granted or denied approval
             return status
 
     # -- incidents (L5, L7) --------------------------------------------------------------
@@ -184,6 +189,7 @@ class Decisions:
             )
             incidents_mod.close_incident(tx, incident_id, by=by.name, note=note)
             self._unpause(tx, incident["mission_id"], by.name)
+            run_store.wake_mission(tx, incident["mission_id"])  # K2: an incident closed
 
 
 def _estimate(tx: Tx, approval: Approval) -> dict[str, int] | None:

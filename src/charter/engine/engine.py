@@ -9,6 +9,7 @@ The methods live with their concern, each a class mixed in here:
 :mod:`~charter.engine.reads` (what anyone may read),
 :mod:`~charter.engine.decisions` (what people decide),
 :mod:`~charter.engine.runs` (starting and following runs),
+:mod:`~charter.engine.submitted` (runs submitted to workers, and their queue),
 :mod:`~charter.engine.graphs` (waits and artifacts),
 :mod:`~charter.engine.overview` (the operator's desk),
 :mod:`~charter.engine.signins` (the console's sessions) and
@@ -33,6 +34,7 @@ from charter.engine.reads import Reads
 from charter.engine.runs import Runs
 from charter.engine.signins import SignIns
 from charter.engine.snapshots import Snapshots
+from charter.engine.submitted import Submissions
 from charter.errors import AuthenticationError
 from charter.ids import IdFactory
 from charter.runtime import Runtime
@@ -41,7 +43,15 @@ from charter.telemetry import Observer
 
 
 class Engine(
-    Reads, Decisions, Runs, GraphOperations, ArtifactOperations, Overview, SignIns, Snapshots
+    Reads,
+    Decisions,
+    Runs,
+    Submissions,
+    GraphOperations,
+    ArtifactOperations,
+    Overview,
+    SignIns,
+    Snapshots,
 ):
     """A Charter engine bound to one store (its operator reads: :class:`Overview`)."""
 
@@ -123,6 +133,14 @@ class Engine(
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def runtime(self) -> Runtime:
+        """What this engine's parts share (its store, configuration, clocks, crash
+        hook): for the rooms above the engine, such as workers and their notices
+        (:mod:`charter.workers`), which work on the same store beside it. Read it;
+        replace nothing in it."""
+        return self._runtime
 
     @property
     def coordinator(self) -> Coordinator:

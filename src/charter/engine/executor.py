@@ -124,6 +124,12 @@ class Executor:
         see :meth:`~charter.runs.ownership.Segment.release`)."""
         self._segment.release()
 
+    def drain(self) -> None:
+        """Start no new effect (K4): the plan's nodes stop at their next attempt,
+        :meth:`execute` raises :class:`~charter.errors.Blocked` and lets go of the
+        run, and another executor carries it on; sends under way settle first."""
+        self._segment.draining = True
+
     # -- effects ---------------------------------------------------------------
     def admit(
         self,

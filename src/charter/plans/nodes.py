@@ -273,6 +273,11 @@ class Context:
         :func:`effects.decide` steers: what the node sees is the outcome, and a
         wait or an uncertainty marks the run and blocks the node."""
         ex = self._ex
+        if ex.draining:  # K4: the process is stopping; the run goes on elsewhere
+            raise Blocked(
+                "the executor is stopping: this effect is left for the run's next owner",
+                run_id=self.run_id,
+            )
         at = Effect(self.node_id, self.execution, effect_key, lineage=self._lines())
         try:
             attempt = yield from driver.calling(ex, adapter, operation, request, at)

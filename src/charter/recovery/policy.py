@@ -3,7 +3,7 @@ who or what may let it continue. Nothing else decides it.
 
 No mode continues past an unresolved attempt, an expired approval, revoked
 authority, a stop condition, an exhausted limit, an open incident, too many
-recoveries or crashes, or a non-determinism (:func:`blockers`). Beyond that,
+takeovers of one effect or crashes, or a non-determinism (:func:`blockers`). Beyond that,
 the mode (:func:`mode`: the engine's, made stricter, never looser, by the
 contract) says who decides: ``automatic`` continues, ``rules`` asks the
 engine's resume rules, ``human`` needs an authenticated principal holding
@@ -74,8 +74,11 @@ def blockers(state: RecoveryState, contract: Contract) -> list[str]:
         out.append("allowance exhausted: " + ", ".join(a["exhausted"]))
     if a["open_incidents"]:
         out.append(f"{a['open_incidents']} open incident(s)")
-    if state.run.recoveries > contract.max_recoveries:
-        out.append(f"recovered {state.run.recoveries} times (limit {contract.max_recoveries})")
+    if state.takeovers > contract.max_recoveries:
+        out.append(
+            f"an attempt was left unresolved by {state.takeovers} takeovers "
+            f"(limit {contract.max_recoveries})"
+        )
     if any(
         n["status"] == "running" and n["crashes"] >= contract.max_node_crashes for n in state.nodes
     ):

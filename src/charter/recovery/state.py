@@ -21,6 +21,7 @@ from charter.contracts.contract import Contract
 from charter.errors import NotFound
 from charter.ledger import store as ledger_store
 from charter.plans import store as plans_store
+from charter.recovery import store as recovery_store
 from charter.runs import store as run_store
 from charter.runs.run import Run
 from charter.storage import Tx
@@ -64,6 +65,8 @@ class RecoveryState:
     waits: list[dict[str, Any]]
     assessment: dict[str, Any]
     next_actions: list[NextAction] = field(default_factory=list)
+    #: The most takeovers any unresolved attempt went through (K1).
+    takeovers: int = 0
 
     @property
     def run_id(self) -> str:
@@ -180,6 +183,7 @@ def build(
         waits=waits,
         assessment=assess(tx, run, contract),
         next_actions=actions,
+        takeovers=recovery_store.most_takeovers(tx, run.id) if unresolved else 0,
     )
 
 

@@ -21,6 +21,7 @@ from charter.contracts.contract import Contract
 from charter.contracts.principals import Principal, Right
 from charter.errors import LeaseHeld, NotAuthorized, SegmentReused
 from charter.plans import store as plans_store
+from charter.recovery import store as recovery_store
 from charter.recovery.state import RecoveryState, build
 from charter.runs import run as runs
 from charter.runs import store as run_store
@@ -176,8 +177,10 @@ def _fence(
             ):
                 written_off.append(load(tx, a.id))
             else:
+                recovery_store.count_takeover(tx, a.id, run_id)
                 uncertain += 1
         elif a.status is AttemptStatus.UNKNOWN:
+            recovery_store.count_takeover(tx, a.id, run_id)
             uncertain += 1
     return voided, uncertain, written_off
 
@@ -185,16 +188,18 @@ def _fence(
 def _assess(
     tx: Tx, run_id: str, contract: Contract, uncertain: int, *, actor: str, segment: str
 ) -> Run:
-    """R6: a run recovered too often, a node that crashed its process too often, or
-    uncertain attempts need a person; a stopping run stays stopping (N5)."""
+    """R6: an effect lost in too many takeovers (K1: counted per unresolved
+    effect, not per run), a node that crashed its process too often, or uncertain
+    attempts need a person; a stopping run stays stopping (N5)."""
     crashed = plans_store.running(tx, run_id)
     plans_store.count_crashes(tx, run_id)
     run = runs.load(tx, run_id)
     reason = None
-    if run.recoveries > contract.max_recoveries:
+    most = recovery_store.most_takeovers(tx, run_id)
+    if most > contract.max_recoveries:
         reason = (
-            f"recovered {run.recoveries} times, more than the contract's limit "
-            f"of {contract.max_recoveries}"
+            f"an attempt was left unresolved by {most} takeovers, more than the "
+            f"contract's limit of {contract.max_recoveries}"
         )
     elif any(r["crashes"] + 1 >= contract.max_node_crashes for r in crashed):
         reason = f"a node crashed its process {contract.max_node_crashes} times in a row"

@@ -8,6 +8,7 @@ from typing import Any
 
 
 class RunStatus(StrEnum):
+    QUEUED = "queued"  # submitted; the first free worker starts it (K1)
     ACTIVE = "active"
     WAITING = "waiting"  # a durable wait: approval, input, timer, event
     PAUSED = "paused"  # allowance exhausted or incident open: a decision is needed (L7)

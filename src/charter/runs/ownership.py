@@ -51,6 +51,10 @@ class Segment:
         #: The process holding the run (R1): a forked child is another process,
         #: which must not write for a parent whose death may be proven.
         self.pid = os.getpid()
+        #: Set when the process holding the run is stopping (K4): its nodes start
+        #: no new effect and stop at their next one, so the run can be carried on
+        #: elsewhere; what is already sent settles as usual.
+        self.draining = False
 
     def __repr__(self) -> str:
         kind = type(self).__name__

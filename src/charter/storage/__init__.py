@@ -15,11 +15,11 @@ from charter.ids import IdFactory
 from charter.storage.database import Database
 from charter.storage.schema import LATEST, MIGRATIONS
 from charter.storage.sqlite import SQLiteDriver
-from charter.storage.transaction import Driver, Prefetched, Row, Tx
+from charter.storage.transaction import Driver, Listening, Prefetched, Row, Tx
 
 DEFAULT_PATH = Path(".charter") / "charter.db"
 
-__all__ = ["DEFAULT_PATH", "Database", "Prefetched", "Row", "Tx", "open_database"]
+__all__ = ["DEFAULT_PATH", "Database", "Listening", "Prefetched", "Row", "Tx", "open_database"]
 
 
 def _sqlite_path(url: str | None) -> Path | None:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from charter.clock import Clock
 from charter.errors import StoreChanged, StoreError, UsageError
 from charter.ids import IdFactory
-from charter.storage.transaction import Driver, HeadSigner, Refused, Tx
+from charter.storage.transaction import Driver, HeadSigner, Listening, Refused, Tx
 
 T = TypeVar("T")
 
@@ -331,6 +331,11 @@ class Database:
                 yield
             finally:
                 self._reading.tx = None
+
+    def listener(self, channel: str) -> Listening | None:
+        """A wait for notices on ``channel`` (:meth:`Tx.notify`), on a connection of
+        its own; ``None`` where the store has none (SQLite)."""
+        return self.driver.listener(channel)
 
     def close(self) -> None:
         if self._reading.tx is not None:

@@ -41,6 +41,9 @@ class Dialect:
     indexed_by: str  # a format string for the index's name
     has_table: str
     skip_locked: str
+    #: A statement telling listeners of a channel, sent when the transaction
+    #: commits (PostgreSQL's NOTIFY); ``None`` where the store has no such thing.
+    notify: str | None
     #: The most parameters one statement may carry (multi-row writes are split under it).
     max_params: int
     _cache: dict[str, str] = field(default_factory=dict, repr=False)
@@ -73,6 +76,7 @@ def sqlite() -> Dialect:
         " INDEXED BY {}",
         "SELECT 1 AS x FROM sqlite_master WHERE type = 'table' AND name = ?",
         "",
+        None,
         32_766,
     )
 
@@ -89,5 +93,6 @@ def postgresql() -> Dialect:
         "SELECT 1 AS x FROM information_schema.tables "
         "WHERE table_schema = current_schema() AND table_name = ?",
         " FOR UPDATE SKIP LOCKED",
+        "SELECT pg_notify(%s, %s)",
         65_535,
     )

@@ -12,10 +12,12 @@ belongs to the process that opened it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
 import select
+import time
 from typing import Any
 
 from charter.errors import ConfigError, MissingExtra, StoreBusy, StoreConflict, StoreError
@@ -24,6 +26,7 @@ from charter.storage.text import postgres as encoded
 
 try:
     import psycopg
+    import psycopg.sql
     from psycopg import errors as pg_errors
     from psycopg.adapt import Transformer
     from psycopg.pq import ExecStatus
@@ -208,6 +211,46 @@ class Pipeline:
             )
         return Result(rows, res.command_tuples or 0)
 
+    def listener(self, channel: str) -> Listener:
+        """A connection of its own listening on ``channel`` (see :class:`Listener`)."""
+        return Listener(self._url, channel)
+
     def close(self) -> None:
         if os.getpid() == self._pid:  # closing would end the parent's session too
             self._conn.close()
+
+
+class Listener:
+    """PostgreSQL's LISTEN on a connection of its own: a worker sleeps on it and is
+    woken when a transaction that made a run due commits (its NOTIFY), instead of
+    asking the store over and over. A lost connection is opened again at the next
+    wait; meanwhile the wait is a plain sleep, so the worker's own bounded look
+    at the store (it always looks by its poll interval) still finds the work."""
+
+    def __init__(self, url: str, channel: str) -> None:
+        self._url = url
+        self._channel = channel
+        self._conn: Any = None
+
+    def _open(self) -> Any:
+        if self._conn is None or self._conn.closed:
+            conn = psycopg.connect(self._url, autocommit=True)
+            conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self._channel)))
+            self._conn = conn
+        return self._conn
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a notice; whether one came."""
+        try:
+            conn = self._open()
+            return any(True for _ in conn.notifies(timeout=max(0.0, seconds), stop_after=1))
+        except psycopg.Error:
+            self.close()
+            time.sleep(max(0.0, seconds))
+            return False
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self._conn.close()
+            self._conn = None

@@ -155,5 +155,8 @@ class SQLiteDriver:
     def moved(self, mission_id: str, head: Head) -> None:
         """Heads are read where they are kept, each time."""
 
+    def listener(self, channel: str) -> None:
+        """An embedded store has no notices: its workers look again by themselves."""
+
     def close(self) -> None:
         self._conn.close()

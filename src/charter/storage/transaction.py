@@ -135,6 +135,19 @@ class Driver(Protocol):
 
     def close(self) -> None: ...
 
+    def listener(self, channel: str) -> Listening | None:
+        """Something to sleep on until a transaction tells ``channel`` (see
+        :meth:`Tx.notify`); ``None`` where the store cannot tell listeners."""
+        ...
+
+
+class Listening(Protocol):
+    """A wait for a store's notices (PostgreSQL's LISTEN)."""
+
+    def wait(self, seconds: float) -> bool: ...
+
+    def close(self) -> None: ...
+
 
 class Prefetched:
     """The row of a read sent ahead (:meth:`Tx.prefetch`)."""
@@ -239,6 +252,14 @@ class Tx:
         """A statement whose result is not needed; it may be sent later, in this
         transaction (see the module's docstring)."""
         self._driver.defer(self._sql(sql), params)
+
+    def notify(self, channel: str, payload: str = "") -> None:
+        """Tell the store's listeners on ``channel`` once this transaction commits
+        (nothing if it rolls back); a store without notifications ignores it, and
+        its listeners look again on their own (:meth:`Database.listener`)."""
+        statement = self._driver.dialect.notify
+        if statement is not None:
+            self._driver.defer(statement, (channel, payload))
 
     def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         """Deferred writes of one statement; an INSERT becomes multi-row statements.

@@ -381,7 +381,8 @@ UPGRADES.append(
                 plan TEXT NOT NULL,
                 due_at_us BIGINT,
                 taken_by TEXT,
-                tries INTEGER NOT NULL DEFAULT 0
+                woken INTEGER NOT NULL DEFAULT 0,
+                takes INTEGER NOT NULL DEFAULT 0
             )""",
             "CREATE INDEX run_queue_due ON run_queue (queue, due_at_us)",
             """CREATE TABLE effect_takeovers (

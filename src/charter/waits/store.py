@@ -248,6 +248,24 @@ def due_runs(tx: Tx) -> list[Row]:
     )
 
 
+def wake_at(tx: Tx, run_id: str) -> int | None:
+    """When the run should be looked at again by itself: the earliest of a wait
+    already met (since when), a pending timer's due time and a pending or granted
+    approval's coming expiry (then asked again, W2); ``None`` if only a decision moves it."""
+    row = tx.one(
+        "SELECT MIN(at_us) AS at FROM ("
+        "SELECT CASE WHEN status = 'satisfied' THEN satisfied_at_us ELSE due_at_us END "
+        "AS at_us FROM waits WHERE run_id = ? AND (status = 'satisfied' "
+        "OR (status = 'pending' AND kind = 'timer')) "
+        "UNION ALL SELECT expires_at_us AS at_us FROM approvals WHERE run_id = ? "
+        "AND status IN ('pending', 'approved') AND expires_at_us > ?) w",
+        run_id,
+        run_id,
+        tx.now_us,
+    )
+    return None if row is None or row["at"] is None else int(row["at"])
+
+
 def count_pending(tx: Tx) -> int:
     """How many approvals wait for a decision, in every mission."""
     row = tx.one("SELECT COUNT(*) AS n FROM approvals WHERE status = 'pending'")

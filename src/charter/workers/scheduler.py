@@ -1,0 +1,187 @@
+"""What a worker does with a run it took from the queue (K1, K2).
+
+A submitted run is begun as its first segment. Any other run is taken over as a
+new segment (R1: the epoch moves on and older work is fenced), then every
+unresolved attempt whose adapter the worker holds is reconciled (a lookup, or a
+same-key replay of an ``idempotent_keyed`` effect inside its window, A8), and
+the run is resumed under the engine's resume policy (R9), which continues past
+nothing uncertain. What stands in the way is a person's: the run is parked until
+a decision wakes it, and the people are told. A run that stops to wait is parked
+until its wait can be met (a timer's due time, or a wake).
+
+The queue only says when to look. Who may act is the run's epoch and lease: a
+run another worker holds is refused here (:class:`~charter.errors.LeaseHeld`)
+and parked until that lease ends, so a worker that died is found by its lease,
+never by a process table that only one host can read (K4).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from charter.adapters import Adapter
+from charter.attempts.model import Attempt, AttemptStatus
+from charter.engine.engine import Engine
+from charter.engine.executor import Executor
+from charter.errors import (
+    Blocked,
+    CharterError,
+    Fenced,
+    LeaseHeld,
+    NeedsIntervention,
+    NotFound,
+    RunTerminal,
+    StateError,
+)
+from charter.plans.nodes import Plan
+from charter.runs.model import RunStatus
+
+log = logging.getLogger("charter.worker")
+
+#: Statuses in which a run waits for people, not for time (K3 tells them).
+NEEDS_PEOPLE = (RunStatus.NEEDS_INTERVENTION, RunStatus.PAUSED, RunStatus.STOPPING)
+
+
+@dataclass
+class Carry:
+    """One run taken by a worker: its queue token, the segment it runs as, what the
+    worker knows, and whom to tell (each hook is the worker's)."""
+
+    engine: Engine
+    run_id: str
+    token: str
+    segment_id: str
+    plans: Mapping[str, Plan]
+    adapters: Mapping[str, Adapter]
+    #: Called with the executor once the run is held (the worker renews its lease).
+    holding: Callable[[Executor], None]
+    #: Called when the run needs a person: (run id, what is needed, attempt ids).
+    tell: Callable[[str, list[str], list[str]], None]
+    #: Whether the worker is stopping (K4): a run it lets go of is due at once.
+    stopping: Callable[[], bool]
+    outcome: str = field(default="", init=False)
+
+    def __call__(self) -> str:
+        """Carry the run as far as it goes; what happened (for logs and counts)."""
+        try:
+            self.outcome = self._carry()
+        except Fenced:
+            self.outcome = "fenced"  # taken over meanwhile: its new owner goes on
+        except RunTerminal:
+            self._ended()
+        except NotFound:
+            self.outcome = "gone"
+            with contextlib.suppress(CharterError):
+                self.engine.unqueue(self.run_id)
+        return self.outcome
+
+    def _carry(self) -> str:
+        run = self.engine.run(self.run_id)
+        if run.status.terminal:
+            return self._ended()
+        if run.status is RunStatus.QUEUED:
+            executor = self.engine.begin(self.run_id, self.segment_id)
+            if executor is None:
+                self._park(self.engine.now_us())  # begun or stopped meanwhile: look again
+                return "lost"
+        else:
+            taken = self._take_over()
+            if isinstance(taken, str):
+                return taken
+            executor = taken
+        return self._execute(executor)
+
+    def _take_over(self) -> Executor | str:
+        """Continue the run as its owner's segment while the lease runs (an owner that
+        let go of it, blocked on a wait, is resumed at once, F1), or take it over as
+        a new segment once the lease ended (R1: the lost owner is fenced by the
+        epoch and what it sent is marked UNKNOWN), reconcile what the worker can
+        look up, and resume; or say why not."""
+        run = self.engine.run(self.run_id)
+        segment = run.owner_segment
+        if run.lease_expires_us <= self.engine.now_us():
+            segment = self.segment_id
+            try:
+                state = self.engine.coordinator.recover(self.run_id, segment)
+            except LeaseHeld as held:  # renewed meanwhile: look again when it ends
+                self._park(int(held.details["lease_expires_us"]))
+                return "held"
+            if state.run.status.terminal:
+                return self._ended()
+            self._reconcile(state.attempts)
+        try:
+            return self.engine.coordinator.resume(self.run_id, segment)
+        except NeedsIntervention as exc:
+            self._needs_person(list(exc.details.get("blockers") or [exc.message]))
+            return "needs_person"
+        except LeaseHeld as held:  # a live owner holds it: look again when its lease ends
+            self._park(int(held.details["lease_expires_us"]))
+            return "held"
+
+    def _reconcile(self, attempts: Sequence[Attempt]) -> None:
+        """Ask for evidence on every UNKNOWN attempt whose adapter the worker holds (A8)."""
+        for attempt in attempts:
+            adapter = self.adapters.get(attempt.adapter)
+            if adapter is None or attempt.status is not AttemptStatus.UNKNOWN:
+                continue
+            try:
+                self.engine.coordinator.reconcile(attempt.id, adapter, segment_id=self.segment_id)
+            except CharterError as exc:  # settled meanwhile, or the lookup was refused
+                log.info("reconcile of %s in run %s: %s", attempt.id, self.run_id, exc)
+
+    def _execute(self, executor: Executor) -> str:
+        self.holding(executor)
+        self.engine.hold_run(self.run_id, token=self.token, until_us=executor.lease_expires_us)
+        plan = self.plans[self._plan_ref()]
+        try:
+            executor.execute(plan)
+        except Blocked:
+            return self._blocked()
+        except Fenced:
+            raise
+        except CharterError as exc:  # the node failed, the run ended or needs a person
+            log.info("run %s stopped: %s", self.run_id, exc)
+            return self._stopped()
+        return self._ended()
+
+    def _plan_ref(self) -> str:
+        row = self.engine.queued_run(self.run_id)
+        if row is None:
+            raise StateError(f"run {self.run_id} is not in the queue", run_id=self.run_id)
+        return str(row["plan"])
+
+    def _blocked(self) -> str:
+        """The run stopped to wait, or for a person, or because the worker stops."""
+        run = self.engine.run(self.run_id)
+        if run.status.terminal:
+            return self._ended()
+        if self.stopping():
+            self._park(self.engine.now_us())  # K4: another worker carries it on now
+            return "handed_on"
+        if run.status in NEEDS_PEOPLE:
+            return self._stopped()
+        self._park(self.engine.wake_at_us(self.run_id))
+        return "waiting"
+
+    def _stopped(self) -> str:
+        run = self.engine.run(self.run_id)
+        if run.status.terminal:
+            return self._ended()
+        self._needs_person([f"run is {run.status.value}: {run.status_reason or ''}".strip()])
+        return "needs_person"
+
+    def _needs_person(self, needs: list[str]) -> None:
+        """Park until a decision wakes the run, and tell its people (K3)."""
+        self._park(None)
+        attempts = [a.id for a in self.engine.coordinator.state(self.run_id).attempts]
+        self.tell(self.run_id, needs, attempts)
+
+    def _ended(self) -> str:
+        self.engine.unqueue(self.run_id)
+        return "ended"
+
+    def _park(self, due_us: int | None) -> None:
+        self.engine.park_run(self.run_id, token=self.token, due_us=due_us)

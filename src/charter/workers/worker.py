@@ -1,0 +1,257 @@
+"""The worker: a long-running process that carries runs on by itself (K1-K4).
+
+``Worker(engine, plans=[...]).run()`` takes due runs of the plans it knows from
+its queues, as many at once as ``concurrency`` allows (a thread each; a plan's
+async nodes run on the node's own event loop), and carries each as its own
+segment (:mod:`~charter.workers.scheduler`). Leases are renewed by the store's
+clock every third of a lease, and the queue's hold with them, so a worker that
+dies or stalls past its lease is taken over by any other.
+
+It never busy-loops: with nothing due it sleeps until the soonest run falls due
+or its poll interval passes, whichever is first, and on PostgreSQL a run made
+due elsewhere (a submission, an approval, an answer) wakes it at once (LISTEN /
+NOTIFY). On SQLite, a wake from another process is seen at the next look: the
+looks back off from a twentieth of the poll interval to the whole of it while
+nothing is found, and start again fast once something is.
+
+Stopping (K4): :meth:`stop`, or SIGTERM to :meth:`run` in the main thread,
+takes no more runs; every carried run's nodes start no new effect, sends under
+way settle (bounded by the send deadline), and each run is let go of with its
+lease ended and made due at once, so another worker carries it on without
+waiting for the lease. A second SIGTERM ends the process at once, leaving only
+what recovery handles (R4).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import FrameType
+from typing import Protocol
+
+from charter.adapters import Adapter
+from charter.engine.engine import Engine
+from charter.engine.executor import Executor
+from charter.engine.submitted import DEFAULT_QUEUE, plan_ref
+from charter.errors import CharterError, ConfigError
+from charter.plans.nodes import Plan
+from charter.runs.store import CHANNEL
+from charter.workers.scheduler import Carry
+
+log = logging.getLogger("charter.worker")
+
+
+class Teller(Protocol):
+    """Who hears that a run needs a person (K3): the webhook notices."""
+
+    def post(
+        self, run_id: str, mission_id: str, kind: str, needs: list[str], attempts: list[str]
+    ) -> str | None: ...
+
+
+class Worker:
+    """Carries on the runs of ``plans`` submitted to ``queues`` (see the module)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        plans: Iterable[Plan],
+        *,
+        queues: Sequence[str] = (DEFAULT_QUEUE,),
+        concurrency: int = 4,
+        adapters: Iterable[Adapter] = (),
+        poll_seconds: float = 1.0,
+        name: str | None = None,
+        teller: Teller | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigError(f"concurrency must be at least 1, got {concurrency!r}")
+        if not poll_seconds > 0:
+            raise ConfigError(f"poll_seconds must be above 0, got {poll_seconds!r}")
+        if not queues:
+            raise ConfigError("a worker needs at least one queue to take runs from")
+        self.engine = engine
+        self.plans: dict[str, Plan] = {plan_ref(p): p for p in plans}
+        if not self.plans:
+            raise ConfigError("a worker needs at least one plan (with its ref) to run")
+        self.adapters: dict[str, Adapter] = {a.name: a for a in adapters}
+        self.queues = tuple(queues)
+        self.concurrency = concurrency
+        self.poll_seconds = poll_seconds
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.teller = teller
+        #: What the worker's carries ended in, counted (for logs and tests).
+        self.counts: dict[str, int] = {}
+        self._stopping = threading.Event()
+        self._nudge = threading.Event()
+        self._lock = threading.Lock()
+        #: The runs being carried: their executor and the queue token holding them.
+        self._carried: dict[str, tuple[Executor, str]] = {}
+        self._busy: dict[Future[str], str] = {}
+        # On PostgreSQL, a connection that hears runs falling due elsewhere.
+        self._listener = engine.runtime.db.listener(CHANNEL)
+
+    # -- the loop ----------------------------------------------------------------------
+    def run(self, *, install_signals: bool = True) -> None:
+        """Carry runs until :meth:`stop` (or SIGTERM, when called in the main thread)."""
+        if install_signals and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        renewer = threading.Thread(target=self._renew, name="charter-lease", daemon=True)
+        renewer.start()
+        backoff = self.poll_seconds / 20
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="charter-run") as pool:
+            while not self._stopping.is_set():
+                taken = self._take(pool)
+                backoff = self.poll_seconds / 20 if taken else min(backoff * 2, self.poll_seconds)
+                if not taken:
+                    self._sleep(backoff)
+            self._drain()
+        if self._listener is not None:
+            self._listener.close()
+
+    def run_once(self) -> dict[str, str]:
+        """Take what is due now and carry each run as far as it goes, in this
+        thread; each run's outcome (a step for tests and scripts)."""
+        token = self._token()
+        return {
+            run_id: self._carry(run_id, token) for run_id in self._taken(self.concurrency, token)
+        }
+
+    def stop(self) -> None:
+        """Stop well (K4): take nothing more, let every carried run go to another worker."""
+        self._stopping.set()
+        with self._lock:
+            for executor, _ in self._carried.values():
+                executor.drain()
+        self._nudge.set()
+        if self._listener is not None:
+            self._listener.close()
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if self._stopping.is_set():
+            os._exit(128 + signum)  # the second one: recovery handles what is left
+        log.info("worker %s stopping: no new runs, carried runs go on elsewhere", self.name)
+        threading.Thread(target=self.stop, name="charter-stop", daemon=True).start()
+
+    # -- taking and carrying -------------------------------------------------------------
+    def _take(self, pool: ThreadPoolExecutor) -> int:
+        with self._lock:
+            for done in [f for f in self._busy if f.done()]:
+                del self._busy[done]
+            free = self.concurrency - len(self._busy)
+        token = self._token()
+        taken = self._taken(free, token) if free > 0 else []
+        for run_id in taken:
+            future = pool.submit(self._carry, run_id, token)
+            with self._lock:
+                self._busy[future] = run_id
+            future.add_done_callback(lambda _: self._nudge.set())
+        return len(taken)
+
+    def _taken(self, limit: int, token: str) -> list[str]:
+        try:
+            return self.engine.take_runs(
+                queues=self.queues,
+                plans=list(self.plans),
+                limit=limit,
+                token=token,
+                hold_seconds=self.engine.config.lease_seconds,
+            )
+        except CharterError as exc:  # the store is down or busy: look again later
+            log.warning("worker %s could not take runs: %s", self.name, exc)
+            return []
+
+    def _token(self) -> str:
+        return f"{self.name}/{uuid.uuid4().hex[:12]}"
+
+    def _carry(self, run_id: str, token: str) -> str:
+        carry = Carry(
+            self.engine,
+            run_id,
+            token,
+            f"{self.name}-{uuid.uuid4().hex[:12]}",
+            self.plans,
+            self.adapters,
+            holding=lambda executor: self._holding(executor, token),
+            tell=self._tell,
+            stopping=self._stopping.is_set,
+        )
+        try:
+            outcome = carry()
+        except Exception:  # a worker outlives any one run's failure
+            log.exception("worker %s: carrying run %s failed", self.name, run_id)
+            outcome = "error"
+        finally:
+            with self._lock:
+                self._carried.pop(run_id, None)
+        with self._lock:
+            self.counts[outcome] = self.counts.get(outcome, 0) + 1
+        return outcome
+
+    def _holding(self, executor: Executor, token: str) -> None:
+        with self._lock:
+            self._carried[executor.run_id] = (executor, token)
+            if self._stopping.is_set():
+                executor.drain()
+
+    def _tell(self, run_id: str, needs: list[str], attempts: list[str]) -> None:
+        if self.teller is None:
+            return
+        try:
+            mission = self.engine.run(run_id).mission_id
+            self.teller.post(run_id, mission, "needs_person", needs, attempts)
+        except Exception:  # telling must never stop the worker; the inbox shows it too
+            log.exception("worker %s: telling people about run %s failed", self.name, run_id)
+
+    # -- leases, sleep, stop -----------------------------------------------------------------
+    def _renew(self) -> None:
+        """Renew every carried run's lease, and the queue's hold with it (F1)."""
+        every = self.engine.config.lease_seconds / 3
+        while not self._stopping.wait(every):
+            with self._lock:
+                carried = list(self._carried.items())
+            for run_id, (executor, token) in carried:
+                try:
+                    until = executor.renew_lease()
+                    self.engine.hold_run(run_id, token=token, until_us=until)
+                except CharterError as exc:  # fenced, or the store is away: its lease decides
+                    log.info("worker %s: lease of run %s not renewed: %s", self.name, run_id, exc)
+
+    def _sleep(self, backoff: float) -> None:
+        """Until the soonest run falls due, a run is made due elsewhere (a notice),
+        a carried run ends, or the look-again interval passes."""
+        with self._lock:
+            full = sum(not f.done() for f in self._busy) >= self.concurrency
+        listening = self._listener is not None and not full
+        seconds = self.poll_seconds if listening else backoff
+        try:
+            due = self.engine.next_due_us(queues=self.queues, plans=list(self.plans))
+            if due is not None:
+                seconds = max(0.0, min(seconds, (due - self.engine.now_us()) / 1e6))
+        except CharterError:
+            pass  # the store is away: look again after the interval
+        if listening and self._listener is not None:
+            self._listener.wait(seconds)
+        else:
+            self._nudge.wait(seconds)
+        self._nudge.clear()
+
+    def _drain(self) -> None:
+        """Wait for carried runs to let go, as long as a send may take (K4)."""
+        deadline = time.monotonic() + self.engine.config.send_deadline_seconds + 5
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not any(not f.done() for f in self._busy):
+                    return
+            self._nudge.wait(0.05)
+            self._nudge.clear()
+
+
+__all__ = ["Teller", "Worker"]
