@@ -13,9 +13,9 @@ its concurrency and poll interval, and the lease; the process runs a
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,22 @@ import charter
 from charter.adapters.http import HttpAdapter
 from charter.sandbox import declaration
 
+_ADAPTERS: dict[str, HttpAdapter] = {}
+_BUILDING = threading.Lock()
 
-@functools.cache
+
 def sandbox(url: str) -> HttpAdapter:
     """The payments adapter for the sandbox at ``url`` (one per process)."""
-    return declaration(url, timeout_seconds=2.0).build()
+    with _BUILDING:
+        if url not in _ADAPTERS:
+            _ADAPTERS[url] = declaration(url, timeout_seconds=2.0).build()
+        return _ADAPTERS[url]
+
+
+def close() -> None:
+    """Close every adapter the plans built (their connections)."""
+    while _ADAPTERS:
+        _ADAPTERS.popitem()[1].close()
 
 
 @charter.node

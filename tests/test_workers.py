@@ -1,0 +1,265 @@
+"""Workers carry submitted runs by themselves, and waits wake them (K1, K2, K4).
+
+Each test drives a :class:`charter.Worker` in this process on both stores and
+asserts on what the store recorded and what the payments sandbox took. Crashes,
+power outages and SIGTERM with real worker processes are in test_fleet.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import _worker_plans as plans
+import charter
+from charter.adapters.http import HttpAdapter
+from charter.errors import NotAuthorized, StateError
+from charter.runs.model import RunStatus
+from charter.sandbox import Sandbox
+from charter.storage.text import TextRefused
+from charter.testing import ManualClock
+from conftest import Principals, default_contract, payments_contract, stored
+
+LEASE = 30.0
+MakeEngine = Callable[..., charter.Engine]
+
+
+@pytest.fixture(autouse=True)
+def _plans_adapters() -> Any:
+    """The plans' own adapters (built in the node, as in a worker process) are closed."""
+    yield
+    plans.close()
+
+
+def worker_engine(make_engine: MakeEngine) -> charter.Engine:
+    return make_engine(resume="automatic", evidence_settles="auto", lease_seconds=LEASE)
+
+
+def pay_input(box: Sandbox, *invoices: str, amount: int = 500) -> dict[str, Any]:
+    return {"sandbox": box.url, "amount": amount, "invoices": list(invoices)}
+
+
+def paid(box: Sandbox) -> list[str]:
+    """The references of every payment the sandbox applied, in order."""
+    return [p["reference"] for p in box.payments()]
+
+
+def test_K1_a_submitted_run_is_begun_by_a_free_worker_and_pays_once(
+    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter
+) -> None:
+    engine = worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(payments_contract(), by=who.alice)
+    run = engine.submit(mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "a", "b"))
+    assert run.status is RunStatus.QUEUED
+    assert engine.queued_run(run.id) is not None
+
+    outcomes = charter.Worker(engine, plans.PLANS, adapters=[payments]).run_once()
+
+    assert outcomes == {run.id: "ended"}
+    done = engine.run(run.id)
+    assert (done.status, done.epoch) == (RunStatus.COMPLETED, 1)
+    assert paid(box) == ["a", "b"]
+    assert [a.status.value for a in engine.attempts(mission_id=mission)] == ["succeeded"] * 2
+    assert engine.queued_run(run.id) is None
+    assert engine.check_ledger(mission) == []
+    kinds = [e["kind"] for e in engine.audit_events(mission)]
+    assert kinds.index("run.submitted") < kinds.index("run.started")
+
+
+def test_K1_a_submission_refused_changes_nothing(
+    engine: charter.Engine, who: Principals, mission: str
+) -> None:
+    before = stored(engine, mission)
+    unreferenced = charter.Plan("adhoc", plans.PAY.nodes)
+
+    with pytest.raises(StateError, match="importable by the workers"):
+        engine.submit(mission, by=who.agent, plan=unreferenced)
+    with pytest.raises(NotAuthorized):
+        engine.submit(mission, by=who.bob, plan=plans.PAY)
+    with pytest.raises(TextRefused):
+        engine.submit(mission, by=who.agent, plan=plans.PAY, queue="a\x00b")
+
+    assert stored(engine, mission) == before
+    assert engine.queues() == []
+
+
+def test_K1_a_worker_takes_only_the_queues_and_plans_it_knows(
+    make_engine: MakeEngine, creds: Any
+) -> None:
+    engine = worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(default_contract(), by=who.alice)
+    batch = engine.submit(
+        mission, by=who.agent, plan=plans.NAP, input={"seconds": 0}, queue="batch"
+    )
+    other = engine.submit(mission, by=who.agent, plan=plans.ASK)
+
+    assert charter.Worker(engine, [plans.NAP]).run_once() == {}  # default queue, no ASK
+    assert charter.Worker(engine, [plans.NAP], queues=["batch"]).run_once() == {batch.id: "ended"}
+    assert engine.run(other.id).status is RunStatus.QUEUED
+    assert {q["queue"]: q["runs"] for q in engine.queues()} == {"default": 1}
+
+
+def test_K2_a_timer_run_falls_due_at_its_time_and_a_worker_continues_it(
+    make_engine: MakeEngine, creds: Any, clock: ManualClock
+) -> None:
+    engine = worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(default_contract(), by=who.alice)
+    run = engine.submit(mission, by=who.agent, plan=plans.NAP, input={"seconds": 60})
+    worker = charter.Worker(engine, plans.PLANS)
+
+    assert worker.run_once() == {run.id: "waiting"}
+    due = engine.next_due_us(queues=["default"], plans=[plans.NAP.ref or ""])
+    assert due == engine.now_us() + 60_000_000
+    clock.advance(59)
+    assert worker.run_once() == {}  # not due yet: nothing taken, nothing recovered
+    clock.advance(1)
+
+    assert worker.run_once() == {run.id: "ended"}
+    assert engine.run(run.id).status is RunStatus.COMPLETED
+    # Its lease ran out while it slept: the worker took it over as a new segment.
+    assert engine.run(run.id).epoch == 2
+
+
+def test_K2_an_answer_wakes_its_run_at_once(make_engine: MakeEngine, creds: Any) -> None:
+    engine = worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(default_contract(), by=who.alice)
+    run = engine.submit(mission, by=who.agent, plan=plans.ASK)
+    worker = charter.Worker(engine, plans.PLANS)
+    assert worker.run_once() == {run.id: "waiting"}
+    assert engine.queued_run(run.id)["due_at_us"] is None  # only an answer moves it
+    assert worker.run_once() == {}
+
+    engine.answer(run.id, "go", "yes", by=who.alice)
+
+    assert engine.queued_run(run.id)["due_at_us"] == engine.now_us()
+    assert worker.run_once() == {run.id: "ended"}
+    assert engine.run(run.id).status is RunStatus.COMPLETED
+
+
+def test_K2_W2_a_granted_approval_wakes_its_run_and_the_payment_is_sent_once(
+    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter
+) -> None:
+    engine = worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    contract = default_contract(
+        approvals={"required": ["payments.pay"], "ttl_seconds": 600},
+        principals={
+            "agent": {"run": ["payments.*"]},
+            "alice": ["resolve", "stop"],
+            "bob": {"approve": ["payments.*"]},
+        },
+        allowance={"usd_cents": 100_000},
+    )
+    mission = engine.create_mission(contract, by=who.alice)
+    run = engine.submit(mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "inv-9"))
+    worker = charter.Worker(engine, plans.PLANS, adapters=[payments])
+    assert worker.run_once() == {run.id: "waiting"}
+    assert paid(box) == []
+    [approval] = engine.approvals(run_id=run.id)
+
+    engine.approve(approval.id, by=who.bob)
+
+    assert worker.run_once() == {run.id: "ended"}
+    assert paid(box) == ["inv-9"]
+    assert engine.run(run.id).status is RunStatus.COMPLETED
+
+
+def test_K1_a_run_whose_owner_lease_ended_is_taken_over_by_another_worker(
+    make_engine: MakeEngine, creds: Any, clock: ManualClock, box: Sandbox, payments: HttpAdapter
+) -> None:
+    engine = worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(payments_contract(), by=who.alice)
+    run = engine.submit(mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "x"))
+    # A worker took the run and began it, then died before any node ran.
+    [taken] = engine.take_runs(
+        queues=["default"], plans=[plans.PAY.ref or ""], limit=1, token="dead", hold_seconds=LEASE
+    )
+    assert engine.begin(taken, "dead-seg") is not None
+    other = charter.Worker(engine, plans.PLANS, adapters=[payments])
+    assert other.run_once() == {}  # held by its lease
+    clock.advance(LEASE)
+
+    assert other.run_once() == {run.id: "ended"}
+    done = engine.run(run.id)
+    assert (done.status, done.epoch, done.recoveries) == (RunStatus.COMPLETED, 2, 1)
+    assert paid(box) == ["x"]
+
+
+def test_K1_two_workers_on_two_engines_carry_every_run_once(
+    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter
+) -> None:
+    first, second = worker_engine(make_engine), worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], first)
+    mission = first.create_mission(payments_contract(), by=who.alice)
+    runs = [
+        first.submit(
+            mission, by=who.agent, plan=plans.PAY, input=pay_input(box, f"r{i}", amount=100)
+        )
+        for i in range(12)
+    ]
+    workers = [
+        charter.Worker(eng, plans.PLANS, adapters=[payments], concurrency=2)
+        for eng in (first, second)
+    ]
+    carried: list[dict[str, str]] = []
+
+    def drain(worker: charter.Worker) -> None:
+        for _ in range(50):
+            got = worker.run_once()
+            carried.append(got)
+            if not got and not first.queues():
+                return
+
+    threads = [threading.Thread(target=drain, args=(w,)) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+    assert sorted(paid(box)) == sorted(f"r{i}" for i in range(12))
+    assert {first.run(r.id).status for r in runs} == {RunStatus.COMPLETED}
+    assert sum(1 for c in carried for o in c.values() if o == "ended") == 12
+    assert first.check_ledger(mission) == []
+
+
+def test_K2_a_timer_continues_within_one_poll_interval_of_its_due_time(tmp_path: Path) -> None:
+    """Real time, a worker thread sleeping until the soonest due run (no busy loop)."""
+    creds = {n: charter.testing.credential(n) for n in ("agent", "alice")}
+    config = charter.EngineConfig(
+        credentials={n: d for n, (_, d) in creds.items()},
+        resume="automatic",
+        lease_seconds=5,
+        send_deadline_seconds=2,
+    )
+    poll = 0.5
+    with charter.Engine.open(str(tmp_path / "store.db"), config=config) as engine:
+        agent = engine.authenticate(creds["agent"][0])
+        alice = engine.authenticate(creds["alice"][0])
+        mission = engine.create_mission(default_contract(), by=alice)
+        worker = charter.Worker(engine, plans.PLANS, poll_seconds=poll)
+        thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+        thread.start()
+        try:
+            run = engine.submit(mission, by=agent, plan=plans.NAP, input={"seconds": 1.5})
+            deadline = time.monotonic() + 10
+            while engine.run(run.id).status is not RunStatus.COMPLETED:
+                assert time.monotonic() < deadline, engine.run(run.id)
+                time.sleep(0.02)
+            finished = time.time()
+        finally:
+            worker.stop()
+            thread.join(10)
+        [timer] = [w for w in engine.waits(run.id) if w.kind.value == "timer"]
+        late = finished - timer.due_at_us / 1e6
+    print(f"timer continued {late * 1000:.0f} ms after its due time (poll {poll} s)")
+    assert 0 <= late <= poll + 0.25
