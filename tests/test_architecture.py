@@ -327,6 +327,8 @@ TABLE_OWNERS: dict[str, str] = {
     "effect_takeovers": "charter.recovery.store",
     "node_executions": "charter.plans.store",
     "journal": "charter.plans.store",
+    "notices": "charter.workers.store",
+    "notice_deliveries": "charter.workers.store",
     "audit_events": "charter.audit.store",
     "audit_checkpoints": "charter.audit.store",
     "store_identity": "charter.audit.store",

@@ -71,6 +71,7 @@ PUBLIC = [
     "Wait",
     "WaitKind",
     "WaitStatus",
+    "Webhook",
     "Worker",
     "__version__",
     "errors",

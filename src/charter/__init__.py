@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from charter.audit.chain import Verification
     from charter.audit.handoff import handoff_markdown
     from charter.audit.signing import new_signing_key
-    from charter.config import EngineConfig
+    from charter.config import EngineConfig, Webhook
     from charter.contracts.contract import ApprovalPolicy, Contract, StopConditions, Unit
     from charter.contracts.model import Mission, SignIn
     from charter.contracts.principals import Principal, Right, hash_secret, new_credential
@@ -75,6 +75,7 @@ _LAZY = {
     "AttemptStatus": "charter.attempts.model",
     "Balance": "charter.ledger.accounts",
     "EngineConfig": "charter.config",
+    "Webhook": "charter.config",
     "Contract": "charter.contracts.contract",
     "Coordinator": "charter.engine.coordinator",
     "Engine": "charter.engine.engine",
@@ -182,6 +183,7 @@ __all__ = [
     "Wait",
     "WaitKind",
     "WaitStatus",
+    "Webhook",
     "Worker",
     "__version__",
     "errors",

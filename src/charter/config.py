@@ -24,6 +24,12 @@ TOML file (``charter.toml`` or ``$CHARTER_CONFIG``)::
     [adapters.tickets]               # or an HTTP API declared here (see docs/adapters.md)
     http = "https://tickets.example.com"
     operations.open = { method = "POST", path = "/v1/tickets", effect = "unsafe", estimate = {} }
+
+    [webhooks.ops]                   # told when a run needs a person (K3, docs/notices.md)
+    url = "https://ops.example.com/charter"
+    secret = "env:CHARTER_WEBHOOK_SECRET"  # the HMAC key, read from the environment
+    events = ["approval", "unknown_attempt"]  # optional: the kinds it takes (default all)
+    timeout_seconds = 10             # optional: the most one delivery may take
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +48,7 @@ from charter.adapters.http import HttpDeclaration, declare
 from charter.audit.signing import check_public
 from charter.contracts.contract import RESUME_STRICTNESS, ResumeMode
 from charter.errors import ConfigError
+from charter.secret import Secret
 
 if TYPE_CHECKING:
     from charter.adapters import Adapter
@@ -64,7 +72,71 @@ _KEYS = {
     "workspace",
     "signing_key",
     "trusted_keys",
+    "webhooks",
 }
+
+#: What a notice that a run needs a person is about (K3): an attempt whose
+#: outcome no lookup settles, an approval or an input waited for, an open
+#: incident, an exhausted allowance, a run that cannot resume; ``needs_person``
+#: when the poster does not say which (its needs do).
+NOTICE_KINDS = (
+    "needs_person",
+    "unknown_attempt",
+    "approval",
+    "input",
+    "incident",
+    "allowance",
+    "cannot_resume",
+)
+_ENV_NAME = re.compile(r"env:[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Webhook:
+    """Where notices that a run needs a person are posted (K3), signed with ``secret``.
+
+    The secret is a :class:`~charter.secret.Secret`: in TOML only its
+    environment variable is named (``env:NAME``), so the key is in no file, no
+    store and no log; the deliverer reads it when it signs. ``events`` are the
+    kinds this endpoint takes (``None``: every kind); ``timeout_seconds`` bounds
+    one delivery, connection to answer, so a dead endpoint costs that at most.
+    """
+
+    name: str
+    url: str
+    secret: Secret
+    events: tuple[str, ...] | None = None
+    timeout_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        where = f"webhook {self.name!r}"
+        if not isinstance(self.name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.name):
+            raise ConfigError(f"{where}: a webhook's name is 1-64 letters, digits, '_', '.', '-'")
+        if not isinstance(self.url, str) or not re.fullmatch(r"https?://[^/@\s]+(/\S*)?", self.url):
+            raise ConfigError(
+                f"{where}: url must be an http:// or https:// address with a host and no "
+                "user or password in it (the signature is what proves the sender)"
+            )
+        if not isinstance(self.secret, Secret):
+            raise ConfigError(
+                f"{where}: secret must be a charter.secret.Secret ('env:NAME' in TOML)"
+            )
+        if self.events is not None and (
+            isinstance(self.events, str)
+            or not self.events
+            or any(e not in NOTICE_KINDS for e in self.events)
+        ):
+            raise ConfigError(
+                f"{where}: events must be a non-empty list of {list(NOTICE_KINDS)}; "
+                "leave it out to take every kind"
+            )
+        t = self.timeout_seconds
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0 < t <= 300:
+            raise ConfigError(f"{where}: timeout_seconds must be a number of seconds in (0, 300]")
+
+    def takes(self, kind: str) -> bool:
+        """Whether notices of ``kind`` go to this endpoint."""
+        return self.events is None or kind in self.events
 
 
 @dataclass(frozen=True)
@@ -98,6 +170,8 @@ class EngineConfig:
     #: Public keys (``ed25519:BASE64``) whose signatures this engine accepts, besides
     #: its own signing key's: other stores' keys, and retired keys of its own.
     trusted_keys: tuple[str, ...] = ()
+    #: Endpoints told, signed, when a run needs a person (K3; ``[webhooks.NAME]``).
+    webhooks: Mapping[str, Webhook] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.evidence_settles not in ("confirm", "auto"):
@@ -134,6 +208,10 @@ class EngineConfig:
                 "send_deadline_seconds must not exceed lease_seconds: a send must never be "
                 "possible after another owner could take over (F3)"
             )
+        if not isinstance(self.webhooks, Mapping) or any(
+            not isinstance(w, Webhook) or w.name != n for n, w in self.webhooks.items()
+        ):
+            raise ConfigError("webhooks must map each webhook's name to its Webhook")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, base: Path | None = None) -> EngineConfig:
@@ -159,6 +237,7 @@ class EngineConfig:
             raise ConfigError("[credentials] must map principal names to 'sha256:<hex>' digests")
         values["credentials"] = dict(credentials)
         values["adapters"] = _adapters(values.get("adapters", {}))
+        values["webhooks"] = _webhooks(values.get("webhooks", {}))
         try:
             return cls(**values)
         except TypeError as exc:
@@ -225,6 +304,38 @@ def _adapters(adapters: Any) -> dict[str, str | HttpDeclaration]:
                 f"[adapters] {name!r} must be a 'module:factory' path or a table declaring "
                 'an HTTP API (http = "https://..." and its operations)'
             )
+    return found
+
+
+def _webhooks(webhooks: Any) -> dict[str, Webhook]:
+    """[webhooks.NAME]: url, secret = "env:NAME", and optionally events and timeout_seconds."""
+    if not isinstance(webhooks, Mapping):
+        raise ConfigError("[webhooks] must hold one table per webhook: [webhooks.NAME]")
+    found: dict[str, Webhook] = {}
+    for name, table in webhooks.items():
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"[webhooks.{name}] must be a table with url and secret")
+        unknown = set(table) - {"url", "secret", "events", "timeout_seconds"}
+        if unknown or "url" not in table or "secret" not in table:
+            raise ConfigError(
+                f"[webhooks.{name}] takes url and secret, and optionally events and "
+                f"timeout_seconds; unknown: {sorted(unknown)}"
+            )
+        secret = table["secret"]
+        if not isinstance(secret, str) or not _ENV_NAME.fullmatch(secret):
+            # The value itself is not repeated: it may be the key, written by mistake.
+            raise ConfigError(
+                f"[webhooks.{name}] secret must name an environment variable as 'env:NAME' "
+                "(a key is never written in the configuration)"
+            )
+        events = table.get("events")
+        found[name] = Webhook(
+            name,
+            table["url"],
+            Secret(None, name=secret),
+            tuple(events) if isinstance(events, list) else events,
+            table.get("timeout_seconds", 10.0),
+        )
     return found
 
 

@@ -23,6 +23,7 @@ POINTS: tuple[str, ...] = (
     "node.completed.before",  # a node's checked result is about to commit
     "node.completed.after",  # a node's checked result is committed
     "wait.pending",  # a node's wait (W1) is committed pending; the node has not stopped
+    "notice.sent",  # a webhook answered a notice (K3); its delivery is not marked yet
 )
 
 #: Around every physical commit of a write, whatever it records: the hook sees

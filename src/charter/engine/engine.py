@@ -135,14 +135,6 @@ class Engine(
         self.close()
 
     @property
-    def runtime(self) -> Runtime:
-        """What this engine's parts share (its store, configuration, clocks, crash
-        hook): for the rooms above the engine, such as workers and their notices
-        (:mod:`charter.workers`), which work on the same store beside it. Read it;
-        replace nothing in it."""
-        return self._runtime
-
-    @property
     def coordinator(self) -> Coordinator:
         """The recovery API: ``recover``, ``reconcile``, ``resolve``, ``resume``."""
         if self._coordinator is None:
@@ -166,3 +158,13 @@ class Engine(
                 raise self._authority.refused_identity(
                     tx, exc, who, reason="bad credential"
                 ) from None
+
+
+def runtime_of(engine: Engine) -> Runtime:
+    """What ``engine``'s parts share (its store, configuration, clocks, crash hook),
+    for the rooms above the engine that work on the same store beside it, such as
+    the notices of :mod:`charter.workers.notify`. Read it; replace nothing in it.
+
+    A function of this module, not a property of the face: the runtime holds the
+    store's transactions, and no public method hands user code one."""
+    return engine._runtime

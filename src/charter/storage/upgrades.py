@@ -394,3 +394,41 @@ UPGRADES.append(
         ],
     )
 )
+
+# From 17 on, a run that needs a person is told to webhooks (K3) through an
+# outbox: a notice is written once per run and reason, and each webhook that
+# takes its kind has a delivery row that deliverers claim, retry with backoff
+# and mark done only after a 2xx. Operational state: a snapshot leaves it behind.
+UPGRADES.append(
+    (
+        17,
+        "notices that a run needs a person, and their webhook deliveries (K3)",
+        [
+            """CREATE TABLE notices (
+                id TEXT PRIMARY KEY,
+                run_id TEXT NOT NULL REFERENCES runs(id),
+                mission_id TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                needs TEXT NOT NULL,
+                attempts TEXT NOT NULL,
+                created_at_us BIGINT NOT NULL,
+                UNIQUE (run_id, reason)
+            )""",
+            """CREATE TABLE notice_deliveries (
+                notice_id TEXT NOT NULL REFERENCES notices(id),
+                webhook TEXT NOT NULL,
+                status TEXT NOT NULL,
+                tries INTEGER NOT NULL,
+                due_at_us BIGINT NOT NULL,
+                claimed_by TEXT,
+                claimed_until_us BIGINT,
+                last_error TEXT,
+                delivered_at_us BIGINT,
+                PRIMARY KEY (notice_id, webhook)
+            )""",
+            """CREATE INDEX notice_deliveries_due ON notice_deliveries (due_at_us)
+            WHERE status = 'pending'""",
+        ],
+    )
+)
