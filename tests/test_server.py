@@ -142,6 +142,7 @@ class Scene:
             ),
             "reconcile": ({"attempt_id": self.unknown[0]}, {}),
             "stop": ({"run_id": self.active}, {"reason": "enough"}),
+            "submit": ({}, {"mission_id": self.mission, "plan": "_desk:pay_plan", "input": {}}),
             "recover": ({"run_id": self.run}, {"segment": "taken", "force": True}),
             "raise_limit": ({"mission_id": self.mission}, {"unit": "usd", "limit": 2_000_000}),
             "close_incident": ({"incident_id": self.incident}, {"note": "priced late"}),
@@ -236,7 +237,7 @@ def test_P1_every_endpoint_times_every_principal_only_the_authorised_succeed(
                 assert answer.status_code == 200, (ep.name, name, answer.text)
     for ep in [e for e in ENDPOINTS if e.decides]:
         mission, params, body = scene.target(ep.name)
-        entity = next(iter(params.values()))
+        entity = next(iter(params.values()), mission)  # a submission: the mission
         # A forced takeover is a decision: it needs ``stop`` (R1).
         right = "stop" if ep.name == "recover" else ep.needs
         holders = [n for n in NAMES if right == "credential" or holds(n, right)]

@@ -32,6 +32,8 @@ from typing import Any, NoReturn
 from charter import Blocked, CharterError, Fenced
 from charter.cli.graphs import COMMANDS as GRAPH_COMMANDS
 from charter.cli.graphs import add_arguments as graph_arguments
+from charter.cli.work import COMMANDS as WORK_COMMANDS
+from charter.cli.work import add_arguments as work_arguments
 from charter.errors import UsageError
 
 #: Where a listing's page starts: after (time in µs, id) of the last row shown.
@@ -72,6 +74,7 @@ COMMANDS: dict[str, str] = {
     "ledger": "show a mission's allowance balances and check the ledger",
     "serve": "serve the HTTP API, the web console and metrics (extra charter[server])",
     **GRAPH_COMMANDS,
+    **WORK_COMMANDS,
     "audit": "verify the audit hash chains, or show this store's identity",
     "export": "write a mission's signed snapshot (--handover: hand it to another store)",
     "import": "verify a snapshot and file its mission, read-only",
@@ -252,6 +255,7 @@ def _parser() -> argparse.ArgumentParser:
     _recovering(commands)
     _deciding(commands)
     graph_arguments(commands)
+    work_arguments(commands)
     return p
 
 
@@ -467,10 +471,11 @@ def _run(args: argparse.Namespace) -> int:
     from charter import Engine, EngineConfig  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
     from charter.cli.commands import HANDLERS  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
     from charter.cli.graphs import HANDLERS as GRAPHS  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
+    from charter.cli.work import HANDLERS as WORK  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
 
     config = EngineConfig.from_file(args.config) if args.config else EngineConfig.discover()
     with Engine.open(args.store, config=config, create=False) as engine:
-        data, text = {**HANDLERS, **GRAPHS}[args.command](engine, args)
+        data, text = {**HANDLERS, **GRAPHS, **WORK}[args.command](engine, args)
     _emit(args, data, text)
     return 0
 

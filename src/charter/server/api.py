@@ -266,6 +266,21 @@ def _resume(engine: Engine, who: Principal, call: Call) -> Any:
     return {"run_id": run.id, "status": run.status.value, "epoch": run.epoch, "result": result}
 
 
+def _submit(engine: Engine, who: Principal, call: Call) -> Any:
+    """Queue a run for whichever worker is free (K1); the run, ``queued``."""
+    given = call.body.get("input")
+    if given is not None and not isinstance(given, dict):
+        raise UsageError(f"input must be a JSON object, got {given!r}")
+    run = engine.submit(
+        call.needs("mission_id"),
+        by=who,
+        plan=call.needs("plan"),
+        input=given,
+        queue=call.text("queue") or "default",
+    )
+    return run.to_dict()
+
+
 def _stop(engine: Engine, who: Principal, call: Call) -> Any:
     run = engine.stop_run(call.path["run_id"], by=who, reason=call.text("reason") or "stopped")
     return run.to_dict()
@@ -308,6 +323,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
       "Raise an allowance limit (a new contract version)", "raise_limit", _raise_limit,
       body={"unit": "string", "limit": "integer"}, required=("unit", "limit")),
     E("GET", "/runs", "runs", "List runs", "credential", _runs, ("mission", "status", *_PAGE)),
+    E("POST", "/runs", "submit",
+      "Submit a run of a plan (its module:attribute) for whichever worker is free", "run",
+      _submit, body={"mission_id": "string", "plan": "string", "input": "object",
+                     "queue": "string"}, required=("mission_id", "plan")),
     E("GET", "/runs/{run_id}", "run",
       "A run's state: nodes, unresolved attempts, waits, next actions", "credential", _run),
     E("GET", "/runs/{run_id}/timeline", "timeline", "The audit events about a run, newest page",

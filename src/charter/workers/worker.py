@@ -34,10 +34,11 @@ import uuid
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import FrameType
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from charter.adapters import Adapter
-from charter.engine.engine import Engine
+from charter.config import import_path
+from charter.engine.engine import Engine, runtime_of
 from charter.engine.executor import Executor
 from charter.engine.submitted import DEFAULT_QUEUE, plan_ref
 from charter.errors import CharterError, ConfigError
@@ -62,11 +63,11 @@ class Worker:
     def __init__(
         self,
         engine: Engine,
-        plans: Iterable[Plan],
+        plans: Iterable[Plan | str],
         *,
         queues: Sequence[str] = (DEFAULT_QUEUE,),
         concurrency: int = 4,
-        adapters: Iterable[Adapter] = (),
+        adapters: Iterable[Adapter | str] = (),
         poll_seconds: float = 1.0,
         name: str | None = None,
         teller: Teller | None = None,
@@ -78,10 +79,12 @@ class Worker:
         if not queues:
             raise ConfigError("a worker needs at least one queue to take runs from")
         self.engine = engine
-        self.plans: dict[str, Plan] = {plan_ref(p): p for p in plans}
+        known = [_load(p, Plan, "plan") for p in plans]
+        self.plans: dict[str, Plan] = {plan_ref(p): p for p in known}
         if not self.plans:
             raise ConfigError("a worker needs at least one plan (with its ref) to run")
-        self.adapters: dict[str, Adapter] = {a.name: a for a in adapters}
+        held = [_load(a, Adapter, "adapter") for a in adapters]  # type: ignore[type-abstract]
+        self.adapters: dict[str, Adapter] = {a.name: a for a in held}
         self.queues = tuple(queues)
         self.concurrency = concurrency
         self.poll_seconds = poll_seconds
@@ -96,7 +99,7 @@ class Worker:
         self._carried: dict[str, tuple[Executor, str]] = {}
         self._busy: dict[Future[str], str] = {}
         # On PostgreSQL, a connection that hears runs falling due elsewhere.
-        self._listener = engine.runtime.db.listener(CHANNEL)
+        self._listener = runtime_of(engine).db.listener(CHANNEL)
 
     # -- the loop ----------------------------------------------------------------------
     def run(self, *, install_signals: bool = True) -> None:
@@ -252,6 +255,19 @@ class Worker:
                     return
             self._nudge.wait(0.05)
             self._nudge.clear()
+
+
+T = TypeVar("T")
+
+
+def _load(given: T | str, kind: type[T], what: str) -> T:
+    """``given`` itself, or the object its ``module:attribute`` reference names."""
+    if not isinstance(given, str):
+        return given
+    found = import_path(given)
+    if not isinstance(found, kind):
+        raise ConfigError(f"{given} is not a charter {kind.__name__} (a worker's {what})")
+    return found
 
 
 __all__ = ["Teller", "Worker"]
