@@ -305,7 +305,7 @@ class Notices:
         attempts = json.loads(row["attempts"])
         payload: dict[str, Any] = {
             "id": row["id"],
-            "created_at": created.isoformat().replace("+00:00", "Z"),
+            "created_at": created.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "kind": row["kind"],
             "run_id": row["run_id"],
             "mission_id": row["mission_id"],
