@@ -263,3 +263,129 @@ def test_K2_a_timer_continues_within_one_poll_interval_of_its_due_time(tmp_path:
         late = finished - timer.due_at_us / 1e6
     print(f"timer continued {late * 1000:.0f} ms after its due time (poll {poll} s)")
     assert 0 <= late <= poll + 0.25
+
+
+class Told:
+    """A teller that keeps what the worker told it (the webhook path itself is
+    proven in test_notify.py; here: what the worker decides to tell, and when)."""
+
+    def __init__(self) -> None:
+        self.notices: list[tuple[str, str, list[str], list[str]]] = []
+
+    def post(
+        self, run_id: str, mission_id: str, kind: str, needs: list[str], attempts: list[str]
+    ) -> str | None:
+        self.notices.append((run_id, kind, needs, attempts))
+        return f"ntc-{len(self.notices)}"
+
+
+def test_K3_a_run_waiting_for_a_person_is_told_once_and_a_timer_run_never(
+    make_engine: MakeEngine, creds: Any
+) -> None:
+    engine = worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(default_contract(), by=who.alice)
+    asked = engine.submit(mission, by=who.agent, plan=plans.ASK)
+    napping = engine.submit(mission, by=who.agent, plan=plans.NAP, input={"seconds": 600})
+    told = Told()
+    worker = charter.Worker(engine, plans.PLANS, teller=told)
+
+    assert worker.run_once() == {asked.id: "waiting", napping.id: "waiting"}
+    assert worker.run_once() == {}
+
+    assert told.notices == [(asked.id, "input", ["an answer to 'go'"], [])]
+
+
+def test_K2_K3_an_exhausted_allowance_is_told_and_a_raised_limit_wakes_the_run(
+    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter
+) -> None:
+    engine = worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    contract = default_contract(
+        principals={"agent": {"run": ["payments.*"]}, "alice": ["resolve", "raise_limit"]},
+        allowance={"usd_cents": 1_000},
+    )
+    mission = engine.create_mission(contract, by=who.alice)
+    run = engine.submit(
+        mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "p1", "p2", amount=600)
+    )
+    told = Told()
+    worker = charter.Worker(engine, plans.PLANS, adapters=[payments], teller=told)
+    assert worker.run_once() == {run.id: "needs_person"}
+    assert engine.run(run.id).status is RunStatus.PAUSED
+    assert paid(box) == ["p1"]
+    [(_, kind, _, _)] = told.notices
+    assert kind == "allowance"
+    assert worker.run_once() == {}
+
+    engine.raise_limit(mission, "usd_cents", 2_000, by=who.alice)
+
+    assert worker.run_once() == {run.id: "ended"}
+    assert paid(box) == ["p1", "p2"]
+    assert engine.check_ledger(mission) == []
+
+
+def test_K2_K3_a_lost_payment_waits_for_a_person_whose_settlement_wakes_the_run(
+    make_engine: MakeEngine, creds: Any, box: Sandbox
+) -> None:
+    """No lookup adapter is given: the UNKNOWN payment waits for a person (R7), who
+    is told; settling it makes the run due, and the worker finishes it."""
+    engine = worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(payments_contract(), by=who.alice)
+    box.fault("drop_after_apply", reference="lost")
+    run = engine.submit(mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "lost", "next"))
+    told = Told()
+    worker = charter.Worker(engine, plans.PLANS, teller=told)
+    assert worker.run_once() == {run.id: "needs_person"}
+    [lost] = engine.attempts(run_id=run.id, unresolved=True)
+    assert told.notices == [(run.id, "unknown_attempt", told.notices[0][2], [lost.id])]
+    assert worker.run_once() == {}
+
+    engine.coordinator.resolve(
+        lost.id,
+        by=who.alice,
+        outcome="succeeded",
+        evidence="in the sandbox's log",
+        cost={"usd_cents": 500},
+        result={"status": "paid", "reference": "lost"},
+    )
+
+    assert worker.run_once() == {run.id: "ended"}
+    assert paid(box) == ["lost", "next"]  # the lost one was applied once, never again
+    assert engine.check_ledger(mission) == []
+
+
+def test_K2_W2_an_approval_that_expired_while_no_worker_ran_is_asked_again(
+    make_engine: MakeEngine, creds: Any, clock: ManualClock, box: Sandbox, payments: HttpAdapter
+) -> None:
+    engine = worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    contract = default_contract(
+        approvals={"required": ["payments.pay"], "ttl_seconds": 60},
+        principals={
+            "agent": {"run": ["payments.*"]},
+            "alice": ["stop"],
+            "bob": {"approve": ["payments.*"]},
+        },
+        allowance={"usd_cents": 100_000},
+    )
+    mission = engine.create_mission(contract, by=who.alice)
+    run = engine.submit(mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "late"))
+    told = Told()
+    worker = charter.Worker(engine, plans.PLANS, adapters=[payments], teller=told)
+    assert worker.run_once() == {run.id: "waiting"}
+    [first] = engine.approvals(run_id=run.id)
+    engine.approve(first.id, by=who.bob)
+    clock.advance(120)  # granted, then expired before any worker looked
+
+    assert worker.run_once() == {run.id: "needs_person"}
+
+    assert paid(box) == []
+    statuses = sorted(a.status.value for a in engine.approvals(run_id=run.id))
+    assert statuses == ["expired", "pending"]
+    [again] = engine.approvals(run_id=run.id, pending=True)
+    assert [kind for _, kind, _, _ in told.notices] == ["approval", "approval"]
+    engine.approve(again.id, by=who.bob)
+    assert worker.run_once() == {run.id: "ended"}
+    assert paid(box) == ["late"]

@@ -58,8 +58,8 @@ class Carry:
     adapters: Mapping[str, Adapter]
     #: Called with the executor once the run is held (the worker renews its lease).
     holding: Callable[[Executor], None]
-    #: Called when the run needs a person: (run id, what is needed, attempt ids).
-    tell: Callable[[str, list[str], list[str]], None]
+    #: Called when the run needs a person: (run id, kind, what is needed, attempt ids).
+    tell: Callable[[str, str, list[str], list[str]], None]
     #: Whether the worker is stopping (K4): a run it lets go of is due at once.
     stopping: Callable[[], bool]
     outcome: str = field(default="", init=False)
@@ -163,8 +163,24 @@ class Carry:
             return "handed_on"
         if run.status in NEEDS_PEOPLE:
             return self._stopped()
-        self._park(self.engine.wake_at_us(self.run_id))
+        due = self.engine.wake_at_us(self.run_id)
+        self._park(due)
+        if due is None:  # only a person or a service moves it on: say so (K3)
+            self._tell_waiting()
         return "waiting"
+
+    def _tell_waiting(self) -> None:
+        """A run parked on an approval or a question: its people are told which."""
+        pending = self.engine.approvals(run_id=self.run_id, pending=True)
+        if pending:
+            needs = [f"approval {a.id} of {a.scope}" for a in pending]
+            self.tell(self.run_id, "approval", needs, [])
+            return
+        asked = [
+            w for w in self.engine.waits(self.run_id, open_only=True) if w.kind.value == "input"
+        ]
+        if asked:
+            self.tell(self.run_id, "input", [f"an answer to {w.key!r}" for w in asked], [])
 
     def _stopped(self) -> str:
         run = self.engine.run(self.run_id)
@@ -174,10 +190,21 @@ class Carry:
         return "needs_person"
 
     def _needs_person(self, needs: list[str]) -> None:
-        """Park until a decision wakes the run, and tell its people (K3)."""
+        """Park until a decision wakes the run, and tell its people what kind of
+        decision it waits for (K3)."""
         self._park(None)
-        attempts = [a.id for a in self.engine.coordinator.state(self.run_id).attempts]
-        self.tell(self.run_id, needs, attempts)
+        state = self.engine.coordinator.state(self.run_id)
+        unknown = [a.id for a in state.attempts if a.status is AttemptStatus.UNKNOWN]
+        kind = "cannot_resume"
+        if unknown:
+            kind = "unknown_attempt"
+        elif any(w.get("renews") or w.get("status") == "pending" for w in state.waits):
+            kind = "approval"  # asked again after one expired unwatched (W2)
+        elif state.assessment["open_incidents"]:
+            kind = "incident"
+        elif state.assessment["exhausted"] or state.run.status is RunStatus.PAUSED:
+            kind = "allowance"  # paused with no incident open: the allowance fell short
+        self.tell(self.run_id, kind, needs, [a.id for a in state.attempts])
 
     def _ended(self) -> str:
         self.engine.unqueue(self.run_id)

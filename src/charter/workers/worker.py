@@ -14,6 +14,9 @@ NOTIFY). On SQLite, a wake from another process is seen at the next look: the
 looks back off from a twentieth of the poll interval to the whole of it while
 nothing is found, and start again fast once something is.
 
+When a run needs a person, the worker tells the engine's configured webhooks
+(:mod:`~charter.workers.notify`, K3), or the ``teller`` it is given.
+
 Stopping (K4): :meth:`stop`, or SIGTERM to :meth:`run` in the main thread,
 takes no more runs; every carried run's nodes start no new effect, sends under
 way settle (bounded by the send deadline), and each run is let go of with its
@@ -44,6 +47,7 @@ from charter.engine.submitted import DEFAULT_QUEUE, plan_ref
 from charter.errors import CharterError, ConfigError
 from charter.plans.nodes import Plan
 from charter.runs.store import CHANNEL
+from charter.workers.notify import Notices
 from charter.workers.scheduler import Carry
 
 log = logging.getLogger("charter.worker")
@@ -89,7 +93,9 @@ class Worker:
         self.concurrency = concurrency
         self.poll_seconds = poll_seconds
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
-        self.teller = teller
+        #: The engine's configured webhooks, told by this worker when no teller is given.
+        self._notices = Notices(engine) if teller is None and engine.config.webhooks else None
+        self.teller: Teller | None = teller or self._notices
         #: What the worker's carries ended in, counted (for logs and tests).
         self.counts: dict[str, int] = {}
         self._stopping = threading.Event()
@@ -108,6 +114,8 @@ class Worker:
             signal.signal(signal.SIGTERM, self._on_sigterm)
         renewer = threading.Thread(target=self._renew, name="charter-lease", daemon=True)
         renewer.start()
+        if self._notices is not None:
+            self._notices.start()
         backoff = self.poll_seconds / 20
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="charter-run") as pool:
             while not self._stopping.is_set():
@@ -118,6 +126,8 @@ class Worker:
             self._drain()
         if self._listener is not None:
             self._listener.close()
+        if self._notices is not None:
+            self._notices.stop()
 
     def run_once(self) -> dict[str, str]:
         """Take what is due now and carry each run as far as it goes, in this
@@ -204,12 +214,12 @@ class Worker:
             if self._stopping.is_set():
                 executor.drain()
 
-    def _tell(self, run_id: str, needs: list[str], attempts: list[str]) -> None:
+    def _tell(self, run_id: str, kind: str, needs: list[str], attempts: list[str]) -> None:
         if self.teller is None:
             return
         try:
             mission = self.engine.run(run_id).mission_id
-            self.teller.post(run_id, mission, "needs_person", needs, attempts)
+            self.teller.post(run_id, mission, kind, needs, attempts)
         except Exception:  # telling must never stop the worker; the inbox shows it too
             log.exception("worker %s: telling people about run %s failed", self.name, run_id)
 
