@@ -389,3 +389,63 @@ def test_K2_W2_an_approval_that_expired_while_no_worker_ran_is_asked_again(
     engine.approve(again.id, by=who.bob)
     assert worker.run_once() == {run.id: "ended"}
     assert paid(box) == ["late"]
+
+
+def test_K4_stop_lets_the_send_in_flight_settle_and_hands_the_run_on_at_once(
+    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter, raw: Any
+) -> None:
+    """The store's clock stands still here: the second worker continues the run
+    without any lease running out."""
+    engine = worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(payments_contract(), by=who.alice)
+    box.fault("slow", seconds=1.0, reference="first")
+    run = engine.submit(
+        mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "first", "second")
+    )
+    worker = charter.Worker(engine, plans.PLANS, adapters=[payments], poll_seconds=0.05)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not engine.attempts(run_id=run.id):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+    worker.stop()  # while "first" is being sent
+    thread.join(10)
+
+    assert not thread.is_alive()
+    assert worker.counts == {"handed_on": 1}
+    assert paid(box) == ["first"]
+    assert [a.status.value for a in engine.attempts(run_id=run.id)] == ["succeeded"]
+    assert raw.rows("SELECT owner_claim FROM runs WHERE id = ?", run.id) == [{"owner_claim": None}]
+    queued = engine.queued_run(run.id)
+    assert queued is not None and queued["taken_by"] is None
+    assert queued["due_at_us"] <= engine.now_us()
+
+    assert charter.Worker(engine, plans.PLANS).run_once() == {run.id: "ended"}
+    assert paid(box) == ["first", "second"]
+    assert engine.run(run.id).epoch == 1  # continued as its segment: no lease waited out
+
+
+def test_K4_R1_an_owner_on_another_host_is_never_judged_dead_by_this_one(
+    make_engine: MakeEngine, creds: Any, clock: ManualClock, raw: Any
+) -> None:
+    engine = worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(default_contract(), by=who.alice)
+    run = engine.submit(mission, by=who.agent, plan=plans.NAP, input={"seconds": 0})
+    [taken] = engine.take_runs(
+        queues=["default"], plans=[plans.NAP.ref or ""], limit=1, token="far", hold_seconds=1
+    )
+    assert engine.begin(taken, "far-seg") is not None
+    gone = '{"host": "elsewhere/boot/pid:[1]", "pid": 4194305, "started": "1"}'
+    raw.execute("UPDATE runs SET owner_process = ? WHERE id = ?", gone, run.id)
+    clock.advance(2)  # the queue's hold ended; the run's lease has not
+    worker = charter.Worker(engine, plans.PLANS)
+
+    assert worker.run_once() == {run.id: "held"}
+    assert engine.queued_run(run.id)["due_at_us"] == engine.run(run.id).lease_expires_us
+    clock.advance(LEASE)
+    assert worker.run_once() == {run.id: "ended"}
+    assert engine.run(run.id).epoch == 2
