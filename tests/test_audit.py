@@ -954,6 +954,8 @@ def _as_before_schema_6(raw: RawStore) -> None:
     raw.execute("DROP INDEX audit_events_entity")
     for table in ("waits", "artifacts", "plan_versions", "sign_ins"):
         raw.execute(f"DROP TABLE {table}")
+    for table in ("escrow_holds", "escrow_accounts", "escrow_slices"):
+        raw.execute(f"DROP TABLE {table}")
     raw.execute("DELETE FROM schema_migrations WHERE version >= 6")
 
 

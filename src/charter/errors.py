@@ -24,7 +24,8 @@ about it::
     │   ├── PlanError               a plan or a change to it is refused; nothing ran
     │   ├── WaitError               an answer or a signal is refused (W1)
     │   ├── AmountOverflow          a ledger sum would pass 2^63 - 1 (A9)
-    │   └── MissionSealed           an imported or handed-over mission is read-only (S2, S5)
+    │   ├── MissionSealed           an imported or handed-over mission is read-only (S2, S5)
+    │   └── SliceUnavailable        an escrow slice cannot serve this; its mission's gate does (L10)
     ├── ArtifactError               an artifact's name, hash or object is refused (N2)
     ├── AdmissionRefused            A1 checks failed; nothing was recorded
     │   └── AllowanceExceeded       L3/L7: the allowance cannot cover it
@@ -114,6 +115,7 @@ __all__ = [
     "SegmentReused",
     "SettlementUnrecorded",
     "SignatureInvalid",
+    "SliceUnavailable",
     "SnapshotMalformed",
     "SnapshotRefused",
     "SnapshotTampered",
@@ -304,6 +306,16 @@ class MissionSealed(StateError):
     which, and what to do."""
 
     code = "mission_sealed"
+
+
+class SliceUnavailable(StateError):
+    """An escrow slice of a mission's allowance cannot serve a transaction (L10):
+    it cannot cover the estimate, its lease lapsed, it was returned, or the
+    mission cannot lend one now (``why`` says which). Inside a lane the
+    transaction goes through the mission's gate instead; a lease refused says
+    why, and the worker admits through the mission's gate meanwhile."""
+
+    code = "slice_unavailable"
 
 
 class SnapshotRefused(CharterError):

@@ -101,10 +101,18 @@ def checkpoint_statement(chain: str, seq: int, hash_: str | None) -> bytes:
     return canonical({"chain": chain, "hash": hash_, "seq": seq}).encode()
 
 
+#: How an escrow slice's id begins (L10): a slice is a chain of its own, its head
+#: on its row in ``escrow_slices``. Missions' ids begin otherwise (``mis_``).
+SLICE_PREFIX = "esc_"
+
+
 def head_table(chain: str) -> str:
-    """The table whose row keeps ``chain``'s head: the mission's own row, or for
-    the engine chain (which concerns no mission) its row in ``audit_chains``."""
-    return "audit_chains" if chain == ENGINE_CHAIN else "missions"
+    """The table whose row keeps ``chain``'s head: the mission's own row, an escrow
+    slice's row for a slice's chain, or for the engine chain (which concerns no
+    mission) its row in ``audit_chains``."""
+    if chain == ENGINE_CHAIN:
+        return "audit_chains"
+    return "escrow_slices" if chain.startswith(SLICE_PREFIX) else "missions"
 
 
 #: What an event's hash covers (with the previous event's hash).

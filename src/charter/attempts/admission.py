@@ -28,9 +28,12 @@ from charter.contracts.principals import Right
 from charter.errors import (
     AdmissionRefused,
     AllowanceExceeded,
+    SliceUnavailable,
     StoreConflict,
 )
 from charter.ids import check_text
+from charter.ledger.escrow import slices as escrow
+from charter.ledger.escrow import store as escrow_store
 from charter.runs.ownership import Segment
 from charter.runs.run import RunStatus
 from charter.storage import Row, Tx
@@ -100,6 +103,14 @@ def check_allowance(seg: Segment, tx: Tx, contract: Contract, row: Row, call: Ca
     }
     if not short and not row["open_incidents"]:
         return
+    lane = tx.lane(seg.mission_id)
+    if short and not row["open_incidents"] and lane is not None:
+        # L10: the slice cannot cover it; the mission's gate decides, as without it.
+        raise SliceUnavailable(
+            f"escrow slice {lane.chain} cannot cover {call.scope}: {short}",
+            slice_id=lane.chain,
+            why="short",
+        )
     if row["open_incidents"]:
         why = f"{row['open_incidents']} open incident(s) on the mission"
     else:
@@ -154,7 +165,7 @@ def admission(seg: Segment, call: Call, effect: Effect, *, dispatch: bool = True
 
 def admit(seg: Segment, tx: Tx, call: Call, effect: Effect, *, dispatch: bool = True) -> Admitted:
     """A1 + (when no approval wait intervenes) A2, in the caller's transaction."""
-    row = seg.own(tx)
+    row = _lent(seg, tx, seg.own(tx))
     contract = seg.runtime.authority.contract(tx, seg.mission_id, row["contract_version"])
     _check_active(seg, tx, row, call)
     require(
@@ -190,6 +201,27 @@ def admit(seg: Segment, tx: Tx, call: Call, effect: Effect, *, dispatch: bool = 
     if standing is ApprovalStatus.DENIED:
         attempt = void_denied(seg, tx, attempt)
     return Admitted(attempt, frozenset(contract.allowance))
+
+
+def _lent(seg: Segment, tx: Tx, row: Row) -> Row:
+    """L10 at admission. In a lane: its slice must be open and its lease running
+    (else the mission's gate admits). Through the mission's gate: slices whose
+    lease lapsed are returned first, and what they did not use is available."""
+    lane = tx.lane(seg.mission_id)
+    if lane is not None:
+        if row["slice_status"] != "open" or row["slice_expires_us"] <= tx.now_us:
+            raise SliceUnavailable(
+                f"escrow slice {lane.chain} is {row['slice_status']} (lease to "
+                f"{row['slice_expires_us']}); the mission's gate admits instead",
+                slice_id=lane.chain,
+                why="lapsed" if row["slice_status"] == "open" else row["slice_status"],
+            )
+        return row
+    lapse = row["escrow_lapse"]
+    if lapse is None or lapse > tx.now_us or not escrow.sweep(tx, seg.mission_id):
+        return row
+    balances = ledger.cached(tx, seg.mission_id)
+    return {**row, "available": ",".join(f"{u}:{b.available}" for u, b in balances.items())}
 
 
 def void_denied(seg: Segment, tx: Tx, attempt: Attempt) -> Attempt:
@@ -258,6 +290,10 @@ def _record(seg: Segment, tx: Tx, call: Call, effect: Effect, dispatch_now: bool
         generation=effect.generation,
     )
     store.insert(tx, attempt, call.request_json)
+    lane = tx.lane(seg.mission_id)
+    if lane is not None:  # L10: the hold is the slice's
+        escrow_store.held_in(tx, attempt.id, lane.chain)
+        lane.members.add(attempt.id)
     holds = ledger.record(
         tx, seg.mission_id, attempt.id, ledger.hold(attempt.estimate), attempt.price_source
     )

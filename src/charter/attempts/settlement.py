@@ -21,8 +21,9 @@ from charter.attempts.model import Attempt, AttemptStatus
 from charter.audit import store as audit_store
 from charter.contracts import store as contracts_store
 from charter.contracts.contract import Contract
-from charter.errors import CharterError, StateError, UsageError
+from charter.errors import CharterError, SliceUnavailable, StateError, UsageError
 from charter.hashing import ENGINE_CHAIN, by_reference, dumped
+from charter.ledger.escrow import slices as escrow
 from charter.ledger.incidents import open_incident
 from charter.runs import run as runs
 from charter.runs import store as run_store
@@ -41,6 +42,28 @@ def _run_status(tx: Tx, attempt: Attempt) -> Prefetched:
     """The run's status, read under the gate and sent with the decisive update
     (no round trip of its own): settling the last attempt of a stopping run ends it."""
     return run_store.status_ahead(tx, attempt.mission_id, attempt.run_id)
+
+
+def _in_lane(tx: Tx, attempt: Attempt) -> None:
+    """In a lane (L10) only a hold taken from its slice is resolved there: another
+    is the mission's, resolved through the mission's gate instead."""
+    lane = tx.lane(attempt.mission_id)
+    if lane is not None and attempt.id not in lane.members:
+        raise SliceUnavailable(
+            f"attempt {attempt.id}'s hold is not in escrow slice {lane.chain}; it is "
+            "resolved through its mission's gate",
+            slice_id=lane.chain,
+            why="not its hold",
+        )
+
+
+def _outside_lane(tx: Tx, attempt: Attempt, run: Prefetched, actor: str) -> None:
+    """Through the mission's gate, while the mission has lent slices (L10): a hold
+    taken from a slice still open is made the mission's first (the slice is
+    returned), so it is resolved exactly once, in the books that hold it (L6)."""
+    row = run.row
+    if tx.lane(attempt.mission_id) is None and row is not None and row["slices"]:
+        escrow.outside(tx, attempt.id, actor=actor)
 
 
 def _conclude(
@@ -77,6 +100,7 @@ def settle(
     if not status.settled:
         raise StateError(f"{status.value} is not a settlement")
     tx.lock_mission(attempt.mission_id)
+    _in_lane(tx, attempt)
     price_source = price_source or attempt.price_source  # L8: entries always name a source
     run = _run_status(tx, attempt)
     result_json, receipt_json = dumped(result), dumped(receipt)
@@ -93,6 +117,7 @@ def settle(
         from_statuses=from_statuses,
     ):
         return False
+    _outside_lane(tx, attempt, run, actor)
     budgeted = {u: a for u, a in actual.items() if u in units}
     entries = ledger.record(
         tx, attempt.mission_id, attempt.id, ledger.settle(attempt.estimate, budgeted), price_source
@@ -309,9 +334,11 @@ def void(
 ) -> bool:
     """VOIDED releases exactly its hold, and only if never DISPATCHED (L6)."""
     tx.lock_mission(attempt.mission_id)
+    _in_lane(tx, attempt)
     run = _run_status(tx, attempt)
     if not store.void(tx, attempt.id, reason):
         return False
+    _outside_lane(tx, attempt, run, actor)
     entries = ledger.record(
         tx, attempt.mission_id, attempt.id, ledger.release(attempt.estimate), attempt.price_source
     )

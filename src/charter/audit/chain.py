@@ -20,6 +20,7 @@ This module checks chains; :mod:`~charter.audit.store` reads them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from charter.hashing import (
     digest,
     event_hash,
     genesis,
+    head_table,
 )
 
 if TYPE_CHECKING:
@@ -129,5 +131,52 @@ def chains(tx: Tx) -> list[str]:
 
 
 def verify(tx: Tx, chain: str) -> Verification:
-    """Check ``chain`` end to end against its recorded head."""
-    return verify_events(chain, store.events(tx, chain, PAGE), store.head(tx, chain))
+    """Check ``chain`` end to end against its recorded head. A mission's chain
+    is checked with the chains of the escrow slices it lent (L10), and a
+    slice's chain is checked against the events of its mission's chain that
+    lent it and, once returned, recorded its final head."""
+    head = store.head(tx, chain)
+    result = verify_events(chain, store.events(tx, chain, PAGE), head)
+    if not result.ok:
+        return result
+    table = head_table(chain)
+    if table == "escrow_slices":
+        problem = _lent(tx, chain, head)
+        return (
+            result if problem is None else Verification(chain, result.events, False, None, problem)
+        )
+    if table == "missions":
+        for lent in store.slices(tx, chain):
+            found = verify(tx, lent["id"])
+            if not found.ok:
+                return Verification(
+                    chain,
+                    result.events,
+                    False,
+                    found.broken_at,
+                    f"escrow slice {lent['id']}: {found.problem}",
+                )
+    return result
+
+
+def _lent(tx: Tx, slice_id: str, head: ChainHead | None) -> str | None:
+    """What is wrong with how a slice's chain is tied into its mission's (L10)."""
+    row = store.lender(tx, slice_id)
+    if row is None or head is None:
+        return "a slice's chain without its slice's row"
+    kinds = {
+        r["kind"]: json.loads(r["payload"]) for r in store.lending(tx, row["mission_id"], slice_id)
+    }
+    if "escrow.leased" not in kinds:
+        return f"no event on mission {row['mission_id']}'s chain lent this slice"
+    if row["status"] == "open":
+        return None
+    returned = kinds.get("escrow.returned")
+    if returned is None:
+        return f"returned, but no event on mission {row['mission_id']}'s chain says so"
+    if returned.get("head") != [head.seq, head.hash]:
+        return (
+            f"the slice's chain ends at event {head.seq}, not where its return on mission "
+            f"{row['mission_id']}'s chain recorded it ({returned.get('head')})"
+        )
+    return None

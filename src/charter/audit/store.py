@@ -28,7 +28,8 @@ def chain_ids(tx: Tx) -> set[str]:
         "SELECT (SELECT MIN(mission_id) FROM audit_events WHERE mission_id > c.id) "
         "FROM c WHERE c.id IS NOT NULL) "
         "SELECT id FROM c WHERE id IS NOT NULL "
-        "UNION SELECT id FROM missions UNION SELECT id FROM audit_chains"
+        "UNION SELECT id FROM missions UNION SELECT id FROM audit_chains "
+        "UNION SELECT id FROM escrow_slices"
     )
     return {r["id"] for r in rows}
 
@@ -60,6 +61,29 @@ def events(tx: Tx, chain: str, page: int) -> Iterator[Row]:
             rows[-1]["seq"],
             page,
         )
+
+
+def slices(tx: Tx, mission_id: str) -> list[Row]:
+    """The escrow slices a mission lent (L10): each a chain of its own."""
+    return tx.all(
+        "SELECT id, mission_id, status FROM escrow_slices WHERE mission_id = ? ORDER BY id",
+        mission_id,
+    )
+
+
+def lender(tx: Tx, slice_id: str) -> Row | None:
+    """The slice's row: its mission and status."""
+    return tx.one("SELECT id, mission_id, status FROM escrow_slices WHERE id = ?", slice_id)
+
+
+def lending(tx: Tx, mission_id: str, slice_id: str) -> list[Row]:
+    """The events on the mission's chain that lent and returned the slice."""
+    return tx.all(
+        "SELECT kind, payload FROM audit_events WHERE mission_id = ? AND entity = ? "
+        "AND kind IN ('escrow.leased', 'escrow.returned') ORDER BY seq",
+        mission_id,
+        slice_id,
+    )
 
 
 def all_events(tx: Tx, chain: str) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from charter.contracts.model import Mission
 from charter.errors import ContractError, NotAuthorized, NotFound
 from charter.ids import check_text
 from charter.ledger import store as ledger_store
+from charter.ledger.escrow import slices as escrow
 from charter.storage import Tx
 from charter.storage.paging import Position
 from charter.storage.transaction import Refused
@@ -114,6 +115,8 @@ def amend(
             "their spent amount instead",
             field="allowance",
         )
+    # L10: what slices hold unused comes back before a limit is judged.
+    escrow.revoke(tx, mission.id, "a new contract version", actor=by)
     for unit, bal in ledger.cached(tx, mission.id).items():
         if proposed.allowance[unit] < bal.held + bal.spent:
             raise ContractError(
@@ -159,6 +162,8 @@ def add_version(
     store.insert_version(tx, mission_id, version, contract, reason=reason, by=by)
     store.set_contract_version(tx, mission_id, version)
     old_limits = dict(previous.allowance) if previous else {}
+    if previous is not None:  # L10: a new version revokes the slices lent under the old
+        escrow.revoke(tx, mission_id, f"contract v{version}", actor=by)
     moves: list[ledger.Move] = []
     for unit, limit in contract.allowance.items():
         if unit not in old_limits:

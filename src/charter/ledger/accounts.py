@@ -14,7 +14,15 @@ spend       held -> spent           settlement, up to the hold (L2)
 release     held -> available       settlement below the hold, or VOIDED
 overrun     available -> spent      settlement above the hold (L5)
 reduce      available -> limit      a limit lowered
+lease       available -> held       a slice lent to a worker (L10)
 ==========  ======================  =====================================
+
+A slice lent to a worker (L10) is held whole in its mission's books; in its
+own books, kept on its own chain, the grant is a ``fund`` and its attempts'
+holds and settlements are the same entries as a mission's. When it is
+returned, its mission settles the grant as one hold: what its attempts spent
+is spent, the rest released, what they spent above it an overrun; the holds
+of its attempts still open stay held.
 
 This module only *computes* moves, as pure arithmetic; :mod:`charter.ledger.store`
 applies them to the cached balances in one transaction and rebuilds balances
@@ -61,6 +69,7 @@ ROUTES: dict[str, tuple[str, str]] = {
     "spend": ("held", "spent"),
     "release": ("held", "available"),
     "overrun": ("available", "spent"),
+    "lease": ("available", "held"),
 }
 
 

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from charter.ledger.accounts import Balance, Move, balances, carried, carry, check_sums
+from charter.ledger.escrow import store as escrow_store
 from charter.storage import Row, Tx
 from charter.storage.paging import Position, page
 
@@ -47,6 +48,13 @@ def record(
     if not moves:
         return {}
     change = balances(moves)
+    lane = tx.lane(mission_id)
+    if lane is not None:
+        # L10: in a lane the moves are the slice's; its chain carries them.
+        if any(d.overrun > 0 or d.limit > 0 for d in change.values()):
+            check_sums(escrow_store.cached(tx, lane.chain), change)
+        escrow_store.move(tx, lane.chain, change)
+        return {"ledger": carry(moves, attempt_id, price_source)}
     if any(d.overrun > 0 or d.limit > 0 for d in change.values()):
         check_sums(cached(tx, mission_id), change)
     tx.many(
@@ -178,29 +186,41 @@ def entries(
 
 
 def problems(tx: Tx, mission_id: str) -> list[str]:
-    """Check L0, L1 and L2 for one mission; an empty list means the ledger holds."""
+    """Check L0, L1 and L2 for one mission and each slice it lent that is open
+    (L10); an empty list means the ledger holds.
+
+    A mission's ``held`` is the holds of its open attempts taken from it, and
+    every open slice's whole grant; a slice's ``held`` is the holds of its open
+    attempts taken from it. A slice's books rebuild from its own chain."""
+    holds: dict[str | None, dict[str, int]] = {None: {}}
+    lent = escrow_store.open_slices(tx, mission_id)
+    for s in lent:
+        holds[s["id"]] = {}
+    for estimate, slice_id in escrow_store.open_holds(tx, mission_id):
+        into = holds.setdefault(slice_id, {})
+        for unit, amount in estimate.items():
+            into[unit] = into.get(unit, 0) + amount
+    books = [(mission_id, "", cached(tx, mission_id), holds[None])]
+    for s in lent:
+        grant = escrow_store.cached(tx, s["id"])
+        for unit, bal in grant.items():
+            holds[None][unit] = holds[None].get(unit, 0) + bal.limit
+        books.append((s["id"], f"slice {s['id']} ", grant, holds[s["id"]]))
     out: list[str] = []
-    cache = cached(tx, mission_id)
-    try:
-        rebuilt = from_entries(tx, mission_id)
-    except ValueError:
-        return ["L2: an audit event carries entries that are not a ledger's (edited by hand?)"]
-    holds: dict[str, int] = {}
-    for r in tx.all(
-        # Through the runs, so the partial index of open attempts serves it.
-        "SELECT estimate FROM attempts WHERE run_id IN (SELECT id FROM runs WHERE mission_id = ?) "
-        "AND status IN ('prepared', 'dispatched', 'unknown')",
-        mission_id,
-    ):
-        for unit, amount in json.loads(r["estimate"]).items():
-            holds[unit] = holds.get(unit, 0) + amount
-    for unit, bal in cache.items():
-        if bal.available + bal.held + bal.spent != bal.limit:
-            out.append(f"L0 {unit}: available+held+spent != limit ({bal})")
-        if bal.held != holds.get(unit, 0):
-            out.append(f"L1 {unit}: held {bal.held} != open holds {holds.get(unit, 0)}")
-        if rebuilt.get(unit, Balance()) != bal:
-            out.append(f"L2 {unit}: cached {bal} != rebuilt from entries {rebuilt.get(unit)}")
+    for chain, name, cache, held in books:
+        try:
+            rebuilt = from_entries(tx, chain)
+        except ValueError:
+            return [f"L2 {name}: an audit event carries entries that are not a ledger's"]
+        for unit, bal in cache.items():
+            if bal.available + bal.held + bal.spent != bal.limit:
+                out.append(f"L0 {name}{unit}: available+held+spent != limit ({bal})")
+            if bal.held != held.get(unit, 0):
+                out.append(f"L1 {name}{unit}: held {bal.held} != open holds {held.get(unit, 0)}")
+            if rebuilt.get(unit, Balance()) != bal:
+                out.append(
+                    f"L2 {name}{unit}: cached {bal} != rebuilt from entries {rebuilt.get(unit)}"
+                )
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from charter.ledger.escrow import store as escrow_store
 from charter.runs.model import Run, RunStatus
 from charter.storage import Prefetched, Row, Tx
 from charter.storage.paging import Position, page
@@ -32,9 +33,20 @@ _STANDING = (
     "AND i.status = 'open') AS open_incidents, "
     # "unit:amount,..." (units are plain names): one statement, one round trip.
     "(SELECT {group_concat}(a.unit || ':' || a.available, ',') FROM allowances a "
-    "WHERE a.mission_id = r.mission_id) AS available "
+    "WHERE a.mission_id = r.mission_id) AS available, "
+    # When the first of the mission's lent slices lapses (L10): an admission
+    # through the mission's gate returns it.
+    "(SELECT MIN(s.lease_expires_us) FROM escrow_slices s WHERE s.mission_id = r.mission_id "
+    "AND s.status = 'open') AS escrow_lapse "
     # No row locks: the caller holds the mission's gate.
     "FROM missions m JOIN runs r ON m.id = r.mission_id WHERE r.id = ?"
+)
+
+#: A run's status, and how many slices its mission has lent (L10): a settlement
+#: through the mission's gate then asks whose hold it resolves.
+_STATUS_AHEAD = (
+    "SELECT r.status, (SELECT COUNT(*) FROM escrow_slices s WHERE s.mission_id = r.mission_id "
+    "AND s.status = 'open') AS slices FROM runs r WHERE r.id = ?"
 )
 
 _SET_LEASE = "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ?"
@@ -153,7 +165,7 @@ def status(tx: Tx, run_id: str) -> RunStatus | None:
 def status_ahead(tx: Tx, mission_id: str, run_id: str) -> Prefetched:
     """The run's status as a read sent ahead (it travels with the next
     statement), or recalled: a settlement makes it on every attempt."""
-    return tx.recall(mission_id, "SELECT status FROM runs WHERE id = ?", run_id)
+    return tx.recall(mission_id, _STATUS_AHEAD, run_id)
 
 
 def follower(tx: Tx, run_id: str) -> str | None:
@@ -196,6 +208,9 @@ def standing(tx: Tx, mission_id: str, run_id: str) -> Row | None:
     available amounts (``unit:amount,...``), in one statement. It reads the
     missions', allowances' and incidents' tables too, all of the mission's own
     rows: recalled (see :meth:`Tx.recall`)."""
+    lane = tx.lane(mission_id)
+    if lane is not None:
+        return tx.recall(mission_id, escrow_store.STANDING, lane.chain, run_id).row
     return tx.recall(mission_id, _STANDING, run_id).row
 
 

@@ -18,8 +18,9 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from charter.clock import Clock
-from charter.errors import StoreChanged, StoreError, UsageError
+from charter.errors import SliceUnavailable, StoreChanged, StoreError, UsageError
 from charter.ids import IdFactory
+from charter.storage import lanes
 from charter.storage.transaction import Driver, HeadSigner, Listening, Refused, Tx
 
 T = TypeVar("T")
@@ -145,8 +146,12 @@ class Database:
         self._acquire(write)
         group = self._group if write else None
         member = None if group is None else f"member_{group.size}"
+        lane = lanes.of(gate)  # L10: the mission's gate shared, the lane's whole
         try:
-            self._start(write, gate, member, recall)
+            if lane is None:
+                self._start(write, gate, member, recall)
+            else:
+                self._start(write, lane.chain, member, recall, shared=gate)
         except BaseException as exc:  # nothing of this transaction exists
             self._end(write, group, kept=False, outcome=exc)
         tx = Tx(self.driver, self.ids, gate, self.sign)
@@ -201,7 +206,23 @@ class Database:
         round trip before the commit), then, if the store found that any of them
         had changed, once more on fresh reads. ``body`` may therefore run twice:
         it must change nothing outside its transaction that its second run does
-        not set again. Nothing of a first run that did not hold is stored."""
+        not set again. Nothing of a first run that did not hold is stored.
+
+        In a lane of the mission (:mod:`charter.storage.lanes`), a body its
+        slice cannot serve (:class:`SliceUnavailable`: short, lapsed, returned)
+        runs again through the mission's gate, as it would without the lane."""
+        lane = lanes.of(gate)
+        if lane is None:
+            return self._transact(body, gate)
+        try:
+            return self._transact(body, gate)
+        except SliceUnavailable:
+            lane.fell_back = True
+        with lanes.bypassed(gate):
+            return self._transact(body, gate)
+
+    def _transact(self, body: Callable[[Tx], T], gate: str) -> T:
+        """:meth:`transact`, on remembered rows first."""
         if self.driver.recalls:
             try:
                 with self.transaction(gate=gate, recall=True) as tx:
@@ -212,14 +233,24 @@ class Database:
             return body(tx)
 
     def _start(
-        self, write: bool, gate: str | None, member: str | None, recall: bool = False
+        self,
+        write: bool,
+        gate: str | None,
+        member: str | None,
+        recall: bool = False,
+        *,
+        shared: str | None = None,
     ) -> None:
+        """Begin (or join the open group); ``shared``: a mission whose gate is
+        taken shared before ``gate``, its lane's (L10)."""
         if member is None:
             self.driver.begin(write, self.clock, gate, recall)
         else:
             self.driver.join(self.clock, member)
             if gate is not None:
                 self.driver.gate(gate)
+        if shared is not None:
+            self.driver.share(shared)
 
     def _undo(self, group: _Group | None, member: str | None) -> bool:
         """Undo a transaction's changes: all of them, or its savepoint's. A

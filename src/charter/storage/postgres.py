@@ -64,6 +64,8 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 _CLOCK_US = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT"
 _NOW = f"SELECT {_CLOCK_US} AS now"
 _GATE = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+#: The mission's gate taken shared, by a transaction in a lane (see :mod:`charter.storage.lanes`).
+_SHARE = "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0))"
 #: A chain's head (by the table that keeps it, see :func:`charter.hashing.head_table`),
 #: read in a statement of its own after the lock, so its snapshot sees every
 #: append before it; the clock is read there too, so a wait for the gate does not
@@ -72,7 +74,7 @@ _HEAD = {
     table: "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT AS now, "
     "h.audit_seq, h.audit_hash, h.audit_sealed FROM (SELECT 1) AS one LEFT JOIN "
     f"(SELECT audit_seq, audit_hash, audit_sealed FROM {table} WHERE id = %s) AS h ON true"
-    for table in ("missions", "audit_chains")
+    for table in ("missions", "audit_chains", "escrow_slices")
 }
 #: The guard of a recalled head and of the estimated clock, in one statement after
 #: the gate: the head is still the one recalled, and the server's clock is within
@@ -83,7 +85,7 @@ _HEADGUARD = {
     "AND audit_hash IS NOT DISTINCT FROM %s AND audit_sealed IS NOT DISTINCT FROM %s) = 1 "
     "AND ABS(c.now - %s::BIGINT) <= %s::BIGINT)::int AS ok "
     f"FROM (SELECT {_CLOCK_US} AS now) AS c"
-    for table in ("missions", "audit_chains")
+    for table in ("missions", "audit_chains", "escrow_slices")
 }
 #: The slack given to the clock's guard when the clock is injected (it is not the server's).
 _ANY_TIME = 1 << 62
@@ -339,6 +341,12 @@ class PostgresDriver(Pipeline):
         self._gated.append(mission_id)
         head = _HEAD[head_table(mission_id)]
         self._pending += [(_GATE, (mission_id,), None), (head, (mission_id,), take)]
+
+    def share(self, mission_id: str) -> None:
+        """The mission's gate, shared until the transaction ends, before its lane's
+        gate: lanes pass one another, and wait for whoever holds it whole."""
+        begun = bool(self._pending) and self._pending[0][0].startswith("BEGIN")
+        self._pending.insert(1 if begun else len(self._pending), (_SHARE, (mission_id,), None))
 
     def head(self, mission_id: str) -> Head | None:
         if mission_id not in self._heads:

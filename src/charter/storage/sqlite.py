@@ -22,7 +22,7 @@ from charter.storage.transaction import Head
 #: A chain's head, by the table that keeps it (see :func:`charter.hashing.head_table`).
 _HEAD = {
     table: f"SELECT audit_seq, audit_hash, audit_sealed FROM {table} WHERE id = ?"
-    for table in ("missions", "audit_chains")
+    for table in ("missions", "audit_chains", "escrow_slices")
 }
 
 
@@ -147,6 +147,9 @@ class SQLiteDriver:
 
     def gate(self, mission_id: str) -> None:
         """Held since BEGIN IMMEDIATE."""
+
+    def share(self, mission_id: str) -> None:
+        """Held whole since BEGIN IMMEDIATE: one writer at a time, lanes or not."""
 
     def head(self, mission_id: str) -> Head | None:
         row = self.execute(_HEAD[head_table(mission_id)], (mission_id,)).fetchone()

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from charter.clock import Clock
-from charter.errors import CharterError, MissionSealed, StoreError
+from charter.errors import CharterError, MissionSealed, SliceUnavailable, StoreError
 from charter.hashing import (
     HASHED_FIELDS,
     canonical,
@@ -37,7 +37,9 @@ from charter.hashing import (
     head_table,
 )
 from charter.ids import IdFactory
+from charter.storage import lanes
 from charter.storage.dialect import Dialect
+from charter.storage.lanes import Lane
 
 Row = Mapping[str, Any]
 #: An audit chain's head as its row keeps it: the last event's sequence number
@@ -123,6 +125,12 @@ class Driver(Protocol):
         or appending to its audit chain."""
         ...
 
+    def share(self, mission_id: str) -> None:
+        """Take the mission's gate shared until the transaction ends, before the
+        gate of a lane of it (see :mod:`charter.storage.lanes`): transactions in
+        lanes pass one another; one holding the gate whole waits for them all."""
+        ...
+
     def head(self, mission_id: str) -> Head | None:
         """The head kept on the row of a mission whose gate is held (``None``:
         no such row yet, as while the mission is being created)."""
@@ -194,8 +202,12 @@ class Tx:
         self._sign = sign
         #: Chains this transaction seals (with why) or opens again (S2, S5).
         self._seals: dict[str, str | None] = {}
-        #: The missions whose gate this transaction holds.
+        #: The lanes this transaction's changes of a mission go through (L10).
+        self._lanes = lanes.current()
+        #: The missions (and lanes) whose gate this transaction holds.
         self._gates: set[str] = set() if gate is None else {gate}
+        if gate in self._lanes:
+            self._gates.add(self._lanes[gate].chain)
         #: Counters on a mission's row, added when the transaction ends (see count).
         self._counts: dict[str, dict[str, int]] = {}
 
@@ -238,7 +250,7 @@ class Tx:
         (:mod:`charter.storage.recall`); otherwise it is a read sent ahead."""
         self.lock_mission(mission_id)
         box = Prefetched(self._driver)
-        self._driver.recall(mission_id, self._sql(sql), params, box.fill)
+        self._driver.recall(self._chain(mission_id), self._sql(sql), params, box.fill)
         return box
 
     def prefetch(self, sql: str, *params: Any) -> Prefetched:
@@ -301,10 +313,11 @@ class Tx:
         after: str | None = None,
         payload: Any = None,
     ) -> None:
-        """Stage an audit event; it is chained and written at commit."""
+        """Stage an audit event; it is chained and written at commit (on the
+        chain of the lane the mission's changes go through, if any)."""
         self._events.append(
             {
-                "mission_id": mission_id,
+                "mission_id": self._chain(mission_id),
                 "at_us": self.now_us,
                 "actor": actor,
                 "segment": segment,
@@ -317,14 +330,14 @@ class Tx:
             }
         )
 
-    def count(self, mission_id: str, column: str) -> None:
+    def count(self, mission_id: str, column: str, by: int = 1) -> None:
         """Add one to a counter on the mission's row (``column``, named by the
         row's owner) as the transaction ends: in the statement that moves the
         mission's chain head when the transaction appends to the chain, as every
         change of a mission does, so a counted change costs no statement of its
         own. Nothing in the transaction reads the counter after counting."""
-        counters = self._counts.setdefault(mission_id, {})
-        counters[column] = counters.get(column, 0) + 1
+        counters = self._counts.setdefault(self._chain(mission_id), {})
+        counters[column] = counters.get(column, 0) + by
 
     def copy(self, into: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Write ``rows`` as they are: ``into`` is the owner's ``INSERT INTO table``,
@@ -351,8 +364,28 @@ class Tx:
         queue instead of deadlocking (SQLite's single writer is a gate already).
         """
         if mission_id not in self._gates:
-            self._driver.gate(mission_id)
+            chain_of = next((m for m, ln in self._lanes.items() if ln.chain == mission_id), None)
+            if chain_of is not None:  # a lane's chain: taken as its mission's lane
+                self.lock_mission(chain_of)
+                return
+            lane = self._lanes.get(mission_id)
+            if lane is None:
+                self._driver.gate(mission_id)
+            else:
+                self._driver.share(mission_id)
+                self._driver.gate(lane.chain)
+                self._gates.add(lane.chain)
             self._gates.add(mission_id)
+
+    def lane(self, mission_id: str) -> Lane | None:
+        """The lane this transaction's changes of ``mission_id`` go through (L10):
+        its ledger moves go to the lane's slice, its events on the slice's chain."""
+        return self._lanes.get(mission_id)
+
+    def _chain(self, mission_id: str) -> str:
+        """Where ``mission_id``'s events and counters go in this transaction."""
+        lane = self._lanes.get(mission_id)
+        return mission_id if lane is None else lane.chain
 
     def refused(
         self,
@@ -399,6 +432,13 @@ class Tx:
         heads: dict[str, tuple[int, str]] = {}
         for mission_id in chains:
             seq, hash_, sealed = self._driver.head(mission_id) or (0, None, None)
+            if sealed is not None and head_table(mission_id) == "escrow_slices":
+                raise SliceUnavailable(
+                    f"escrow slice {mission_id} was {sealed}: nothing more is recorded on it; "
+                    "the transaction goes through its mission's gate instead",
+                    slice_id=mission_id,
+                    why=sealed,
+                )
             if sealed is not None and self._seals.get(mission_id, sealed) is not None:
                 raise MissionSealed(
                     f"mission {mission_id} is sealed here ({sealed}): nothing more is "
@@ -462,8 +502,9 @@ class Tx:
     def _write_counts(self) -> None:
         """Counters of missions whose chain this transaction left as it was."""
         for mission_id, counters in self._counts.items():
+            added = _added(counters).removesuffix(", ")
             self.write(
-                f"UPDATE missions SET {_added(counters).removesuffix(', ')} WHERE id = ?",
+                f"UPDATE {head_table(mission_id)} SET {added} WHERE id = ?",
                 *counters.values(),
                 mission_id,
             )

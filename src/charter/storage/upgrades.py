@@ -432,3 +432,48 @@ UPGRADES.append(
         ],
     )
 )
+
+# From 18 on, a worker may lease a slice of a mission's allowance (L10): the slice
+# keeps its own accounts and its own audit chain (its head on its row, as a
+# mission's is on the mission's), so workers admitting against their slices share
+# no row; ``escrow_holds`` says which slice an attempt's hold was taken from.
+UPGRADES.append(
+    (
+        18,
+        "escrow: slices of a mission's allowance leased by workers, each with its own chain (L10)",
+        [
+            """CREATE TABLE escrow_slices (
+                id TEXT PRIMARY KEY,
+                mission_id TEXT NOT NULL REFERENCES missions(id),
+                holder TEXT NOT NULL,
+                status TEXT NOT NULL,
+                lease_expires_us BIGINT NOT NULL,
+                leased_at_us BIGINT NOT NULL,
+                returned_at_us BIGINT,
+                returned_why TEXT,
+                attempts_admitted BIGINT NOT NULL DEFAULT 0,
+                attempts_failed BIGINT NOT NULL DEFAULT 0,
+                audit_seq BIGINT NOT NULL DEFAULT 0,
+                audit_hash TEXT,
+                audit_sealed TEXT,
+                audit_legacy_seq BIGINT NOT NULL DEFAULT 0
+            )""",
+            "CREATE INDEX escrow_slices_open ON escrow_slices (mission_id, status)",
+            """CREATE TABLE escrow_accounts (
+                slice_id TEXT NOT NULL REFERENCES escrow_slices(id),
+                unit TEXT NOT NULL,
+                limit_amount BIGINT NOT NULL,
+                available BIGINT NOT NULL,
+                held BIGINT NOT NULL,
+                spent BIGINT NOT NULL,
+                overrun BIGINT NOT NULL,
+                PRIMARY KEY (slice_id, unit)
+            )""",
+            """CREATE TABLE escrow_holds (
+                attempt_id TEXT PRIMARY KEY,
+                slice_id TEXT NOT NULL REFERENCES escrow_slices(id)
+            )""",
+            "CREATE INDEX escrow_holds_slice ON escrow_holds (slice_id)",
+        ],
+    )
+)
