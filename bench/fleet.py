@@ -145,10 +145,10 @@ def main(argv: list[str]) -> int:
         if base is not None:
             srv = pg.Server(base.rsplit("/", 1)[0], "given")
             return fleet(lambda name: pg.fresh_database(srv, name))
-        with pg.server() as srv:
-            if srv is None:
+        with pg.server() as found:
+            if found is None:
                 raise SystemExit("no PostgreSQL server (set CHARTER_BENCH_POSTGRES)")
-            return fleet(lambda name: pg.fresh_database(srv, name))
+            return fleet(lambda name: pg.fresh_database(found, name))
 
     results = run(argv[0] if argv else None)
     print(table(results))

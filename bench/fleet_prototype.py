@@ -49,7 +49,7 @@ def _keys(variant: str, me: int) -> tuple[str | None, str, str, str]:
         "allowance": ("x", own, mission, own),
         "head": ("x", own, own, mission),
         "escrow": ("s", mission, own, own),
-    }[variant]  # type: ignore[return-value]
+    }[variant]
 
 
 def _worker(url: str, variant: str, me: int, barrier: Any, out: Any) -> None:
@@ -98,7 +98,7 @@ def measure(url: str, variant: str, processes: int) -> float:
     results = [out.get(timeout=120) for _ in procs]
     for p in procs:
         p.join()
-    return sum(n for n, _ in results) / max(s for _, s in results)
+    return float(sum(n for n, _ in results) / max(s for _, s in results))
 
 
 def main(url: str) -> None:

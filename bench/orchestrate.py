@@ -334,6 +334,24 @@ def postgres_streams(runner: Runner, plan: Plan, server: pg.Server) -> dict[str,
     return out
 
 
+def fleet_rounds(runner: Runner, plan: Plan, server: pg.Server) -> dict[str, Any]:
+    """1, 2 and 4 worker processes: a mission each, one mission with escrow (L10),
+    one mission without (see bench/fleet.py)."""
+    seconds = 1.0 if plan is QUICK else 5.0
+    out = {}
+    for layout in ("separate", "shared", "shared, no escrow"):
+        for n in (1, 2, 4):
+            name = f"bench_fleet_{layout.replace(', ', '_')}_{n}"
+            out[f"{layout}, {n}"] = runner.task(
+                "charter.fleet.postgres",
+                url=pg.fresh_database(server, name),
+                layout=layout,
+                processes=n,
+                seconds=seconds,
+            )
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
     # Child processes may write bytecode caches, as an installed package has them:
@@ -364,6 +382,8 @@ def run(args: argparse.Namespace) -> int:
             if server is not None:
                 say("attempts in flight on PostgreSQL: one stream, eight processes")
                 results["streams_postgres"] = postgres_streams(runner, plan, server)
+                say("worker processes on one PostgreSQL mission: escrow (L10)")
+                results["fleet_postgres"] = fleet_rounds(runner, plan, server)
                 results["network"] = network_rounds(runner, plan, server)
         say("concurrent attempts on one engine: shared commits or one per transaction")
         results["concurrent"] = concurrent_rounds(runner, plan)

@@ -326,6 +326,30 @@ def _streams_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _fleet_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Worker processes on one mission with escrow (L10) against a mission each."""
+    fleet = results.get("fleet_postgres", {})
+    rate = {k: v.get("per_second") for k, v in fleet.items() if isinstance(v, dict)}
+    shared, separate = rate.get("shared, 4"), rate.get("separate, 4")
+    ratio = shared / separate if shared and separate else None
+    shown = [
+        f"{layout}: " + " / ".join(f"{rate.get(f'{layout}, {n}') or 0:,.0f}" for n in (1, 2, 4))
+        for layout in ("separate", "shared", "shared, no escrow")
+    ]
+    return [
+        _row(
+            "4 processes on one PostgreSQL mission with escrow vs a mission each",
+            f"{shared:,.0f} attempts/s" if shared else "pending",
+            "; ".join(shown) + " (1 / 2 / 4 processes)" if rate else "",
+            value=ratio,
+            shown=f"{ratio:.0%}" if ratio is not None else "",
+            target=0.8,
+            target_text="≥ 80%",
+            at_least=True,
+        )
+    ]
+
+
 def _recovery_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     rec = results["recovery"]
     sizes = sorted(int(s) for s in rec)
@@ -493,6 +517,7 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         *_network_rows(results),
         *_record_rows(results),
         *_streams_rows(results),
+        *_fleet_rows(results),
         *_concurrent_rows(results),
         *_recovery_rows(results),
         *_resume_rows(results),

@@ -18,6 +18,7 @@ from typing import Any
 def _tasks() -> dict[str, Callable[..., Any]]:
     import auditverify
     import charter_bench
+    import fleet
     import peers
     import streams
 
@@ -25,6 +26,7 @@ def _tasks() -> dict[str, Callable[..., Any]]:
         "charter.attempts": charter_bench.attempt_overhead,
         "charter.concurrent": charter_bench.concurrent_attempts,
         "charter.streams.postgres": streams.postgres_streams,
+        "charter.fleet.postgres": fleet.measure,
         "charter.profile": charter_bench.profile_attempts,
         "charter.recovery": charter_bench.recovery,
         "charter.memory": charter_bench.memory,
