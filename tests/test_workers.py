@@ -7,6 +7,9 @@ power outages and SIGTERM with real worker processes are in test_fleet.py.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +29,7 @@ from charter.testing import ManualClock
 from conftest import Principals, default_contract, payments_contract, stored
 
 LEASE = 30.0
+HERE = Path(__file__).resolve().parent
 MakeEngine = Callable[..., charter.Engine]
 
 
@@ -449,3 +453,70 @@ def test_K4_R1_an_owner_on_another_host_is_never_judged_dead_by_this_one(
     clock.advance(LEASE)
     assert worker.run_once() == {run.id: "ended"}
     assert engine.run(run.id).epoch == 2
+
+
+@pytest.mark.crash
+def test_K1_R1_a_worker_killed_on_this_host_is_taken_over_at_once_not_after_its_lease(
+    tmp_path: Path, creds: Any, box: Sandbox, payments: HttpAdapter
+) -> None:
+    """A 30 s lease; the killed worker's run is carried on within a second, its
+    in-flight payment reconciled by lookup, nothing paid twice."""
+    store = str(tmp_path / "store.db")
+    config = charter.EngineConfig(
+        credentials=creds[1],
+        resume="automatic",
+        evidence_settles="auto",
+        lease_seconds=LEASE,
+        send_deadline_seconds=5,
+    )
+    child_config = tmp_path / "worker.json"
+    child_config.write_text(
+        json.dumps(
+            {
+                "store": store,
+                "digests": creds[1],
+                "sandbox": box.url,
+                "lease_seconds": LEASE,
+                "send_deadline_seconds": 5,
+                "name": "doomed",
+            }
+        )
+    )
+    with charter.Engine.open(store, config=config) as engine:
+        who = Principals(creds[0], creds[1], engine)
+        mission = engine.create_mission(payments_contract(), by=who.alice)
+        box.fault("slow", seconds=30, reference="stuck")
+        run = engine.submit(
+            mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "stuck", "after")
+        )
+        child = subprocess.Popen(
+            [sys.executable, str(HERE / "_worker_plans.py"), str(child_config)],
+            cwd=HERE,
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 20
+            while paid(box) != ["stuck"]:  # applied; its answer is held back
+                assert time.monotonic() < deadline and child.poll() is None
+                time.sleep(0.02)
+            child.kill()
+            child.wait(10)
+            killed = time.monotonic()
+            worker = charter.Worker(engine, plans.PLANS, adapters=[payments], poll_seconds=0.2)
+            thread = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+            thread.start()
+            while engine.run(run.id).status is not RunStatus.COMPLETED:
+                assert time.monotonic() < killed + LEASE / 2, engine.run(run.id)
+                time.sleep(0.02)
+            took = time.monotonic() - killed
+            worker.stop()
+            thread.join(10)
+        finally:
+            child.kill()
+        print(f"a run of a worker killed on this host was finished {took:.2f}s later")
+        assert took < 2.0
+        assert paid(box) == ["stuck", "after"]
+        done = engine.run(run.id)
+        assert (done.epoch, done.recoveries) == (2, 1)
+        assert [a.status.value for a in engine.attempts(run_id=run.id)] == ["succeeded"] * 2
+        assert engine.check_ledger(mission) == []

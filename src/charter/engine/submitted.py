@@ -26,7 +26,7 @@ from charter.ids import check_text
 from charter.plans.nodes import Plan
 from charter.runs import run as runs
 from charter.runs import store as run_store
-from charter.runs.liveness import process_json
+from charter.runs.liveness import owner_dead, process_json
 from charter.runs.run import Run, RunStatus
 from charter.runtime import Runtime
 from charter.storage import Database
@@ -175,6 +175,24 @@ class Submissions:
         """The run ended: workers look at it no more."""
         with self._db.transaction() as tx:
             run_store.dequeue(tx, run_id)
+
+    def wake_orphans(self) -> list[str]:
+        """Make due now every held run whose executing process is provably gone
+        (on this host only, R1): a worker killed here is taken over at once,
+        not after its lease. Returns those runs."""
+        with self._db.read() as tx:
+            held = run_store.held_owners(tx)
+        gone = [r["run_id"] for r in held if owner_dead(r["owner_process"])]
+        if gone:
+            with self._db.transaction() as tx:
+                run_store.due_now(tx, gone)
+        return gone
+
+    def held(self, run_id: str) -> bool:
+        """Whether an executor holds the run now (one that let go of it, blocked on
+        a wait, does not): its own segment may then be continued at once (F1)."""
+        with self._db.read() as tx:
+            return run_store.owner_claim(tx, run_id) is not None
 
     def queued_run(self, run_id: str) -> dict[str, Any] | None:
         """The run's place in the queue (``None``: no worker carries it)."""

@@ -533,6 +533,28 @@ def park(tx: Tx, run_id: str, *, token: str, due_us: int | None) -> bool:
     )
 
 
+def held_owners(tx: Tx) -> list[Row]:
+    """Runs a worker holds (their row not due yet) with the process recorded as
+    executing them: a worker on that process's host can prove it gone (R1)."""
+    return tx.all(
+        "SELECT q.run_id, r.owner_process FROM run_queue q JOIN runs r ON r.id = q.run_id "
+        "WHERE q.taken_by IS NOT NULL AND q.due_at_us > ? AND r.owner_process IS NOT NULL",
+        tx.now_us,
+    )
+
+
+def due_now(tx: Tx, run_ids: Sequence[str]) -> None:
+    """These runs' holders are gone: they are due now, for any worker to take."""
+    for run_id in run_ids:
+        tx.run(
+            "UPDATE run_queue SET due_at_us = ?, taken_by = NULL, woken = 0 WHERE run_id = ?",
+            tx.now_us,
+            run_id,
+        )
+    if run_ids:
+        tx.notify(CHANNEL, "")
+
+
 def dequeue(tx: Tx, run_id: str) -> None:
     """The run has ended: no worker needs to look at it again."""
     tx.run("DELETE FROM run_queue WHERE run_id = ?", run_id)

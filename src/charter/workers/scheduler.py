@@ -95,31 +95,38 @@ class Carry:
         return self._execute(executor)
 
     def _take_over(self) -> Executor | str:
-        """Continue the run as its owner's segment while the lease runs (an owner that
-        let go of it, blocked on a wait, is resumed at once, F1), or take it over as
-        a new segment once the lease ended (R1: the lost owner is fenced by the
-        epoch and what it sent is marked UNKNOWN), reconcile what the worker can
-        look up, and resume; or say why not."""
+        """Continue the run as its owner's segment if its owner let go of it (it
+        blocked on a wait, F1); else take it over as a new segment, which the
+        engine allows once the lease ended or the owner is provably dead on this
+        host (R1: the lost owner is fenced by the epoch and what it sent is
+        marked UNKNOWN), reconcile what the worker can look up, and resume; or
+        say why not."""
         run = self.engine.run(self.run_id)
-        segment = run.owner_segment
-        if run.lease_expires_us <= self.engine.now_us():
-            segment = self.segment_id
+        if run.lease_expires_us > self.engine.now_us() and not self.engine.held(self.run_id):
             try:
-                state = self.engine.coordinator.recover(self.run_id, segment)
-            except LeaseHeld as held:  # renewed meanwhile: look again when it ends
-                self._park(int(held.details["lease_expires_us"]))
-                return "held"
-            if state.run.status.terminal:
-                return self._ended()
-            self._reconcile(state.attempts)
+                return self._resume(run.owner_segment)
+            except LeaseHeld:
+                pass  # held again meanwhile: taken over below if its holder is gone
+        try:
+            state = self.engine.coordinator.recover(self.run_id, self.segment_id)
+        except LeaseHeld as held:  # a live owner: look again when its lease ends
+            self._park(int(held.details["lease_expires_us"]))
+            return "held"
+        if state.run.status.terminal:
+            return self._ended()
+        self._reconcile(state.attempts)
+        try:
+            return self._resume(self.segment_id)
+        except LeaseHeld as held:  # taken meanwhile by another worker
+            self._park(int(held.details["lease_expires_us"]))
+            return "held"
+
+    def _resume(self, segment: str) -> Executor | str:
         try:
             return self.engine.coordinator.resume(self.run_id, segment)
         except NeedsIntervention as exc:
             self._needs_person(list(exc.details.get("blockers") or [exc.message]))
             return "needs_person"
-        except LeaseHeld as held:  # a live owner holds it: look again when its lease ends
-            self._park(int(held.details["lease_expires_us"]))
-            return "held"
 
     def _reconcile(self, attempts: Sequence[Attempt]) -> None:
         """Ask for evidence on every UNKNOWN attempt whose adapter the worker holds (A8)."""

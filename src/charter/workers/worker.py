@@ -104,6 +104,7 @@ class Worker:
         #: The runs being carried: their executor and the queue token holding them.
         self._carried: dict[str, tuple[Executor, str]] = {}
         self._busy: dict[Future[str], str] = {}
+        self._orphans_at = 0.0
         # On PostgreSQL, a connection that hears runs falling due elsewhere.
         self._listener = runtime_of(engine).db.listener(CHANNEL)
 
@@ -119,6 +120,7 @@ class Worker:
         backoff = self.poll_seconds / 20
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="charter-run") as pool:
             while not self._stopping.is_set():
+                self._orphans()
                 taken = self._take(pool)
                 backoff = self.poll_seconds / 20 if taken else min(backoff * 2, self.poll_seconds)
                 if not taken:
@@ -180,6 +182,21 @@ class Worker:
         except CharterError as exc:  # the store is down or busy: look again later
             log.warning("worker %s could not take runs: %s", self.name, exc)
             return []
+
+    def _orphans(self) -> None:
+        """Runs whose executing process died on this host fall due now (R1), at
+        most once per poll interval."""
+        now = time.monotonic()
+        if now < self._orphans_at:
+            return
+        self._orphans_at = now + self.poll_seconds
+        try:
+            gone = self.engine.wake_orphans()
+        except CharterError as exc:
+            log.warning("worker %s could not look for orphaned runs: %s", self.name, exc)
+            return
+        if gone:
+            log.info("worker %s: the owners of %s are gone; taking over", self.name, gone)
 
     def _token(self) -> str:
         return f"{self.name}/{uuid.uuid4().hex[:12]}"
