@@ -76,6 +76,8 @@ FLOORS: dict[str, int] = {
     "charter.runtime": 6,
     # the runs room: run records and ownership (fencing)
     "charter.runs": 7,
+    # the queue of runs workers carry (K1): written by the decisions that wake runs
+    "charter.queue": 7,
     # the attempts room: calls, admission, the one send path, evidence, settlement
     "charter.attempts": 8,
     # what an answer proves (A3): the attempts room's rule, on the adapters' floor
@@ -323,7 +325,7 @@ TABLE_OWNERS: dict[str, str] = {
     "missions": "charter.contracts.store",
     "runs": "charter.runs.store",
     "segments": "charter.runs.store",
-    "run_queue": "charter.runs.store",
+    "run_queue": "charter.queue.store",
     "effect_takeovers": "charter.recovery.store",
     "node_executions": "charter.plans.store",
     "journal": "charter.plans.store",

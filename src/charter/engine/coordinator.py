@@ -35,6 +35,7 @@ from charter.errors import (
     StateError,
 )
 from charter.ids import check_text
+from charter.queue import store as run_queue
 from charter.recovery import policy, takeover
 from charter.recovery import state as recovery
 from charter.recovery.state import RecoveryState
@@ -270,7 +271,7 @@ class Coordinator:
             ):
                 raise _settled_meanwhile(attempt)
             settled_by(tx, row["id"])
-            run_store.wake(tx, attempt.run_id)  # K2: a person's settlement
+            run_queue.wake(tx, attempt.run_id)  # K2: a person's settlement
             done = load(tx, attempt_id)
         return observed.told(self._runtime.observer, done, attempt.status)
 
@@ -343,7 +344,7 @@ class Coordinator:
             ):
                 raise _settled_meanwhile(attempt)
             record(tx, attempt, kept, actor=by.name, epoch=None, settled=True)
-            run_store.wake(tx, attempt.run_id)  # K2: a person's settlement
+            run_queue.wake(tx, attempt.run_id)  # K2: a person's settlement
             done = load(tx, attempt_id)
         return observed.told(self._runtime.observer, done, attempt.status)
 

@@ -23,6 +23,7 @@ from charter.errors import ContractError, RunTerminal
 from charter.ids import check_text
 from charter.ledger import incidents as incidents_mod
 from charter.ledger import store as ledger_store
+from charter.queue import store as run_queue
 from charter.runs import run as runs
 from charter.runs import store as run_store
 from charter.runs.run import Run, RunStatus
@@ -72,7 +73,7 @@ class Decisions:
             mission = missions.load(tx, mission_id)
             current = self._authority.contract(tx, mission_id, mission.contract_version)
             version = missions.amend(tx, mission, current, parsed, by=by.name, reason=reason)
-            run_store.wake_mission(tx, mission_id)  # K2: a limit or a right may have changed
+            run_queue.wake_mission(tx, mission_id)  # K2: a limit or a right may have changed
             return version
 
     def raise_limit(self, mission_id: str, unit: str, limit: int, *, by: Principal) -> int:
@@ -108,7 +109,7 @@ class Decisions:
                 previous=current,
             )
             self._unpause(tx, mission_id, by.name)
-            run_store.wake_mission(tx, mission_id)  # K2: a raised limit
+            run_queue.wake_mission(tx, mission_id)  # K2: a raised limit
             return version
 
     def _unpause(self, tx: Tx, mission_id: str, actor: str) -> None:
@@ -139,7 +140,7 @@ class Decisions:
             )
             status = RunStatus.STOPPING if in_flight else RunStatus.STOPPED
             runs.set_status(tx, run, status, reason, actor=by.name)
-            run_store.wake(tx, run_id)  # its worker lets go of it, or settles what is in flight
+            run_queue.wake(tx, run_id)  # its worker lets go of it, or settles what is in flight
             return runs.load(tx, run_id)
 
     # -- approvals (W2) --------------------------------------------------------------
@@ -174,7 +175,7 @@ class Decisions:
                 tx, run_id=run.id, pending=True
             ):
                 runs.set_status(tx, run, RunStatus.ACTIVE, "approval decided", actor=by.name)
-            run_store.wake(tx, run.id)  # K2: a granted or denied approval
+            run_queue.wake(tx, run.id)  # K2: a granted or denied approval
             return status
 
     # -- incidents (L5, L7) --------------------------------------------------------------
@@ -189,7 +190,7 @@ class Decisions:
             )
             incidents_mod.close_incident(tx, incident_id, by=by.name, note=note)
             self._unpause(tx, incident["mission_id"], by.name)
-            run_store.wake_mission(tx, incident["mission_id"])  # K2: an incident closed
+            run_queue.wake_mission(tx, incident["mission_id"])  # K2: an incident closed
 
 
 def _estimate(tx: Tx, approval: Approval) -> dict[str, int] | None:

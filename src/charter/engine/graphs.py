@@ -19,8 +19,8 @@ from charter.artifacts.objects import LocalObjects
 from charter.contracts.principals import Principal, Right
 from charter.errors import ArtifactError, NotFound
 from charter.plans import store as plans_store
+from charter.queue import store as run_queue
 from charter.runs import run as runs
-from charter.runs import store as run_store
 from charter.runs.run import RunStatus
 from charter.runtime import Runtime
 from charter.storage import Tx
@@ -50,7 +50,7 @@ class GraphOperations:
                 tx, by, w.mission_id, Right.APPROVE, f"input.{key}", entity=w.id
             )
             pending.answer(tx, w, value, by=by.name)
-            run_store.wake(tx, run_id)  # K2: an answered input
+            run_queue.wake(tx, run_id)  # K2: an answered input
             return pending.load(tx, run_id, key)
 
     def signal(self, run_id: str, event: str, payload: Any = None, *, by: Principal) -> list[str]:
@@ -64,7 +64,7 @@ class GraphOperations:
             )
             satisfied = pending.signal(tx, run_id, event, payload, by=by.name)
             if satisfied:
-                run_store.wake(tx, run_id)  # K2: a signal the run waits for
+                run_queue.wake(tx, run_id)  # K2: a signal the run waits for
             return satisfied
 
     def waits(self, run_id: str | None = None, *, open_only: bool = False) -> list[Wait]:

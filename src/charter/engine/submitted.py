@@ -24,6 +24,7 @@ from charter.errors import StateError
 from charter.hashing import canonical
 from charter.ids import check_text
 from charter.plans.nodes import Plan
+from charter.queue import store as run_queue
 from charter.runs import run as runs
 from charter.runs import store as run_store
 from charter.runs.liveness import owner_dead, process_json
@@ -84,7 +85,7 @@ class Submissions:
                 plan=ref,
                 input_json=input_json,
             )
-            run_store.enqueue(tx, run_id, queue=queue, plan=ref, due_us=tx.now_us)
+            run_queue.enqueue(tx, run_id, queue=queue, plan=ref, due_us=tx.now_us)
             tx.audit(
                 mission_id,
                 "run.submitted",
@@ -152,7 +153,7 @@ class Submissions:
         if limit <= 0 or not queues or not plans:
             return []
         with self._db.transaction() as tx:
-            return run_store.take_due(
+            return run_queue.take_due(
                 tx,
                 queues=queues,
                 plans=plans,
@@ -164,28 +165,28 @@ class Submissions:
     def hold_run(self, run_id: str, *, token: str, until_us: int) -> bool:
         """Keep holding a taken run until ``until_us``; ``False`` if it was taken by another."""
         with self._db.transaction() as tx:
-            return run_store.hold_taken(tx, run_id, token=token, until_us=until_us)
+            return run_queue.hold_taken(tx, run_id, token=token, until_us=until_us)
 
     def park_run(self, run_id: str, *, token: str, due_us: int | None) -> bool:
         """Let go of a taken run until ``due_us`` (``None``: until a wake)."""
         with self._db.transaction() as tx:
-            return run_store.park(tx, run_id, token=token, due_us=due_us)
+            return run_queue.park(tx, run_id, token=token, due_us=due_us)
 
     def unqueue(self, run_id: str) -> None:
         """The run ended: workers look at it no more."""
         with self._db.transaction() as tx:
-            run_store.dequeue(tx, run_id)
+            run_queue.dequeue(tx, run_id)
 
     def wake_orphans(self) -> list[str]:
         """Make due now every held run whose executing process is provably gone
         (on this host only, R1): a worker killed here is taken over at once,
         not after its lease. Returns those runs."""
         with self._db.read() as tx:
-            held = run_store.held_owners(tx)
+            held = run_queue.held_owners(tx)
         gone = [r["run_id"] for r in held if owner_dead(r["owner_process"])]
         if gone:
             with self._db.transaction() as tx:
-                run_store.due_now(tx, gone)
+                run_queue.due_now(tx, gone)
         return gone
 
     def held(self, run_id: str) -> bool:
@@ -197,20 +198,20 @@ class Submissions:
     def queued_run(self, run_id: str) -> dict[str, Any] | None:
         """The run's place in the queue (``None``: no worker carries it)."""
         with self._db.read() as tx:
-            row = run_store.queued(tx, run_id)
+            row = run_queue.queued(tx, run_id)
             return None if row is None else dict(row)
 
     def queues(self) -> list[dict[str, Any]]:
         """Per queue: runs due now, held by a worker, parked until a decision."""
         with self._db.read() as tx:
-            return [dict(r) for r in run_store.queue_counts(tx)]
+            return [dict(r) for r in run_queue.queue_counts(tx)]
 
     def next_due_us(self, *, queues: Sequence[str], plans: Sequence[str]) -> int | None:
         """When the soonest of these runs falls due, by the store's clock."""
         if not queues or not plans:
             return None
         with self._db.read() as tx:
-            return run_store.next_due(tx, queues=queues, plans=plans)
+            return run_queue.next_due(tx, queues=queues, plans=plans)
 
     def wake_at_us(self, run_id: str) -> int | None:
         """When a run that stopped to wait should be looked at again: now if what it

@@ -46,7 +46,7 @@ from charter.engine.executor import Executor
 from charter.engine.submitted import DEFAULT_QUEUE, plan_ref
 from charter.errors import CharterError, ConfigError
 from charter.plans.nodes import Plan
-from charter.runs.store import CHANNEL
+from charter.queue.store import CHANNEL
 from charter.workers.notify import Notices
 from charter.workers.scheduler import Carry
 
