@@ -26,7 +26,7 @@ import charter
 from _raw import RawStore
 from charter.server import pages
 from charter.server.console import _environment
-from charter.testing import credential
+from charter.testing import RecordingAdapter, credential
 from conftest import Principals, default_contract, stored
 
 
@@ -512,3 +512,32 @@ def test_the_addresses_charter_serve_prints_answer(tmp_path: Path, workers: int)
             if (e["kind"], e["entity"]) == ("auth.refused", "anonymous")
         ]
     assert sum(s["count"] for s in written) == 10
+
+
+def test_K3_the_inbox_shows_the_runs_that_wait_for_a_person(
+    desk: charter.Engine,
+    base: str,
+    who: Principals,
+    creds: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    """Broken K3: a run that only a person can move on (an uncertain payment, a
+    paused allowance) is nowhere on the page people open first."""
+    mission = desk.create_mission(default_contract(allowance={"calls": 1}), by=who.alice)
+    ex = desk.start_run(mission, by=who.agent, segment_id="s1")
+    desk.stop_run(ex.run_id, by=who.alice, reason="enough")
+    calm = desk.start_run(mission, by=who.agent, segment_id="s2")
+    stuck = desk.start_run(mission, by=who.agent, segment_id="s3")
+    recorder = RecordingAdapter()
+    stuck.perform(recorder, "read", {}, effect_key="first")
+    with pytest.raises(charter.errors.AdmissionRefused):
+        stuck.perform(recorder, "read", {}, effect_key="second")
+    paused = desk.run(stuck.run_id)
+    assert paused.status is charter.RunStatus.PAUSED
+    with browse(base) as http:
+        sign_in(http, creds[0]["alice"])
+        page = http.get("/console/inbox").text
+
+    assert f'id="stuck-{stuck.run_id}"' in page
+    assert str(paused.status_reason) in page
+    assert f'id="stuck-{calm.run_id}"' not in page
+    assert f'id="stuck-{ex.run_id}"' not in page  # stopped: nothing left to decide

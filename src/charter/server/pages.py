@@ -36,7 +36,8 @@ def pretty(value: Any) -> str:
 
 def inbox(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
     """Each pending approval with the exact request it is bound to, its estimate,
-    what the allowance has left in the estimate's units, and how long it lasts."""
+    what the allowance has left in the estimate's units, and how long it lasts;
+    then the runs that wait for a person otherwise (K3)."""
     items = []
     for approval in engine.approvals(pending=True, limit=QUEUE_ROWS):
         request = engine.approval_request(approval.id)
@@ -52,7 +53,19 @@ def inbox(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
                 "ttl": engine.contract(approval.mission_id).approvals.ttl_seconds,
             }
         )
-    return {"items": items}
+    return {"items": items, "stuck": stuck(engine)}
+
+
+#: The run statuses that wait for a person's decision (K3): settling an attempt,
+#: raising a limit or closing an incident, finishing a stop.
+NEEDS_PEOPLE = (RunStatus.NEEDS_INTERVENTION, RunStatus.PAUSED, RunStatus.STOPPING)
+
+
+def stuck(engine: Engine) -> list[dict[str, Any]]:
+    """Runs no worker can carry on until a person decides something (K3)."""
+    found = [r for s in NEEDS_PEOPLE for r in engine.runs(status=s, limit=QUEUE_ROWS)]
+    found.sort(key=lambda r: r.updated_at_us, reverse=True)
+    return [r.to_dict() for r in found[:QUEUE_ROWS]]
 
 
 def queue(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
