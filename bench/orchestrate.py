@@ -352,6 +352,22 @@ def fleet_rounds(runner: Runner, plan: Plan, server: pg.Server) -> dict[str, Any
     return out
 
 
+def wake_rounds(runner: Runner, plan: Plan, server: pg.Server | None) -> dict[str, Any]:
+    """Timers' lateness and takeovers after SIGKILL, with worker processes (K1, K2;
+    see bench/wakes.py), on SQLite and, with a server, PostgreSQL."""
+    timers = 8 if plan is QUICK else 20
+    reps = 1 if plan is QUICK else 3
+    out = {
+        "sqlite": runner.task(
+            "charter.wakes", url=str(runner.dir("wakes") / "store.db"), timers=timers, reps=reps
+        )
+    }
+    if server is not None:
+        url = pg.fresh_database(server, "bench_wakes")
+        out["postgresql"] = runner.task("charter.wakes", url=url, timers=timers, reps=reps)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
     # Child processes may write bytecode caches, as an installed package has them:
@@ -385,6 +401,8 @@ def run(args: argparse.Namespace) -> int:
                 say("worker processes on one PostgreSQL mission: escrow (L10)")
                 results["fleet_postgres"] = fleet_rounds(runner, plan, server)
                 results["network"] = network_rounds(runner, plan, server)
+            say("workers: a timer's lateness, takeovers after SIGKILL")
+            results["wakes"] = wake_rounds(runner, plan, server)
         say("concurrent attempts on one engine: shared commits or one per transaction")
         results["concurrent"] = concurrent_rounds(runner, plan)
         say("recover() on big runs (the stores are built first)")

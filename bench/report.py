@@ -350,6 +350,50 @@ def _fleet_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _wake_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """How soon workers act: a timer's run continuing, a takeover after SIGKILL."""
+    wakes = results.get("wakes", {})
+    where = "postgresql" if "postgresql" in wakes else "sqlite"
+    got = wakes.get(where, {})
+    late = got.get("timer_late_seconds", {})
+    same = got.get("takeover_same_host_seconds", {})
+    other, lease = got.get("takeover_other_host_seconds"), got.get("other_host_lease_seconds")
+    leases = other / lease if other is not None and lease else None
+    sqlite = wakes.get("sqlite", {}).get("timer_late_seconds", {})
+    return [
+        _row(
+            f"a timer's run continues after its due time (median, {where}, worker processes)",
+            fmt(late["median"], "s") if late else "pending",
+            f"max {fmt(late['max'], 's')} of {late['n']}; SQLite median "
+            f"{fmt(sqlite['median'], 's')}; poll {got.get('poll_seconds')} s"
+            if late and sqlite
+            else "",
+            value=late.get("median"),
+            shown=fmt(late["median"], "s") if late else "",
+            target=1.0,
+            target_text="≤ 1 s",
+        ),
+        _row(
+            f"takeover after SIGKILL of a worker on the same host ({where}, 30 s lease)",
+            fmt(same["median"], "s") if same else "pending",
+            f"max {fmt(same['max'], 's')}" if same else "",
+            value=same.get("median"),
+            shown=fmt(same["median"], "s") if same else "",
+            target=1.0,
+            target_text="≤ 1 s",
+        ),
+        _row(
+            f"takeover when the owner is on another host ({where}), in leases",
+            fmt(other, "s") if other is not None else "pending",
+            f"lease {lease} s" if lease else "",
+            value=leases,
+            shown=f"{leases:.2f} leases" if leases is not None else "",
+            target=1.0,
+            target_text="≤ 1 lease",
+        ),
+    ]
+
+
 def _recovery_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     rec = results["recovery"]
     sizes = sorted(int(s) for s in rec)
@@ -518,6 +562,7 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         *_record_rows(results),
         *_streams_rows(results),
         *_fleet_rows(results),
+        *_wake_rows(results),
         *_concurrent_rows(results),
         *_recovery_rows(results),
         *_resume_rows(results),

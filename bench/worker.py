@@ -21,12 +21,14 @@ def _tasks() -> dict[str, Callable[..., Any]]:
     import fleet
     import peers
     import streams
+    import wakes
 
     return {
         "charter.attempts": charter_bench.attempt_overhead,
         "charter.concurrent": charter_bench.concurrent_attempts,
         "charter.streams.postgres": streams.postgres_streams,
         "charter.fleet.postgres": fleet.measure,
+        "charter.wakes": wakes.measure,
         "charter.profile": charter_bench.profile_attempts,
         "charter.recovery": charter_bench.recovery,
         "charter.memory": charter_bench.memory,

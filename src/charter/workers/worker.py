@@ -52,6 +52,10 @@ from charter.workers.scheduler import Carry
 
 log = logging.getLogger("charter.worker")
 
+#: How often a worker looks for runs whose executing process died on its host (a
+#: cheap read of the held runs): a killed worker's runs are carried on within it.
+ORPHAN_SECONDS = 0.25
+
 
 class Teller(Protocol):
     """Who hears that a run needs a person (K3): the webhook notices."""
@@ -184,12 +188,12 @@ class Worker:
             return []
 
     def _orphans(self) -> None:
-        """Runs whose executing process died on this host fall due now (R1), at
-        most once per poll interval."""
+        """Runs whose executing process died on this host fall due now (R1), looked
+        for every :data:`ORPHAN_SECONDS` (or poll interval, if shorter)."""
         now = time.monotonic()
         if now < self._orphans_at:
             return
-        self._orphans_at = now + self.poll_seconds
+        self._orphans_at = now + min(self.poll_seconds, ORPHAN_SECONDS)
         try:
             gone = self.engine.wake_orphans()
         except CharterError as exc:
@@ -267,6 +271,7 @@ class Worker:
                 seconds = max(0.0, min(seconds, (due - self.engine.now_us()) / 1e6))
         except CharterError:
             pass  # the store is away: look again after the interval
+        seconds = min(seconds, max(0.0, self._orphans_at - time.monotonic()))
         if listening and self._listener is not None:
             self._listener.wait(seconds)
         else:
