@@ -21,7 +21,7 @@ import pytest
 import _worker_plans as plans
 import charter
 from charter.adapters.http import HttpAdapter
-from charter.errors import NotAuthorized, StateError
+from charter.errors import NotAuthorized, StateError, UsageError
 from charter.runs.model import RunStatus
 from charter.sandbox import Sandbox
 from charter.storage.text import TextRefused
@@ -88,6 +88,11 @@ def test_K1_a_submission_refused_changes_nothing(
         engine.submit(mission, by=who.bob, plan=plans.PAY)
     with pytest.raises(TextRefused):
         engine.submit(mission, by=who.agent, plan=plans.PAY, queue="a\x00b")
+    for lossy in ({"at": object()}, {"ratio": float("nan")}):
+        with pytest.raises(UsageError, match="plain JSON"):
+            engine.submit(mission, by=who.agent, plan=plans.PAY, input=lossy)
+        with pytest.raises(UsageError, match="plain JSON"):
+            engine.start_run(mission, by=who.agent, segment_id="s", input=lossy)
 
     assert stored(engine, mission) == before
     assert engine.queues() == []

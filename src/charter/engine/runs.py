@@ -11,13 +11,14 @@ coordinator's.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from charter.config import EngineConfig
 from charter.contracts.authority import Authority
 from charter.contracts.principals import Principal, Right
 from charter.engine.executor import Executor
-from charter.errors import StateError
+from charter.errors import StateError, UsageError
 from charter.hashing import canonical
 from charter.ids import check_text
 from charter.plans import runner
@@ -27,6 +28,23 @@ from charter.runs import store as run_store
 from charter.runs.run import Run
 from charter.runtime import Runtime
 from charter.storage import Database, Tx
+
+
+def recorded_input(value: Any) -> str | None:
+    """A run's input as it is recorded (canonical JSON), so that any process can
+    resume the run with it; anything JSON cannot carry exactly (an object, a NaN)
+    is refused before anything is stored."""
+    if value is None:
+        return None
+    try:
+        json.dumps(value, allow_nan=False, default=_not_json)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"a run's input must be plain JSON (it is recorded): {exc}") from None
+    return canonical(value)
+
+
+def _not_json(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 class Runs:
@@ -53,7 +71,7 @@ class Runs:
         """
         check_text("mission id", mission_id)
         check_text("segment id", segment_id)
-        input_json = None if input is None else canonical(input)
+        input_json = recorded_input(input)
         with self._db.transaction() as tx:
             self._authority.authorize_run(tx, by, mission_id)
             run_id, expires, claim = runs.insert(
@@ -109,7 +127,7 @@ class Runs:
         """
         check_text("run id", from_run)
         check_text("segment id", segment_id)
-        input_json = None if input is None else canonical(input)
+        input_json = recorded_input(input)
         with self._db.transaction() as tx:
             old = runs.load(tx, from_run)
             self._authority.authorize(tx, reviewed_by, old.mission_id, Right.LINK, entity=from_run)

@@ -20,8 +20,8 @@ from charter.config import EngineConfig
 from charter.contracts.authority import Authority
 from charter.contracts.principals import Principal
 from charter.engine.executor import Executor
+from charter.engine.runs import recorded_input
 from charter.errors import StateError
-from charter.hashing import canonical
 from charter.ids import check_text
 from charter.plans.nodes import Plan
 from charter.queue import store as run_queue
@@ -73,7 +73,7 @@ class Submissions:
         check_text("mission id", mission_id)
         check_text("queue", queue)
         ref = plan_ref(plan)
-        input_json = None if input is None else canonical(input)
+        input_json = recorded_input(input)
         with self._db.transaction() as tx:
             self._authority.authorize_run(tx, by, mission_id)
             run_id = tx.ids.new("run")
