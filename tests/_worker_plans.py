@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +69,22 @@ def ask(ctx: charter.Context, value: Any) -> dict[str, Any]:
     return {"answer": ctx.ask("go", "Go on?", answer=str)}
 
 
+@charter.node
+def think(ctx: charter.Context, value: dict[str, Any]) -> dict[str, Any]:
+    """Work for ``think_seconds`` without a word to the store, as a long computation
+    does: meanwhile only the worker's lease keeper holds the run."""
+    time.sleep(float(value["think_seconds"]))
+    return value
+
+
 PAY = charter.Plan("pay", (pay_all,), ref="_worker_plans:PAY")
 NAP = charter.Plan("nap", (nap,), ref="_worker_plans:NAP")
 ASK = charter.Plan("ask", (ask,), ref="_worker_plans:ASK")
 NAP_THEN_PAY = charter.Plan("nap-then-pay", (nap, pay_all), ref="_worker_plans:NAP_THEN_PAY")
-PLANS = (PAY, NAP, ASK)
+THINK_THEN_PAY = charter.Plan(
+    "think-then-pay", (think, pay_all), ref="_worker_plans:THINK_THEN_PAY"
+)
+PLANS = (PAY, NAP, ASK, THINK_THEN_PAY)
 
 
 def main(argv: list[str]) -> int:

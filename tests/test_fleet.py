@@ -177,13 +177,17 @@ def wait_for(check: Any, timeout: float, what: str) -> float:
 
 @pytest.mark.crash
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
 def test_K1_a_killed_worker_s_run_is_taken_over_after_its_lease(
-    store_address: str, raw: RawStore, creds: Creds, tmp_path: Path
+    how: str, store_address: str, raw: RawStore, creds: Creds, tmp_path: Path
 ) -> None:
-    """The owner dies while its payment's answer is on its way. The other worker
-    takes the run over once the lease ends (or at once, when it can see on this
-    host that the owner's process is gone), finds the payment by the sandbox's
-    lookup, settles it from that evidence and pays the rest: each invoice once."""
+    """The owner dies (SIGKILL) or stalls (SIGSTOP) while its payment's answer is
+    on its way. The other worker takes the run over: at once when it can see on
+    this host that the owner's process is gone, once the lease ends when the
+    owner is alive as far as anyone can tell (as one on another host always is).
+    It finds the payment by the sandbox's lookup, settles it from that evidence
+    and pays the rest: each invoice once. A stalled owner let go on finds
+    itself fenced and sends nothing more."""
     lease, poll = 3.0, 0.2
     with (
         Sandbox(tmp_path / "sandbox.db") as box,
@@ -201,12 +205,17 @@ def test_K1_a_killed_worker_s_run_is_taken_over_after_its_lease(
         wait_for(lambda: holder(raw, run_id) == first.proc.pid, 30, "the first worker's hold")
         other = crew.spawn()
         wait_for(lambda: len(box.payments()) == 2, 30, "the second payment")
-        first.kill()
-        killed = time.monotonic()
+        first.signal(getattr(signal, how))
+        lost_at = time.monotonic()
         taken = wait_for(lambda: holder(raw, run_id) == other.proc.pid, 30, "a takeover")
         wait_for(lambda: engine.run(run_id).status.terminal, 30, "the run's end")
-        print(f"\ntakeover after SIGKILL on this host: {taken - killed:.2f}s (lease {lease}s)")
-        assert taken - killed <= lease + poll + 0.5
+        print(f"\ntakeover after {how} on this host: {taken - lost_at:.2f}s (lease {lease}s)")
+        if how == "SIGSTOP":  # alive, as far as anyone can tell: the lease decides
+            assert taken - lost_at > lease * 2 / 3 - 0.1  # renewed every third of it
+            first.signal(signal.SIGCONT)
+            time.sleep(lease)  # its sleeping threads wake, fenced
+            assert first.alive
+        assert taken - lost_at <= lease + poll + 0.5
         run = engine.run(run_id)
         assert run.status is RunStatus.COMPLETED
         assert run.epoch == 2
@@ -215,14 +224,66 @@ def test_K1_a_killed_worker_s_run_is_taken_over_after_its_lease(
         assert lost.dispatched_epoch == 1
         lookups = [r for r in box.requests() if r["kind"] == "lookup"]
         assert [r["verdict"] for r in lookups] == ["found"]
-        (evidence,) = engine.evidence(lost.id)
-        assert (evidence["source"], evidence["verdict"], evidence["settled"]) == (
-            "adapter",
-            "applied",
-            1,
-        )
-        assert json.loads(evidence["detail"])["lookup"].endswith(lost.idempotency_key)
+        found = [e for e in engine.evidence(lost.id) if e["settled"]]
+        assert [(e["source"], e["verdict"], e["actor"]) for e in found] == [
+            ("adapter", "applied", "engine:reconcile")
+        ]
+        assert json.loads(found[0]["detail"])["lookup"].endswith(lost.idempotency_key)
         assert sorted(p["reference"] for p in box.payments()) == ["inv-0-0", "inv-0-1", "inv-0-2"]
+        assert engine.incidents(mission) == []
+        assert violations(engine, mission, box) == []
+
+
+@pytest.mark.crash
+@pytest.mark.timeout(120)
+def test_K1_a_worker_fenced_on_one_run_keeps_the_leases_of_the_others(
+    store_address: str, creds: Creds, tmp_path: Path
+) -> None:
+    """A worker stalled past a lease comes back to find one run taken from it. Its
+    lease keeper must go on keeping the leases of the runs it carries after that:
+    a run whose first node works for longer than a lease without a word to the
+    store completes as its first owner (epoch 1), never taken from a live worker
+    that is carrying it.
+
+    (Before: the keeper's thread ended on the first ``Fenced``, a signal that is
+    no ``CharterError``. Every later run of that worker lost its lease while it
+    was carried: that run was taken over by the same worker three times and
+    then waited for a person, "a node crashed its process 3 times in a row".)"""
+    with (
+        Sandbox(tmp_path / "sandbox.db") as box,
+        fleet(tmp_path, worker_config(store_address, creds, box)) as crew,
+        charter.Engine.open(store_address, config=engine_config(creds)) as engine,
+    ):
+        who = Principals(*creds, engine)
+        mission = engine.create_mission(CONTRACT, by=who.alice)
+        box.fault("slow", seconds=30, reference="inv-0-1")
+        worker = crew.spawn()
+        (fenced,) = submit(engine, who.agent, mission, box, 1, invoices=3)
+        wait_for(lambda: len(box.payments()) == 2, 30, "the second payment")
+        worker.signal(signal.SIGSTOP)
+        wait_for(
+            lambda: engine.run(fenced).lease_expires_us < engine.now_us(), 10, "the lease's end"
+        )
+        engine.coordinator.recover(fenced, "operator")  # the run is no longer the worker's
+        worker.signal(signal.SIGCONT)
+        time.sleep(LEASE)  # its keeper has met the fence by now
+        carried = engine.submit(
+            mission,
+            by=who.agent,
+            plan="_worker_plans:THINK_THEN_PAY",
+            input={
+                "sandbox": box.url,
+                "amount": 1_00,
+                "invoices": ["inv-1-0", "inv-1-1"],
+                "think_seconds": LEASE * 2.5,  # no word to the store meanwhile
+            },
+        ).id
+        wait_for(lambda: engine.run(carried).status.terminal, 30, "the carried run's end")
+        assert worker.alive
+        run = engine.run(carried)
+        assert (run.status, run.epoch) == (RunStatus.COMPLETED, 1)
+        assert sorted(p["reference"] for p in box.payments())[-2:] == ["inv-1-0", "inv-1-1"]
+        assert settled(engine.run(fenced))
         assert violations(engine, mission, box) == []
 
 

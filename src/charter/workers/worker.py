@@ -44,7 +44,7 @@ from charter.config import import_path
 from charter.engine.engine import Engine, runtime_of
 from charter.engine.executor import Executor
 from charter.engine.submitted import DEFAULT_QUEUE, plan_ref
-from charter.errors import CharterError, ConfigError
+from charter.errors import CharterError, ConfigError, Fenced
 from charter.plans.nodes import Plan
 from charter.queue.store import CHANNEL
 from charter.workers.notify import Notices
@@ -255,7 +255,9 @@ class Worker:
                 try:
                     until = executor.renew_lease()
                     self.engine.hold_run(run_id, token=token, until_us=until)
-                except CharterError as exc:  # fenced, or the store is away: its lease decides
+                except (CharterError, Fenced) as exc:
+                    # Fenced is a signal, not a CharterError: that run is another's now and
+                    # the keeper goes on with the others. The store away: its lease decides.
                     log.info("worker %s: lease of run %s not renewed: %s", self.name, run_id, exc)
 
     def _sleep(self, backoff: float) -> None:
