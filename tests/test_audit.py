@@ -956,6 +956,8 @@ def _as_before_schema_6(raw: RawStore) -> None:
         raw.execute(f"DROP TABLE {table}")
     for table in ("escrow_holds", "escrow_accounts", "escrow_slices"):
         raw.execute(f"DROP TABLE {table}")
+    for table in ("run_queue", "effect_takeovers", "notice_deliveries", "notices"):
+        raw.execute(f"DROP TABLE {table}")
     raw.execute("DELETE FROM schema_migrations WHERE version >= 6")
 
 
