@@ -77,6 +77,24 @@ def think(ctx: charter.Context, value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
+@charter.node
+def write_down(ctx: charter.Context, value: Any) -> dict[str, Any]:
+    ctx.workspace.mkdir(parents=True, exist_ok=True)
+    (ctx.workspace / "notes.txt").write_text(str(value["text"]))
+    return ctx.save("notes.txt")
+
+
+@charter.node
+def later(ctx: charter.Context, value: Any) -> Any:
+    ctx.sleep("later", 60.0)
+    return value
+
+
+@charter.node(uses=("notes.txt",))
+def read_back(ctx: charter.Context, value: Any) -> str:
+    return (ctx.workspace / "notes.txt").read_text()
+
+
 PAY = charter.Plan("pay", (pay_all,), ref="_worker_plans:PAY")
 NAP = charter.Plan("nap", (nap,), ref="_worker_plans:NAP")
 ASK = charter.Plan("ask", (ask,), ref="_worker_plans:ASK")
@@ -84,7 +102,8 @@ NAP_THEN_PAY = charter.Plan("nap-then-pay", (nap, pay_all), ref="_worker_plans:N
 THINK_THEN_PAY = charter.Plan(
     "think-then-pay", (think, pay_all), ref="_worker_plans:THINK_THEN_PAY"
 )
-PLANS = (PAY, NAP, ASK, THINK_THEN_PAY)
+NOTES = charter.Plan("notes", (write_down, later, read_back), ref="_worker_plans:NOTES")
+PLANS = (PAY, NAP, ASK, THINK_THEN_PAY, NOTES)
 
 
 def main(argv: list[str]) -> int:

@@ -41,7 +41,12 @@ def _plans_adapters() -> Any:
 
 
 def worker_engine(make_engine: MakeEngine) -> charter.Engine:
-    return make_engine(resume="automatic", evidence_settles="auto", lease_seconds=LEASE)
+    return worker_engine_at(make_engine)
+
+
+def worker_engine_at(make_engine: MakeEngine, **config: Any) -> charter.Engine:
+    """An engine configured as workers run: they continue runs by themselves."""
+    return make_engine(resume="automatic", evidence_settles="auto", lease_seconds=LEASE, **config)
 
 
 def pay_input(box: Sandbox, *invoices: str, amount: int = 500) -> dict[str, Any]:
@@ -525,3 +530,24 @@ def test_K1_R1_a_worker_killed_on_this_host_is_taken_over_at_once_not_after_its_
         assert (done.epoch, done.recoveries) == (2, 1)
         assert [a.status.value for a in engine.attempts(run_id=run.id)] == ["succeeded"] * 2
         assert engine.check_ledger(mission) == []
+
+
+def test_K4_N2_a_worker_on_another_machine_finds_the_artifacts_in_the_shared_store(
+    make_engine: MakeEngine, creds: Any, clock: ManualClock, tmp_path: Path
+) -> None:
+    """Two machines: each its own workspace, one artifact directory they share.
+    The run saves a file on the first, sleeps, and reads it back on the second."""
+    shared = str(tmp_path / "shared-artifacts")
+    here, there = (
+        worker_engine_at(make_engine, artifacts=shared, workspace=str(tmp_path / name))
+        for name in ("here", "there")
+    )
+    who = Principals(creds[0], creds[1], here)
+    mission = here.create_mission(default_contract(), by=who.alice)
+    run = here.submit(mission, by=who.agent, plan=plans.NOTES, input={"text": "kept"})
+    assert charter.Worker(here, plans.PLANS).run_once() == {run.id: "waiting"}
+    clock.advance(LEASE * 3)
+
+    assert charter.Worker(there, plans.PLANS).run_once() == {run.id: "ended"}
+    assert (tmp_path / "there" / run.id / "notes.txt").read_text() == "kept"
+    assert [a["ok"] for a in there.verify_artifacts(run.id)] == [True]

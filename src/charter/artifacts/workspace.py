@@ -53,7 +53,14 @@ def _parent(root: str, parts: tuple[str, ...], *, create: bool) -> Iterator[int]
     """A descriptor of the directory that holds ``parts[-1]``, walked from ``root``."""
     if create:
         Path(root).mkdir(parents=True, exist_ok=True)
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        # A run's workspace on a machine that has not worked on it yet (another
+        # worker's, N2): every file of it is missing, to be put back from the store.
+        raise ArtifactError(
+            f"workspace {root} does not exist here", path=root, missing=True
+        ) from None
     try:
         for part in parts[:-1]:
             if create:
@@ -66,6 +73,7 @@ def _parent(root: str, parts: tuple[str, ...], *, create: bool) -> Iterator[int]
                     f"workspace directory {part!r} under {root} cannot be used "
                     f"({exc.strerror}); links are never followed",
                     path=part,
+                    missing=isinstance(exc, FileNotFoundError),
                 ) from None
             os.close(fd)
             fd = nxt
