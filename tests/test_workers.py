@@ -551,3 +551,35 @@ def test_K4_N2_a_worker_on_another_machine_finds_the_artifacts_in_the_shared_sto
     assert charter.Worker(there, plans.PLANS).run_once() == {run.id: "ended"}
     assert (tmp_path / "there" / run.id / "notes.txt").read_text() == "kept"
     assert [a["ok"] for a in there.verify_artifacts(run.id)] == [True]
+
+
+def test_K1_N5_a_submitted_run_stopped_before_any_worker_begins_it_is_never_begun(
+    make_engine: MakeEngine, creds: Any
+) -> None:
+    engine = worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(default_contract(), by=who.alice)
+    run = engine.submit(mission, by=who.agent, plan=plans.NAP, input={"seconds": 0})
+
+    assert engine.stop_run(run.id, by=who.alice).status is RunStatus.STOPPED
+
+    assert charter.Worker(engine, plans.PLANS).run_once() == {run.id: "ended"}
+    done = engine.run(run.id)
+    assert (done.status, done.epoch) == (RunStatus.STOPPED, 0)
+    assert [e["kind"] for e in engine.audit_events(mission)].count("run.started") == 0
+    assert engine.queued_run(run.id) is None
+
+
+def test_K1_S2_a_mission_with_a_queued_run_exports_and_imports_whole(
+    make_engine: MakeEngine, creds: Any, key: str, target: charter.Engine
+) -> None:
+    engine = make_engine(signing_key=key)
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(default_contract(), by=who.alice)
+    run = engine.submit(mission, by=who.agent, plan=plans.NAP, input={"seconds": 0})
+
+    assert target.import_snapshot(engine.export_snapshot(mission)) == mission
+
+    assert target.run(run.id).to_dict() == engine.run(run.id).to_dict()
+    assert all(v.ok for v in target.verify_audit(mission))
+    assert target.queued_run(run.id) is None  # the queue is the store's own
