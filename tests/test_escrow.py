@@ -397,3 +397,94 @@ def test_L10_a_lease_refused_leaves_the_worker_on_the_missions_gate(
         escrow.perform(ex, adapter, "read", {"n": 0}, effect_key="k0")
     assert slices(engine, mission) == [] and _held_in(raw) == {}
     assert engine.balances(mission)["usd"].spent == 1_000
+
+
+def _elsewhere(fn: Callable[[], Any]) -> None:
+    """Run ``fn`` in a thread of its own: a fresh context, in no lane (as another
+    process, or a person's decision, would)."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # pragma: no cover - re-raised below
+            failed.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if failed:
+        raise failed[0]
+
+
+def test_L10_a_node_completing_after_its_slice_was_revoked_completes_through_the_gate(
+    engine: charter.Engine, who: Principals, raw: Any
+) -> None:
+    mission = _mission(engine, who)
+    ex = engine.start_run(mission, by=who.agent, segment_id="s1")
+    adapter = RecordingAdapter(costs=COSTS)
+
+    def revoke() -> None:
+        engine.amend_contract(
+            mission,
+            default_contract(allowance={"usd": 900_000, "calls": 100}),
+            by=who.alice,
+            reason="budget cut",
+        )
+
+    @charter.node
+    def read_then_cut(ctx: charter.Context, value: Any) -> str:
+        attempt = ctx.attempt(adapter, "read", {"n": 1}, key="r1")
+        _elsewhere(revoke)  # the slice is returned while the node runs
+        return str(attempt)
+
+    plan = charter.Plan("cut", (read_then_cut,))
+    with Escrow(engine, {"usd": 50_000, "calls": 50}, holder="w1") as escrow:
+        with escrow.lane(mission) as lane:
+            assert lane is not None
+            ex.execute(plan)
+        [lent] = slices(engine, mission)
+        assert lent["status"] == "returned" and lent["returned_why"].startswith("revoked")
+        assert lane.fell_back
+    assert engine.run(ex.run_id).status is charter.RunStatus.COMPLETED
+    [attempt_id] = _held_in(raw)
+    assert _held_in(raw)[attempt_id] == lent["id"]
+    # The completion went on the mission's chain, nothing after the return on the slice's.
+    kinds = [
+        r["kind"]
+        for r in raw.rows("SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", mission)
+    ]
+    assert "node.completed" in kinds and kinds.index("node.completed") > kinds.index(
+        "escrow.returned"
+    )
+    assert engine.balances(mission)["usd"].spent == 1_000
+    assert engine.check_ledger(mission) == []
+    assert all(v.ok for v in engine.verify_audit())
+    assert [s.request for s in adapter.sent] == [{"n": 1}]
+
+
+def test_L10_L4_a_two_phase_dispatch_after_its_slice_lapsed_goes_through_the_gate(
+    engine: charter.Engine, who: Principals, clock: ManualClock, raw: Any
+) -> None:
+    mission = _mission(engine, who)
+    ex = engine.start_run(mission, by=who.agent, segment_id="s1")
+    adapter = RecordingAdapter(costs=COSTS)
+    escrow = Escrow(engine, {"usd": 50_000, "calls": 50}, holder="w1", lease_seconds=5)
+    with escrow.lane(mission) as lane:
+        assert lane is not None
+        prepared = ex.admit(adapter, "charge", {"n": 1}, effect_key="c1")
+        assert _held_in(raw) == {prepared.id: lane.chain}
+        clock.advance(6)  # the lease lapses between admission and dispatch
+        _elsewhere(lambda: sweep(engine, mission))
+        sent = ex.dispatch(prepared.id, adapter)
+        assert sent.status is charter.AttemptStatus.SUCCEEDED
+        assert lane.fell_back
+    [lent] = slices(engine, mission)
+    assert (lent["status"], lent["returned_why"]) == ("returned", "lapsed")
+    usd = engine.balances(mission)["usd"]
+    # The hold came back to the mission with the slice (L4) and was settled there once.
+    assert (usd.held, usd.spent) == (0, 20_000)
+    assert lent["accounts"]["usd"]["held"] == 20_000
+    assert engine.check_ledger(mission) == []
+    assert all(v.ok for v in engine.verify_audit())
+    assert [s.request for s in adapter.sent] == [{"n": 1}]

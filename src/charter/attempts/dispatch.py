@@ -172,8 +172,11 @@ def dispatching_prepared(
     """:func:`dispatch_prepared`, as the steps a driver runs."""
     seg.runtime.crash("dispatch.before")
     started = seg.runtime.clock.monotonic_us()  # before the dispatch commit (F3)
-    with seg.runtime.db.transaction(gate=seg.mission_id) as tx:
-        attempt, units = _commit_dispatch(seg, tx, attempt_id, adapter, request)
+    # transact: in a lane (L10), a voided hold that is not the slice's goes again
+    # through the mission's gate, whole.
+    attempt, units = seg.runtime.db.transact(
+        lambda tx: _commit_dispatch(seg, tx, attempt_id, adapter, request), gate=seg.mission_id
+    )
     if attempt.status is AttemptStatus.VOIDED:
         return attempt
     return (yield from sending(seg, attempt, adapter, started, units=units))

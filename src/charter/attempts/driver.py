@@ -23,6 +23,7 @@ from charter.attempts.evidence import Report
 from charter.attempts.model import Attempt, AttemptStatus, Effect, Lineage
 from charter.errors import ApprovalRequired
 from charter.runs.ownership import Segment
+from charter.storage import Tx
 
 
 def perform(
@@ -126,7 +127,8 @@ def _written_off(seg: Segment, attempt: Attempt, call: Call) -> Attempt:
         EffectClass.READ_ONLY
     ):
         return attempt
-    with seg.runtime.db.transaction(gate=seg.mission_id) as tx:
+
+    def write_off(tx: Tx) -> Attempt:
         row = seg.own(tx)  # a fenced executor settles nothing (F2)
         contract = seg.runtime.authority.contract(tx, seg.mission_id, row["contract_version"])
         lost = "its send's outcome is unknown"
@@ -134,4 +136,8 @@ def _written_off(seg: Segment, attempt: Attempt, call: Call) -> Attempt:
             tx, attempt, contract, why=lost, segment=seg.segment_id, epoch=seg.epoch
         ):
             return store.load(tx, attempt.id)
-    return attempt
+        return attempt
+
+    # transact: in a lane (L10), a hold that is not the slice's is written off
+    # through the mission's gate, whole.
+    return seg.runtime.db.transact(write_off, gate=seg.mission_id)

@@ -18,6 +18,7 @@ the cause is fixed a resume replays the same execution from its journal.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import json
 import traceback
@@ -176,7 +177,9 @@ class _Schedule:
                 self.held[name] = exc
                 continue
             value = _input(shape, name, self.done, self.value)
-            self.running[pool.submit(_run_node, self.ex, node, value, self.plan)] = name
+            # In the caller's context (a copy each): its lanes of escrow (L10) reach the node.
+            run = contextvars.copy_context().run
+            self.running[pool.submit(run, _run_node, self.ex, node, value, self.plan)] = name
 
     def _collect(self, name: str, f: Future[Any]) -> None:
         try:

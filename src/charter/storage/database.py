@@ -146,15 +146,28 @@ class Database:
         self._acquire(write)
         group = self._group if write else None
         member = None if group is None else f"member_{group.size}"
-        lane = lanes.of(gate)  # L10: the mission's gate shared, the lane's whole
+        # L10: the lanes this transaction goes through are decided before its body runs.
+        taken = self._lanes_for(write, gate)
         try:
-            if lane is None:
-                self._start(write, gate, member, recall)
-            else:
-                self._start(write, lane.chain, member, recall, shared=gate)
+            self._begin(write, gate, member, recall, taken)
+            while lapsed := [lane for lane in taken if not self._serves(lane)]:
+                # A slice returned or lapsed: the whole body goes through the
+                # mission's gate instead, exactly as without the lane.
+                for lane in lapsed:
+                    lane.fell_back = True
+                taken = [lane for lane in taken if all(lane is not x for x in lapsed)]
+                if not self._undo(group, member):
+                    raise StoreError("a transaction could not leave a lapsed escrow lane")
+                self._begin(write, gate, member, recall, taken)
         except BaseException as exc:  # nothing of this transaction exists
             self._end(write, group, kept=False, outcome=exc)
-        tx = Tx(self.driver, self.ids, gate, self.sign)
+        tx = Tx(
+            self.driver,
+            self.ids,
+            gate,
+            self.sign,
+            lanes=None if not write and gate is None else {ln.mission_id: ln for ln in taken},
+        )
         outcome: BaseException | None = None
         kept = True
         try:
@@ -186,6 +199,46 @@ class Database:
                 outcome, kept = self._held(exc), False
                 self._undo(group, member)
         self._end(write, group, kept, outcome)
+
+    @staticmethod
+    def _lanes_for(write: bool, gate: str | None) -> list[lanes.Lane]:
+        """The lanes a transaction goes through (L10): the lane of its mission
+        ``gate``, or, for a write without a gate, every lane open in this context
+        (the missions it changes are known only to its body), in the order of
+        their missions."""
+        if gate is not None:
+            lane = lanes.of(gate)
+            return [] if lane is None else [lane]
+        if not write:
+            return []
+        return [lane for _, lane in sorted(lanes.current().items())]
+
+    def _begin(
+        self,
+        write: bool,
+        gate: str | None,
+        member: str | None,
+        recall: bool,
+        taken: list[lanes.Lane],
+    ) -> None:
+        """Begin, with the gates of ``taken`` lanes: each one's mission shared and
+        its slice's whole (the mission ``gate``'s own, if any, with ``BEGIN``)."""
+        if gate is not None and taken:
+            self._start(write, taken[0].chain, member, recall, shared=gate)
+            return
+        self._start(write, gate, member, recall)
+        for lane in taken:
+            self.driver.share(lane.mission_id)
+            self.driver.gate(lane.chain)
+
+    def _serves(self, lane: lanes.Lane) -> bool:
+        """Whether a transaction just begun in ``lane`` may go through it (L10): its
+        slice is open (its chain not sealed by a return) and its lease runs at the
+        transaction's time. Read under the slice's gate, the mission's held shared:
+        nothing returns the slice before this transaction ends. The head and the
+        clock come with the gate (on a store that remembers them, no round trip)."""
+        head = self.driver.head(lane.chain)
+        return head is not None and head[2] is None and self.driver.now_us() < lane.expires_us
 
     def _held(self, outcome: BaseException) -> BaseException:
         """What a transaction that ends otherwise than by its commit reports: its

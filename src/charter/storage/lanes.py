@@ -31,15 +31,25 @@ class Lane:
     """A slice of ``mission_id``'s allowance its holder admits against.
 
     ``chain`` is the slice's id: its gate, its audit chain and the row keeping
-    both. ``members``: attempts this process admitted in the slice and has
+    both. ``expires_us``: when its lease ends, by the store's clock (a
+    transaction that begins at or after it goes through the mission's gate).
+    ``members``: attempts this process admitted in the slice and has
     not settled (the one thing a settlement in the lane needs to know: the
     hold it resolves is the slice's). ``fell_back``: a transaction could not
     go through the slice (it was short, lapsed or returned) and went through
     the mission's gate instead; its holder renews the slice.
+
+    Whether a transaction goes through the lane is decided when it begins,
+    before its body runs (:meth:`charter.storage.Database.transaction`): the
+    slice's head is read under the slice's gate, with the mission's held
+    shared, so nothing can return the slice until the transaction ends; a
+    slice returned or lapsed sends the whole transaction through the
+    mission's gate instead. No body is ever half on a slice.
     """
 
     mission_id: str
     chain: str
+    expires_us: int
     members: set[str] = field(default_factory=set)
     fell_back: bool = False
 

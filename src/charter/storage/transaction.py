@@ -37,7 +37,7 @@ from charter.hashing import (
     head_table,
 )
 from charter.ids import IdFactory
-from charter.storage import lanes
+from charter.storage import lanes as lane_context
 from charter.storage.dialect import Dialect
 from charter.storage.lanes import Lane
 
@@ -192,7 +192,13 @@ class Tx:
     """One transaction: statements, the store's time, and pending audit events."""
 
     def __init__(
-        self, driver: Driver, ids: IdFactory, gate: str | None, sign: HeadSigner | None = None
+        self,
+        driver: Driver,
+        ids: IdFactory,
+        gate: str | None,
+        sign: HeadSigner | None = None,
+        *,
+        lanes: Mapping[str, Lane] | None = None,
     ) -> None:
         self._driver = driver
         self._sql = driver.dialect.sql
@@ -202,12 +208,15 @@ class Tx:
         self._sign = sign
         #: Chains this transaction seals (with why) or opens again (S2, S5).
         self._seals: dict[str, str | None] = {}
-        #: The lanes this transaction's changes of a mission go through (L10).
-        self._lanes = lanes.current()
+        #: The lanes this transaction's changes of a mission go through (L10):
+        #: those its beginning took (their gates held, their slices open), or
+        #: (a read) the context's.
+        self._lanes = dict(lane_context.current() if lanes is None else lanes)
         #: The missions (and lanes) whose gate this transaction holds.
         self._gates: set[str] = set() if gate is None else {gate}
-        if gate in self._lanes:
-            self._gates.add(self._lanes[gate].chain)
+        if lanes is not None:
+            for lane in lanes.values():
+                self._gates |= {lane.mission_id, lane.chain}
         #: Counters on a mission's row, added when the transaction ends (see count).
         self._counts: dict[str, dict[str, int]] = {}
 

@@ -180,18 +180,20 @@ class Escrow:
                     tx, mission_id, mission.contract_version
                 )
                 stops = contract.stop_conditions
+                lease_us = seconds_us(self._lease_seconds)
                 slice_id, _ = escrow_slices.lease(
                     tx,
                     mission_id,
                     self._amounts,
                     holder=self._holder,
-                    lease_us=seconds_us(self._lease_seconds),
+                    lease_us=lease_us,
                     counted=stops.max_attempts is not None or stops.max_failed_attempts is not None,
                     open_incidents=ledger_store.count_open(tx, mission_id),
                 )
+                expires_us = tx.now_us + lease_us  # as the slice's row says
         except SliceUnavailable:
             return None
-        return Lane(mission_id, slice_id)
+        return Lane(mission_id, slice_id, expires_us)
 
     def _give_back(self, lane: Lane, why: str) -> None:
         db = self._runtime.db
