@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from charter.cli.commands import Handler, principal, table
 from charter.cli.graphs import parse_value
+from charter.errors import UsageError
 
 if TYPE_CHECKING:
     from charter import Engine
@@ -48,6 +49,13 @@ def add_arguments(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
         "--poll", type=float, default=1.0, help="seconds between looks at the store at most"
     )
     w.add_argument("--name", help="the worker's name in logs and leases (default host-pid)")
+    w.add_argument(
+        "--escrow",
+        action="append",
+        default=[],
+        metavar="UNIT=AMOUNT",
+        help="lease a slice of each carried run's mission, per unit (repeatable; L10)",
+    )
 
 
 def _submit(engine: Engine, args: argparse.Namespace) -> Any:
@@ -61,6 +69,7 @@ def _submit(engine: Engine, args: argparse.Namespace) -> Any:
 def _worker(engine: Engine, args: argparse.Namespace) -> Any:
     from charter import Worker  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
 
+    escrow = escrow_amounts(args.escrow)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     worker = Worker(
         engine,
@@ -70,11 +79,30 @@ def _worker(engine: Engine, args: argparse.Namespace) -> Any:
         concurrency=args.concurrency,
         poll_seconds=args.poll,
         name=args.name,
+        escrow=escrow,
     )
     worker.run()
     return {"worker": worker.name, "counts": worker.counts}, (
         f"worker {worker.name} stopped: " + ", ".join(f"{k} {v}" for k, v in worker.counts.items())
     )
+
+
+def escrow_amounts(given: list[str]) -> dict[str, int] | None:
+    """``--escrow UNIT=AMOUNT`` options as a worker's escrow (``None``: none given);
+    a malformed one is refused before anything starts."""
+    if not given:
+        return None
+    amounts: dict[str, int] = {}
+    for option in given:
+        unit, sep, amount = option.partition("=")
+        if not sep or not unit or not amount.strip().isdigit() or unit in amounts:
+            raise UsageError(
+                f"--escrow takes UNIT=AMOUNT, a whole amount in the unit's smallest step, "
+                f"each unit once (e.g. --escrow usd_micros=50000); got {option!r}",
+                field="escrow",
+            )
+        amounts[unit] = int(amount)
+    return amounts
 
 
 def _queues(engine: Engine, args: argparse.Namespace) -> Any:

@@ -41,6 +41,7 @@ See ``docs/escrow.md`` for the design, its invariants and its figures.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -55,12 +56,14 @@ from charter.clock import seconds_us
 from charter.contracts import missions
 from charter.engine.engine import Engine, runtime_of
 from charter.engine.executor import Executor
-from charter.errors import SliceUnavailable, UsageError
+from charter.errors import CharterError, SliceUnavailable, UsageError
 from charter.ids import check_text
 from charter.ledger import store as ledger_store
 from charter.ledger.escrow import slices as escrow_slices
 from charter.storage import lanes
 from charter.storage.lanes import Lane
+
+log = logging.getLogger("charter.worker")
 
 
 @dataclass
@@ -161,9 +164,13 @@ class Escrow:
             if not due:
                 assert held is not None
                 return held.lane
-            if held is not None and held.lane is not None:
-                self._give_back(held.lane, "renewed")
-            lane = self._lease(mission_id)
+            try:
+                if held is not None and held.lane is not None:
+                    self._give_back(held.lane, "renewed")
+                lane = self._lease(mission_id)
+            except CharterError as exc:  # the store away: its gate serves, a lease lapses
+                log.warning("escrow of %s on mission %s: %s", self._holder, mission_id, exc)
+                lane = None
             # A mission that lends nothing now is asked again after a tenth of a lease.
             wait = self._lease_seconds / (2 if lane is not None else 10)
             self._held[mission_id] = _Held(lane, time.monotonic() + wait)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from charter.adapters import Adapter
@@ -62,6 +63,9 @@ class Carry:
     tell: Callable[[str, str, list[str], list[str]], None]
     #: Whether the worker is stopping (K4): a run it lets go of is due at once.
     stopping: Callable[[], bool]
+    #: The context the run's plan executes in, given its mission: the worker's
+    #: lane of escrow (L10), or none.
+    lane: Callable[[str], AbstractContextManager[object]] = lambda _: contextlib.nullcontext()
     outcome: str = field(default="", init=False)
 
     def __call__(self) -> str:
@@ -144,7 +148,8 @@ class Carry:
         self.engine.hold_run(self.run_id, token=self.token, until_us=executor.lease_expires_us)
         plan = self.plans[self._plan_ref()]
         try:
-            executor.execute(plan)
+            with self.lane(executor.mission_id):
+                executor.execute(plan)
         except Blocked:
             return self._blocked()
         except Fenced:

@@ -17,6 +17,12 @@ nothing is found, and start again fast once something is.
 When a run needs a person, the worker tells the engine's configured webhooks
 (:mod:`~charter.workers.notify`, K3), or the ``teller`` it is given.
 
+With ``escrow={"usd_micros": 50_000}`` (L10) the worker leases a slice of each
+carried run's mission and executes the run's plan in its lane (its node
+threads included), so several workers on one mission do not queue on its gate;
+whatever the slice cannot serve goes through the gate, and every slice is
+returned when the worker stops (:mod:`~charter.workers.escrow`).
+
 Stopping (K4): :meth:`stop`, or SIGTERM to :meth:`run` in the main thread,
 takes no more runs; every carried run's nodes start no new effect, sends under
 way settle (bounded by the send deadline), and each run is let go of with its
@@ -27,6 +33,7 @@ what recovery handles (R4).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -34,8 +41,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from types import FrameType
 from typing import Protocol, TypeVar
 
@@ -47,6 +55,7 @@ from charter.engine.submitted import DEFAULT_QUEUE, plan_ref
 from charter.errors import CharterError, ConfigError, Fenced
 from charter.plans.nodes import Plan
 from charter.queue.store import CHANNEL
+from charter.workers.escrow import Escrow
 from charter.workers.notify import Notices
 from charter.workers.scheduler import Carry
 
@@ -79,6 +88,7 @@ class Worker:
         poll_seconds: float = 1.0,
         name: str | None = None,
         teller: Teller | None = None,
+        escrow: Mapping[str, int] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigError(f"concurrency must be at least 1, got {concurrency!r}")
@@ -97,6 +107,8 @@ class Worker:
         self.concurrency = concurrency
         self.poll_seconds = poll_seconds
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        #: The slice leased per mission carried (L10), by unit; off by default.
+        self.escrow = None if escrow is None else Escrow(engine, escrow, holder=self.name)
         #: The engine's configured webhooks, told by this worker when no teller is given.
         self._notices = Notices(engine) if teller is None and engine.config.webhooks else None
         self.teller: Teller | None = teller or self._notices
@@ -130,6 +142,8 @@ class Worker:
                 if not taken:
                     self._sleep(backoff)
             self._drain()
+        if self.escrow is not None:
+            self.escrow.close()  # K4: every slice back, what was not used available again
         if self._listener is not None:
             self._listener.close()
         if self._notices is not None:
@@ -139,9 +153,14 @@ class Worker:
         """Take what is due now and carry each run as far as it goes, in this
         thread; each run's outcome (a step for tests and scripts)."""
         token = self._token()
-        return {
-            run_id: self._carry(run_id, token) for run_id in self._taken(self.concurrency, token)
-        }
+        try:
+            return {
+                run_id: self._carry(run_id, token)
+                for run_id in self._taken(self.concurrency, token)
+            }
+        finally:
+            if self.escrow is not None:
+                self.escrow.close()
 
     def stop(self) -> None:
         """Stop well (K4): take nothing more, let every carried run go to another worker."""
@@ -216,6 +235,7 @@ class Worker:
             holding=lambda executor: self._holding(executor, token),
             tell=self._tell,
             stopping=self._stopping.is_set,
+            lane=self._lane,
         )
         try:
             outcome = carry()
@@ -228,6 +248,14 @@ class Worker:
         with self._lock:
             self.counts[outcome] = self.counts.get(outcome, 0) + 1
         return outcome
+
+    def _lane(self, mission_id: str) -> AbstractContextManager[object]:
+        """The context a carried run's plan executes in: with escrow, the lane of
+        this worker's slice of its mission (leased on first use, afresh at half
+        its lease; the mission's gate when it lends none)."""
+        if self.escrow is None:
+            return contextlib.nullcontext()
+        return self.escrow.lane(mission_id)
 
     def _holding(self, executor: Executor, token: str) -> None:
         with self._lock:
