@@ -583,3 +583,26 @@ def test_K1_S2_a_mission_with_a_queued_run_exports_and_imports_whole(
     assert target.run(run.id).to_dict() == engine.run(run.id).to_dict()
     assert all(v.ok for v in target.verify_audit(mission))
     assert target.queued_run(run.id) is None  # the queue is the store's own
+
+
+def test_K1_A8_a_run_recovered_by_a_person_is_looked_up_before_a_worker_continues_it(
+    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter, raw: Any
+) -> None:
+    """The operator's recovered segment still has its lease when the run falls due:
+    the worker continues as that segment, and looks the lost payment up first."""
+    engine = worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(payments_contract(), by=who.alice)
+    box.fault("drop_after_apply", reference="lost")
+    run = engine.submit(mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "lost", "b"))
+    assert charter.Worker(engine, plans.PLANS).run_once() == {run.id: "needs_person"}
+    engine.coordinator.recover(run.id, "operator-seg", force=True, by=who.alice)
+    raw.execute("UPDATE run_queue SET due_at_us = 0 WHERE run_id = ?", run.id)
+
+    outcome = charter.Worker(engine, plans.PLANS, adapters=[payments]).run_once()
+
+    assert outcome == {run.id: "ended"}
+    assert paid(box) == ["lost", "b"]
+    assert engine.run(run.id).owner_segment == "operator-seg"
+    [lost] = [a for a in engine.attempts(run_id=run.id) if a.request["reference"] == "lost"]
+    assert [e["verdict"] for e in engine.evidence(lost.id)] == ["applied"]  # the lookup's

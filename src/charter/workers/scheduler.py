@@ -107,6 +107,8 @@ class Carry:
         say why not."""
         run = self.engine.run(self.run_id)
         if run.lease_expires_us > self.engine.now_us() and not self.engine.held(self.run_id):
+            # Recovered by a person, or let go of: what is uncertain is looked up first.
+            self._reconcile(self.engine.coordinator.state(self.run_id).attempts, run.owner_segment)
             try:
                 return self._resume(run.owner_segment)
             except LeaseHeld:
@@ -118,7 +120,7 @@ class Carry:
             return "held"
         if state.run.status.terminal:
             return self._ended()
-        self._reconcile(state.attempts)
+        self._reconcile(state.attempts, self.segment_id)
         try:
             return self._resume(self.segment_id)
         except LeaseHeld as held:  # taken meanwhile by another worker
@@ -132,14 +134,14 @@ class Carry:
             self._needs_person(list(exc.details.get("blockers") or [exc.message]))
             return "needs_person"
 
-    def _reconcile(self, attempts: Sequence[Attempt]) -> None:
+    def _reconcile(self, attempts: Sequence[Attempt], segment: str) -> None:
         """Ask for evidence on every UNKNOWN attempt whose adapter the worker holds (A8)."""
         for attempt in attempts:
             adapter = self.adapters.get(attempt.adapter)
             if adapter is None or attempt.status is not AttemptStatus.UNKNOWN:
                 continue
             try:
-                self.engine.coordinator.reconcile(attempt.id, adapter, segment_id=self.segment_id)
+                self.engine.coordinator.reconcile(attempt.id, adapter, segment_id=segment)
             except CharterError as exc:  # settled meanwhile, or the lookup was refused
                 log.info("reconcile of %s in run %s: %s", attempt.id, self.run_id, exc)
 
