@@ -49,6 +49,19 @@ def worker_engine_at(make_engine: MakeEngine, **config: Any) -> charter.Engine:
     return make_engine(resume="automatic", evidence_settles="auto", lease_seconds=LEASE, **config)
 
 
+def approved_payments(*, ttl_seconds: int) -> dict[str, Any]:
+    """A payments contract whose every payment needs ``bob``'s approval first."""
+    return default_contract(
+        approvals={"required": ["payments.pay"], "ttl_seconds": ttl_seconds},
+        principals={
+            "agent": {"run": ["payments.*"]},
+            "alice": ["resolve", "stop"],
+            "bob": {"approve": ["payments.*"]},
+        },
+        allowance={"usd_cents": 100_000},
+    )
+
+
 def pay_input(box: Sandbox, *invoices: str, amount: int = 500) -> dict[str, Any]:
     return {"sandbox": box.url, "amount": amount, "invoices": list(invoices)}
 
@@ -164,16 +177,7 @@ def test_K2_W2_a_granted_approval_wakes_its_run_and_the_payment_is_sent_once(
 ) -> None:
     engine = worker_engine(make_engine)
     who = Principals(creds[0], creds[1], engine)
-    contract = default_contract(
-        approvals={"required": ["payments.pay"], "ttl_seconds": 600},
-        principals={
-            "agent": {"run": ["payments.*"]},
-            "alice": ["resolve", "stop"],
-            "bob": {"approve": ["payments.*"]},
-        },
-        allowance={"usd_cents": 100_000},
-    )
-    mission = engine.create_mission(contract, by=who.alice)
+    mission = engine.create_mission(approved_payments(ttl_seconds=600), by=who.alice)
     run = engine.submit(mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "inv-9"))
     worker = charter.Worker(engine, plans.PLANS, adapters=[payments])
     assert worker.run_once() == {run.id: "waiting"}
@@ -375,16 +379,7 @@ def test_K2_W2_an_approval_that_expired_while_no_worker_ran_is_asked_again(
 ) -> None:
     engine = worker_engine(make_engine)
     who = Principals(creds[0], creds[1], engine)
-    contract = default_contract(
-        approvals={"required": ["payments.pay"], "ttl_seconds": 60},
-        principals={
-            "agent": {"run": ["payments.*"]},
-            "alice": ["stop"],
-            "bob": {"approve": ["payments.*"]},
-        },
-        allowance={"usd_cents": 100_000},
-    )
-    mission = engine.create_mission(contract, by=who.alice)
+    mission = engine.create_mission(approved_payments(ttl_seconds=60), by=who.alice)
     run = engine.submit(mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "late"))
     told = Told()
     worker = charter.Worker(engine, plans.PLANS, adapters=[payments], teller=told)

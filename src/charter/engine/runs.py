@@ -94,12 +94,11 @@ class Runs:
                 after="active",
                 payload={"lease_expires_us": expires},
             )
-        return Executor(
+        return first_owner(
             self._runtime,
             run_id=run_id,
             mission_id=mission_id,
             segment_id=segment_id,
-            epoch=1,
             principal=by.name,
             lease_expires_us=expires,
             claim=claim,
@@ -198,13 +197,35 @@ def follow(
             "nodes": inherited,
         },
     )
-    return Executor(
+    return first_owner(
         runtime,
         run_id=run_id,
         mission_id=old.mission_id,
         segment_id=segment_id,
-        epoch=1,
         principal=old.principal,
         lease_expires_us=expires,
+        claim=claim,
+    )
+
+
+def first_owner(
+    runtime: Runtime,
+    *,
+    run_id: str,
+    mission_id: str,
+    segment_id: str,
+    principal: str,
+    lease_expires_us: int,
+    claim: str,
+) -> Executor:
+    """The executor of a run's first segment (epoch 1), holding the run."""
+    return Executor(
+        runtime,
+        run_id=run_id,
+        mission_id=mission_id,
+        segment_id=segment_id,
+        epoch=1,
+        principal=principal,
+        lease_expires_us=lease_expires_us,
         claim=claim,
     )

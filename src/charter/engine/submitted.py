@@ -20,7 +20,7 @@ from charter.config import EngineConfig
 from charter.contracts.authority import Authority
 from charter.contracts.principals import Principal
 from charter.engine.executor import Executor
-from charter.engine.runs import recorded_input
+from charter.engine.runs import first_owner, recorded_input
 from charter.errors import StateError
 from charter.ids import check_text
 from charter.plans.nodes import Plan
@@ -127,12 +127,11 @@ class Submissions:
                 after=RunStatus.ACTIVE.value,
                 payload={"lease_expires_us": expires, "submitted": True},
             )
-        return Executor(
+        return first_owner(
             self._runtime,
             run_id=run_id,
             mission_id=mission_id,
             segment_id=segment_id,
-            epoch=1,
             principal=run.principal,
             lease_expires_us=expires,
             claim=claim,
