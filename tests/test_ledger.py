@@ -1209,6 +1209,37 @@ def test_L7_overrun_past_the_limit_stays_paused_until_the_limit_is_raised(
     assert_ledger(engine, mission)
 
 
+def test_R9_L7_a_run_resumes_once_a_raise_covers_its_overrun(
+    make_engine: Callable[..., charter.Engine], creds: Any, adapter: RecordingAdapter
+) -> None:
+    """Breaking R9 here looks like a resume refused for ever ("allowance exhausted")
+    after any overrun: the overrun memo never goes down, and the resume policy read
+    it as exhaustion although admission (what the policy must agree with) reads
+    what is available."""
+    engine = make_engine(resume="automatic")
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(
+        default_contract(allowance={"usd": 5_000, "calls": 100}), by=who.alice
+    )
+    adapter.script["write"] = pays({"usd": 7_000, "calls": 1})
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    ex.perform(adapter, "write", {"n": 1}, effect_key="over")
+    adapter.script.pop("write")
+    (incident,) = engine.incidents(mission, open_only=True)
+    engine.close_incident(incident["id"], by=who.alice, note="overrun accepted")
+    ex.release()
+    with pytest.raises(charter.NeedsIntervention, match="allowance exhausted"):
+        engine.coordinator.resume(ex.run_id, "seg-1")  # still 2,000 below zero
+
+    engine.raise_limit(mission, "usd", 20_000, by=who.alice)
+
+    again = engine.coordinator.resume(ex.run_id, "seg-1")
+    assert again.perform(adapter, "read", {"n": 2}, effect_key="after").status is (
+        AttemptStatus.SUCCEEDED
+    )
+    assert engine.balances(mission)["usd"].overrun == 2_000  # the memo stays
+
+
 def test_L7_raise_limit_unpauses_although_an_unused_unit_has_a_zero_limit(
     engine: charter.Engine, who: Principals, adapter: RecordingAdapter
 ) -> None:

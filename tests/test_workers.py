@@ -601,3 +601,36 @@ def test_K1_A8_a_run_recovered_by_a_person_is_looked_up_before_a_worker_continue
     assert engine.run(run.id).owner_segment == "operator-seg"
     [lost] = [a for a in engine.attempts(run_id=run.id) if a.request["reference"] == "lost"]
     assert [e["verdict"] for e in engine.evidence(lost.id)] == ["applied"]  # the lookup's
+
+
+def test_K2_closing_the_incident_a_run_waits_on_wakes_it(
+    make_engine: MakeEngine, creds: Any, box: Sandbox
+) -> None:
+    """A person settles a lost payment above its hold (an overrun: an incident,
+    L5); the run waits for the incident, and closing it is what moves it on."""
+    engine = worker_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(payments_contract(), by=who.alice)
+    box.fault("drop_after_apply", reference="over")
+    run = engine.submit(mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "over", "b"))
+    told = Told()
+    worker = charter.Worker(engine, plans.PLANS, teller=told)
+    assert worker.run_once() == {run.id: "needs_person"}
+    [lost] = engine.attempts(run_id=run.id, unresolved=True)
+    engine.coordinator.resolve(
+        lost.id,
+        by=who.alice,
+        outcome="succeeded",
+        evidence="the bank charged a fee on top",
+        cost={"usd_cents": 900},
+        result={"status": "paid", "reference": "over"},
+    )
+    [incident] = engine.incidents(mission)
+    assert worker.run_once() == {run.id: "needs_person"}
+    assert told.notices[-1][1] == "incident"
+    assert worker.run_once() == {}
+
+    engine.close_incident(incident["id"], by=who.alice, note="the fee is agreed")
+
+    assert worker.run_once() == {run.id: "ended"}
+    assert paid(box) == ["over", "b"]

@@ -129,7 +129,11 @@ class Balance:
 
     @property
     def exhausted(self) -> bool:
-        return self.available <= 0 or self.overrun > 0
+        """Nothing left to admit against (L7), as admission reads it. An overrun
+        leaves ``available`` below zero until a raised limit covers it; ``overrun``
+        itself is a memo of what was ever spent above holds and never goes down,
+        so it cannot say whether the unit is exhausted now."""
+        return self.available <= 0
 
 
 def balances(moves: Iterable[Move]) -> dict[str, Balance]:
