@@ -8,6 +8,8 @@ power outages and SIGTERM with real worker processes are in test_fleet.py.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -25,7 +27,7 @@ from charter.errors import NotAuthorized, StateError, UsageError
 from charter.runs.model import RunStatus
 from charter.sandbox import Sandbox
 from charter.storage.text import TextRefused
-from charter.testing import ManualClock
+from charter.testing import ManualClock, credential
 from conftest import Principals, default_contract, payments_contract, stored
 
 LEASE = 30.0
@@ -634,3 +636,72 @@ def test_K2_closing_the_incident_a_run_waits_on_wakes_it(
 
     assert worker.run_once() == {run.id: "ended"}
     assert paid(box) == ["over", "b"]
+
+
+@pytest.mark.crash
+def test_K1_K4_the_cli_submits_a_run_a_worker_process_carries_it_and_sigterm_stops_it(
+    tmp_path: Path,
+) -> None:
+    (agent, agent_digest), (alice, alice_digest) = credential("agent"), credential("alice")
+    (tmp_path / "charter.toml").write_text(
+        'store = "charter.db"\nresume = "automatic"\n'
+        f'[credentials]\nagent = "{agent_digest}"\nalice = "{alice_digest}"\n'
+    )
+    env = {**os.environ, "PYTHONPATH": str(HERE), "CHARTER_CONFIG": str(tmp_path / "charter.toml")}
+    with charter.Engine.open(
+        str(tmp_path / "charter.db"),
+        config=charter.EngineConfig.from_file(tmp_path / "charter.toml"),
+    ) as engine:
+        mission = engine.create_mission(default_contract(), by=engine.authenticate(alice))
+
+    def cli(*args: str, who: str = agent) -> Any:
+        done = subprocess.run(
+            [sys.executable, "-m", "charter", *args, "--json"],
+            cwd=tmp_path,
+            env={**env, "CHARTER_CREDENTIAL": who},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    run = cli("submit", mission, "_worker_plans:NAP", "--input", '{"seconds": 0.5}')
+    assert run["status"] == "queued"
+    assert cli("queues")["queues"] == [
+        {"queue": "default", "due": 1, "held": 0, "parked": 0, "runs": 1}
+    ]
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "charter",
+            "worker",
+            "--plan",
+            "_worker_plans:NAP",
+            "--poll",
+            "0.2",
+            "--json",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while cli("queues")["queues"]:  # the run ended: the queue forgets it
+            assert time.monotonic() < deadline and worker.poll() is None
+            time.sleep(0.1)
+        worker.send_signal(signal.SIGTERM)
+        out, _ = worker.communicate(timeout=30)
+    finally:
+        worker.kill()
+    assert worker.returncode == 0
+    assert json.loads(out)["counts"] == {"waiting": 1, "ended": 1}
+    with charter.Engine.open(
+        str(tmp_path / "charter.db"),
+        config=charter.EngineConfig.from_file(tmp_path / "charter.toml"),
+    ) as engine:
+        assert engine.run(run["id"]).status is RunStatus.COMPLETED
