@@ -488,3 +488,43 @@ def test_L10_L4_a_two_phase_dispatch_after_its_slice_lapsed_goes_through_the_gat
     assert engine.check_ledger(mission) == []
     assert all(v.ok for v in engine.verify_audit())
     assert [s.request for s in adapter.sent] == [{"n": 1}]
+
+
+def test_L10_S2_an_export_returns_open_slices_and_carries_their_chains(
+    make_engine: Callable[..., charter.Engine], creds: Any, key: str, target: charter.Engine
+) -> None:
+    engine = make_engine(signing_key=key)
+    who = Principals(creds[0], creds[1], engine)
+    mission = _mission(engine, who)
+    ex = engine.start_run(mission, by=who.agent, segment_id="s1")
+    adapter = RecordingAdapter(costs=COSTS)
+    released = Escrow(engine, {"usd": 30_000, "calls": 50}, holder="w0")
+    released.perform(ex, adapter, "read", {"n": 0}, effect_key="k0")
+    released.close()
+    escrow = Escrow(engine, {"usd": 50_000, "calls": 50}, holder="w1")
+    escrow.perform(ex, adapter, "read", {"n": 1}, effect_key="k1")
+    assert {s["holder"]: s["status"] for s in slices(engine, mission)} == {
+        "w0": "returned",
+        "w1": "open",
+    }
+
+    data = engine.export_snapshot(mission)
+
+    # The open slice came back first: the snapshot's books hold no grant.
+    lent = slices(engine, mission)
+    assert {s["holder"]: s["returned_why"] for s in lent} == {
+        "w0": "released",
+        "w1": "revoked: exported",
+    }
+    assert engine.balances(mission)["usd"].held == 0
+    assert target.import_snapshot(data) == mission
+    assert slices(target, mission) == lent
+    assert target.balances(mission) == engine.balances(mission)
+    assert target.check_ledger(mission) == []
+    assert all(v.ok for v in target.verify_audit(mission))
+    # The worker's next attempt here goes through the mission's gate, as without escrow.
+    second = escrow.perform(ex, adapter, "read", {"n": 2}, effect_key="k2")
+    assert second.status is charter.AttemptStatus.SUCCEEDED
+    escrow.close()
+    assert engine.check_ledger(mission) == []
+    assert all(v.ok for v in engine.verify_audit())

@@ -18,6 +18,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from charter.audit.chain import verify_events
+from charter.audit.model import ChainHead
 from charter.errors import SnapshotTampered
 from charter.ledger.accounts import Balance, Move, balances, carried
 
@@ -39,6 +41,8 @@ def _belongs(mission_id: str, state: State) -> None:
     owners = {"run_id": runs, "attempt_id": attempts}
     for table, rows in state.items():
         for row in rows:
+            if table == "escrow_events":
+                continue  # on its slices' chains (see _slices)
             if row.get("mission_id", mission_id) != mission_id:
                 raise _refuse(
                     "foreign_record",
@@ -131,6 +135,7 @@ def check(
     _belongs(str(header["mission_id"]), state)
     _head(header, state)
     _ledger(state, events)
+    _slices(events, state)
     for item in artifacts:
         if not _SHA256.fullmatch(item["sha256"]) or item["size"] < 0:
             raise SnapshotTampered(
@@ -138,4 +143,46 @@ def check(
                 "size is negative",
                 problem="artifact_mismatch",
                 entry="artifacts.json",
+            )
+
+
+def _slices(events: Sequence[Mapping[str, Any]], state: State) -> None:
+    """L10: every slice the mission lent was returned (an export returns them
+    first), its chain runs from its genesis to the head on its row, and the
+    mission's chain recorded that head when it took the slice back."""
+    lent = {s["id"]: s for s in state["escrow_slices"]}
+    ended: dict[str, Any] = {}
+    for event in events:
+        if event["kind"] == "escrow.returned":
+            ended[event["entity"]] = json.loads(event["payload"]).get("head")
+    chains: dict[str, list[Mapping[str, Any]]] = {}
+    for event in state["escrow_events"]:
+        chains.setdefault(event["mission_id"], []).append(event)
+    named = set(chains) | {
+        r["slice_id"] for t in ("escrow_accounts", "escrow_holds") for r in state[t]
+    }
+    if named - set(lent):
+        raise _refuse(
+            "foreign_record",
+            f"escrow records of slices the mission did not lend: {sorted(named - set(lent))}",
+        )
+    for slice_id, row in lent.items():
+        if row["status"] != "returned":
+            raise _refuse(
+                "escrow", f"escrow slice {slice_id} is {row['status']}: only returned slices travel"
+            )
+        head = ChainHead(row["audit_seq"], row["audit_hash"], row["audit_legacy_seq"])
+        result = verify_events(slice_id, chains.get(slice_id, []), head)
+        if not result.ok:
+            raise _refuse(
+                "chain_broken",
+                f"escrow slice {slice_id}'s chain breaks at event {result.broken_at}: "
+                f"{result.problem}",
+                seq=result.broken_at,
+            )
+        if ended.get(slice_id) != [row["audit_seq"], row["audit_hash"]]:
+            raise _refuse(
+                "escrow",
+                f"escrow slice {slice_id}'s chain does not end where the mission's chain "
+                "took it back",
             )

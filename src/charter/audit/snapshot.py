@@ -38,7 +38,9 @@ from charter.errors import SnapshotMalformed, SnapshotTampered
 from charter.hashing import canonical
 
 FORMAT = "charter-snapshot"
-VERSION = 1
+VERSION = 2
+#: The versions this engine reads: 1 is 2 without the escrow tables (L10).
+READS = (1, 2)
 
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -104,6 +106,21 @@ EVENT: dict[str, str] = (
     | dict.fromkeys(("before", "after"), "str?")
     | dict.fromkeys(("payload", "payload_hash", "prev_hash", "hash"), "str")
 )
+#: Version 2: the escrow slices the mission lent (L10), their books, which slice
+#: each hold was taken from, and each slice's own chain (``escrow_events``).
+ESCROW_TABLES: dict[str, dict[str, str]] = {
+    "escrow_slices": dict.fromkeys(("id", "mission_id", "holder", "status"), "str")
+    | dict.fromkeys(("lease_expires_us", "leased_at_us"), "int")
+    | {"returned_at_us": "int?", "returned_why": "str?"}
+    | dict.fromkeys(("attempts_admitted", "attempts_failed", "audit_seq"), "int")
+    | dict.fromkeys(("audit_hash", "audit_sealed"), "str?")
+    | {"audit_legacy_seq": "int"},
+    "escrow_accounts": {"slice_id": "str", "unit": "str"}
+    | dict.fromkeys(("limit_amount", "available", "held", "spent", "overrun"), "int"),
+    "escrow_holds": {"attempt_id": "str", "slice_id": "str"},
+    "escrow_events": EVENT,
+}
+TABLES |= ESCROW_TABLES
 ARTIFACT: dict[str, str] = {"sha256": "str", "size": "int", "location": "str"}
 _HEADER: dict[str, type | tuple[type, ...]] = {
     "format": str,
@@ -264,10 +281,10 @@ def _header(entries: Mapping[str, bytes]) -> dict[str, Any]:
             problem="unknown_format",
             entry="snapshot.json",
         )
-    if header.get("version") != VERSION:
+    if header.get("version") not in READS or isinstance(header.get("version"), bool):
         raise SnapshotMalformed(
             f"snapshot format version {str(header.get('version'))[:20]} is not one this "
-            f"engine reads (it reads version {VERSION}); import it with a matching release",
+            f"engine reads (it reads versions {READS}); import it with a matching release",
             problem="unsupported_version",
             entry="snapshot.json",
         )
@@ -347,12 +364,15 @@ def _events(entries: Mapping[str, bytes], header: Mapping[str, Any]) -> list[dic
 
 def _state(entries: Mapping[str, bytes], header: Mapping[str, Any]) -> dict[str, Any]:
     state = parse("state.json", entries["state.json"])
-    if not isinstance(state, dict) or set(state) != set(TABLES):
+    tables = set(TABLES) if header["version"] >= 2 else set(TABLES) - set(ESCROW_TABLES)
+    if not isinstance(state, dict) or set(state) != tables:
         raise SnapshotMalformed(
-            f"state.json must hold exactly the tables {sorted(TABLES)}",
+            f"state.json must hold exactly the tables {sorted(tables)}",
             problem="bad_record",
             entry="state.json",
         )
+    missing: dict[str, list[Any]] = {table: [] for table in ESCROW_TABLES}
+    state = missing | state
     for table, schema in TABLES.items():
         rows = state[table]
         if not isinstance(rows, list):

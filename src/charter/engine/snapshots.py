@@ -45,10 +45,13 @@ from charter.errors import (
 )
 from charter.hashing import ENGINE_CHAIN, checkpoint_statement
 from charter.ledger import store as ledger_store
+from charter.ledger.escrow import slices as escrow
+from charter.ledger.escrow import store as escrow_store
 from charter.plans import store as plans_store
 from charter.plans.nodes import Plan
 from charter.runs import store as run_store
 from charter.runs.run import RunStatus
+from charter.storage import lanes
 from charter.waits import store as waits_store
 
 if TYPE_CHECKING:
@@ -73,6 +76,13 @@ def _state(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
         **attempts_store.snapshot(tx, mission_id),
         **waits_store.snapshot(tx, mission_id),
         **plans_store.snapshot(tx, mission_id),
+        **escrow_store.snapshot(tx, mission_id),
+        # Each slice's own chain (L10): its events are checked against its row.
+        "escrow_events": [
+            event
+            for lent in escrow_store.slices(tx, mission_id)
+            for event in audit_store.all_events(tx, lent["id"])
+        ],
     }
 
 
@@ -136,6 +146,7 @@ class Snapshots:
         signer = self._signer()
         with self._db.transaction() as tx:
             store_id = audit_store.store_id(tx)
+        self._return_slices(mission_id, by)
         if handover_to is None:
             return self._pack(mission_id, signer, store_id, None)
         if by is None:
@@ -147,6 +158,14 @@ class Snapshots:
         self._pack(mission_id, signer, store_id, handover_to, fence_by=by.name)
         self._fence(mission_id, handover_to, by)
         return self._pack(mission_id, signer, store_id, handover_to)
+
+    def _return_slices(self, mission_id: str, by: Principal | None) -> None:
+        """L10: the mission's open escrow slices come back before it is packed,
+        so the snapshot's books hold no grant and every slice's chain ends where
+        the mission's chain says. Their holders go on through the mission's gate."""
+        with lanes.bypassed(mission_id), self._db.transaction(gate=mission_id) as tx:
+            if escrow_store.open_slices(tx, mission_id):
+                escrow.revoke(tx, mission_id, "exported", actor=by.name if by else "engine")
 
     def _pack(
         self,
@@ -265,7 +284,9 @@ class Snapshots:
             attempts_store.restore(tx, snapshot.state)
             waits_store.restore(tx, snapshot.state)
             plans_store.restore(tx, snapshot.state)
+            escrow_store.restore(tx, snapshot.state)
             audit_store.restore(tx, snapshot.events)
+            audit_store.restore(tx, snapshot.state["escrow_events"])
             tx.audit(
                 ENGINE_CHAIN,
                 "snapshot.imported",

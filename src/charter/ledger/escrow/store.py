@@ -8,7 +8,7 @@ hold was taken from). The head and counters on a slice's row are moved by
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from charter.ledger.accounts import Balance
@@ -170,3 +170,10 @@ def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
         "escrow_accounts": accounts,
         "escrow_holds": holds,
     }
+
+
+def restore(tx: Tx, tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+    """Write a verified snapshot's slices, their books and holds as they were."""
+    tx.copy("INSERT INTO escrow_slices", tables["escrow_slices"])
+    tx.copy("INSERT INTO escrow_accounts", tables["escrow_accounts"])
+    tx.copy("INSERT INTO escrow_holds", tables["escrow_holds"])
