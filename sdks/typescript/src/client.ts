@@ -1,0 +1,118 @@
+/**
+ * The client of Charter's HTTP API (`/api/v1`): one base URL, one credential
+ * (`NAME:SECRET`, sent as `Authorization: Bearer NAME:SECRET`), the global
+ * `fetch`. It holds no rule of its own: every decision is the engine's,
+ * checked against the mission's contract and audited under the credential's
+ * principal. Errors arrive as the typed errors of `./errors.js`.
+ */
+
+import { CharterError, TransportError, fromAnswer } from "./errors.js";
+import { Coordinator } from "./coordinator.js";
+import type { Attempt, AttemptDetail, Page, Run } from "./records.js";
+
+export interface CharterOptions {
+  /** Where the server is, e.g. `http://127.0.0.1:8765` (with or without `/api/v1`). */
+  baseUrl: string;
+  /** `NAME:SECRET`, as `charter credential new NAME` printed it. */
+  credential: string;
+  /** How long one request may take before it is abandoned (default 30 s). */
+  timeoutMs?: number;
+}
+
+export type Query = Record<string, string | number | boolean | undefined>;
+
+export class Charter {
+  readonly baseUrl: string;
+  readonly coordinator: Coordinator;
+  readonly #authorization: string;
+  readonly #timeoutMs: number;
+
+  constructor(options: CharterOptions) {
+    if (!/^[^:\s]+:\S+$/.test(options.credential)) {
+      throw new CharterError("credential must be NAME:SECRET, as `charter credential new` printed it", {
+        code: "usage_error",
+      });
+    }
+    const base = options.baseUrl.replace(/\/+$/, "");
+    this.baseUrl = base.endsWith("/api/v1") ? base : `${base}/api/v1`;
+    this.#authorization = `Bearer ${options.credential}`;
+    this.#timeoutMs = options.timeoutMs ?? 30_000;
+    this.coordinator = new Coordinator(this);
+  }
+
+  /** The principal the credential proves. */
+  async me(): Promise<{ principal: string }> {
+    return (await this.request("GET", "/me")) as { principal: string };
+  }
+
+  async run(runId: string): Promise<Run> {
+    return (await this.request("GET", `/runs/${seg(runId)}`)) as Run;
+  }
+
+  async attempt(attemptId: string): Promise<AttemptDetail> {
+    return (await this.request("GET", `/attempts/${seg(attemptId)}`)) as AttemptDetail;
+  }
+
+  async attempts(query: { run?: string; mission?: string; unresolved?: boolean; limit?: number; after?: string } = {}): Promise<Page<Attempt>> {
+    return (await this.request("GET", "/attempts", undefined, query)) as Page<Attempt>;
+  }
+
+  /** Queue a run of `plan` (its `module:attribute` reference) for a worker (K1). */
+  async submit(missionId: string, plan: string, input?: Record<string, unknown>, queue?: string): Promise<Run> {
+    const body: Record<string, unknown> = { mission_id: missionId, plan };
+    if (input !== undefined) body["input"] = input;
+    if (queue !== undefined) body["queue"] = queue;
+    return (await this.request("POST", "/runs", body)) as Run;
+  }
+
+  /**
+   * One request; its JSON answer, or the typed error the server answered. A
+   * request that got no answer is a `TransportError`: for a POST, whether the
+   * server acted is then unknown, so read the state again before deciding anew.
+   */
+  async request(method: "GET" | "POST", path: string, body?: unknown, query: Query = {}): Promise<unknown> {
+    const url = new URL(this.baseUrl + path);
+    for (const [name, value] of Object.entries(query)) {
+      if (value !== undefined) url.searchParams.set(name, String(value));
+    }
+    const headers: Record<string, string> = { authorization: this.#authorization, accept: "application/json" };
+    const init: RequestInit = { method, headers, signal: AbortSignal.timeout(this.#timeoutMs) };
+    if (method === "POST") {
+      headers["content-type"] = "application/json";
+      init.body = JSON.stringify(body ?? {});
+    }
+    let response: Response;
+    let text: string;
+    try {
+      response = await fetch(url, init);
+      text = await response.text();
+    } catch (cause) {
+      throw new TransportError(`${method} ${url.pathname} got no answer: ${describe(cause)}`, {
+        details: { method, path: url.pathname },
+      });
+    }
+    let answer: unknown = undefined;
+    if (text !== "") {
+      try {
+        answer = JSON.parse(text);
+      } catch {
+        answer = text;
+      }
+    }
+    if (!response.ok) throw fromAnswer(response.status, answer);
+    return answer;
+  }
+}
+
+/** A path segment, escaped: an ID never changes the path it is put in. */
+export function seg(value: string): string {
+  return encodeURIComponent(value);
+}
+
+function describe(cause: unknown): string {
+  if (cause instanceof Error) {
+    const inner = cause.cause instanceof Error ? ` (${cause.cause.message})` : "";
+    return `${cause.name}: ${cause.message}${inner}`;
+  }
+  return String(cause);
+}

@@ -1,0 +1,129 @@
+/**
+ * The records the API answers with, typed as they travel: field names as on
+ * the wire (`run_id`, `idempotency_key`), so what a program reads is what the
+ * server, the store and the other SDKs call it. Amounts are whole numbers in
+ * each unit's smallest step; times are microseconds since the epoch by the
+ * store's clock.
+ */
+
+export type RunStatus =
+  | "queued" | "active" | "waiting" | "paused" | "needs_intervention" | "stopping"
+  | "completed" | "failed" | "cancelled" | "stopped" | "handed_off";
+
+export type AttemptStatus =
+  | "prepared" | "dispatched" | "unknown" | "succeeded" | "failed" | "written_off" | "voided";
+
+export type EffectClass = "read_only" | "idempotent_keyed" | "unsafe";
+
+export type Amounts = Record<string, number>;
+
+export interface Run {
+  id: string;
+  mission_id: string;
+  principal: string;
+  status: RunStatus;
+  status_reason: string | null;
+  epoch: number;
+  owner_segment: string | null;
+  lease_expires_us: number;
+  recoveries: number;
+  linked_from: string | null;
+  created_at_us: number;
+  updated_at_us: number;
+}
+
+export interface Attempt {
+  id: string;
+  mission_id: string;
+  run_id: string;
+  node_id: string | null;
+  execution: number | null;
+  effect_key: string;
+  adapter: string;
+  operation: string;
+  effect_class: EffectClass;
+  status: AttemptStatus;
+  principal: string;
+  admitted_epoch: number;
+  dispatched_epoch: number | null;
+  idempotency_key: string;
+  request_hash: string;
+  request: unknown;
+  estimate: Amounts;
+  actual: Amounts | null;
+  result: unknown;
+  receipt: unknown;
+  price_source: string | null;
+  retry_of: string | null;
+  reason: string | null;
+  prepared_at_us: number;
+  dispatched_at_us: number | null;
+  settled_at_us: number | null;
+  generation: number;
+  answered: boolean;
+}
+
+export interface EvidenceRecord {
+  id: string;
+  verdict: "applied" | "not_applied" | "indeterminate";
+  settled?: boolean;
+  [field: string]: unknown;
+}
+
+/** An attempt with its evidence so far and the next safe action (null once settled). */
+export interface AttemptDetail extends Attempt {
+  evidence: EvidenceRecord[];
+  next_action: string | null;
+}
+
+export interface NextAction {
+  kind: "attempt" | "node" | "run";
+  id: string;
+  phase: string;
+  action: string;
+}
+
+/** What `recover` and `state` answer (R5): the run as recorded and what stands open. */
+export interface RecoveryRecord {
+  run_id: string;
+  epoch: number;
+  status: RunStatus;
+  status_reason: string | null;
+  owner_segment: string | null;
+  linked_from: string | null;
+  contract_version: number;
+  plan: string | null;
+  nodes: Record<string, unknown>[];
+  /** The IDs of the attempts sent and not settled. */
+  unresolved: string[];
+  attempts: Attempt[];
+  voided: string[];
+  settled_counts: Record<string, number>;
+  waits: Record<string, unknown>[];
+  assessment: Record<string, unknown>;
+  next_actions: NextAction[];
+}
+
+/** What `reconcile` answers: the verdict recorded and where the attempt stands. */
+export interface Reconciled {
+  attempt_id: string;
+  verdict: "applied" | "not_applied" | "indeterminate";
+  detail: unknown;
+  status: AttemptStatus;
+  settled: boolean;
+  [field: string]: unknown;
+}
+
+/** What `resume` answers: the run's status after its plan ran, and why it stopped if blocked. */
+export interface Resumed {
+  run_id: string;
+  status: RunStatus;
+  epoch: number;
+  result?: unknown;
+  blocked?: { reason: string; attempt_id: string | null };
+}
+
+export interface Page<T> {
+  items: T[];
+  next: string | null;
+}

@@ -1,0 +1,180 @@
+/**
+ * A real Charter server for the tests, started by them: the payments sandbox
+ * (`charter sandbox`), a store prepared through Charter's Python API
+ * (`ts_fixture.py`), and `charter serve` over it on a free loopback port.
+ * Nothing here stands in for the server: every call the SDK makes in a test
+ * reaches the engine, and what the sandbox applied is read from its records.
+ */
+
+import { spawn, execFile, type ChildProcess } from "node:child_process";
+import { mkdtemp, rm } from "node:fs/promises";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+
+const run = promisify(execFile);
+const here = dirname(fileURLToPath(import.meta.url));
+/** The SDK's directory (tests run compiled, from dist/test/). */
+export const SDK = resolve(here, "..", "..");
+export const FIXTURES = join(SDK, "test");
+const REPO = resolve(SDK, "..", "..");
+const VENV = process.env["CHARTER_VENV"] ?? join(REPO, ".venv");
+export const PYTHON = join(VENV, "bin", "python");
+export const CHARTER = join(VENV, "bin", "charter");
+
+export interface Lost {
+  run: string;
+  attempt: string;
+  invoice: string;
+  invoices: string[];
+  lease_expires_us: number;
+}
+
+export interface Payment {
+  id: string;
+  amount: number;
+  reference: string;
+  idempotency_key: string;
+  [field: string]: unknown;
+}
+
+export class World {
+  readonly home: string;
+  readonly url: string;
+  readonly sandbox: string;
+  readonly mission: string;
+  readonly credentials: Record<string, string>;
+  readonly #children: ChildProcess[];
+
+  constructor(home: string, url: string, sandbox: string, fixture: { mission: string; credentials: Record<string, string> }, children: ChildProcess[]) {
+    this.home = home;
+    this.url = url;
+    this.sandbox = sandbox;
+    this.mission = fixture.mission;
+    this.credentials = fixture.credentials;
+    this.#children = children;
+  }
+
+  credential(name: string): string {
+    const found = this.credentials[name];
+    if (found === undefined) throw new Error(`the fixture has no principal ${name}`);
+    return found;
+  }
+
+  /**
+   * A run whose first payment the sandbox applied and whose answer was lost
+   * (UNKNOWN), its process gone. By default its owner's one-second lease has
+   * run out when this returns; `{ leaseSeconds }` leaves a longer one held.
+   */
+  async lost(options: { leaseSeconds?: number } = {}): Promise<Lost> {
+    const lease = options.leaseSeconds ?? 1;
+    const args = [join(FIXTURES, "ts_fixture.py"), "lost", this.home, String(lease)];
+    const { stdout } = await run(PYTHON, args, { env: this.env() });
+    const found = JSON.parse(stdout) as Lost;
+    if (options.leaseSeconds === undefined) {
+      const left = found.lease_expires_us / 1000 - Date.now() + 100;
+      if (left > 0) await new Promise((done) => setTimeout(done, left));
+    }
+    return found;
+  }
+
+  /** What the sandbox applied for a client reference: its own records. */
+  async payments(reference: string): Promise<Payment[]> {
+    const answer = await fetch(`${this.sandbox}/v1/payments?reference=${encodeURIComponent(reference)}`);
+    return ((await answer.json()) as { data: Payment[] }).data;
+  }
+
+  /** Arm one of the sandbox's misbehaviours for its next request(s). */
+  async fault(fault: string, options: { times?: number; seconds?: number } = {}): Promise<void> {
+    const answer = await fetch(`${this.sandbox}/_sandbox/faults`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ fault, times: options.times ?? 1, seconds: options.seconds ?? 0 }),
+    });
+    if (!answer.ok) throw new Error(`the sandbox refused fault ${fault}: ${await answer.text()}`);
+  }
+
+  env(): NodeJS.ProcessEnv {
+    return { ...process.env, PYTHONPATH: FIXTURES, CHARTER_TS_SANDBOX: this.sandbox };
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all(this.#children.map(stopChild));
+    await rm(this.home, { recursive: true, force: true });
+  }
+}
+
+/** Start the sandbox, prepare a store, serve it; the world, once the server answers. */
+export async function startWorld(): Promise<World> {
+  const home = await mkdtemp(join(tmpdir(), "charter-ts-"));
+  const children: ChildProcess[] = [];
+  try {
+    const sandboxChild = spawn(CHARTER, ["sandbox", "--port", "0", "--data", join(home, "sandbox.db"), "--json"], { stdio: ["ignore", "pipe", "inherit"] });
+    children.push(sandboxChild);
+    const sandbox = (JSON.parse(await firstLine(sandboxChild)) as { url: string }).url;
+    const env = { ...process.env, PYTHONPATH: FIXTURES, CHARTER_TS_SANDBOX: sandbox };
+    const { stdout } = await run(PYTHON, [join(FIXTURES, "ts_fixture.py"), "prepare", home, sandbox], { env });
+    const fixture = JSON.parse(stdout) as { mission: string; credentials: Record<string, string> };
+    const port = await freePort();
+    const server = spawn(
+      CHARTER,
+      ["serve", "--store", join(home, "charter.db"), "--config", join(home, "charter.toml"), "--port", String(port)],
+      { stdio: ["ignore", "ignore", "inherit"], env },
+    );
+    children.push(server);
+    const url = `http://127.0.0.1:${port}`;
+    await answering(url, server);
+    return new World(home, url, sandbox, fixture, children);
+  } catch (error) {
+    await Promise.all(children.map(stopChild));
+    await rm(home, { recursive: true, force: true });
+    throw error;
+  }
+}
+
+async function firstLine(child: ChildProcess): Promise<string> {
+  if (child.stdout === null) throw new Error("no stdout to read");
+  const lines = createInterface({ input: child.stdout });
+  for await (const line of lines) return line;
+  throw new Error(`the process ended before printing a line (exit ${child.exitCode})`);
+}
+
+async function freePort(): Promise<number> {
+  return new Promise((done, fail) => {
+    const probe = createServer();
+    probe.once("error", fail);
+    probe.listen(0, "127.0.0.1", () => {
+      const address = probe.address();
+      const port = typeof address === "object" && address !== null ? address.port : 0;
+      probe.close(() => done(port));
+    });
+  });
+}
+
+/** Wait until the server answers its API root (within 20 s), or fail with why. */
+async function answering(url: string, server: ChildProcess): Promise<void> {
+  const until = performance.now() + 20_000;
+  while (performance.now() < until) {
+    if (server.exitCode !== null) throw new Error(`charter serve exited with ${server.exitCode}`);
+    try {
+      const answer = await fetch(`${url}/api/v1`);
+      if (answer.status < 500) return;
+    } catch {
+      // not listening yet
+    }
+    await new Promise((done) => setTimeout(done, 100));
+  }
+  throw new Error("charter serve did not answer within 20 s");
+}
+
+async function stopChild(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const ended = new Promise((done) => child.once("exit", done));
+  child.kill("SIGTERM");
+  const late = setTimeout(() => child.kill("SIGKILL"), 5_000);
+  await ended;
+  clearTimeout(late);
+}
