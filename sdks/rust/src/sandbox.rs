@@ -1,0 +1,146 @@
+//! An adapter for Charter's payments sandbox (`charter sandbox`): a complete
+//! adapter written by hand, and what the examples and tests pay through.
+//!
+//! `pay` is idempotent by key (the sandbox answers a repeated key with the
+//! first payment and applies nothing), fenced by `X-Fencing-Token`, and looked
+//! up by key; the sandbox closes a key it reports absent, so a 404 from the
+//! lookup is proof that the payment was not, and can no longer be, applied.
+
+use std::io::Read;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::adapter::{
+    Adapter, Amounts, Dispatch, Estimate, Evidence, Operation, Outcome, RecordedAttempt, SendError,
+};
+
+/// How long the sandbox remembers an idempotency key.
+pub const DEDUPE_WINDOW_SECONDS: u64 = 86_400;
+
+/// The sandbox's payments API as an adapter named `payments`.
+#[derive(Debug, Clone)]
+pub struct Payments {
+    url: String,
+    timeout: Duration,
+    agent: ureq::Agent,
+}
+
+impl Payments {
+    /// The sandbox at `url`; each send waits at most `timeout` for its answer.
+    pub fn new(url: &str, timeout: Duration) -> Payments {
+        // Timeouts always set; ureq never retries a POST with a body, and
+        // redirects are not followed: every request that leaves is an attempt.
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(Duration::from_secs(2))
+            .timeout(timeout)
+            .redirects(0)
+            .build();
+        Payments { url: url.trim_end_matches('/').to_string(), timeout, agent }
+    }
+
+    /// Every payment the sandbox applied, as it records them.
+    pub fn payments(&self) -> Result<Vec<Value>, String> {
+        let (status, body) = answer(self.agent.get(&format!("{}/v1/payments", self.url)).call())
+            .map_err(|e| format!("{e:?}"))?;
+        match body["data"].as_array() {
+            Some(found) if status == 200 => Ok(found.clone()),
+            _ => Err(format!("HTTP {status}: {body}")),
+        }
+    }
+
+    /// Arm one of the sandbox's misbehaviours (`slow`, `drop_after_apply`...)
+    /// for the payment with client reference `reference`.
+    pub fn fault(&self, fault: &str, seconds: f64, reference: &str) -> Result<(), String> {
+        let body = json!({"fault": fault, "seconds": seconds, "reference": reference});
+        match answer(self.agent.post(&format!("{}/_sandbox/faults", self.url)).send_json(body)) {
+            Ok((200..=299, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    }
+
+    fn settled(payment: &Value) -> Outcome {
+        let cost = payment["amount"].as_u64().unwrap_or(0);
+        Outcome::succeeded(
+            payment.clone(),
+            Amounts::from([("usd_cents".to_string(), cost)]),
+            json!({"payment": payment["id"]}),
+        )
+    }
+}
+
+/// A status and a JSON body, or the transport error when no answer came.
+fn answer(sent: Result<ureq::Response, ureq::Error>) -> Result<(u16, Value), Box<ureq::Transport>> {
+    let response = match sent {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(ureq::Error::Transport(t)) => return Err(Box::new(t)),
+    };
+    let status = response.status();
+    let mut text = String::new();
+    // A body cut off half-way is read as no JSON: the status still says what it said.
+    let _ = response.into_reader().take(1 << 20).read_to_string(&mut text);
+    Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+}
+
+impl Adapter for Payments {
+    fn name(&self) -> &str {
+        "payments"
+    }
+
+    fn operations(&self) -> Vec<(String, Operation)> {
+        vec![("pay".to_string(), Operation::idempotent_keyed(DEDUPE_WINDOW_SECONDS))]
+    }
+
+    fn estimate(&self, _operation: &str, request: &Value) -> Estimate {
+        Estimate::new([("usd_cents", request["amount"].as_u64().unwrap_or(0))], "sandbox/amount")
+    }
+
+    fn dispatch(&self, send: &Dispatch) -> Result<Outcome, SendError> {
+        let request = self
+            .agent
+            .post(&format!("{}/v1/payments", self.url))
+            .timeout(self.timeout)
+            .set("Idempotency-Key", &send.idempotency_key)
+            .set("X-Fencing-Token", &send.fencing_token);
+        send.check_deadline()?; // right before the bytes go out (F3)
+        let (status, body) = match answer(request.send_json(&send.request)) {
+            Ok(answered) => answered,
+            Err(t)
+                if t.kind() == ureq::ErrorKind::ConnectionFailed
+                    || t.kind() == ureq::ErrorKind::Dns =>
+            {
+                // No connection was made: not one byte was sent. That is proof.
+                return Err(SendError::not_applied(json!({"error": t.to_string()})));
+            }
+            // A timeout, a reset after the request went out: it may have applied (A3).
+            Err(t) => return Err(SendError::unknown(t.to_string(), Value::Null)),
+        };
+        match status {
+            200 | 201 => Ok(Payments::settled(&body)),
+            // Documented by the sandbox as refused before anything was applied.
+            409 | 429 => Err(SendError::not_applied(json!({"status": status, "body": body}))),
+            400 | 401 | 403 | 404 | 422 => {
+                Ok(Outcome::failed(body, Amounts::new(), json!({"status": status})))
+            }
+            _ => Err(SendError::unknown(format!("HTTP {status}"), body)),
+        }
+    }
+
+    fn lookup(&self, attempt: &RecordedAttempt) -> Evidence {
+        let key = &attempt.idempotency_key;
+        let url = format!("{}/v1/payments/by-key/{}", self.url, crate::client::seg(key));
+        match answer(self.agent.get(&url).call()) {
+            // The effect itself, and ours: proof it was applied.
+            Ok((200, payment)) if payment["idempotency_key"].as_str() == Some(key.as_str()) => {
+                Evidence::Applied(Payments::settled(&payment))
+            }
+            // Proof only because the sandbox closes a key it reports absent.
+            Ok((404, body)) => {
+                Evidence::NotApplied(json!({"lookup": "no payment with this key", "body": body}))
+            }
+            Ok((status, body)) => Evidence::Indeterminate(json!({"status": status, "body": body})),
+            Err(t) => Evidence::Indeterminate(json!({"lookup": t.to_string()})),
+        }
+    }
+}

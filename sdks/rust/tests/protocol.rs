@@ -1,0 +1,140 @@
+//! The remote attempt protocol (X1) through this SDK (X2), against a real
+//! `charter serve` and the payments sandbox: what the server recorded and what
+//! the sandbox applied are checked, not what the SDK believes.
+
+mod support;
+
+use charter::{Code, Error, Resolution};
+use serde_json::{json, Value};
+use support::Desk;
+
+fn invoice(reference: &str, amount: u64) -> Value {
+    json!({"amount": amount, "currency": "usd", "payee": "acme", "reference": reference})
+}
+
+#[test]
+fn x1_an_effect_is_sent_once_and_replayed_from_its_record() {
+    let desk = Desk::start();
+    let payments = desk.payments();
+    let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
+    assert_eq!(segment.epoch(), 1);
+    let node = segment.node("pay");
+    let paid = node.attempt(&payments, "pay", invoice("inv-1", 450), "inv-1").unwrap();
+    assert_eq!(paid["amount"], 450);
+    // The same effect again (a node run twice): its record, not a second send (A4).
+    let again = node.attempt(&payments, "pay", invoice("inv-1", 450), "inv-1").unwrap();
+    assert_eq!(again, paid);
+    assert_eq!(desk.paid("inv-1"), 1);
+
+    let attempts = desk.client("ops").coordinator().state(segment.run_id()).unwrap();
+    assert!(attempts.unresolved.is_empty());
+    let ledger =
+        desk.client("ops").request("GET", &format!("/missions/{}/ledger", desk.mission), None);
+    let spent = &ledger.unwrap()["balances"][0];
+    assert_eq!((spent["unit"].as_str(), spent["spent"].as_u64()), (Some("usd_cents"), Some(450)));
+}
+
+#[test]
+fn a3_a_lost_answer_blocks_the_node_until_evidence_is_confirmed_then_replays() {
+    let desk = Desk::start();
+    let payments = desk.payments();
+    let ops = desk.client("ops").coordinator();
+    let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
+    payments.fault("drop_after_apply", 0.0, "inv-2").unwrap();
+    let node = segment.node("pay");
+    let lost = node.attempt(&payments, "pay", invoice("inv-2", 1200), "inv-2").unwrap_err();
+    let Error::Blocked { attempt_id, status } = lost else { panic!("not blocked: {lost:?}") };
+    assert_eq!(status, "unknown");
+    assert_eq!(desk.paid("inv-2"), 1, "the sandbox applied it; the answer was lost");
+
+    // Never re-sent on a guess: admitting it again is blocked.
+    let again = node.attempt(&payments, "pay", invoice("inv-2", 1200), "inv-2").unwrap_err();
+    assert!(matches!(again, Error::Blocked { .. }), "{again:?}");
+    assert_eq!(ops.state(segment.run_id()).unwrap().unresolved, vec![attempt_id.clone()]);
+
+    // This process's adapter looks it up; the evidence is recorded, a person confirms.
+    let found = ops.reconcile(&attempt_id, &payments).unwrap();
+    assert_eq!((found.verdict.as_deref(), found.settled), (Some("applied"), false));
+    let settled = ops.confirm(&attempt_id, None).unwrap();
+    assert_eq!(
+        (settled.status.as_str(), settled.actual.clone().unwrap()["usd_cents"]),
+        ("succeeded", 1200)
+    );
+
+    let replayed = node.attempt(&payments, "pay", invoice("inv-2", 1200), "inv-2").unwrap();
+    assert_eq!(replayed["amount"], 1200);
+    assert_eq!(desk.paid("inv-2"), 1);
+}
+
+#[test]
+fn r8_a_person_resolves_what_no_lookup_can_prove() {
+    let desk = Desk::start();
+    let payments = desk.payments();
+    let ops = desk.client("ops").coordinator();
+    let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
+    payments.fault("error_after_apply", 0.0, "inv-3").unwrap();
+    let node = segment.node("pay");
+    let Err(Error::Blocked { attempt_id, .. }) =
+        node.attempt(&payments, "pay", invoice("inv-3", 300), "inv-3")
+    else {
+        panic!("a 500 after applying must leave the attempt unknown")
+    };
+    let resolution = Resolution {
+        outcome: "succeeded".into(),
+        evidence: "seen in the bank statement".into(),
+        cost: [("usd_cents".to_string(), 300)].into(),
+        confirm_above_hold: false,
+    };
+    // Bad input changes nothing: an outcome that does not exist is refused.
+    let wrong = Resolution { outcome: "paid".into(), ..resolution.clone() };
+    assert!(ops.resolve(&attempt_id, &wrong).unwrap_err().is(&Code::UsageError));
+    assert_eq!(desk.client("ops").attempt(&attempt_id).unwrap().status, "unknown");
+
+    let settled = ops.resolve(&attempt_id, &resolution).unwrap();
+    assert_eq!(settled.status, "succeeded");
+    let twice = ops.resolve(&attempt_id, &resolution).unwrap_err();
+    assert!(twice.is(&Code::AttemptSettled) && twice.is(&Code::InvalidState), "{twice:?}");
+    assert_eq!(desk.paid("inv-3"), 1);
+}
+
+#[test]
+fn f1_a_segment_taken_over_is_fenced_and_sends_nothing() {
+    let desk = Desk::start();
+    let payments = desk.payments();
+    let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
+    let recovery = desk.client("ops").coordinator().recover_with(segment.run_id(), "rs-2", true);
+    let recovery = recovery.unwrap();
+    assert_eq!(recovery.snapshot.epoch, 2);
+    assert!(recovery.unresolved.is_empty());
+
+    let refused = segment.node("pay").attempt(&payments, "pay", invoice("inv-4", 100), "inv-4");
+    let refused = refused.unwrap_err();
+    assert!(refused.is_fenced(), "{refused:?}");
+    assert_eq!(desk.paid("inv-4"), 0);
+    let mut stale = segment.clone();
+    assert!(stale.renew().unwrap_err().is_fenced());
+}
+
+#[test]
+fn p1_errors_carry_the_servers_codes() {
+    let desk = Desk::start();
+    let payments = desk.payments();
+    let stranger = charter::Client::new(&desk.url, "agent:not-the-secret");
+    assert_eq!(stranger.me().unwrap_err().code(), Some(&Code::Unauthenticated));
+    let ops = desk.client("ops").coordinator();
+    assert_eq!(ops.state("run_nope").unwrap_err().code(), Some(&Code::NotFound));
+    let nobody = desk.client("nobody").start_run(&desk.mission, "rs-1", json!({}));
+    assert_eq!(nobody.unwrap_err().code(), Some(&Code::NotAuthorized));
+
+    // L3: an estimate the allowance cannot cover is refused; nothing is sent.
+    let segment = desk.client("agent").start_run(&desk.tight, "rs-1", json!({})).unwrap();
+    let refused = segment.node("pay").attempt(&payments, "pay", invoice("big", 5_000), "big");
+    let refused = refused.unwrap_err();
+    assert_eq!(refused.code(), Some(&Code::AllowanceExceeded));
+    assert!(refused.is(&Code::AdmissionRefused));
+    assert_eq!(desk.paid("big"), 0);
+
+    // An operation the adapter does not offer is refused before anything is asked.
+    let unknown = segment.node("pay").attempt(&payments, "refund", json!({}), "r").unwrap_err();
+    assert!(matches!(unknown, Error::Usage(_)), "{unknown:?}");
+}

@@ -1,0 +1,148 @@
+//! A real Charter server for the tests: a fresh store made by `setup.py` (with
+//! the project's Python), `charter serve` over it and `charter sandbox` beside
+//! it, each a child process stopped when the `Desk` is dropped.
+//!
+//! The project's virtualenv is found at the repository's `.venv` (what
+//! `python3 tasks.py test` makes); `CHARTER_VENV` names another.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use charter::sandbox::Payments;
+use charter::Client;
+use serde_json::Value;
+
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+
+pub fn venv() -> PathBuf {
+    match std::env::var_os("CHARTER_VENV") {
+        Some(v) => PathBuf::from(v),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv"),
+    }
+}
+
+pub fn tool(name: &str) -> PathBuf {
+    venv().join("bin").join(name)
+}
+
+pub struct Desk {
+    pub dir: PathBuf,
+    pub url: String,
+    pub sandbox_url: String,
+    pub mission: String,
+    pub tight: String,
+    pub config: String,
+    credentials: HashMap<String, String>,
+    server: Child,
+    sandbox: Child,
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().unwrap().port()
+}
+
+fn first_line(child: &mut Child) -> String {
+    let out = child.stdout.take().expect("piped stdout");
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line).expect("a first line");
+    line
+}
+
+impl Desk {
+    pub fn start() -> Desk {
+        let n = COUNT.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("charter-rs-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let setup = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/setup.py");
+        let made = Command::new(tool("python")).arg(&setup).arg(&dir).output().expect(
+            "the project's Python (python3 tasks.py test makes .venv; or set CHARTER_VENV)",
+        );
+        assert!(made.status.success(), "setup.py: {}", String::from_utf8_lossy(&made.stderr));
+        let facts: Value = serde_json::from_slice(&made.stdout).expect("setup.py's JSON line");
+
+        let mut sandbox = Command::new(tool("charter"))
+            .args(["sandbox", "--port", "0", "--json", "--data"])
+            .arg(dir.join("sandbox.db"))
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("charter sandbox");
+        let said: Value = serde_json::from_str(&first_line(&mut sandbox)).expect("sandbox's url");
+
+        let port = free_port();
+        let config = facts["config"].as_str().unwrap().to_string();
+        let server = Command::new(tool("charter"))
+            .args(["serve", "--config", &config, "--port", &port.to_string()])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("charter serve");
+        let credentials = facts["credentials"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+            .collect();
+        let desk = Desk {
+            url: format!("http://127.0.0.1:{port}"),
+            sandbox_url: said["url"].as_str().unwrap().to_string(),
+            mission: facts["mission"].as_str().unwrap().to_string(),
+            tight: facts["tight"].as_str().unwrap().to_string(),
+            config,
+            dir,
+            credentials,
+            server,
+            sandbox,
+        };
+        desk.wait_until_serving();
+        desk
+    }
+
+    fn wait_until_serving(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let client = self.client("agent");
+        loop {
+            match client.me() {
+                Ok(_) => return,
+                Err(e) if Instant::now() > deadline => panic!("charter serve did not answer: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// `NAME:SECRET` of principal `name`.
+    pub fn credential(&self, name: &str) -> &str {
+        &self.credentials[name]
+    }
+
+    pub fn client(&self, name: &str) -> Client {
+        Client::new(&self.url, self.credential(name))
+    }
+
+    pub fn payments(&self) -> Payments {
+        Payments::new(&self.sandbox_url, Duration::from_secs(2))
+    }
+
+    /// How many times the sandbox applied a payment with client reference `reference`.
+    pub fn paid(&self, reference: &str) -> usize {
+        let all = self.payments().payments().expect("the sandbox's payments");
+        all.iter().filter(|p| p["reference"].as_str() == Some(reference)).count()
+    }
+}
+
+impl Drop for Desk {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.sandbox.kill();
+        let _ = self.server.wait();
+        let _ = self.sandbox.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
