@@ -58,14 +58,24 @@ fn first_line(child: &mut Child) -> String {
 
 impl Desk {
     pub fn start() -> Desk {
+        Desk::start_with_lease(None)
+    }
+
+    /// A desk whose engine gives segments `lease_seconds` (default: the engine's).
+    pub fn start_with_lease(lease_seconds: Option<u64>) -> Desk {
         let n = COUNT.fetch_add(1, Ordering::SeqCst);
         let dir = std::env::temp_dir().join(format!("charter-rs-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let setup = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/setup.py");
-        let made = Command::new(tool("python")).arg(&setup).arg(&dir).output().expect(
-            "the project's Python (python3 tasks.py test makes .venv; or set CHARTER_VENV)",
-        );
+        let made = Command::new(tool("python"))
+            .arg(&setup)
+            .arg(&dir)
+            .args(lease_seconds.map(|s| s.to_string()))
+            .output()
+            .expect(
+                "the project's Python (python3 tasks.py test makes .venv; or set CHARTER_VENV)",
+            );
         assert!(made.status.success(), "setup.py: {}", String::from_utf8_lossy(&made.stderr));
         let facts: Value = serde_json::from_slice(&made.stdout).expect("setup.py's JSON line");
 

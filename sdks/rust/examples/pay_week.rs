@@ -1,0 +1,127 @@
+//! Pay a week's invoices from Rust, and recover from a crash in the middle of
+//! a payment without paying anything twice.
+//!
+//! ```sh
+//! charter sandbox &                      # the payments API, on loopback
+//! charter serve --config charter.toml &  # the store's HTTP API
+//! export CHARTER_URL=http://127.0.0.1:8765 CHARTER_SANDBOX=http://127.0.0.1:PORT
+//! export CHARTER_CREDENTIAL=agent:SECRET CHARTER_OPS_CREDENTIAL=ops:SECRET
+//! cargo run --example pay_week -- work MISSION          # prints the run's id first
+//! # ... kill -9 it in the middle of a payment, then, in a fresh process:
+//! cargo run --example pay_week -- recover RUN rs-2
+//! ```
+//!
+//! `work` starts a run and pays each invoice as an attempt of its node. The
+//! process may die at any point. `recover` is what a fresh process does then:
+//! an operator recovers the run as a new segment (once the dead one's lease has
+//! lapsed), looks each unresolved payment up at the sandbox with this
+//! process's adapter and confirms what the lookup found; then the agent
+//! resumes the run and runs the node again: paid invoices replay from their
+//! records, the rest are paid. Each step is printed as one JSON line.
+
+use std::time::{Duration, Instant};
+
+use charter::sandbox::Payments;
+use charter::{Client, Code, Error, Segment};
+use serde_json::{json, Value};
+
+const WEEK: [(&str, u64); 5] = [
+    ("inv-mon", 1_250),
+    ("inv-tue", 4_000),
+    ("inv-wed", 72_00),
+    ("inv-thu", 310),
+    ("inv-fri", 999),
+];
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("set {name}"))
+}
+
+fn say(line: Value) {
+    println!("{line}");
+}
+
+/// The node: each invoice one attempt, keyed by its reference (A6).
+fn pay_week(segment: &Segment, payments: &Payments) -> Result<Vec<Value>, Error> {
+    let node = segment.node("pay_week");
+    let mut paid = Vec::new();
+    for (reference, amount) in WEEK {
+        let invoice =
+            json!({"amount": amount, "currency": "usd", "payee": "acme", "reference": reference});
+        say(json!({"paying": reference}));
+        let payment = node.attempt(payments, "pay", invoice, reference)?;
+        say(json!({"paid": reference, "payment": payment["id"]}));
+        paid.push(payment);
+    }
+    Ok(paid)
+}
+
+fn work(mission: &str) -> Result<(), Error> {
+    let agent = Client::new(&env("CHARTER_URL"), &env("CHARTER_CREDENTIAL"));
+    let payments = Payments::new(&env("CHARTER_SANDBOX"), Duration::from_secs(60));
+    let segment = agent.start_run(mission, "rs-1", json!({"week": "2026-W49"}))?;
+    say(json!({"run_id": segment.run_id(), "segment": "rs-1", "epoch": segment.epoch()}));
+    let paid = pay_week(&segment, &payments)?;
+    say(json!({"done": paid.len()}));
+    Ok(())
+}
+
+/// Recover as `segment`, once the dead segment's lease has lapsed (R1).
+fn recover_when_free(
+    ops: &Client,
+    run_id: &str,
+    segment: &str,
+) -> Result<charter::Recovery, Error> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match ops.coordinator().recover(run_id, segment) {
+            Err(e) if e.is(&Code::LeaseHeld) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            answered => return answered,
+        }
+    }
+}
+
+fn recover(run_id: &str, segment: &str) -> Result<(), Error> {
+    let url = env("CHARTER_URL");
+    let ops = Client::new(&url, &env("CHARTER_OPS_CREDENTIAL"));
+    let agent = Client::new(&url, &env("CHARTER_CREDENTIAL"));
+    let payments = Payments::new(&env("CHARTER_SANDBOX"), Duration::from_secs(5));
+    let coordinator = ops.coordinator();
+
+    let recovery = recover_when_free(&ops, run_id, segment)?;
+    let epoch = recovery.snapshot.epoch;
+    say(json!({"recovered": run_id, "epoch": epoch, "unresolved": recovery.unresolved}));
+    for attempt_id in &recovery.unresolved {
+        let found = coordinator.reconcile(attempt_id, &payments)?;
+        say(json!({"reconciled": attempt_id, "verdict": found.verdict}));
+        if found.verdict.as_deref() == Some("indeterminate") {
+            say(json!({"needs_a_person": attempt_id}));
+            return Ok(());
+        }
+        let settled = coordinator.confirm(attempt_id, None)?;
+        say(json!({"confirmed": attempt_id, "status": settled.status, "cost": settled.actual}));
+    }
+    let resumed = agent.coordinator().resume(run_id, segment)?;
+    say(json!({"resumed": run_id, "segment": segment, "epoch": resumed.epoch()}));
+    let paid = pay_week(&resumed, &payments)?;
+    say(json!({"done": paid.len()}));
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let done = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["work", mission] => work(mission),
+        ["recover", run_id, segment] => recover(run_id, segment),
+        _ => {
+            eprintln!("usage: pay_week work MISSION | pay_week recover RUN SEGMENT");
+            std::process::exit(2)
+        }
+    };
+    if let Err(e) = done {
+        say(json!({"error": e.to_string(), "code": e.code().map(|c| c.to_string())}));
+        std::process::exit(1)
+    }
+}

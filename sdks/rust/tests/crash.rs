@@ -1,0 +1,106 @@
+//! The crash story with real processes: `examples/pay_week.rs` pays a week's
+//! invoices and is SIGKILLed while the sandbox holds Wednesday's payment
+//! applied and unanswered; a fresh process recovers the run, reconciles the
+//! payment by lookup, confirms it and resumes the run. Each invoice is paid
+//! exactly once, by the sandbox's own records, and the ledger agrees.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::Desk;
+
+const WEEK: [(&str, u64); 5] = [
+    ("inv-mon", 1_250),
+    ("inv-tue", 4_000),
+    ("inv-wed", 72_00),
+    ("inv-thu", 310),
+    ("inv-fri", 999),
+];
+
+/// The example's binary, which `cargo test` builds beside the tests.
+fn example() -> PathBuf {
+    let deps = std::env::current_exe().unwrap();
+    let dir = deps.parent().unwrap().parent().unwrap().join("examples");
+    let found = dir.join(format!("pay_week{}", std::env::consts::EXE_SUFFIX));
+    if !found.exists() {
+        // `cargo test` builds examples; `cargo test --test crash` does not.
+        let built = Command::new(env!("CARGO"))
+            .args(["build", "--offline", "--example", "pay_week"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("cargo");
+        assert!(built.success() && found.exists(), "{} not built", found.display());
+    }
+    found
+}
+
+fn spawn(desk: &Desk, args: &[&str]) -> Child {
+    Command::new(example())
+        .args(args)
+        .env("CHARTER_URL", &desk.url)
+        .env("CHARTER_SANDBOX", &desk.sandbox_url)
+        .env("CHARTER_CREDENTIAL", desk.credential("agent"))
+        .env("CHARTER_OPS_CREDENTIAL", desk.credential("ops"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the pay_week example")
+}
+
+fn lines(child: &mut Child) -> impl Iterator<Item = Value> {
+    let out = BufReader::new(child.stdout.take().unwrap());
+    out.lines().map(|l| serde_json::from_str(&l.unwrap()).expect("a JSON line"))
+}
+
+#[test]
+fn r1_a_worker_killed_mid_payment_is_recovered_in_a_fresh_process_and_nothing_is_paid_twice() {
+    let desk = Desk::start_with_lease(Some(2));
+    let payments = desk.payments();
+    // Wednesday's payment is applied, then its answer held back for 60 s.
+    payments.fault("slow", 60.0, "inv-wed").unwrap();
+
+    let mut worker = spawn(&desk, &["work", &desk.mission]);
+    let mut said = lines(&mut worker);
+    let run_id = said.next().unwrap()["run_id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while desk.paid("inv-wed") == 0 {
+        assert!(Instant::now() < deadline, "the sandbox never applied Wednesday's payment");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    worker.kill().unwrap(); // SIGKILL: no report, no release, no goodbye
+    worker.wait().unwrap();
+    assert_eq!(desk.paid("inv-thu"), 0);
+
+    let mut fresh = spawn(&desk, &["recover", &run_id, "rs-2"]);
+    let story: Vec<Value> = lines(&mut fresh).collect();
+    assert!(fresh.wait().unwrap().success(), "{story:#?}");
+
+    let recovered = &story[0];
+    assert_eq!(recovered["epoch"], 2);
+    let unresolved = recovered["unresolved"].as_array().unwrap();
+    assert_eq!(unresolved.len(), 1, "{story:#?}");
+    let wed = unresolved[0].as_str().unwrap();
+    assert_eq!(story[1]["verdict"], "applied", "{story:#?}");
+    assert_eq!(story[2]["status"], "succeeded");
+    assert_eq!(story.last().unwrap()["done"], 5, "{story:#?}");
+
+    // The sandbox's own records: each invoice applied once.
+    for (reference, _) in WEEK {
+        assert_eq!(desk.paid(reference), 1, "{reference}: {story:#?}");
+    }
+    // The store's: Wednesday's attempt settled by the confirmation, the ledger
+    // spent what the sandbox took, and it checks.
+    let ops = desk.client("ops");
+    assert_eq!(ops.attempt(wed).unwrap().status, "succeeded");
+    let state = ops.coordinator().state(&run_id).unwrap();
+    assert!(state.unresolved.is_empty());
+    let ledger = ops.request("GET", &format!("/missions/{}/ledger", desk.mission), None).unwrap();
+    let total: u64 = WEEK.iter().map(|(_, a)| a).sum();
+    assert_eq!(ledger["balances"][0]["spent"].as_u64(), Some(total), "{ledger}");
+    assert_eq!(ledger["balances"][0]["held"].as_u64(), Some(0), "{ledger}");
+    assert_eq!(ledger["problems"], serde_json::json!([]));
+}
