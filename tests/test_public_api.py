@@ -57,6 +57,8 @@ PUBLIC = [
     "Principal",
     "RecordedAttempt",
     "RecoveryState",
+    "RemoteAdmission",
+    "RemoteReport",
     "Right",
     "Run",
     "RunStatus",

@@ -20,6 +20,7 @@ import pytest
 
 import _desk
 import charter
+from charter.server import remote
 from charter.server.api import ENDPOINTS, PREFIX
 from charter.testing import credential
 from conftest import stored
@@ -360,7 +361,8 @@ def test_openapi_describes_every_endpoint(base: str, creds: Creds) -> None:
     with client(base, creds, "nobody") as http:
         doc = http.get("/openapi.json").json()
     listed = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
-    assert listed == {(ep.method, PREFIX + ep.path) for ep in ENDPOINTS}
+    served = (*ENDPOINTS, *remote.ENDPOINTS)  # the API's and the remote protocol's (X1)
+    assert listed == {(ep.method, PREFIX + ep.path) for ep in served}
     assert doc["info"]["version"].startswith("v1")
 
 

@@ -44,6 +44,7 @@ from charter.secret import Secret
 from charter.telemetry import ObservedAttempt, ObservedNode, ObservedRun, Observer
 
 if TYPE_CHECKING:
+    from charter.attempts.handed import RemoteAdmission, RemoteReport
     from charter.attempts.model import Attempt, AttemptStatus
     from charter.audit.chain import Verification
     from charter.audit.handoff import handoff_markdown
@@ -94,6 +95,8 @@ _LAZY = {
     "Mission": "charter.contracts.model",
     "NextAction": "charter.recovery.state",
     "RecoveryState": "charter.recovery.state",
+    "RemoteAdmission": "charter.attempts.handed",
+    "RemoteReport": "charter.attempts.handed",
     "SignIn": "charter.contracts.model",
     "StopConditions": "charter.contracts.contract",
     "Unit": "charter.contracts.contract",
@@ -169,6 +172,8 @@ __all__ = [
     "Principal",
     "RecordedAttempt",
     "RecoveryState",
+    "RemoteAdmission",
+    "RemoteReport",
     "Right",
     "Run",
     "RunStatus",

@@ -20,6 +20,7 @@ about it::
     │   ├── SegmentReused           a segment ID the run has used (R1)
     │   ├── LeaseHeld               the owner's lease has not expired (R1)
     │   ├── NeedsIntervention       the run needs a person (R6, A6)
+    │   ├── SegmentFenced           a remote segment's call after it was fenced (X1, F1)
     │   ├── ApprovalRequired        the effect waits for an approval (W2)
     │   ├── PlanError               a plan or a change to it is refused; nothing ran
     │   ├── WaitError               an answer or a signal is refused (W1)
@@ -112,6 +113,7 @@ __all__ = [
     "RunTerminal",
     "SchemaError",
     "SecretUnavailable",
+    "SegmentFenced",
     "SegmentReused",
     "SettlementUnrecorded",
     "SignatureInvalid",
@@ -198,6 +200,15 @@ class LeaseHeld(StateError):
 
 class NeedsIntervention(StateError):
     code = "needs_intervention"
+
+
+class SegmentFenced(StateError):
+    """A remote client's call as a segment that no longer holds its run (X1,
+    F1): taken over, its lease expired, or another executor holds the segment.
+    :class:`Fenced` as an answer: the client must send nothing more for the run;
+    ``current_epoch`` is the run's epoch now."""
+
+    code = "fenced"
 
 
 class ApprovalRequired(StateError):

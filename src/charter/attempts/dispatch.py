@@ -333,6 +333,15 @@ def sending(
     report = yield Send(adapter, req, hidden, seg.runtime.config.answer_bytes)
     if reports is not None:
         reports.append(report)
+    return settle_sent(seg, attempt, report, units=units)
+
+
+def settle_sent(
+    seg: Segment, attempt: Attempt, report: Report, *, units: frozenset[str]
+) -> Attempt:
+    """Settle what the send of ``attempt`` (DISPATCHED by ``seg``) reported, in
+    one transaction: the second half of :func:`sending`, also where a send made
+    by a remote client is reported (X1), so both are settled by one code."""
     seg.runtime.crash("settlement.before")
     try:
         try:

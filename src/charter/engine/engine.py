@@ -31,6 +31,7 @@ from charter.engine.decisions import Decisions
 from charter.engine.graphs import ArtifactOperations, GraphOperations
 from charter.engine.overview import Overview
 from charter.engine.reads import Reads
+from charter.engine.remote import RemoteSegments
 from charter.engine.runs import Runs
 from charter.engine.signins import SignIns
 from charter.engine.snapshots import Snapshots
@@ -46,6 +47,7 @@ class Engine(
     Reads,
     Decisions,
     Runs,
+    RemoteSegments,
     Submissions,
     GraphOperations,
     ArtifactOperations,

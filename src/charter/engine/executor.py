@@ -33,11 +33,13 @@ A process killed between any two of these steps leaves a state that
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
-from charter.adapters import Adapter, Evidence
-from charter.attempts import calls, dispatch, driver
+from charter.adapters import Adapter, EffectClass, Evidence
+from charter.attempts import calls, dispatch, driver, handed
 from charter.attempts.admission import admission
+from charter.attempts.handed import Declared, RemoteAdmission, RemoteReport
 from charter.attempts.model import Attempt, AttemptStatus, Effect, Lineage
 from charter.config import import_path
 from charter.engine import observed
@@ -54,7 +56,7 @@ from charter.runtime import Runtime
 class Executor:
     """The owner of one segment of one run.
 
-    Handed out by the engine (``Engine.start_run``, ``Coordinator.resume``,
+    RemoteAdmission out by the engine (``Engine.start_run``, ``Coordinator.resume``,
     ``Engine.new_linked_run``), not built by its users: its constructor takes
     the engine's runtime.
     """
@@ -114,6 +116,18 @@ class Executor:
     def lease_expires_us(self) -> int:
         """When this executor's lease ends by the store's clock, as it last saw it (F1)."""
         return self._segment.lease_expires_us
+
+    @property
+    def claim(self) -> str | None:
+        """The token that makes this executor the one holding its segment (F1):
+        a remote client sends it with every call it makes as the segment (X1)."""
+        return self._segment.claim
+
+    def lease_left_us(self) -> int:
+        """How long this executor's lease runs on, by the store's clock, now: a
+        duration a remote client can count on its own monotonic clock (X1, F3)."""
+        with self._runtime.db.read() as tx:
+            return max(0, self._segment.lease_expires_us - int(tx.now_us))
 
     def renew_lease(self) -> int:
         """Extend the lease (fenced by epoch and claim); returns the new expiry in µs."""
@@ -204,6 +218,44 @@ class Executor:
         if self._runtime.observer is not None:
             observed.report(self._runtime.observer, attempt)
         return attempt
+
+    def hand(
+        self,
+        adapter: str,
+        operation: str,
+        request: Any,
+        *,
+        effect_class: EffectClass,
+        estimate: Mapping[str, int],
+        effect_key: str,
+        node_id: str = "",
+        execution: int = 0,
+        dedupe_window_seconds: int | None = None,
+        price_source: str | None = None,
+    ) -> RemoteAdmission:
+        """Admit an effect a remote client will send itself (X1): the one driver
+        of an effect (decide, admit, the dispatch commit), stopped where the
+        engine would call its adapter. The client declares its operation (its
+        effect class, its estimate) as a Python adapter does. The answer is the
+        order to send, or the record that answers the call (a settled effect
+        replays, an unresolved one blocks: nothing is sent twice, A4, A6)."""
+        declared = Declared(
+            adapter,
+            operation,
+            effect_class,
+            estimate,
+            dedupe_window_seconds,
+            price_source or "client estimate",
+        )
+        lines = self._lineage(node_id, execution)
+        at = Effect(node_id, execution, effect_key, 1, None, lines)
+        steps = driver.calling(self._segment, declared, operation, request, at)
+        return handed.hand_over(self._segment, steps)
+
+    def report(self, attempt_id: str, evidence: Evidence, *, reason: str | None = None) -> RemoteReport:
+        """Settle what a remote client reports of a send it made as this segment
+        (X1), with the live settlement's own code (see :func:`handed.report`)."""
+        return handed.report(self._segment, attempt_id, evidence, reason)
 
     def _lineage(self, node_id: str, execution: int) -> Lineage | None:
         """Where a node's effect was tried before (a node's context hands it down

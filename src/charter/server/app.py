@@ -27,7 +27,7 @@ from starlette.staticfiles import StaticFiles
 
 from charter import CharterError
 from charter.errors import UsageError
-from charter.server import console, metrics, openapi
+from charter.server import console, metrics, openapi, remote
 from charter.server.api import ENDPOINTS, PREFIX, VERSION, Call, Endpoint
 from charter.server.auth import SignInForms
 from charter.server.gate import MAX_BODY, REFUSAL_SECONDS, Gate, closing, json_body
@@ -131,7 +131,8 @@ def build(
     read = Reader()
     gate = Gate(engine, max_body=max_body, refusal_seconds=refusal_seconds)
     metrics_text = functools.partial(metrics.render, engine, gate.refusals)
-    routes: list[BaseRoute] = [_api_route(engine, ep, read, gate) for ep in ENDPOINTS]
+    endpoints = (*ENDPOINTS, *remote.ENDPOINTS)
+    routes: list[BaseRoute] = [_api_route(engine, ep, read, gate) for ep in endpoints]
     routes += [
         Route(PREFIX, _bearer_only(gate, _index), name="index"),
         Route(PREFIX + "/", _bearer_only(gate, _index)),

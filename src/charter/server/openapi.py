@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from charter import __version__
+from charter.server import remote
 from charter.server.api import ENDPOINTS, PREFIX, VERSION
 
 _ERROR = {
@@ -31,9 +32,14 @@ _REFUSALS = {
 }
 
 
+def _schema(kind: str) -> dict[str, Any]:
+    """A body field's schema; ``any``: whatever JSON value (a request, a result)."""
+    return {} if kind == "any" else {"type": kind}
+
+
 def document() -> dict[str, Any]:
     paths: dict[str, Any] = {}
-    for ep in ENDPOINTS:
+    for ep in (*ENDPOINTS, *remote.ENDPOINTS):
         params = [
             {"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
             for n in re.findall(r"{(\w+)}", ep.path)
@@ -65,7 +71,7 @@ def document() -> dict[str, Any]:
                     "application/json": {
                         "schema": {
                             "type": "object",
-                            "properties": {k: {"type": t} for k, t in ep.body.items()},
+                            "properties": {k: _schema(t) for k, t in ep.body.items()},
                             "required": list(ep.required),
                             "additionalProperties": False,
                         }

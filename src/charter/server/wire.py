@@ -19,6 +19,7 @@ from charter.errors import (
     AuthenticationError,
     ConfigError,
     ContractError,
+    NonDeterminismError,
     NotAuthorized,
     NotFound,
     StateError,
@@ -64,6 +65,7 @@ STATUSES: tuple[tuple[type[CharterError], int], ...] = (
     (ContractError, 400),
     (StateError, 409),
     (AdmissionRefused, 409),
+    (NonDeterminismError, 409),  # a replay that asks for something else than recorded
     (StoreBusy, 503),
     (ConfigError, 500),
 )

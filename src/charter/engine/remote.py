@@ -1,0 +1,97 @@
+"""Runs whose node code runs in another process, in any language (X1).
+
+Mixed into :class:`~charter.engine.engine.Engine`. A remote client holds a
+segment of a run as three values (its name, the epoch, the claim token); each
+of its calls comes in alone, so the engine rebuilds the segment's executor
+from them (:meth:`RemoteSegments.segment_executor`) and every write checks them again,
+under the mission's gate, as it checks a local executor's (F1, F2): the
+executor is the same object, its methods the same code. Evidence the client's
+own adapter found goes through ``coordinator.reconcile`` itself, as the
+answer of :meth:`RemoteSegments.client_lookup`.
+"""
+
+from __future__ import annotations
+
+from charter.adapters import Adapter, EffectClass, Evidence
+from charter.attempts import store
+from charter.attempts.handed import Declared, RemoteReport
+from charter.contracts.authority import Authority
+from charter.contracts.principals import Principal, Right
+from charter.engine.executor import Executor
+from charter.ids import check_text
+from charter.runs import run as runs
+from charter.runtime import Runtime
+from charter.storage import Database
+
+
+class RemoteSegments:
+    """A remote client's segment of a run, and what it found (see the module docstring)."""
+
+    _db: Database
+    _authority: Authority
+    _runtime: Runtime
+
+    def segment_executor(self, run_id: str, *, segment_id: str, epoch: int, claim: str) -> Executor:
+        """The executor of ``run_id``'s segment ``segment_id`` at ``epoch`` holding
+        ``claim``, as a remote client names it. Nothing is checked here: every
+        write it makes checks segment, epoch, claim and lease in its own
+        transaction (a stale one is fenced there), and a report from an
+        earlier epoch is kept as late evidence (F2)."""
+        check_text("run id", run_id)
+        check_text("segment id", segment_id)
+        check_text("claim", claim)
+        with self._db.read() as tx:
+            run = runs.load(tx, run_id)
+        return Executor(
+            self._runtime,
+            run_id=run.id,
+            mission_id=run.mission_id,
+            segment_id=segment_id,
+            epoch=epoch,
+            principal=run.principal,
+            lease_expires_us=run.lease_expires_us,
+            claim=claim,
+        )
+
+    def report_send(
+        self,
+        run_id: str,
+        attempt_id: str,
+        evidence: Evidence,
+        *,
+        segment_id: str,
+        epoch: int,
+        claim: str,
+        by: Principal,
+        reason: str | None = None,
+    ) -> RemoteReport:
+        """What a remote client's send of ``attempt_id`` did, settled by the
+        segment that dispatched it (:meth:`Executor.report`). A segment taken
+        over since cannot prove its claim any more (the run holds its owner's
+        only): its report is evidence, so ``by`` needs ``reconcile`` on the
+        attempt's scope, as any evidence does (P3, refusals audited)."""
+        executor = self.segment_executor(run_id, segment_id=segment_id, epoch=epoch, claim=claim)
+        with self._db.read() as tx:
+            current = runs.load(tx, run_id).epoch
+        if current != epoch:
+            with self._db.transaction() as tx:
+                attempt = store.load(tx, attempt_id)
+                self._authority.authorize(
+                    tx, by, attempt.mission_id, Right.RECONCILE, attempt.scope, entity=attempt_id
+                )
+        return executor.report(attempt_id, evidence, reason=reason)
+
+    def client_lookup(self, attempt_id: str, found: Evidence) -> Adapter:
+        """An adapter whose lookup (R7, A8) answers with ``found``, evidence a
+        remote client's own adapter found: handed to ``coordinator.reconcile``,
+        it is checked, stored and settles exactly where any adapter's evidence
+        would (``evidence_settles``). It never sends: nothing is replayed."""
+        check_text("attempt id", attempt_id)
+        with self._db.read() as tx:
+            attempt = store.load(tx, attempt_id)
+        effect = EffectClass(attempt.effect_class)
+        # A declared keyed operation needs a window; without an executor no replay is sent.
+        window = 1 if effect is EffectClass.IDEMPOTENT_KEYED else None
+        return Declared(
+            attempt.adapter, attempt.operation, effect, attempt.estimate, window, found=found
+        )
