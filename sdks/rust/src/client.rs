@@ -238,8 +238,12 @@ fn decode<T: DeserializeOwned>(value: Value) -> Result<T> {
 }
 
 fn api_error(status: u16, value: Value) -> Error {
-    let Some(Value::Object(mut error)) = value.get("error").cloned() else {
-        return Error::Protocol(format!("HTTP {status} without an error object: {}", clip(&value)));
+    let mut error = match value.get("error") {
+        Some(Value::Object(error)) => error.clone(),
+        _ => {
+            let shown = clip(&value);
+            return Error::Protocol(format!("HTTP {status} without an error object: {shown}"));
+        }
     };
     let code = match error.remove("code") {
         Some(Value::String(code)) => Code::parse(&code),

@@ -43,7 +43,10 @@ fn a3_a_lost_answer_blocks_the_node_until_evidence_is_confirmed_then_replays() {
     payments.fault("drop_after_apply", 0.0, "inv-2").unwrap();
     let node = segment.node("pay");
     let lost = node.attempt(&payments, "pay", invoice("inv-2", 1200), "inv-2").unwrap_err();
-    let Error::Blocked { attempt_id, status } = lost else { panic!("not blocked: {lost:?}") };
+    let (attempt_id, status) = match lost {
+        Error::Blocked { attempt_id, status } => (attempt_id, status),
+        other => panic!("not blocked: {other:?}"),
+    };
     assert_eq!(status, "unknown");
     assert_eq!(desk.paid("inv-2"), 1, "the sandbox applied it; the answer was lost");
 
@@ -74,10 +77,9 @@ fn r8_a_person_resolves_what_no_lookup_can_prove() {
     let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
     payments.fault("error_after_apply", 0.0, "inv-3").unwrap();
     let node = segment.node("pay");
-    let Err(Error::Blocked { attempt_id, .. }) =
-        node.attempt(&payments, "pay", invoice("inv-3", 300), "inv-3")
-    else {
-        panic!("a 500 after applying must leave the attempt unknown")
+    let attempt_id = match node.attempt(&payments, "pay", invoice("inv-3", 300), "inv-3") {
+        Err(Error::Blocked { attempt_id, .. }) => attempt_id,
+        other => panic!("a 500 after applying must leave the attempt unknown: {other:?}"),
     };
     let resolution = Resolution {
         outcome: "succeeded".into(),
