@@ -140,3 +140,89 @@ fn p1_errors_carry_the_servers_codes() {
     let unknown = segment.node("pay").attempt(&payments, "refund", json!({}), "r").unwrap_err();
     assert!(matches!(unknown, Error::Usage(_)), "{unknown:?}");
 }
+
+/// The sandbox's adapter, with a send that misbehaves as told.
+struct Misbehaving {
+    inner: charter::sandbox::Payments,
+    wait_out_the_deadline: bool,
+    panic: bool,
+}
+
+impl charter::Adapter for Misbehaving {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn operations(&self) -> Vec<(String, charter::Operation)> {
+        self.inner.operations()
+    }
+
+    fn estimate(&self, operation: &str, request: &Value) -> charter::Estimate {
+        self.inner.estimate(operation, request)
+    }
+
+    fn dispatch(&self, send: &charter::Dispatch) -> Result<charter::Outcome, charter::SendError> {
+        if self.wait_out_the_deadline {
+            std::thread::sleep(send.remaining()); // held up before the bytes go out
+        }
+        if self.panic {
+            self.inner.dispatch(send)?;
+            panic!("the adapter broke after sending");
+        }
+        self.inner.dispatch(send)
+    }
+
+    fn lookup(&self, attempt: &charter::RecordedAttempt) -> charter::Evidence {
+        self.inner.lookup(attempt)
+    }
+}
+
+#[test]
+fn f3_a_send_held_up_past_its_deadline_is_reported_not_applied_and_never_sent() {
+    let desk = Desk::start_with_lease(Some(2));
+    let late = Misbehaving { inner: desk.payments(), wait_out_the_deadline: true, panic: false };
+    let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
+    let started = std::time::Instant::now();
+    let refused = segment.node("pay").attempt(&late, "pay", invoice("inv-5", 500), "inv-5");
+    let (attempt_id, status) = match refused {
+        Err(Error::AttemptFailed { attempt_id, status, result }) => {
+            assert_eq!(result["reason"], "send deadline passed");
+            (attempt_id, status)
+        }
+        other => panic!("expected the deadline to refuse the send: {other:?}"),
+    };
+    // Counted from before the admission: never later than the store's deadline.
+    assert!(started.elapsed() <= std::time::Duration::from_millis(2_500));
+    assert_eq!(status, "failed");
+    assert_eq!(desk.paid("inv-5"), 0);
+    assert_eq!(desk.client("ops").attempt(&attempt_id).unwrap().status, "failed");
+    // At no cost, its hold released (A3).
+    let ledger =
+        desk.client("ops").request("GET", &format!("/missions/{}/ledger", desk.mission), None);
+    let balance = &ledger.unwrap()["balances"][0];
+    assert_eq!(
+        (balance["spent"].as_u64(), balance["held"].as_u64()),
+        (Some(0), Some(0)),
+        "{balance}"
+    );
+}
+
+#[test]
+fn a3_an_adapter_that_panics_after_sending_leaves_the_attempt_unknown() {
+    let desk = Desk::start();
+    let broken = Misbehaving { inner: desk.payments(), wait_out_the_deadline: false, panic: true };
+    let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
+    let node = segment.node("pay");
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        node.attempt(&broken, "pay", invoice("inv-6", 600), "inv-6")
+    }));
+    assert!(panicked.is_err(), "the panic goes on once reported");
+    assert_eq!(desk.paid("inv-6"), 1);
+    let state = desk.client("ops").coordinator().state(segment.run_id()).unwrap();
+    assert_eq!(state.attempts.len(), 1, "{state:?}");
+    assert_eq!(state.attempts[0].status, "unknown", "never guessed (A3)");
+    // And never sent again: the same effect is blocked.
+    let again = node.attempt(&desk.payments(), "pay", invoice("inv-6", 600), "inv-6");
+    assert!(matches!(again, Err(Error::Blocked { .. })), "{again:?}");
+    assert_eq!(desk.paid("inv-6"), 1);
+}
