@@ -235,3 +235,32 @@ pub trait Adapter {
         self.operations().into_iter().find(|(n, _)| n == operation).map(|(_, o)| o)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send(deadline: Duration) -> Dispatch {
+        Dispatch {
+            attempt_id: "att_1".into(),
+            run_id: "run_1".into(),
+            epoch: 1,
+            operation: "pay".into(),
+            request: Value::Null,
+            idempotency_key: "charter-att_1".into(),
+            fencing_token: "run_1:1".into(),
+            send_deadline: deadline,
+            counted_from: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn f3_the_send_deadline_is_counted_on_the_monotonic_clock() {
+        let open = send(Duration::from_secs(60));
+        assert!(open.check_deadline().is_ok());
+        assert!(open.remaining() <= Duration::from_secs(60));
+        let passed = send(Duration::ZERO);
+        let refused = passed.check_deadline().unwrap_err();
+        assert_eq!(refused, SendError::not_applied(json!({"reason": "send deadline passed"})));
+    }
+}

@@ -214,3 +214,27 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_reads_back_as_the_server_spells_it_and_unknown_ones_are_kept() {
+        for (name, code) in NAMES {
+            assert_eq!(Code::parse(name), *code);
+            assert_eq!(code.as_str(), *name);
+        }
+        let new = Code::parse("some_new_code");
+        assert_eq!((new.as_str(), new.parent()), ("some_new_code", None));
+    }
+
+    #[test]
+    fn a_kind_is_its_parent_code_too_and_not_the_other_way() {
+        assert!(Code::LeaseHeld.is_a(&Code::InvalidState));
+        assert!(Code::AllowanceExceeded.is_a(&Code::AdmissionRefused));
+        assert!(Code::StoreBusy.is_a(&Code::StoreError));
+        assert!(!Code::InvalidState.is_a(&Code::LeaseHeld));
+        assert!(!Code::Fenced.is_a(&Code::InvalidState));
+    }
+}

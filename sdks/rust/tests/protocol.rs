@@ -226,3 +226,29 @@ fn a3_an_adapter_that_panics_after_sending_leaves_the_attempt_unknown() {
     assert!(matches!(again, Err(Error::Blocked { .. })), "{again:?}");
     assert_eq!(desk.paid("inv-6"), 1);
 }
+
+#[test]
+fn w2_an_effect_waits_for_its_approval_then_the_same_attempt_is_sent_once() {
+    let desk = Desk::start();
+    let payments = desk.payments();
+    let segment = desk.client("agent").start_run(&desk.gated, "rs-1", json!({})).unwrap();
+    let node = segment.node("pay");
+    let waiting = node.attempt(&payments, "pay", invoice("inv-7", 700), "inv-7").unwrap_err();
+    assert!(waiting.is(&Code::ApprovalRequired) && waiting.is(&Code::InvalidState), "{waiting:?}");
+    let approval = waiting.detail("approval_id").and_then(Value::as_str).unwrap().to_string();
+    let attempt = waiting.detail("attempt_id").and_then(Value::as_str).unwrap().to_string();
+    assert_eq!(desk.paid("inv-7"), 0);
+    assert_eq!(desk.client("ops").attempt(&attempt).unwrap().status, "prepared");
+
+    // The agent cannot approve its own payment; ops can.
+    let path = format!("/approvals/{approval}/approve");
+    let refused = desk.client("agent").request("POST", &path, Some(&json!({}))).unwrap_err();
+    assert_eq!(refused.code(), Some(&Code::NotAuthorized));
+    desk.client("ops").request("POST", &path, Some(&json!({}))).unwrap();
+
+    let paid = node.attempt(&payments, "pay", invoice("inv-7", 700), "inv-7").unwrap();
+    assert_eq!(paid["amount"], 700);
+    let sent = desk.client("ops").attempt(&attempt).unwrap();
+    assert_eq!((sent.status.as_str(), sent.id.as_str()), ("succeeded", attempt.as_str()));
+    assert_eq!(desk.paid("inv-7"), 1);
+}

@@ -5,7 +5,8 @@ Run with the project's Python: ``setup.py DIR [LEASE_SECONDS]``. Writes ``DIR/ch
 policy) and creates one mission whose contract lets ``agent`` run
 ``payments.*`` and ``ops`` settle, stop and raise limits. Prints one JSON line:
 ``{"config", "store", "mission", "credentials": {name: "NAME:SECRET"}}``.
-A second mission (``tight``) has an allowance of 10 cents, for refusals.
+A second mission (``tight``) has an allowance of 10 cents, for refusals; a
+third (``gated``) needs an approval for each payment.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ PRINCIPALS = {
 }
 
 
-def contract(limit: int) -> dict[str, object]:
-    return {
+def contract(limit: int, *, gated: bool = False) -> dict[str, object]:
+    terms: dict[str, object] = {
         "objective": "pay the week's invoices",
         "principals": PRINCIPALS,
         "allowance": {"usd_cents": limit},
     }
+    if gated:  # each payment waits for a person's approval (W2)
+        terms["approvals"] = {"required": ["payments.pay"], "ttl_seconds": 600}
+    return terms
 
 
 def main(where: Path, lease: str | None) -> None:
@@ -48,6 +52,7 @@ def main(where: Path, lease: str | None) -> None:
         ops = engine.authenticate(creds["ops"])
         mission = engine.create_mission(contract(1_000_000), by=ops)
         tight = engine.create_mission(contract(10), by=ops)
+        gated = engine.create_mission(contract(1_000_000, gated=True), by=ops)
     print(
         json.dumps(
             {
@@ -55,6 +60,7 @@ def main(where: Path, lease: str | None) -> None:
                 "store": str(store),
                 "mission": mission,
                 "tight": tight,
+                "gated": gated,
                 "credentials": creds,
             }
         ),
