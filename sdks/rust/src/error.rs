@@ -153,6 +153,10 @@ pub enum Error {
     Blocked { attempt_id: String, status: String },
     /// The attempt was voided and never sent (an approval was denied).
     Voided { attempt_id: String, reason: String },
+    /// This segment lost the run while the effect was being sent (a takeover):
+    /// its report was kept as evidence, not as the settlement (F2). Send
+    /// nothing more for this run; `status` is the attempt's as recorded.
+    LateReport { attempt_id: String, status: String },
     /// The effect was sent and its report did not reach the server: the attempt
     /// stays DISPATCHED there. Recover, then reconcile; never send it again.
     SettlementUnrecorded { attempt_id: String, cause: Box<Error> },
@@ -174,7 +178,7 @@ impl Error {
 
     /// Whether this segment lost the run: it must send nothing more for it.
     pub fn is_fenced(&self) -> bool {
-        self.is(&Code::Fenced)
+        matches!(self, Error::LateReport { .. }) || self.is(&Code::Fenced)
     }
 
     /// A detail of the server's error (`attempt_id`, `approval_id`, ...).
@@ -202,6 +206,11 @@ impl fmt::Display for Error {
             Error::Voided { attempt_id, reason } => {
                 write!(f, "attempt {attempt_id} was voided: {reason}")
             }
+            Error::LateReport { attempt_id, status } => write!(
+                f,
+                "attempt {attempt_id} was reported after this segment lost the run: kept as \
+                 evidence, the attempt is {status}; send nothing more for this run"
+            ),
             Error::SettlementUnrecorded { attempt_id, cause } => write!(
                 f,
                 "attempt {attempt_id} was sent and its report not recorded ({cause}): \

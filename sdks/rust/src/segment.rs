@@ -105,7 +105,8 @@ impl Context<'_> {
     /// Ok is the target's result. `AttemptFailed` is a failure or a proven
     /// non-application; `Blocked` an outcome nobody knows yet (the node must
     /// stop; evidence or a person settles it); `SettlementUnrecorded` a send
-    /// whose report did not reach the server (recover, never send again).
+    /// whose report did not reach the server (recover, never send again);
+    /// `LateReport` a send during which the run was taken over (stop).
     pub fn attempt<A: Adapter + ?Sized>(
         &self,
         adapter: &A,
@@ -179,6 +180,9 @@ impl Context<'_> {
             },
         };
         let settled = self.report(&send, sent.clone())?;
+        if settled.late {
+            return Err(Error::LateReport { attempt_id: send.attempt_id, status: settled.status });
+        }
         match sent {
             Ok(outcome) if outcome.succeeded => Ok(outcome.result),
             Ok(outcome) => Err(Error::AttemptFailed {

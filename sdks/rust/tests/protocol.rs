@@ -252,3 +252,57 @@ fn w2_an_effect_waits_for_its_approval_then_the_same_attempt_is_sent_once() {
     assert_eq!((sent.status.as_str(), sent.id.as_str()), ("succeeded", attempt.as_str()));
     assert_eq!(desk.paid("inv-7"), 1);
 }
+
+/// The sandbox's adapter, whose run is taken over by an operator while it sends.
+struct TakenOverMidSend {
+    inner: charter::sandbox::Payments,
+    ops: charter::Client,
+}
+
+impl charter::Adapter for TakenOverMidSend {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn operations(&self) -> Vec<(String, charter::Operation)> {
+        self.inner.operations()
+    }
+
+    fn estimate(&self, operation: &str, request: &Value) -> charter::Estimate {
+        self.inner.estimate(operation, request)
+    }
+
+    fn dispatch(&self, send: &charter::Dispatch) -> Result<charter::Outcome, charter::SendError> {
+        let sent = self.inner.dispatch(send);
+        self.ops.coordinator().recover_with(&send.run_id, "rs-2", true).unwrap();
+        sent
+    }
+
+    fn lookup(&self, attempt: &charter::RecordedAttempt) -> charter::Evidence {
+        self.inner.lookup(attempt)
+    }
+}
+
+#[test]
+fn f2_a_report_after_a_takeover_is_kept_as_late_evidence_and_the_stale_segment_stops() {
+    let desk = Desk::start();
+    let adapter = TakenOverMidSend { inner: desk.payments(), ops: desk.client("ops") };
+    let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
+    let node = segment.node("pay");
+    let late = node.attempt(&adapter, "pay", invoice("inv-8", 800), "inv-8").unwrap_err();
+    assert!(late.is_fenced(), "{late:?}");
+    let (attempt_id, status) = match late {
+        Error::LateReport { attempt_id, status } => (attempt_id, status),
+        other => panic!("{other:?}"),
+    };
+    let recorded = desk.client("ops").attempt(&attempt_id).unwrap();
+    assert_eq!(recorded.status, status);
+    // Kept as evidence with the epoch that sent it, never a second settlement.
+    assert_eq!(recorded.evidence.len(), 1, "{recorded:?}");
+    assert_eq!(recorded.evidence[0]["epoch"], 1);
+    assert!(recorded.evidence[0]["source"].as_str().unwrap().contains("late"), "{recorded:?}");
+    // Nothing more is sent by the stale segment.
+    let more = node.attempt(&desk.payments(), "pay", invoice("inv-9", 900), "inv-9").unwrap_err();
+    assert!(more.is_fenced(), "{more:?}");
+    assert_eq!((desk.paid("inv-8"), desk.paid("inv-9")), (1, 0));
+}
