@@ -368,6 +368,22 @@ def wake_rounds(runner: Runner, plan: Plan, server: pg.Server | None) -> dict[st
     return out
 
 
+def remote_rounds(runner: Runner, plan: Plan, server: pg.Server | None) -> dict[str, Any]:
+    """Admit + report over HTTP on loopback beside the same attempt in-process
+    (X1, see bench/remote.py), on SQLite and, with a server, PostgreSQL."""
+    kw: dict[str, Any] = {
+        "attempts": plan.steps,
+        "warmup": plan.warmup,
+        "reps": plan.rounds * plan.reps_per_round,
+    }
+    out = {"sqlite": runner.task("charter.remote", url=str(runner.dir("remote") / "s.db"), **kw)}
+    if server is not None:
+        out["postgresql"] = runner.task(
+            "charter.remote", url=pg.fresh_database(server, "bench_remote"), **kw
+        )
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
     # Child processes may write bytecode caches, as an installed package has them:
@@ -403,6 +419,8 @@ def run(args: argparse.Namespace) -> int:
                 results["network"] = network_rounds(runner, plan, server)
             say("workers: a timer's lateness, takeovers after SIGKILL")
             results["wakes"] = wake_rounds(runner, plan, server)
+            say("the remote attempt protocol: admit + report over HTTP, and in-process")
+            results["remote"] = remote_rounds(runner, plan, server)
         say("concurrent attempts on one engine: shared commits or one per transaction")
         results["concurrent"] = concurrent_rounds(runner, plan)
         say("recover() on big runs (the stores are built first)")

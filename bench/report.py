@@ -554,6 +554,25 @@ def _record_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _remote_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Info rows (no target): an attempt admitted and reported by a remote client
+    over HTTP on loopback (X1), against the same attempt performed in-process."""
+    out = []
+    for where, got in sorted(results.get("remote", {}).items()):
+        wire, local = sample_of(got.get("remote")), sample_of(got.get("in_process"))
+        if wire is None or local is None:
+            continue
+        out.append(
+            _info_row(
+                f"admit + report over HTTP on loopback vs the attempt in-process ({where})",
+                wire,
+                local,
+                f"in-process: {fmt_sample(local)}",
+            )
+        )
+    return out
+
+
 def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Every target row, in the order of the issue that set them."""
     return [
@@ -563,6 +582,7 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         *_streams_rows(results),
         *_fleet_rows(results),
         *_wake_rows(results),
+        *_remote_rows(results),
         *_concurrent_rows(results),
         *_recovery_rows(results),
         *_resume_rows(results),

@@ -20,6 +20,7 @@ def _tasks() -> dict[str, Callable[..., Any]]:
     import charter_bench
     import fleet
     import peers
+    import remote
     import streams
     import wakes
 
@@ -29,6 +30,7 @@ def _tasks() -> dict[str, Callable[..., Any]]:
         "charter.streams.postgres": streams.postgres_streams,
         "charter.fleet.postgres": fleet.measure,
         "charter.wakes": wakes.measure,
+        "charter.remote": remote.measure,
         "charter.profile": charter_bench.profile_attempts,
         "charter.recovery": charter_bench.recovery,
         "charter.memory": charter_bench.memory,

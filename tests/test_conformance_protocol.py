@@ -140,6 +140,8 @@ def serve(home: Path) -> None:
     """Serve the suite's fixture over a fresh store in ``home`` until SIGTERM."""
     import signal
     import socket
+    import threading
+    import time
 
     import uvicorn
 
@@ -151,14 +153,22 @@ def serve(home: Path) -> None:
         str(home / "charter.db"), config=charter.EngineConfig(credentials=digests)
     )
     found = missions(engine, credentials)
-    listening = socket.socket()
-    listening.bind(("127.0.0.1", 0))
-    listening.listen(64)  # bound before the line is printed: a driver may connect at once
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    # uvicorn binds the port itself: on a socket handed to it, its connections go
+    # without TCP_NODELAY, and every answer on a kept-alive one waits 40 ms.
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning")
+    )
     signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
-    url = f"http://127.0.0.1:{listening.getsockname()[1]}"
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.01)
+    url = f"http://127.0.0.1:{port}"
     print(json.dumps({"url": url, "credentials": credentials, "missions": found}), flush=True)
-    server.run(sockets=[listening])
+    thread.join()
     engine.close()
 
 
