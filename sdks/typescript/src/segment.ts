@@ -25,6 +25,7 @@ import {
   OutcomeUnknown,
   SettlementUnrecorded,
   TransportError,
+  UsageError,
 } from "./errors.js";
 
 /** What every claiming call answers. */
@@ -75,7 +76,6 @@ export class Segment {
   #leaseMs: number;
   #fenced: CharterError | undefined;
   #keeper: NodeJS.Timeout | undefined;
-  #executions = 0;
   readonly #client: Charter;
 
   private constructor(client: Charter, claim: Claim) {
@@ -168,14 +168,19 @@ export class Segment {
   }
 
   /**
-   * The context of one execution of node `nodeId`. Each execution has its own
-   * number (`execution`, default: a new one, increasing across processes), so
-   * that a node run again after a crash replays what its earlier executions
-   * performed and tries again only what was proven not applied (A4, A6).
+   * The context of one execution of node `nodeId`. A node run again after a
+   * crash runs as a new execution, so that it replays what its earlier
+   * executions performed and tries again only what was proven not applied
+   * (A4, A6). By default the execution is the segment's epoch: a takeover is
+   * a new epoch, hence a new execution. Numbers are small and increasing: the
+   * server reads an effect's attempts execution by execution.
    */
   node(nodeId: string, execution?: number): Context {
-    this.#executions = Math.max(this.#executions + 1, Date.now());
-    return new Context(this, nodeId, execution ?? this.#executions);
+    const number = execution ?? this.epoch;
+    if (!Number.isSafeInteger(number) || number < 0) {
+      throw new UsageError(`execution must be a whole number of at least 0, got ${number}`);
+    }
+    return new Context(this, nodeId, number);
   }
 
   /** @internal Admit, send and report one effect; see `Context.attempt`. */

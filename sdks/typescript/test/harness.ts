@@ -88,11 +88,11 @@ export class World {
   }
 
   /** Arm one of the sandbox's misbehaviours for its next request(s). */
-  async fault(fault: string, options: { times?: number; seconds?: number } = {}): Promise<void> {
+  async fault(fault: string, options: { times?: number; seconds?: number; reference?: string } = {}): Promise<void> {
     const answer = await fetch(`${this.sandbox}/_sandbox/faults`, {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ fault, times: options.times ?? 1, seconds: options.seconds ?? 0 }),
+      body: JSON.stringify({ fault, times: options.times ?? 1, seconds: options.seconds ?? 0, reference: options.reference }),
     });
     if (!answer.ok) throw new Error(`the sandbox refused fault ${fault}: ${await answer.text()}`);
   }
@@ -142,7 +142,8 @@ async function firstLine(child: ChildProcess): Promise<string> {
   throw new Error(`the process ended before printing a line (exit ${child.exitCode})`);
 }
 
-async function freePort(): Promise<number> {
+/** A loopback port nothing listens on (it was free a moment ago). */
+export async function freePort(): Promise<number> {
   return new Promise((done, fail) => {
     const probe = createServer();
     probe.once("error", fail);

@@ -22,7 +22,7 @@ import {
   TransportError,
   UsageError,
 } from "../src/index.js";
-import { startWorld, type World } from "./harness.js";
+import { freePort, startWorld, type World } from "./harness.js";
 
 let world: World;
 const as = (name: string): Charter => new Charter({ baseUrl: world.url, credential: world.credential(name) });
@@ -171,7 +171,7 @@ describe("reconcile, confirm, resolve, resume", () => {
 
 describe("the client", () => {
   test("a server that does not answer is a TransportError, never a guessed code", async () => {
-    const nobody = new Charter({ baseUrl: "http://127.0.0.1:9", credential: "ops:x", timeoutMs: 2_000 });
+    const nobody = new Charter({ baseUrl: `http://127.0.0.1:${await freePort()}`, credential: "ops:x", timeoutMs: 2_000 });
     await assert.rejects(nobody.coordinator.state("run_x"), (error: unknown) => {
       assert.ok(error instanceof TransportError);
       assert.ok(error instanceof CharterError);

@@ -78,6 +78,7 @@ def prepare(home: Path, sandbox: str) -> dict[str, Any]:
     (home / "charter.toml").write_text(
         f'store = "{home / "charter.db"}"\n'
         'resume = "human"\n'
+        "send_deadline_seconds = 3\n"
         f"[credentials]\n{digests}"
         '[adapters]\npayments = "ts_fixture:payments"\n'
     )

@@ -1,0 +1,166 @@
+/**
+ * The remote attempt protocol (X1) from TypeScript, against a real server and
+ * the payments sandbox: this process claims runs as segments, its own adapter
+ * sends each admitted payment, and the sandbox's records are the judge —
+ * nothing paid twice, nothing sent by a fenced or late segment.
+ */
+
+import assert from "node:assert/strict";
+import { randomUUID } from "node:crypto";
+import { after, before, describe, test } from "node:test";
+
+import {
+  AllowanceExceeded,
+  AttemptFailed,
+  Blocked,
+  Charter,
+  Fenced,
+  LeaseHeld,
+  NeedsIntervention,
+  NotApplied,
+  Segment,
+} from "../src/index.js";
+import type { Dispatch, Outcome } from "../src/index.js";
+import { Payments, type Bill } from "../examples/payments.js";
+import { freePort, startWorld, type World } from "./harness.js";
+
+let world: World;
+let payments: Payments;
+const as = (name: string): Charter => new Charter({ baseUrl: world.url, credential: world.credential(name) });
+const bill = (reference: string, amount = 12_00): Bill => ({ amount, currency: "usd", payee: "acme", reference });
+const uniq = (): string => randomUUID().slice(0, 8);
+
+before(async () => {
+  world = await startWorld();
+  payments = new Payments(world.sandbox);
+});
+after(async () => {
+  await world?.stop();
+});
+
+describe("ctx.attempt", () => {
+  test("A2_A4_an_admitted_payment_is_sent_once_with_its_key_and_a_new_execution_replays_it", async () => {
+    const agent = as("agent");
+    const segment = await Segment.start(agent, world.mission, `ts-${uniq()}`, { week: "W49" });
+    assert.equal(segment.epoch, 1);
+    const reference = `inv-${uniq()}`;
+    const paid = (await segment.node("pay").attempt(payments, "pay", bill(reference), { key: reference })) as { id: string };
+    const [record] = await world.payments(reference);
+    assert.equal(record?.id, paid.id);
+    const { items } = await agent.attempts({ run: segment.runId });
+    assert.equal(items.length, 1);
+    assert.equal(items[0]?.status, "succeeded");
+    assert.equal(record?.idempotency_key, items[0]?.idempotency_key, "sent with the attempt's own key (A5)");
+    assert.deepEqual(items[0]?.actual, { usd_cents: 1200 });
+    // The node runs again (a new execution): the payment is replayed from its record.
+    const again = (await segment.node("pay", segment.epoch + 1).attempt(payments, "pay", bill(reference), { key: reference })) as { id: string };
+    assert.equal(again.id, paid.id);
+    assert.equal((await world.payments(reference)).length, 1);
+    assert.equal((await agent.attempts({ run: segment.runId })).items.length, 1, "no new attempt");
+    await segment.release();
+  });
+
+  test("A3_a_lost_answer_is_unknown_and_blocks_the_node_never_a_guess", async () => {
+    const segment = await Segment.start(as("agent"), world.mission, `ts-${uniq()}`);
+    const reference = `inv-${uniq()}`;
+    await world.fault("drop_after_apply", { reference });
+    const ctx = segment.node("pay");
+    await assert.rejects(ctx.attempt(payments, "pay", bill(reference), { key: reference }), Blocked);
+    const state = await as("ops").coordinator.state(segment.runId);
+    assert.equal(state.attempts[0]?.status, "unknown");
+    assert.equal((await world.payments(reference)).length, 1, "the sandbox applied it");
+    // The same node asks again: blocked on the record, nothing sent.
+    await assert.rejects(segment.node("pay", 2).attempt(payments, "pay", bill(reference), { key: reference }), Blocked);
+    assert.equal((await world.payments(reference)).length, 1);
+  });
+
+  test("L3_an_estimate_over_the_allowance_is_refused_and_nothing_is_sent", async () => {
+    const segment = await Segment.start(as("agent"), world.mission, `ts-${uniq()}`);
+    const reference = `inv-${uniq()}`;
+    const huge = bill(reference, 2_000_000);
+    await assert.rejects(segment.node("pay").attempt(payments, "pay", huge, { key: reference }), AllowanceExceeded);
+    assert.equal((await world.payments(reference)).length, 0);
+    await segment.release();
+  });
+
+  test("F3_a_send_whose_deadline_passed_is_not_sent_and_settles_not_applied", async () => {
+    const segment = await Segment.start(as("agent"), world.mission, `ts-${uniq()}`);
+    const reference = `inv-${uniq()}`;
+    let sent = 0;
+    const slow: Payments = Object.create(payments) as Payments;
+    Object.assign(slow, {
+      async dispatch(send: Dispatch<Bill>): Promise<Outcome> {
+        await new Promise((done) => setTimeout(done, send.deadlineMs + 50)); // past the server's 3 s
+        send.checkDeadline();
+        sent += 1;
+        return payments.dispatch(send);
+      },
+    });
+    const failed = await segment.node("pay").attempt(slow, "pay", bill(reference), { key: reference }).then(
+      () => assert.fail("a late send went out"),
+      (error: unknown) => error,
+    );
+    assert.ok(failed instanceof AttemptFailed, String(failed));
+    assert.equal(sent, 0);
+    assert.equal((await world.payments(reference)).length, 0, "the sandbox never saw it");
+    const { items } = await as("agent").attempts({ run: segment.runId });
+    assert.ok(items.length >= 1 && items.every((a) => a.status === "failed"), JSON.stringify(items.map((a) => a.status)));
+    await segment.release();
+  });
+});
+
+describe("claims", () => {
+  test("R1_a_live_segment_holds_the_run_lease_held_and_F1_a_forced_takeover_fences_it", async () => {
+    const first = await Segment.start(as("agent"), world.mission, `ts-${uniq()}`);
+    await assert.rejects(Segment.claim(as("ops"), first.runId, `ts-${uniq()}`), LeaseHeld);
+    const second = await Segment.claim(as("ops"), first.runId, `ts-${uniq()}`, { force: true });
+    assert.equal(second.epoch, 2);
+    const reference = `inv-${uniq()}`;
+    await assert.rejects(first.node("pay").attempt(payments, "pay", bill(reference), { key: reference }), Fenced);
+    assert.ok(first.fenced);
+    await assert.rejects(first.renew(), Fenced, "a fenced segment sends nothing more");
+    assert.equal((await world.payments(reference)).length, 0, "the stale segment sent nothing");
+    await second.release();
+  });
+
+  test("X1_after_a_crash_recover_reconcile_with_the_clients_lookup_confirm_claim_and_each_invoice_is_paid_once", async () => {
+    const week = [`inv-${uniq()}`, `inv-${uniq()}`, `inv-${uniq()}`];
+    const [monday, tuesday] = week as [string, string, string];
+    const crashed = await Segment.start(as("agent"), world.mission, `ts-${uniq()}`);
+    await world.fault("drop_after_apply", { reference: tuesday });
+    const ctx = crashed.node("pay-week");
+    await ctx.attempt(payments, "pay", bill(monday), { key: monday });
+    await assert.rejects(ctx.attempt(payments, "pay", bill(tuesday), { key: tuesday }), Blocked);
+    // This process "dies" here: it never releases. Another takes over.
+    const ops = as("ops");
+    const segment = `ts-${uniq()}`;
+    const { unresolved } = await ops.coordinator.recover(crashed.runId, segment, { force: true });
+    assert.equal(unresolved.length, 1);
+    const [lost] = unresolved as [string];
+    // Continuing past an uncertain payment is refused until it is settled (R6).
+    await assert.rejects(Segment.claim(ops, crashed.runId, segment), NeedsIntervention);
+    const found = await ops.coordinator.reconcile(lost, payments);
+    assert.equal(found.verdict, "applied", JSON.stringify(found));
+    assert.equal(found.status, "unknown", "evidence, until a person confirms it");
+    const verdicts = (await ops.attempt(lost)).evidence.map((e) => e.verdict);
+    assert.deepEqual(verdicts.filter((v) => v === "applied"), ["applied"], "the lookup, recorded as evidence");
+    assert.equal((await ops.coordinator.confirm(lost)).status, "succeeded");
+    const continued = await Segment.claim(ops, crashed.runId, segment);
+    const again = continued.node("pay-week");
+    for (const invoice of week) await again.attempt(payments, "pay", bill(invoice), { key: invoice });
+    for (const invoice of week) assert.equal((await world.payments(invoice)).length, 1, `${invoice} paid once`);
+    await continued.release();
+    await assert.rejects(crashed.renew(), Fenced);
+  });
+
+  test("A3_a_dispatch_that_proves_nothing_was_sent_settles_failed_at_no_cost", async () => {
+    const segment = await Segment.start(as("agent"), world.mission, `ts-${uniq()}`);
+    const reference = `inv-${uniq()}`;
+    const closed = new Payments(`http://127.0.0.1:${await freePort()}`); // nothing listens: refused before a byte
+    await assert.rejects(segment.node("pay").attempt(closed, "pay", bill(reference), { key: reference }), AttemptFailed);
+    const { items } = await as("agent").attempts({ run: segment.runId });
+    assert.ok(items.every((a) => a.status === "failed" && Object.values(a.actual ?? {}).every((v) => v === 0)));
+    assert.ok(new NotApplied("x") instanceof Error);
+    await segment.release();
+  });
+});
