@@ -71,6 +71,13 @@ export class Charter {
    * server acted is then unknown, so read the state again before deciding anew.
    */
   async request(method: "GET" | "POST", path: string, body?: unknown, query: Query = {}): Promise<unknown> {
+    const { status, answer } = await this.exchange(method, path, body, query);
+    if (status < 200 || status > 299) throw fromAnswer(status, answer);
+    return answer;
+  }
+
+  /** One request as it went: the HTTP status and the JSON answer, whatever they are. */
+  async exchange(method: "GET" | "POST", path: string, body?: unknown, query: Query = {}): Promise<{ status: number; answer: unknown }> {
     const url = new URL(this.baseUrl + path);
     for (const [name, value] of Object.entries(query)) {
       if (value !== undefined) url.searchParams.set(name, String(value));
@@ -99,8 +106,7 @@ export class Charter {
         answer = text;
       }
     }
-    if (!response.ok) throw fromAnswer(response.status, answer);
-    return answer;
+    return { status: response.status, answer };
   }
 }
 

@@ -20,7 +20,7 @@ const here = dirname(fileURLToPath(import.meta.url));
 /** The SDK's directory (tests run compiled, from dist/test/). */
 export const SDK = resolve(here, "..", "..");
 export const FIXTURES = join(SDK, "test");
-const REPO = resolve(SDK, "..", "..");
+export const REPO = resolve(SDK, "..", "..");
 const VENV = process.env["CHARTER_VENV"] ?? join(REPO, ".venv");
 export const PYTHON = join(VENV, "bin", "python");
 export const CHARTER = join(VENV, "bin", "charter");
