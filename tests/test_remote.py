@@ -229,6 +229,8 @@ def test_X1_a_settled_effect_replays_its_record_and_nothing_is_sent_again(desk: 
     desk.refused("agent", path, effect(claim, execution=3, request={"to": "acme", "amount": 6}),
                  409, "non_determinism")  # fmt: skip
     assert len(desk.engine.attempts(run_id=claim["run_id"])) == 1
+    # As the plan runner does (A6): the run needs a person.
+    assert desk.engine.run(claim["run_id"]).status is charter.RunStatus.NEEDS_INTERVENTION
 
 
 def test_X1_an_unknown_outcome_blocks_the_effect_until_evidence_or_a_person(desk: Desk) -> None:
@@ -327,3 +329,27 @@ def test_X1_the_openapi_document_describes_the_protocol(desk: Desk) -> None:
     admit = paths[PREFIX + "/runs/{run_id}/attempts"]["post"]["requestBody"]
     schema = admit["content"]["application/json"]["schema"]
     assert schema["properties"]["request"] == {} and "estimate" in schema["required"]
+
+
+def test_X1_a_nodes_journal_is_kept_for_the_client_and_the_run_ends_when_settled(
+    desk: Desk,
+) -> None:
+    """Broken N1/X1: a node re-run after a client crash gets a new execution (its
+    effects would not replay as this execution's), a completion is recorded twice
+    or with another result, or a run ends over an unresolved attempt."""
+    claim = desk.start()
+    run, seg = claim["run_id"], held(claim)
+    first = desk.ok("agent", f"/runs/{run}/nodes/n1/start", seg)
+    assert desk.ok("agent", f"/runs/{run}/nodes/n1/start", seg) == first  # a crash: same one
+    assert first == {"run_id": run, "node_id": "n1", "execution": 1}
+    order = desk.ok("agent", f"/runs/{run}/attempts", effect(claim))
+    desk.refused("agent", f"/runs/{run}/finish", seg, 409, "invalid_state")  # unresolved
+    desk.ok("agent", f"/attempts/{order['attempt_id']}/report", paid(claim))
+    done = {**seg, "execution": 1, "result": {"paid": "tr_1"}}
+    recorded = desk.ok("agent", f"/runs/{run}/nodes/n1/complete", done)
+    assert desk.ok("agent", f"/runs/{run}/nodes/n1/complete", done) == recorded
+    other = {**done, "result": {"paid": "tr_2"}}
+    desk.refused("agent", f"/runs/{run}/nodes/n1/complete", other, 409, "invalid_state")
+    [node] = [n for n in desk.engine.coordinator.state(run).nodes if n["node_id"] == "n1"]
+    assert node["status"] == "completed" and node["result_hash"] == recorded["result_hash"]
+    assert desk.ok("agent", f"/runs/{run}/finish", seg)["status"] == "completed"

@@ -43,7 +43,9 @@ from charter.attempts.handed import Declared, RemoteAdmission, RemoteReport
 from charter.attempts.model import Attempt, AttemptStatus, Effect, Lineage
 from charter.config import import_path
 from charter.engine import observed
-from charter.errors import Blocked, NotFound, StateError
+from charter.errors import Blocked, NonDeterminismError, NotFound, StateError
+from charter.ids import check_text
+from charter.plans import remote as remote_nodes
 from charter.plans import runner
 from charter.plans.lineage import lineage
 from charter.plans.nodes import Plan
@@ -250,12 +252,31 @@ class Executor:
         lines = self._lineage(node_id, execution)
         at = Effect(node_id, execution, effect_key, 1, None, lines)
         steps = driver.calling(self._segment, declared, operation, request, at)
-        return handed.hand_over(self._segment, steps)
+        try:
+            return handed.hand_over(self._segment, steps)
+        except NonDeterminismError as exc:  # as the plan runner marks it (A6)
+            self._segment.mark(
+                RunStatus.NEEDS_INTERVENTION, f"non-determinism in node {node_id}: {exc.message}"
+            )
+            raise
 
-    def report(self, attempt_id: str, evidence: Evidence, *, reason: str | None = None) -> RemoteReport:
+    def report(
+        self, attempt_id: str, evidence: Evidence, *, reason: str | None = None
+    ) -> RemoteReport:
         """Settle what a remote client reports of a send it made as this segment
         (X1), with the live settlement's own code (see :func:`handed.report`)."""
         return handed.report(self._segment, attempt_id, evidence, reason)
+
+    def start_node(self, node_id: str) -> int:
+        """The execution of ``node_id`` a remote client runs now (X1): the same one
+        after a crash, a new one after a failure, as the plan runner decides."""
+        check_text("node id", node_id)
+        return remote_nodes.start(self._segment, node_id)
+
+    def complete_node(self, node_id: str, execution: int, result: Any) -> str:
+        """Record a remote client's node result (N1, fenced, F2); its hash."""
+        check_text("node id", node_id)
+        return remote_nodes.complete(self._segment, node_id, execution, result)
 
     def _lineage(self, node_id: str, execution: int) -> Lineage | None:
         """Where a node's effect was tried before (a node's context hands it down

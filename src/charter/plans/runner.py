@@ -243,7 +243,7 @@ def _completed(ex: Segment, node_id: str) -> Any:
 
 
 def _run_node(ex: Segment, n: Node, value: Any, plan: Plan | None = None) -> Any:
-    execution = _start(ex, n.name)
+    execution = start_execution(ex, n.name)
     while True:
         ctx = Context(ex, n.name, execution)
         ctx.plan = plan
@@ -273,11 +273,11 @@ def _run_node(ex: Segment, n: Node, value: Any, plan: Plan | None = None) -> Any
             error = describe(exc, excerpt=not isinstance(exc, _DECLARED))
             failed = _set_node(ex, n.name, execution, "failed", error)
             if failed <= n.retries:
-                execution = _start(ex, n.name)
+                execution = start_execution(ex, n.name)
                 continue
             raise _NodeFailed(n.name, failed, exc) from exc
         ex.runtime.crash("node.completed.before")
-        _complete(ex, n.name, execution, result_json)
+        complete_execution(ex, n.name, execution, result_json)
         ex.runtime.crash("node.completed.after")
         return json.loads(result_json)
 
@@ -413,8 +413,9 @@ def _give_up(ex: Segment, node_id: str, failed: int, exc: Exception) -> None:
         ex.mark(RunStatus.NEEDS_INTERVENTION, reason)
 
 
-def _start(ex: Segment, node_id: str) -> int:
-    """The node execution to run: the same one after a crash, a new one after failure."""
+def start_execution(ex: Segment, node_id: str) -> int:
+    """The node execution to run: the same one after a crash, a new one after failure
+    (also a remote client's, X1: its node code runs elsewhere, its journal here)."""
     with ex.runtime.db.transaction() as tx:
         ex.own(tx)
         row = plans_store.latest(tx, ex.run_id, node_id)
@@ -464,7 +465,7 @@ def _record(
     )
 
 
-def _complete(ex: Segment, node_id: str, execution: int, result_json: str) -> None:
+def complete_execution(ex: Segment, node_id: str, execution: int, result_json: str) -> None:
     """N1: the checked result and its hash are durable before any consumer starts (F2)."""
     with ex.runtime.db.transaction() as tx:
         ex.own(tx)

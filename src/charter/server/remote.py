@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from charter import EffectClass, Evidence, Fenced, Outcome
+from charter import EffectClass, Evidence, Fenced, Outcome, RunStatus
 from charter.errors import SegmentFenced, UsageError
 from charter.server.api import Call, Endpoint, Handler
 
@@ -267,6 +267,38 @@ def _evidence(engine: Engine, who: Principal, call: Call) -> Any:
     }
 
 
+def _start_node(engine: Engine, who: Principal, call: Call) -> Any:
+    executor = _held(engine, call)
+    node_id = call.path["node_id"]
+    return {
+        "run_id": executor.run_id,
+        "node_id": node_id,
+        "execution": executor.start_node(node_id),
+    }
+
+
+def _complete_node(engine: Engine, who: Principal, call: Call) -> Any:
+    if "result" not in call.body:
+        raise UsageError("result is required (any JSON: it is recorded with its hash)")
+    executor = _held(engine, call)
+    node_id, execution = call.path["node_id"], _integer(call, "execution", 1)
+    digest = executor.complete_node(node_id, execution, call.body["result"])
+    return {"run_id": executor.run_id, "node_id": node_id, "execution": execution,
+            "result_hash": digest}  # fmt: skip
+
+
+_ENDS = ("completed", "failed")
+
+
+def _finish(engine: Engine, who: Principal, call: Call) -> Any:
+    status = call.text("status") or "completed"
+    if status not in _ENDS:
+        raise UsageError(f"status must be completed or failed, got {status!r}")
+    executor = _held(engine, call)
+    executor.finish(RunStatus(status), call.text("reason"))
+    return engine.run(executor.run_id).to_dict()
+
+
 def _waits(engine: Engine, who: Principal, call: Call) -> Any:
     state = engine.coordinator.state(call.path["run_id"]).to_dict()
     return {"run_id": state["run_id"], "status": state["status"], "waits": state["waits"]}
@@ -321,5 +353,16 @@ ENDPOINTS: tuple[Endpoint, ...] = (
       "Reconcile an uncertain attempt with evidence the client's adapter found", "reconcile",
       _evidence, body={"verdict": "string", "outcome": "object", "detail": "any"},
       required=("verdict",)),
+    E("POST", "/runs/{run_id}/nodes/{node_id}/start", "start_node",
+      "The execution of a node the client runs now (the same one after a crash)", "credential",
+      _fenced(_start_node), body=_SEGMENT, required=_HELD),
+    E("POST", "/runs/{run_id}/nodes/{node_id}/complete", "complete_node",
+      "Record a node's result and its hash (N1)", "credential", _fenced(_complete_node),
+      body={**_SEGMENT, "execution": "integer", "result": "any"},
+      required=(*_HELD, "execution", "result")),
+    E("POST", "/runs/{run_id}/finish", "finish",
+      "End a run (completed or failed); refused while an attempt is unresolved", "credential",
+      _fenced(_finish), body={**_SEGMENT, "status": "string", "reason": "string"},
+      required=_HELD),
     E("GET", "/runs/{run_id}/waits", "waits", "A run's waits", "credential", _waits),
 )  # fmt: skip
