@@ -769,6 +769,29 @@ def test_a_unit_declares_its_scale_and_amounts_show_exactly() -> None:
     assert Contract.from_dict(contract.to_dict()) == contract
 
 
+def test_amounts_show_with_their_units_exactly_the_one_way_every_desk_shows_them() -> None:
+    """``charter.show_amounts`` is what the CLI's text and the console's pages
+    print: the contract's scale and name, integer digits only (no float rounds
+    the largest amount the ledger holds), an overrun's sign, and a unit the
+    contract does not describe in its smallest steps under its own name."""
+    units = {"usd": charter.Unit(2, "USD"), "eur": charter.Unit(0, "EUR")}
+    assert charter.show_amounts({"usd": 1250}, units) == "12.50 USD"
+    assert charter.show_amounts({"eur": 1250}, units) == "1250 EUR"  # scale 0
+    assert charter.show_amounts({"calls": 3}, units) == "3 calls"  # no name: its steps
+    assert charter.show_amounts({"usd": -1250}, units) == "-12.50 USD"  # an overrun
+    assert charter.show_amounts({"usd": -5}, units) == "-0.05 USD"
+    largest = 2**63 - 1
+    assert charter.show_amounts({"usd": largest}, units) == "92233720368547758.07 USD"
+    assert charter.show_amounts({"eur": largest}, units) == f"{largest} EUR"
+    assert charter.show_amounts({"usd": 1250, "calls": 3}, units) == "12.50 USD, 3 calls"
+    assert charter.show_amounts({}, units) == charter.show_amounts(None) == "-"
+    assert charter.show_amounts({"usd": 1250}) == "1250 usd"  # no units at all
+    contract = Contract.from_dict(
+        _with(allowance={"usd": 50_00, "calls": 10}, units={"usd": {"scale": 2, "name": "USD"}})
+    )
+    assert contract.show("usd", 1250) == charter.show_amounts({"usd": 1250}, contract.units)
+
+
 def test_a_contract_without_units_keeps_its_digest() -> None:
     """Versions stored before units existed must hash as they did."""
     assert "units" not in Contract.from_dict(default_contract()).to_dict()

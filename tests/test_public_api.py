@@ -82,6 +82,7 @@ PUBLIC = [
     "new_credential",
     "new_signing_key",
     "node",
+    "show_amounts",
 ]
 
 

@@ -50,7 +50,13 @@ if TYPE_CHECKING:
     from charter.audit.handoff import handoff_markdown
     from charter.audit.signing import new_signing_key
     from charter.config import EngineConfig, Webhook
-    from charter.contracts.contract import ApprovalPolicy, Contract, StopConditions, Unit
+    from charter.contracts.contract import (
+        ApprovalPolicy,
+        Contract,
+        StopConditions,
+        Unit,
+        show_amounts,
+    )
     from charter.contracts.model import Mission, SignIn
     from charter.contracts.principals import Principal, Right, hash_secret, new_credential
     from charter.engine.coordinator import Coordinator
@@ -100,6 +106,7 @@ _LAZY = {
     "SignIn": "charter.contracts.model",
     "StopConditions": "charter.contracts.contract",
     "Unit": "charter.contracts.contract",
+    "show_amounts": "charter.contracts.contract",
     "Verification": "charter.audit.chain",
     "Wait": "charter.waits.model",
     "WaitKind": "charter.waits.model",
@@ -197,4 +204,5 @@ __all__ = [
     "new_credential",
     "new_signing_key",
     "node",
+    "show_amounts",
 ]

@@ -121,6 +121,21 @@ class Unit:
         return f"{sign}{digits[: -self.scale]}.{digits[-self.scale :]} {self.name}"
 
 
+def show_amounts(amounts: Mapping[str, int] | None, units: Mapping[str, Unit] | None = None) -> str:
+    """Amounts as people read them, the one way every desk shows them (the CLI's
+    text, the console's pages): ``{"usd": 1250, "calls": 3}`` with the contract's
+    ``units`` as ``"12.50 USD, 3 calls"``. A unit ``units`` does not describe
+    shows its smallest steps and its own name; nothing (``{}`` or ``None``) is
+    ``"-"``. Integer arithmetic on the digits only, so an amount as large as
+    the ledger holds (``2**63 - 1``) or below zero (an overrun) shows exactly."""
+    if not amounts:
+        return "-"
+    described = units or {}
+    return ", ".join(
+        described[u].show(a) if u in described else f"{a} {u}" for u, a in amounts.items()
+    )
+
+
 @dataclass(frozen=True)
 class Contract:
     """A validated, immutable contract version."""
@@ -139,8 +154,7 @@ class Contract:
     def show(self, unit: str, amount: int) -> str:
         """An amount of ``unit`` as people read it (``"4.50 USD"``); a unit the
         contract does not describe shows its smallest steps (``"12 calls"``)."""
-        described = self.units.get(unit)
-        return described.show(amount) if described else f"{amount} {unit}"
+        return show_amounts({unit: amount}, self.units)
 
     # -- authority -----------------------------------------------------------
     def allows(self, principal: str, right: Right, scope: str = "*") -> bool:
