@@ -353,3 +353,46 @@ def test_X1_a_nodes_journal_is_kept_for_the_client_and_the_run_ends_when_settled
     [node] = [n for n in desk.engine.coordinator.state(run).nodes if n["node_id"] == "n1"]
     assert node["status"] == "completed" and node["result_hash"] == recorded["result_hash"]
     assert desk.ok("agent", f"/runs/{run}/finish", seg)["status"] == "completed"
+
+
+def refusals(engine: charter.Engine, mission: str) -> list[tuple[str, str]]:
+    return [
+        (e["actor"], e["entity"])
+        for e in engine.audit_events(mission)
+        if e["kind"] == "authorization.refused"
+    ]
+
+
+def test_X1_claiming_and_a_segments_calls_need_their_rights_a_claim_is_no_right(
+    desk: Desk, clock: charter.ManualClock
+) -> None:
+    """Broken P1/P3 over the protocol: a principal without ``run`` starts a run, or
+    acts as another's segment with its claim, or posts evidence without
+    ``reconcile``; or a refusal is not audited, or changes something."""
+    claim = desk.start()
+    run = claim["run_id"]
+    order = desk.ok("agent", f"/runs/{run}/attempts", effect(claim))
+    before = stored(desk.engine, desk.mission)
+    desk.refused("mallory", f"/missions/{desk.mission}/runs", {"segment": "m-1"}, 403,
+                 "not_authorized")  # fmt: skip
+    desk.refused("mallory", f"/runs/{run}/attempts", effect(claim, effect_key="x"), 403,
+                 "not_authorized")  # fmt: skip
+    desk.refused("mallory", f"/attempts/{order['attempt_id']}/report", paid(claim), 403,
+                 "not_authorized")  # fmt: skip
+    clock.advance(31)
+    desk.refused("mallory", f"/runs/{run}/claim", {"segment": "m-2"}, 403, "not_authorized")
+    assert stored(desk.engine, desk.mission) == before
+    assert [actor for actor, _ in refusals(desk.engine, desk.mission)] == ["mallory"] * 4
+    desk.ok("agent", f"/runs/{run}/recover", {"segment": "ts-2"})
+    found = {"verdict": "not_applied", "detail": {"bank": "no such transfer"}}
+    desk.refused("mallory", f"/attempts/{order['attempt_id']}/evidence", found, 403,
+                 "not_authorized")  # fmt: skip
+    assert desk.engine.evidence(order["attempt_id"]) == []
+    # bob, whom the mission grants run, carries another of agent's runs as a new
+    # segment once its lease ran out; the run still acts as agent (A1).
+    other = desk.start("ts-9")
+    clock.advance(31)
+    taken = desk.ok("bob", f"/runs/{other['run_id']}/claim", {"segment": "bob-1"})
+    assert taken["epoch"] == 2
+    sent = desk.ok("bob", f"/runs/{other['run_id']}/attempts", effect(taken))
+    assert desk.engine.get_attempt(sent["attempt_id"]).principal == "agent"

@@ -31,17 +31,24 @@ class RemoteSegments:
     _authority: Authority
     _runtime: Runtime
 
-    def segment_executor(self, run_id: str, *, segment_id: str, epoch: int, claim: str) -> Executor:
+    def segment_executor(
+        self, run_id: str, *, segment_id: str, epoch: int, claim: str, by: Principal
+    ) -> Executor:
         """The executor of ``run_id``'s segment ``segment_id`` at ``epoch`` holding
-        ``claim``, as a remote client names it. Nothing is checked here: every
-        write it makes checks segment, epoch, claim and lease in its own
-        transaction (a stale one is fenced there), and a report from an
-        earlier epoch is kept as late evidence (F2)."""
+        ``claim``, as a remote client names it. Its segment is not checked here:
+        every write it makes checks segment, epoch, claim and lease in its own
+        transaction (a stale one is fenced there), and a report from an earlier
+        epoch is kept as late evidence (F2). ``by``, who calls, is the run's
+        principal or one the mission grants ``run`` (refusals audited): a claim
+        is a secret, not a right."""
         check_text("run id", run_id)
         check_text("segment id", segment_id)
         check_text("claim", claim)
         with self._db.read() as tx:
             run = runs.load(tx, run_id)
+        if by.name != run.principal:
+            with self._db.transaction() as tx:
+                self._authority.authorize_run(tx, by, run.mission_id, entity=run_id)
         return Executor(
             self._runtime,
             run_id=run.id,
@@ -70,7 +77,9 @@ class RemoteSegments:
         over since cannot prove its claim any more (the run holds its owner's
         only): its report is evidence, so ``by`` needs ``reconcile`` on the
         attempt's scope, as any evidence does (P3, refusals audited)."""
-        executor = self.segment_executor(run_id, segment_id=segment_id, epoch=epoch, claim=claim)
+        executor = self.segment_executor(
+            run_id, segment_id=segment_id, epoch=epoch, claim=claim, by=by
+        )
         with self._db.read() as tx:
             current = runs.load(tx, run_id).epoch
         if current != epoch:

@@ -60,13 +60,14 @@ def _amounts(call: Call, name: str, *, required: bool) -> dict[str, int]:
     return {str(u): Call({}, {}, given).amount(u) for u in given}
 
 
-def _held(engine: Engine, call: Call) -> Executor:
+def _held(engine: Engine, who: Principal, call: Call) -> Executor:
     """The segment's executor, from the three values the client holds."""
     return engine.segment_executor(
         call.path["run_id"],
         segment_id=call.needs("segment"),
         epoch=_integer(call, "epoch", 1),
         claim=call.needs("claim"),
+        by=who,
     )
 
 
@@ -102,7 +103,7 @@ def _claim(engine: Engine, who: Principal, call: Call) -> Any:
 
 
 def _renew(engine: Engine, who: Principal, call: Call) -> Any:
-    executor = _held(engine, call)
+    executor = _held(engine, who, call)
     executor.renew_lease()
     return {
         "run_id": executor.run_id,
@@ -113,7 +114,7 @@ def _renew(engine: Engine, who: Principal, call: Call) -> Any:
 
 
 def _release(engine: Engine, who: Principal, call: Call) -> Any:
-    executor = _held(engine, call)
+    executor = _held(engine, who, call)
     executor.release()
     return {"run_id": executor.run_id, "released": True}
 
@@ -136,7 +137,7 @@ def _admit(engine: Engine, who: Principal, call: Call) -> Any:
     execution = _integer(call, "execution") if "execution" in call.body else 0
     window, estimate = _window(call, effect), _amounts(call, "estimate", required=True)
     node_id = call.text("node_id") or ""
-    executor = _held(engine, call)
+    executor = _held(engine, who, call)
     handed = executor.hand(
         call.needs("adapter"),
         call.needs("operation"),
@@ -268,7 +269,7 @@ def _evidence(engine: Engine, who: Principal, call: Call) -> Any:
 
 
 def _start_node(engine: Engine, who: Principal, call: Call) -> Any:
-    executor = _held(engine, call)
+    executor = _held(engine, who, call)
     node_id = call.path["node_id"]
     return {
         "run_id": executor.run_id,
@@ -280,7 +281,7 @@ def _start_node(engine: Engine, who: Principal, call: Call) -> Any:
 def _complete_node(engine: Engine, who: Principal, call: Call) -> Any:
     if "result" not in call.body:
         raise UsageError("result is required (any JSON: it is recorded with its hash)")
-    executor = _held(engine, call)
+    executor = _held(engine, who, call)
     node_id, execution = call.path["node_id"], _integer(call, "execution", 1)
     digest = executor.complete_node(node_id, execution, call.body["result"])
     return {"run_id": executor.run_id, "node_id": node_id, "execution": execution,
@@ -294,7 +295,7 @@ def _finish(engine: Engine, who: Principal, call: Call) -> Any:
     status = call.text("status") or "completed"
     if status not in _ENDS:
         raise UsageError(f"status must be completed or failed, got {status!r}")
-    executor = _held(engine, call)
+    executor = _held(engine, who, call)
     executor.finish(RunStatus(status), call.text("reason"))
     return engine.run(executor.run_id).to_dict()
 
