@@ -932,3 +932,57 @@ def test_cli_piped_into_head_prints_its_first_line_and_nothing_on_stderr(
     assert done.returncode == 0
     assert done.stdout.split() == ["ID", "MISSION_ID", "STATUS", "EPOCH", "OWNER_SEGMENT"]
     assert done.stderr == ""
+
+
+def test_cli_text_shows_amounts_in_the_contracts_units_and_json_keeps_the_integers(
+    engine: charter.Engine,
+    who: Any,
+    adapter: RecordingAdapter,
+    store_address: str,
+    cli: Callable[..., tuple[int, Any]],
+) -> None:
+    """Broken: ``attempts``, ``ledger`` and ``show`` printed ``{'usd': 1250}`` and
+    ``6400`` where the contract says usd is cents of a dollar ("12.50 USD");
+    an overrun's negative balance shows its sign; ``--json`` keeps integers."""
+    mission = engine.create_mission(
+        default_contract(
+            allowance={"usd": 12_000, "calls": 100}, units={"usd": {"scale": 2, "name": "USD"}}
+        ),
+        by=who.alice,
+    )
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    ex.perform(adapter, "read", {"n": 1}, effect_key="r")  # 10.00 USD and a call, settled
+    lost = RecordingAdapter(
+        name="recorder",
+        operations=adapter.operations,
+        costs=adapter.costs,
+        script={"write": _raise},
+    )
+    unknown = ex.perform(lost, "write", {"n": 3}, effect_key="u")  # 50.00 USD held
+    adapter.script["write"] = _overrun  # 90.00 USD spent against a 50.00 USD hold
+    ex.perform(adapter, "write", {"n": 2}, effect_key="o")
+    store = ["--store", store_address]
+
+    code, text = cli("attempts", "--run", ex.run_id, *store)
+    assert code == 0, text
+    assert "1 calls, 10.00 USD" in text and "1 calls, 90.00 USD" in text
+    assert "{" not in text  # no mapping printed raw
+    code, page = cli("attempts", "--run", ex.run_id, *store, "--json")
+    assert sorted(a["estimate"]["usd"] for a in page["items"]) == [1_000, 5_000, 5_000]
+    assert sorted(a["actual"]["usd"] for a in page["items"] if a["actual"]) == [1_000, 9_000]
+
+    code, text = cli("ledger", mission, *store)
+    assert code == 0, text
+    usd = next(line for line in text.splitlines() if line.startswith("usd "))
+    # limit, available (below zero: the overrun), held, spent, overrun
+    assert " ".join(usd.split()[1:]) == "120.00 USD -30.00 USD 50.00 USD 100.00 USD 40.00 USD"
+    calls = next(line for line in text.splitlines() if line.startswith("calls "))
+    assert calls.split()[1:3] == ["100", "calls"]  # no units entry: smallest steps
+    code, data = cli("ledger", mission, *store, "--json")
+    assert {b["unit"]: b["available"] for b in data["balances"]}["usd"] == -3_000
+
+    code, text = cli("show", ex.run_id, *store)
+    held = next(line for line in text.splitlines() if line.startswith(unknown.id))
+    assert code == 0 and "HOLD" in text and "1 calls, 50.00 USD" in held, text
+    code, state = cli("show", ex.run_id, *store, "--json")
+    assert state["attempts"][0]["estimate"] == {"calls": 1, "usd": 5_000}

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from charter import RunStatus
+from charter import RunStatus, show_amounts
 from charter.cli import snapshots
 from charter.errors import AuditError, AuthenticationError, RunTerminal, StateError
 
@@ -57,17 +57,39 @@ def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def amounts_shown(
+    engine: Engine, rows: list[dict[str, Any]], keys: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Copies of ``rows`` (each with its ``mission_id``) whose amount columns
+    ``keys`` read as people read them, in their mission's units ("12.50 USD"):
+    for a table's text only; ``--json`` keeps the integers."""
+    units: dict[str, Any] = {}
+    out = []
+    for row in rows:
+        mission = row["mission_id"]
+        if mission not in units:  # one contract read per mission on the page
+            units[mission] = engine.contract(mission).units
+        shown = {k: show_amounts(row[k], units[mission]) for k in keys if row.get(k) is not None}
+        out.append({**row, **shown})
+    return out
+
+
 def _listing(
-    args: argparse.Namespace, rows: list[dict[str, Any]], key: str, columns: Sequence[str]
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    key: str,
+    columns: Sequence[str],
+    shown: list[dict[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], str]:
     """One page: ``{"items": [...], "next": CURSOR | null}`` and its table.
 
     Handlers read one row more than the page: the page after exists when it came.
-    ``next`` is the last row's keyset position, ``TIME:ID``.
+    ``next`` is the last row's keyset position, ``TIME:ID``. ``shown``: the
+    page's rows as the table prints them, when they differ from the data.
     """
     page = rows[: args.limit]
     after = f"{page[-1][key]}:{page[-1]['id']}" if len(rows) > args.limit else None
-    text = table(page, columns)
+    text = table(page if shown is None else shown[: args.limit], columns)
     if after is not None:
         text += f"\n(more: add --after {after} for the next page)"
     return {"items": page, "next": after}, text
@@ -90,7 +112,12 @@ def _runs(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _show(engine: Engine, args: argparse.Namespace) -> Any:
-    state = engine.coordinator.state(args.run).to_dict()
+    recovery = engine.coordinator.state(args.run)
+    state = recovery.to_dict()
+    unresolved = [
+        {**a, "hold": show_amounts(a["estimate"], recovery.contract.units)}
+        for a in state["attempts"]
+    ]
     state["graph"] = graph(state["nodes"], engine.plan_versions(args.run))
     linked = f"linked from: {state['linked_from']}\n" if state["linked_from"] else ""
     text = (
@@ -99,7 +126,7 @@ def _show(engine: Engine, args: argparse.Namespace) -> Any:
         f"reason: {state['status_reason'] or '-'}\n{linked}"
         f"nodes:\n{_drawn(state['graph'])}\n"
         f"unresolved attempts:\n"
-        f"{table(state['attempts'], ['id', 'adapter', 'operation', 'status', 'reason'])}\n"
+        f"{table(unresolved, ['id', 'adapter', 'operation', 'status', 'hold', 'reason'])}\n"
         f"settled: {state['settled_counts'] or '{}'}"
     )
     return state, text
@@ -163,7 +190,8 @@ def _attempts(engine: Engine, args: argparse.Namespace) -> Any:
     )
     rows = [a.to_dict() for a in found]
     columns = ["id", "run_id", "adapter", "operation", "status", "estimate", "actual"]
-    return _listing(args, rows, "prepared_at_us", columns)
+    shown = amounts_shown(engine, rows[: args.limit], ["estimate", "actual"])
+    return _listing(args, rows, "prepared_at_us", columns, shown)
 
 
 def _recover(engine: Engine, args: argparse.Namespace) -> Any:
@@ -335,7 +363,10 @@ def _ledger(engine: Engine, args: argparse.Namespace) -> Any:
     balances = engine.balances(args.mission)
     problems = engine.check_ledger(args.mission)
     rows = [{"unit": u, **b.__dict__} for u, b in balances.items()]
-    text = table(rows, ["unit", "limit", "available", "held", "spent", "overrun"])
+    units = engine.contract(args.mission).units
+    accounts = ["limit", "available", "held", "spent", "overrun"]
+    shown = [{**r, **{k: show_amounts({r["unit"]: r[k]}, units) for k in accounts}} for r in rows]
+    text = table(shown, ["unit", *accounts])
     text += "\nledger check: " + ("ok" if not problems else "; ".join(problems))
     return {"mission_id": args.mission, "balances": rows, "problems": problems}, text
 
