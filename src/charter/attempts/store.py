@@ -379,3 +379,35 @@ def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
 def restore(tx: Tx, tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
     tx.copy("INSERT INTO attempts", tables["attempts"])
     tx.copy("INSERT INTO evidence", tables["evidence"])
+
+
+# -- search: a bounded window of the newest attempts ---------------------------------------
+
+
+def search_window(tx: Tx, pattern: str, key: str, *, before: str, scan: int) -> list[Row]:
+    """The ``scan`` attempts before the ID ``before``, newest first (read on the
+    primary key: IDs sort by creation), each with ``hit`` 1 when its effect key is
+    ``key`` or its ID or recorded request holds the lower-case LIKE ``pattern``
+    (escaped with ``!``). Only the window's IDs come back, never its requests."""
+    return tx.all(
+        "SELECT id, CASE WHEN effect_key = ? OR LOWER(effect_key) LIKE ? ESCAPE '!' "
+        "OR id LIKE ? ESCAPE '!' OR LOWER(request) LIKE ? ESCAPE '!' THEN 1 ELSE 0 END AS hit "
+        "FROM attempts WHERE id < ? ORDER BY id DESC LIMIT ?",
+        key,
+        pattern,
+        pattern,
+        pattern,
+        before,
+        scan,
+    )
+
+
+def load_many(tx: Tx, attempt_ids: Sequence[str]) -> list[Attempt]:
+    """The attempts with these IDs, in the order given (by the primary key)."""
+    if not attempt_ids:
+        return []
+    marks = ", ".join("?" * len(attempt_ids))
+    rows = {
+        r["id"]: r for r in tx.all(f"SELECT * FROM attempts WHERE id IN ({marks})", *attempt_ids)
+    }
+    return [from_row(rows[i]) for i in attempt_ids if i in rows]

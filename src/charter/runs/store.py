@@ -426,3 +426,15 @@ def begin(
             tx.now_us,
         )
     return bool(begun)
+
+
+def by_id_prefix(tx: Tx, prefix: str, *, limit: int) -> list[Run]:
+    """The newest ``limit`` runs whose ID starts with ``prefix``: a range on the
+    primary key (IDs are ASCII, so ``~`` sorts after every character they use)."""
+    rows = tx.all(
+        f"SELECT {_COLUMNS} FROM runs WHERE id >= ? AND id < ? ORDER BY id DESC LIMIT ?",
+        prefix,
+        prefix + "~",
+        limit,
+    )
+    return [from_row(r) for r in rows if r["id"].startswith(prefix)]

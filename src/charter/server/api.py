@@ -144,6 +144,14 @@ def _attempts(engine: Engine, who: Principal, call: Call) -> Any:
     return listing([a.to_dict() for a in found], size, "prepared_at_us")
 
 
+def _search(engine: Engine, who: Principal, call: Call) -> Any:
+    """Runs and attempts matching ``q`` (engine.search: a bounded window a call);
+    ``next`` is the ``before`` of the next window."""
+    return engine.search(
+        call.text("q") or "", limit=limit(call.text("limit")), before=call.text("before")
+    )
+
+
 def _attempt(engine: Engine, who: Principal, call: Call) -> Any:
     attempt = engine.get_attempt(call.path["attempt_id"]).to_dict()
     evidence = engine.evidence(attempt["id"])
@@ -341,6 +349,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
       body={"reason": "string"}),
     E("GET", "/attempts", "attempts", "List attempts", "credential", _attempts,
       ("run", "mission", "unresolved", *_PAGE)),
+    E("GET", "/search", "search",
+      "Runs and attempts by a business key: an effect key, a request value, an ID prefix",
+      "credential", _search, ("q", "before", "limit")),
     E("GET", "/attempts/{attempt_id}", "attempt",
       "An attempt with its evidence and next safe action", "credential", _attempt),
     E("POST", "/attempts/{attempt_id}/reconcile", "reconcile",

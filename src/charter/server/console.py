@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from charter import CharterError
 from charter.errors import AuthenticationError
-from charter.server import pages
+from charter.server import pages, search
 from charter.server.api import ENDPOINTS, Call
 from charter.server.auth import (
     SESSION_COOKIE,
@@ -330,6 +330,7 @@ def routes(
         Route("/console/runs/{run_id}", c.page(pages.run, "run.html", "runs")),
         Route("/console/ledger", c.page(pages.ledger, "ledger.html", "ledger")),
         Route("/console/audit", c.page(pages.audit, "audit.html", "audit")),
+        Route("/console/search", c.page(search.search, "search.html", "search")),
         Route("/console/approvals/{approval_id}/approve", c.form("approve"), methods=post),
         Route("/console/approvals/{approval_id}/deny", c.form("deny"), methods=post),
         Route("/console/attempts/{attempt_id}/reconcile", c.form("reconcile"), methods=post),
