@@ -19,6 +19,7 @@ import {
   NeedsIntervention,
   NotApplied,
   Segment,
+  UsageError,
 } from "../src/index.js";
 import type { Dispatch, Outcome } from "../src/index.js";
 import { Payments, type Bill } from "../examples/payments.js";
@@ -43,6 +44,11 @@ describe("ctx.attempt", () => {
     const agent = as("agent");
     const segment = await Segment.start(agent, world.mission, `ts-${uniq()}`, { week: "W49" });
     assert.equal(segment.epoch, 1);
+    // Executions are small numbers: by default the segment's epoch (the server reads an
+    // effect's attempts execution by execution, so a clock reading would cost it dearly).
+    assert.equal(segment.node("pay").execution, 1);
+    assert.throws(() => segment.node("pay", -1), UsageError);
+    assert.throws(() => segment.node("pay", 1.5), UsageError);
     const reference = `inv-${uniq()}`;
     const paid = (await segment.node("pay").attempt(payments, "pay", bill(reference), { key: reference })) as { id: string };
     const [record] = await world.payments(reference);
@@ -104,7 +110,8 @@ describe("ctx.attempt", () => {
     assert.equal(sent, 0);
     assert.equal((await world.payments(reference)).length, 0, "the sandbox never saw it");
     const { items } = await as("agent").attempts({ run: segment.runId });
-    assert.ok(items.length >= 1 && items.every((a) => a.status === "failed"), JSON.stringify(items.map((a) => a.status)));
+    assert.deepEqual(items.map((a) => a.status), ["failed"], "one attempt, settled not applied, never retried blindly");
+    assert.ok(Object.values(items[0]?.actual ?? {}).every((v) => v === 0), "at no cost (A3)");
     await segment.release();
   });
 });
