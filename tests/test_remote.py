@@ -396,3 +396,49 @@ def test_X1_claiming_and_a_segments_calls_need_their_rights_a_claim_is_no_right(
     assert taken["epoch"] == 2
     sent = desk.ok("bob", f"/runs/{other['run_id']}/attempts", effect(taken))
     assert desk.engine.get_attempt(sent["attempt_id"]).principal == "agent"
+
+
+def test_X1_a_client_killed_mid_send_is_recovered_reconciled_and_replayed_not_resent(
+    desk: Desk, clock: charter.ManualClock
+) -> None:
+    """Broken X1/R1-R9 with a real process: a client SIGKILLed after it was told
+    to send leaves a run a new segment cannot carry on, or whose payment is sent
+    again, or whose node starts a new execution (its effects would be new)."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("_remote_client.py")
+    with subprocess.Popen(
+        [sys.executable, str(script), desk.base, desk.creds["agent"], desk.mission],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:
+        try:
+            assert child.stdout is not None
+            told = json.loads(child.stdout.readline())
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(30)
+    run, attempt_id = told["run"], told["order"]["attempt_id"]
+    assert told["order"]["action"] == "send"
+    assert desk.engine.get_attempt(attempt_id).status is charter.AttemptStatus.DISPATCHED
+    clock.advance(31)  # its lease runs out by the store's clock
+    state = desk.ok("agent", f"/runs/{run}/recover", {"segment": "py-2"})
+    assert state["unresolved"] == [attempt_id]
+    found = {"verdict": "applied", "outcome": {"status": "succeeded", "cost": {"usd": 5_000},
+             "result": {"transfer": "tr_9"}, "receipt": {"id": "tr_9"}}}  # fmt: skip
+    desk.ok("agent", f"/attempts/{attempt_id}/evidence", found)
+    desk.ok("alice", f"/attempts/{attempt_id}/confirm", {})
+    again = desk.ok("agent", f"/runs/{run}/claim", {"segment": "py-2"})
+    seg = held(again)
+    node = desk.ok("agent", f"/runs/{run}/nodes/n1/start", seg)
+    assert node["execution"] == told["execution"]  # the same execution, continued
+    replay = desk.ok("agent", f"/runs/{run}/attempts", effect(again, execution=node["execution"]))
+    assert (replay["action"], replay["result"]) == ("replay", {"transfer": "tr_9"})
+    desk.ok("agent", f"/runs/{run}/nodes/n1/complete", {**seg, "execution": 1, "result": "tr_9"})
+    assert desk.ok("agent", f"/runs/{run}/finish", seg)["status"] == "completed"
+    assert [a.id for a in desk.engine.attempts(run_id=run)] == [attempt_id]
+    assert spent(desk.engine, desk.mission)["usd"] == (5_000, 0)
