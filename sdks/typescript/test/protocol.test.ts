@@ -19,6 +19,7 @@ import {
   NeedsIntervention,
   NotApplied,
   Segment,
+  StateError,
   UsageError,
 } from "../src/index.js";
 import type { Dispatch, Outcome } from "../src/index.js";
@@ -158,6 +159,40 @@ describe("claims", () => {
     for (const invoice of week) assert.equal((await world.payments(invoice)).length, 1, `${invoice} paid once`);
     await continued.release();
     await assert.rejects(crashed.renew(), Fenced);
+  });
+
+  test("R7_reconcile_with_the_clients_adapter_records_what_its_lookup_found_and_nothing_else", async () => {
+    const segment = await Segment.start(as("agent"), world.mission, `ts-${uniq()}`);
+    const reference = `inv-${uniq()}`;
+    await world.fault("drop_after_apply", { reference });
+    await assert.rejects(segment.node("pay").attempt(payments, "pay", bill(reference), { key: reference }), Blocked);
+    const ops = as("ops");
+    const { unresolved } = await ops.coordinator.recover(segment.runId, `ts-${uniq()}`, { force: true });
+    const [lost] = unresolved as [string];
+    const evidence = async (): Promise<string[]> => (await ops.attempt(lost)).evidence.map((e) => e.verdict);
+    const before = await evidence();
+    // Another adapter's lookup proves nothing about this attempt: refused before anything is recorded.
+    const other = Object.assign(Object.create(payments) as Payments, { name: "bank" });
+    await assert.rejects(ops.coordinator.reconcile(lost, other), StateError);
+    assert.deepEqual(await evidence(), before);
+    // A lookup that fails is recorded as indeterminate, never as a verdict.
+    await world.fault("lookups_unavailable");
+    const unsure = await ops.coordinator.reconcile(lost, payments);
+    assert.equal(unsure.verdict, "indeterminate");
+    assert.equal(unsure.status, "unknown");
+    const broken = Object.assign(Object.create(payments) as Payments, {
+      lookup: async (): Promise<never> => {
+        throw new Error("lookup crashed");
+      },
+    });
+    const crashed = await ops.coordinator.reconcile(lost, broken);
+    assert.equal(crashed.verdict, "indeterminate");
+    assert.deepEqual(crashed.detail, { lookup_error: "Error: lookup crashed" });
+    const found = await ops.coordinator.reconcile(lost, payments);
+    assert.equal(found.verdict, "applied");
+    assert.deepEqual(await evidence(), [...before, "indeterminate", "indeterminate", "applied"]);
+    assert.equal((await ops.coordinator.confirm(lost)).status, "succeeded");
+    assert.equal((await world.payments(reference)).length, 1);
   });
 
   test("A3_a_dispatch_that_proves_nothing_was_sent_settles_failed_at_no_cost", async () => {
