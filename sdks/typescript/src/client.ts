@@ -8,7 +8,7 @@
 
 import { CharterError, TransportError, fromAnswer } from "./errors.js";
 import { Coordinator } from "./coordinator.js";
-import type { Attempt, AttemptDetail, Page, Run } from "./records.js";
+import type { Attempt, AttemptDetail, Page, Run, RunStatus } from "./records.js";
 
 export interface CharterOptions {
   /** Where the server is, e.g. `http://127.0.0.1:8765` (with or without `/api/v1`). */
@@ -45,8 +45,14 @@ export class Charter {
     return (await this.request("GET", "/me")) as { principal: string };
   }
 
-  async run(runId: string): Promise<Run> {
-    return (await this.request("GET", `/runs/${seg(runId)}`)) as Run;
+  /** Runs, newest page first by creation (`next` is the cursor of the page after). */
+  async runs(query: { mission?: string; status?: RunStatus; limit?: number; after?: string } = {}): Promise<Page<Run>> {
+    return (await this.request("GET", "/runs", undefined, query)) as Page<Run>;
+  }
+
+  /** A run's waits: approvals pending, expired and flagged, timers, questions. */
+  async waits(runId: string): Promise<{ run_id: string; status: RunStatus; waits: Record<string, unknown>[] }> {
+    return (await this.request("GET", `/runs/${seg(runId)}/waits`)) as { run_id: string; status: RunStatus; waits: Record<string, unknown>[] };
   }
 
   async attempt(attemptId: string): Promise<AttemptDetail> {

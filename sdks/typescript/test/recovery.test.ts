@@ -188,6 +188,19 @@ describe("the client", () => {
     });
   });
 
+  test("K1_submit_queues_a_run_of_a_plan_and_the_listing_and_waits_show_it", async () => {
+    const agent = as("agent");
+    const run = await agent.submit(world.mission, "ts_fixture:week", { invoices: [] });
+    assert.equal(run.status, "queued");
+    const { items } = await agent.runs({ mission: world.mission, status: "queued" });
+    assert.deepEqual(items.map((r) => r.id), [run.id]);
+    const waits = await agent.waits(run.id);
+    assert.equal(waits.run_id, run.id);
+    assert.deepEqual(waits.waits, []);
+    await assert.rejects(agent.submit(world.mission, "ts_fixture:week", [] as unknown as Record<string, unknown>), UsageError);
+    assert.equal((await agent.runs({ mission: world.mission, status: "queued" })).items.length, 1, "the refused one queued nothing");
+  });
+
   test("me names the principal the credential proves", async () => {
     assert.deepEqual(await as("monitor").me(), { principal: "monitor" });
   });
