@@ -9,6 +9,7 @@ people decide is in :mod:`~charter.engine.decisions`.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from charter import ledger
@@ -61,6 +62,17 @@ class Reads:
     def run(self, run_id: str) -> Run:
         with self._db.read() as tx:
             return runs.load(tx, run_id)
+
+    def run_input(self, run_id: str) -> Any:
+        """The input the run was started with (decoded from its JSON), or ``None``
+        when it was started without one: what its first nodes read, shown beside
+        their outputs when an operator reads what the run did. An unknown run is
+        :class:`~charter.errors.NotFound`."""
+        with self._db.read() as tx:
+            runs.load(tx, run_id)
+            row = run_store.recorded_plan(tx, run_id)
+        text = None if row is None else row["input"]
+        return None if text is None else json.loads(text)
 
     def runs(
         self,

@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from charter import CharterError
 from charter.errors import AuthenticationError
-from charter.server import pages, search
+from charter.server import pages, search, story
 from charter.server.api import ENDPOINTS, Call
 from charter.server.auth import (
     SESSION_COOKIE,
@@ -81,6 +81,8 @@ def _environment() -> Environment:
     env.filters["run_rows"] = pages.run_rows
     env.filters["timeline_rows"] = pages.timeline_rows
     env.filters["pretty"] = pages.pretty
+    env.filters["folded"] = story.folded
+    env.filters["took"] = story.took
     env.filters["json"] = lambda v: json.dumps(v, sort_keys=True, default=str)
     # Compiled now, not by the first requests: they would wait for it, each
     # worker's first visitors would, and so would everyone queued behind them.

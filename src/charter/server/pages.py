@@ -19,6 +19,7 @@ from markupsafe import Markup
 
 from charter import RunStatus
 from charter.errors import UsageError
+from charter.server import story
 from charter.server.wire import PAGE, listing, next_action, position, whole
 
 if TYPE_CHECKING:
@@ -112,9 +113,11 @@ def runs(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
 
 
 def run(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
-    """The run's state, attempts and waits, and the newest page of its audit
-    timeline (``?before=SEQ``: the page before that event), with the cursor of
-    the page before it (``older``, or empty when it is the first)."""
+    """The run's story (:mod:`charter.server.story`): its state and the next safe
+    step as it stands now, its input, node executions, attempts with their
+    evidence, waits, takeovers and people's decisions, and the newest page of
+    its audit timeline (``?before=SEQ``: the page before that event), with the
+    cursor of the page before it (``older``, or empty when it is the first)."""
     run_id = path["run_id"]
     before = query.get("before")
     state = engine.coordinator.state(run_id).to_dict()
@@ -123,11 +126,19 @@ def run(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
         before=None if not before else whole(before, "before", 1),
         limit=TIMELINE_ROWS + 1,
     )
+    shown = timeline[-TIMELINE_ROWS:]
+    attempts = story.attempts(engine, run_id)
     return {
         "state": state,
-        "attempts": [a.to_dict() for a in engine.attempts(run_id=run_id)],
+        "next_step": story.next_step(state, attempts),
+        "ended": state["status"] in story.ENDED,
+        "input": engine.run_input(run_id),
+        "nodes": story.nodes(engine, run_id),
+        "attempts": attempts,
         "approvals": [a.to_dict() for a in engine.approvals(run_id=run_id)],
-        "timeline": timeline[-TIMELINE_ROWS:],
+        "takeovers": story.takeovers(shown),
+        "decisions": story.decisions(shown),
+        "timeline": shown,
         "older": timeline[1]["seq"] if len(timeline) > TIMELINE_ROWS else "",
     }
 
@@ -165,10 +176,14 @@ def timeline_rows(events: list[dict[str, Any]]) -> Markup:
         actor, kind, entity, before, after, payload = cells[6 * n : 6 * n + 6]
         refusal = "refusal" if e["kind"].endswith("refused") else ""
         change = before + (f" → {after}" if after else "")
+        if len(payload) > story.FOLD_CHARS:  # long payloads folded, pretty-printed when opened
+            payload = str(story.folded(story.decoded(e["payload"])))
+        else:
+            payload = f"<code>{payload}</code>"
         rows.append(
             f'<tr class="{refusal}" data-seq="{int(e["seq"])}"><td>{int(e["seq"])}</td>'
             f"<td>{when(e['at_us'])}</td><td>{actor}</td><td>{kind}</td><td>{entity}</td>"
-            f"<td>{change}</td><td><code>{payload}</code></td></tr>\n"
+            f"<td>{change}</td><td>{payload}</td></tr>\n"
         )
     return Markup("".join(rows))
 
