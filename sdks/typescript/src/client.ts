@@ -63,6 +63,16 @@ export class Charter {
     return (await this.request("GET", "/attempts", undefined, query)) as Page<Attempt>;
   }
 
+  /** Approve a pending approval (needs `approve`; the engine may require another person's eyes). */
+  async approve(approvalId: string): Promise<{ approval_id: string; status: string }> {
+    return (await this.request("POST", `/approvals/${seg(approvalId)}/approve`)) as { approval_id: string; status: string };
+  }
+
+  /** Deny a pending approval: its attempt is voided and never sent. */
+  async deny(approvalId: string): Promise<{ approval_id: string; status: string }> {
+    return (await this.request("POST", `/approvals/${seg(approvalId)}/deny`)) as { approval_id: string; status: string };
+  }
+
   /** Queue a run of `plan` (its `module:attribute` reference) for a worker (K1). */
   async submit(missionId: string, plan: string, input?: Record<string, unknown>, queue?: string): Promise<Run> {
     const body: Record<string, unknown> = { mission_id: missionId, plan };

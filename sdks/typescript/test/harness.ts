@@ -41,19 +41,28 @@ export interface Payment {
   [field: string]: unknown;
 }
 
+interface Fixture {
+  mission: string;
+  approvals_mission: string;
+  credentials: Record<string, string>;
+}
+
 export class World {
   readonly home: string;
   readonly url: string;
   readonly sandbox: string;
   readonly mission: string;
+  /** A mission whose payments each need an approval (W2). */
+  readonly approvalsMission: string;
   readonly credentials: Record<string, string>;
   readonly #children: ChildProcess[];
 
-  constructor(home: string, url: string, sandbox: string, fixture: { mission: string; credentials: Record<string, string> }, children: ChildProcess[]) {
+  constructor(home: string, url: string, sandbox: string, fixture: Fixture, children: ChildProcess[]) {
     this.home = home;
     this.url = url;
     this.sandbox = sandbox;
     this.mission = fixture.mission;
+    this.approvalsMission = fixture.approvals_mission;
     this.credentials = fixture.credentials;
     this.#children = children;
   }
@@ -117,7 +126,7 @@ export async function startWorld(): Promise<World> {
     const sandbox = (JSON.parse(await firstLine(sandboxChild)) as { url: string }).url;
     const env = { ...process.env, PYTHONPATH: FIXTURES, CHARTER_TS_SANDBOX: sandbox };
     const { stdout } = await run(PYTHON, [join(FIXTURES, "ts_fixture.py"), "prepare", home, sandbox], { env });
-    const fixture = JSON.parse(stdout) as { mission: string; credentials: Record<string, string> };
+    const fixture = JSON.parse(stdout) as Fixture;
     const port = await freePort();
     const server = spawn(
       CHARTER,

@@ -11,6 +11,7 @@ import { after, before, describe, test } from "node:test";
 
 import {
   AllowanceExceeded,
+  ApprovalRequired,
   AttemptFailed,
   Blocked,
   Charter,
@@ -79,6 +80,32 @@ describe("ctx.attempt", () => {
     // The same node asks again: blocked on the record, nothing sent.
     await assert.rejects(segment.node("pay", 2).attempt(payments, "pay", bill(reference), { key: reference }), Blocked);
     assert.equal((await world.payments(reference)).length, 1);
+  });
+
+  test("W2_an_effect_waits_for_its_approval_then_the_same_attempt_is_sent_once", async () => {
+    const segment = await Segment.start(as("agent"), world.approvalsMission, `ts-${uniq()}`);
+    const reference = `inv-${uniq()}`;
+    const ctx = segment.node("pay");
+    const waiting = await ctx.attempt(payments, "pay", bill(reference), { key: reference }).then(
+      () => assert.fail("sent without its approval"),
+      (error: unknown) => error,
+    );
+    assert.ok(waiting instanceof ApprovalRequired, String(waiting));
+    const { approval_id: approval, attempt_id: attempt } = waiting.details as { approval_id: string; attempt_id: string };
+    assert.equal((await world.payments(reference)).length, 0, "nothing sent before the approval");
+    assert.equal((await as("ops").approve(approval)).status, "approved");
+    await ctx.attempt(payments, "pay", bill(reference), { key: reference });
+    const { items } = await as("agent").attempts({ run: segment.runId });
+    assert.deepEqual(items.map((a) => [a.id, a.status]), [[attempt, "succeeded"]], "the same attempt, sent once");
+    assert.equal((await world.payments(reference)).length, 1);
+    // A denied one is voided and never sent.
+    const denied = `inv-${uniq()}`;
+    const refused = await ctx.attempt(payments, "pay", bill(denied), { key: denied }).catch((e: unknown) => e);
+    assert.ok(refused instanceof ApprovalRequired);
+    await as("ops").deny((refused.details as { approval_id: string }).approval_id);
+    await assert.rejects(ctx.attempt(payments, "pay", bill(denied), { key: denied }), AttemptFailed);
+    assert.equal((await world.payments(denied)).length, 0);
+    await segment.release();
   });
 
   test("L3_an_estimate_over_the_allowance_is_refused_and_nothing_is_sent", async () => {

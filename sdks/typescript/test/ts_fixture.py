@@ -5,13 +5,15 @@ the runs the tests recover, made through Charter's public Python API.
     python ts_fixture.py lost DIR [LEASE_SECONDS]  # a run whose payment is UNKNOWN: one JSON line
 
 ``prepare`` writes ``DIR/charter.db`` and ``DIR/charter.toml`` (the credentials'
-digests, the payments adapter by reference) and prints the mission and each
-principal's ``NAME:SECRET``. ``lost`` starts a run of :data:`week` that pays the
-week's invoices through the payments sandbox with the sandbox armed to apply the
-first payment and drop its answer: the attempt is UNKNOWN, the run blocked, this
-process gone; what the tests recover is real. Its owner's lease is
-``LEASE_SECONDS`` (default 1): a test waits it out, or finds it held. The server
-started over the same store imports this module (``PYTHONPATH``) to build the adapter and the plan.
+digests, the payments adapter by reference) and prints the mission, a second
+one whose payments need an approval, and each principal's ``NAME:SECRET``.
+
+``lost`` starts a run of :data:`week` that pays the week's invoices through the
+payments sandbox, armed to apply the first payment and drop its answer: the
+attempt is UNKNOWN, the run blocked, this process gone; what the tests recover
+is real. Its owner's lease is ``LEASE_SECONDS`` (default 1): a test waits it
+out, or finds it held. The server started over the same store imports this
+module (``PYTHONPATH``) to build the adapter and the plan.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def contract() -> dict[str, Any]:
         "objective": "pay the week's invoices",
         "principals": {
             "agent": {"run": ["payments.*"]},
-            "ops": {"run": ["payments.*"], "resolve": ["*"], "stop": ["*"]},
+            "ops": {"run": ["payments.*"], "resolve": ["*"], "stop": ["*"], "approve": ["*"]},
             "monitor": {"recover": ["*"], "reconcile": ["payments.*"]},
             "visitor": ["consume"],
         },
@@ -86,7 +88,13 @@ def prepare(home: Path, sandbox: str) -> dict[str, Any]:
     with open_engine(home) as engine:
         ops = engine.authenticate(pairs["ops"][0])
         mission = engine.create_mission(contract(), by=ops)
-    found = {"mission": mission, "credentials": {n: c for n, (c, _) in pairs.items()}}
+        gated = {**contract(), "approvals": {"required": ["payments.pay"], "ttl_seconds": 600}}
+        approvals = engine.create_mission(gated, by=ops)
+    found = {
+        "mission": mission,
+        "approvals_mission": approvals,
+        "credentials": {n: c for n, (c, _) in pairs.items()},
+    }
     (home / "fixture.json").write_text(json.dumps(found))
     return found
 
