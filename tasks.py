@@ -5,6 +5,7 @@
     python3 tasks.py test --quick   # the inner loop: both stores, no fault injection, no browser
     python3 tasks.py faults [--long]   # the fault-injection tests alone; --long: more of them
     python3 tasks.py simulate [--long] [--seed N] [--seeds N] [--steps N] [--backend NAME]
+    python3 tasks.py screenshots   # the console's screenshots in docs/ (headless Chromium)
 
 Needs only Python 3.11+ (and, for installing, access to a package index). The
 tests run on SQLite and on PostgreSQL: ``test`` starts a throwaway PostgreSQL
@@ -133,6 +134,16 @@ def simulate() -> None:
     pytest([target, "-s", "-q", *select], env)
 
 
+def screenshots() -> None:
+    """The console's screenshots that docs/console.md shows (the inbox, the queue,
+    a run's page, and any other page a browser test shoots), taken again by the
+    browser tests on SQLite and written to docs/."""
+    ensure_venv("test")
+    env = {**os.environ, "CHARTER_DOCS_SCREENSHOTS": "1"}
+    env.pop("CHARTER_TEST_POSTGRES_URL", None)  # one store: each picture once
+    run(PY, "-m", "pytest", "tests/test_browser.py", "-q", "-p", "no:cacheprovider", env=env)
+
+
 def pytest(
     args: list[str], extra: dict[str, str] | None = None, *, beside: list[str] | None = None
 ) -> None:
@@ -190,7 +201,13 @@ def suite(args: list[str], env: dict[str, str], beside: list[str]) -> None:
 if __name__ == "__main__":
     if sys.version_info < (3, 11):  # noqa: UP036 - this file must run on any python3
         raise SystemExit("Charter needs Python 3.11 or newer")
-    tasks = {"demo": demo, "test": test, "faults": faults, "simulate": simulate}
+    tasks = {
+        "demo": demo,
+        "test": test,
+        "faults": faults,
+        "simulate": simulate,
+        "screenshots": screenshots,
+    }
     if len(sys.argv) < 2 or sys.argv[1] not in tasks:
         raise SystemExit(f"usage: python3 tasks.py {{{'|'.join(tasks)}}} [pytest args]")
     tasks[sys.argv[1]]()

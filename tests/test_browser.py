@@ -125,7 +125,6 @@ def test_W2_operator_approves_the_exact_request_in_the_inbox_and_the_run_complet
     worker.join(15)
     page.goto(f"/console/runs/{run_id}")
     page.wait_for_selector("#run-status:text-is('completed')")
-    shot(page, "run", tmp_path)
     assert desk.run(run_id).status is charter.RunStatus.COMPLETED
     assert [s.request for s in _desk.ADAPTER.sent] == [{"to": "ACME Corp", "amount": 4200}]
 
@@ -185,3 +184,77 @@ def test_P1_principal_without_approve_is_refused_and_the_refusal_is_in_the_timel
     row = page.locator("#timeline tr.refusal")
     assert "mallory" in row.inner_text() and "authorization.refused" in row.inner_text()
     assert desk.approval(approval.id).status.value == "pending"
+
+
+def test_R8_operator_reads_an_unknown_payments_evidence_resolves_it_and_watches_the_run_go_on(
+    desk: charter.Engine,
+    who: Principals,
+    page: Any,
+    creds: tuple[dict[str, str], dict[str, str]],
+    tmp_path: Path,
+) -> None:
+    """Broken R8 on the run page: an UNKNOWN payment's evidence is not shown as
+    fields, resolving it there does not settle it, the next safe action still
+    says to reconcile or resolve, or the page does not follow the run on without
+    a reload (and keeps polling once it ended)."""
+
+    def lost(send: charter.Dispatch) -> charter.Outcome:
+        raise TimeoutError("connection reset after the request was sent")
+
+    _desk.ADAPTER.script["write"] = lost
+    mission = desk.create_mission(CONTRACT, by=who.alice)
+    ex = desk.start_run(
+        mission,
+        by=who.agent,
+        segment_id="worker-1",
+        plan=_desk.pay_anyway_plan,
+        input={"to": "ACME Corp", "amount": 4200, "invoice": "INV-2291"},
+    )
+    with pytest.raises(charter.Blocked):
+        ex.execute()
+    run_id = ex.run_id
+    [attempt] = desk.attempts(run_id=run_id)
+    _desk.ADAPTER.script.clear()
+    _desk.ADAPTER.evidence[attempt.id] = charter.Evidence.indeterminate(
+        {"invoice": "INV-2291", "bank": "transfer pending at the bank"}
+    )
+    go = threading.Event()
+
+    def worker() -> None:  # carries the run on once a person settled the payment
+        if go.wait(20):
+            desk.coordinator.resume(run_id, "worker-1", by=who.agent).execute()
+
+    carrier = threading.Thread(target=worker, daemon=True)
+    carrier.start()
+    sign_in(page, creds[0]["alice"])
+    page.goto(f"/console/runs/{run_id}")
+    card = page.locator(f"#{attempt.id}")
+    assert "unknown" in card.locator(".status").first.inner_text()
+    assert "reconcile: ask the target" in page.locator("#next-step").inner_text()
+    card.get_by_role("button", name="Reconcile").click()
+    page.wait_for_selector("text=for evidence and record it: indeterminate")
+    card = page.locator(f"#{attempt.id}")
+    evidence = card.locator(".evidence dl.fields").first
+    assert "invoice" in evidence.locator("dt").all_inner_texts()
+    assert "INV-2291" in evidence.inner_text()
+    assert "evidence is indeterminate" in page.locator("#next-step").inner_text()
+    shot(page, "run", tmp_path)
+    card.locator("input[name=evidence]").fill("bank statement line 14: INV-2291 paid")
+    card.locator("input[name='cost.usd']").fill("5000")
+    card.locator("input[name='cost.calls']").fill("1")
+    card.get_by_role("button", name="Resolve").click()
+    page.wait_for_selector("text=as a person, with evidence: succeeded")
+    assert page.locator("#run-status").inner_text() == "needs_intervention"
+    assert "is settled: resume the run" in page.locator("#next-step").inner_text()
+    page.evaluate("window.stayed = true")  # gone if the page is loaded again
+    go.set()
+    page.wait_for_selector("#run-status:text-is('completed')")
+    assert page.evaluate("window.stayed") is True  # followed without a reload
+    assert "never reopened" in page.locator("#next-step").inner_text()
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url))
+    page.wait_for_timeout(2_500)
+    assert not asked  # an ended run's page stops polling
+    carrier.join(10)
+    assert desk.get_attempt(attempt.id).status is charter.AttemptStatus.SUCCEEDED
+    assert len(_desk.ADAPTER.sent) == 1  # sent once, never again on a guess
