@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -541,3 +542,156 @@ def test_K3_the_inbox_shows_the_runs_that_wait_for_a_person(
     assert str(paused.status_reason) in page
     assert f'id="stuck-{calm.run_id}"' not in page
     assert f'id="stuck-{ex.run_id}"' not in page  # stopped: nothing left to decide
+
+
+# -- amounts in the contract's units, times relative, reconcile all ----------------------
+
+DOLLARS = default_contract(
+    allowance={"usd": 1_000_000, "calls": 100},
+    units={"usd": {"scale": 2, "name": "USD"}},
+    approvals={"required": ["recorder.write"], "ttl_seconds": 60},
+)
+
+
+def _lost(send: charter.Dispatch) -> charter.Outcome:
+    raise TimeoutError("connection reset after the request was sent")
+
+
+def uncertain(desk: charter.Engine, who: Principals, mission: str, n: int) -> list[str]:
+    """``n`` runs of ``pay_plan`` whose payment was sent and its answer lost: each
+    an UNKNOWN attempt in the reconciliation queue. Their attempts' IDs."""
+    _desk.ADAPTER.script["write"] = _lost
+    ids = []
+    for k in range(n):
+        ex = desk.start_run(
+            mission,
+            by=who.agent,
+            segment_id=f"u{k}",
+            plan=_desk.pay_plan,
+            input={"to": k, "amount": 1},
+        )
+        with pytest.raises(charter.Blocked):
+            ex.execute()
+        ids += [a.id for a in desk.attempts(run_id=ex.run_id)]
+    return ids
+
+
+def posted(http: httpx.Client, path: str, fields: list[tuple[str, str]]) -> httpx.Response:
+    """A form posted with repeated fields (``attempt=A&attempt=B``), as a browser does."""
+    body = "&".join(f"{quote(k)}={quote(v)}" for k, v in fields)
+    kind = {"content-type": "application/x-www-form-urlencoded"}
+    return http.post(path, content=body, headers=kind)
+
+
+def test_console_pages_show_amounts_in_the_contracts_units(
+    desk: charter.Engine,
+    base: str,
+    who: Principals,
+    creds: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    """Broken: the inbox, the queue and the ledger showed ``5000 usd`` and
+    ``1000000`` where the contract says usd is cents ("50.00 USD"); a unit the
+    contract does not describe shows its steps ("1 calls")."""
+    mission = desk.create_mission(DOLLARS, by=who.alice)
+    ex = desk.start_run(
+        mission, by=who.agent, segment_id="s1", plan=_desk.pay_plan, input={"to": "a", "amount": 1}
+    )
+    with pytest.raises(charter.Blocked):
+        ex.execute()  # waits for an approval of its 50.00 USD payment
+    [approval] = desk.approvals(pending=True)
+    desk.approve(approval.id, by=who.bob)
+    _desk.ADAPTER.script["write"] = _lost
+    with pytest.raises(charter.Blocked):
+        desk.coordinator.resume(ex.run_id, "s1", by=who.agent).execute()
+    second = desk.start_run(
+        mission, by=who.agent, segment_id="s2", plan=_desk.pay_plan, input={"to": "b", "amount": 2}
+    )
+    with pytest.raises(charter.Blocked):
+        second.execute()
+    with browse(base) as http:
+        sign_in(http, creds[0]["alice"])
+        inbox = http.get("/console/inbox").text
+        queue = http.get("/console/queue").text
+        ledger = http.get(f"/console/ledger?mission={mission}").text
+    # the second payment's approval: its estimate, and what is left after both holds
+    assert "estimate: <strong>1 calls, 50.00 USD</strong>" in inbox, inbox
+    assert "allowance left: <strong>98 calls, 9900.00 USD</strong>" in inbox
+    assert "5000 usd" not in inbox
+    assert "hold 1 calls, 50.00 USD" in queue or "hold 50.00 USD, 1 calls" in queue, queue
+    assert 'placeholder="usd in 0.01 USD"' in queue
+    cells = re.findall(r'<tr class="balance"><td>usd</td>(.*?)</tr>', ledger)
+    assert cells and re.findall(r"<td>(.*?)</td>", cells[0]) == [
+        "10000.00 USD",
+        "9900.00 USD",
+        "100.00 USD",
+        "0.00 USD",
+        "0.00 USD",
+    ]
+    assert "<td>calls</td><td>100 calls</td>" in ledger
+
+
+def test_console_times_show_how_long_ago_beside_the_moment() -> None:
+    """A moment reads as itself and as its distance from now, past or future."""
+    assert [pages.relative(d) for d in (0, -4, -42, -190, -7200, -3 * 86400, 120)] == [
+        "just now",
+        "just now",
+        "42 s ago",
+        "3 min ago",
+        "2 h ago",
+        "3 d ago",
+        "in 2 min",
+    ]
+    now = int(time.time())
+    shown = pages.when((now - 190) * 1_000_000)
+    assert shown.endswith(" UTC (3 min ago)") and shown.startswith(
+        time.strftime("%Y-", time.gmtime(now))
+    )
+    assert pages.when(None) == "-"
+
+
+def test_P1_reconcile_all_lists_what_it_will_do_then_reconciles_each_as_its_own_decision(
+    desk: charter.Engine,
+    base: str,
+    who: Principals,
+    creds: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    """Broken P1 for the bulk action: reconcile all acts without a confirmation, without
+    the session's CSRF token, for a principal without the right, or as one unaudited
+    act; each attempt is one decision of the signed-in principal, refusals shown."""
+    mission = desk.create_mission(default_contract(), by=who.alice)
+    ids = uncertain(desk, who, mission, 3)
+    applied = charter.Outcome.succeeded({"paid": True}, cost={"usd": 5_000, "calls": 1})
+    _desk.ADAPTER.evidence[ids[0]] = charter.Evidence.applied(applied)
+    before = stored(desk, mission)
+    with browse(base) as http:
+        sign_in(http, creds[0]["mallory"])
+        listed = http.get("/console/queue/reconcile-all").text
+        assert all(f'name="attempt" value="{i}"' in listed for i in ids), listed
+        assert not _desk.ADAPTER.reconciled  # listing asks nothing of the target
+        fields = [("attempt", i) for i in ids]
+        no_token = posted(http, "/console/queue/reconcile-all", fields)
+        assert no_token.status_code == 403 and "csrf_refused" in no_token.text
+        refused = posted(http, "/console/queue/reconcile-all", [*fields, ("csrf", csrf(listed))])
+        assert refused.status_code == 200
+        assert refused.text.count("refused (not_authorized") == 3, refused.text
+        none = http.post("/console/queue/reconcile-all", data={"csrf": csrf(listed)})
+        assert none.status_code == 400 and "usage_error" in none.text
+    assert stored(desk, mission) == before and not _desk.ADAPTER.reconciled
+    for attempt_id in ids:
+        run_id = desk.get_attempt(attempt_id).run_id
+        assert any(
+            e["kind"] == "authorization.refused" and e["actor"] == "mallory"
+            for e in desk.timeline(run_id)
+        )
+    with browse(base) as http:
+        sign_in(http, creds[0]["alice"])
+        listed = http.get("/console/queue/reconcile-all").text
+        chosen = [*[("attempt", i) for i in ids[:2]], ("csrf", csrf(listed))]
+        done = posted(http, "/console/queue/reconcile-all", chosen)
+    assert done.status_code == 200 and "refused" not in done.text
+    assert _desk.ADAPTER.reconciled == ids[:2]  # the two confirmed, once each
+    assert desk.evidence(ids[0])[-1]["verdict"] == "applied"
+    assert desk.evidence(ids[1])[-1]["verdict"] != "applied" and not desk.evidence(ids[2])
+    for attempt_id in ids[:2]:
+        events = desk.timeline(desk.get_attempt(attempt_id).run_id)
+        assert ("alice", "evidence.recorded") in {(e["actor"], e["kind"]) for e in events}

@@ -27,8 +27,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from charter import CharterError
-from charter.errors import AuthenticationError
+from charter import CharterError, show_amounts
+from charter.errors import AuthenticationError, UsageError
 from charter.server import pages, search, story
 from charter.server.api import ENDPOINTS, Call
 from charter.server.auth import (
@@ -78,6 +78,7 @@ def _environment() -> Environment:
         auto_reload=False,  # the templates are the package's: no stat of each per page
     )
     env.filters["when"] = pages.when
+    env.filters["amounts"] = show_amounts  # m.amounts(amounts, units) in macros.html
     env.filters["run_rows"] = pages.run_rows
     env.filters["timeline_rows"] = pages.timeline_rows
     env.filters["pretty"] = pages.pretty
@@ -286,6 +287,53 @@ class Console:
 
         return endpoint
 
+    async def reconcile_all(self, request: Request) -> Response:
+        """Reconcile all, confirmed: each attempt the confirmation listed (its
+        ``attempt`` fields) is reconciled as its own decision, through the API's
+        ``reconcile`` (authorised and audited one by one, as one button does),
+        and the page lists each outcome, or its refusal with the engine's code."""
+        held = await run_in_threadpool(self._held, request)  # a stranger's body is never read
+        if held is None:
+            refused = AuthenticationError("sign in first: /console/login")
+            return closing(request, self._refused(refused))
+        try:
+            pairs = parse_qsl((await self.gate.body(request)).decode(errors="replace"))
+        except BodyTooLarge as exc:
+            return closing(request, self._refused(exc))
+        chosen = list(dict.fromkeys(v for k, v in pairs if k == "attempt" and v))
+
+        def work() -> Response:
+            try:
+                check_csrf(held.csrf, dict(pairs).get("csrf"))
+                if not 0 < len(chosen) <= pages.QUEUE_ROWS:
+                    raise UsageError(
+                        f"reconcile all takes 1 to {pages.QUEUE_ROWS} attempts, got "
+                        f"{len(chosen)}: confirm from /console/queue/reconcile-all"
+                    )
+            except CharterError as exc:
+                return self._refused(exc)
+            done = []
+            for attempt_id in chosen:
+                call = Call({"attempt_id": attempt_id}, {}, {})
+                try:
+                    result = BY_NAME["reconcile"].handler(self.engine, held.principal, call)
+                except CharterError as exc:
+                    done.append({"attempt_id": attempt_id, "refused": f"{exc.code}: {exc.message}"})
+                    continue
+                done.append({**result, "refused": ""})
+            return self._render(
+                "reconcile_all.html",
+                section="queue",
+                me=held.principal.name,
+                csrf=held.csrf,
+                notes=[],
+                here="/console/queue",
+                items=[],
+                done=done,
+            )
+
+        return await run_in_threadpool(work)
+
 
 def _notes(request: Request) -> list[str]:
     """The outcomes of this browser's last decisions, shown once on its next page.
@@ -328,6 +376,11 @@ def routes(
         Route("/console/logout", c.logout, methods=post),
         Route("/console/inbox", c.page(pages.inbox, "inbox.html", "inbox")),
         Route("/console/queue", c.page(pages.queue, "queue.html", "queue")),
+        Route(
+            "/console/queue/reconcile-all",
+            c.page(pages.reconcile_all, "reconcile_all.html", "queue"),
+        ),
+        Route("/console/queue/reconcile-all", c.reconcile_all, methods=post),
         Route("/console/runs", c.page(pages.runs, "runs.html", "runs")),
         Route("/console/runs/{run_id}", c.page(pages.run, "run.html", "runs")),
         Route("/console/ledger", c.page(pages.ledger, "ledger.html", "ledger")),

@@ -12,7 +12,7 @@ import functools
 import html
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from markupsafe import Markup
@@ -23,7 +23,7 @@ from charter.server import story
 from charter.server.wire import PAGE, listing, next_action, position, whole
 
 if TYPE_CHECKING:
-    from charter import Engine
+    from charter import Engine, Unit
 
 Values = Mapping[str, str]
 QUEUE_ROWS = 200  # the reconciliation queue shows this many unresolved attempts at most
@@ -43,6 +43,7 @@ def inbox(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
     for approval in engine.approvals(pending=True, limit=QUEUE_ROWS):
         request = engine.approval_request(approval.id)
         balances = engine.balances(approval.mission_id)
+        contract = engine.contract(approval.mission_id)
         estimate = {} if request is None else request.estimate
         items.append(
             {
@@ -51,7 +52,8 @@ def inbox(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
                 "request_json": "" if request is None else pretty(request.to_dict()["request"]),
                 "estimate": estimate,
                 "left": {u: balances[u].available for u in estimate if u in balances},
-                "ttl": engine.contract(approval.mission_id).approvals.ttl_seconds,
+                "ttl": contract.approvals.ttl_seconds,
+                "units": contract.units,
             }
         )
     return {"items": items, "stuck": stuck(engine)}
@@ -69,10 +71,18 @@ def stuck(engine: Engine) -> list[dict[str, Any]]:
     return [r.to_dict() for r in found[:QUEUE_ROWS]]
 
 
+def units_reader(engine: Engine) -> Callable[[str], Mapping[str, Unit]]:
+    """Each mission's units as its contract describes them (how its amounts are
+    shown: ``charter.show_amounts``), read once per page however many of the
+    page's rows are the mission's."""
+    return functools.cache(lambda mission_id: engine.contract(mission_id).units)
+
+
 def queue(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
     """Every attempt sent and not settled, with its evidence so far and the next
     safe action."""
     items = []
+    units = units_reader(engine)
     for attempt in engine.attempts(unresolved=True, limit=QUEUE_ROWS):
         if attempt.status.value == "prepared":
             continue  # not sent: it waits in the inbox, not here
@@ -81,6 +91,7 @@ def queue(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
         items.append(
             {
                 "attempt": row,
+                "units": units(attempt.mission_id),
                 "request_json": pretty(row["request"]),
                 "evidence": [{**e, "detail_json": pretty(e.get("detail"))} for e in evidence],
                 "conclusive": any(
@@ -90,6 +101,19 @@ def queue(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
             }
         )
     return {"items": items}
+
+
+def reconcile_all(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
+    """What "reconcile all" will do, for a person to confirm before it is done:
+    each attempt of the queue (sent, not settled) asked of its target once."""
+    units = units_reader(engine)
+    return {
+        "items": [
+            {"attempt": a.to_dict(), "units": units(a.mission_id)}
+            for a in engine.attempts(unresolved=True, limit=QUEUE_ROWS)
+            if a.status.value != "prepared"
+        ]
+    }
 
 
 def runs(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
@@ -200,7 +224,29 @@ def escaped(values: list[str]) -> list[str]:
 
 
 def when(us: int | None) -> str:
-    return "-" if us is None else _second(us // 1_000_000)
+    """A moment as people read it, and how long ago (or how soon) it is from the
+    page's making: ``2026-12-03 13:50:00 UTC (3 min ago)``."""
+    if us is None:
+        return "-"
+    seconds = us // 1_000_000
+    return f"{_second(seconds)} ({relative(seconds - int(time.time()))})"
+
+
+def relative(delta: int) -> str:
+    """``delta`` seconds from now as people say it: ``-190`` is ``3 min ago``,
+    ``7200`` is ``in 2 h`` (an approval's expiry), a few seconds ``just now``."""
+    span = abs(delta)
+    if span < 5:
+        return "just now"
+    if span < 60:
+        said = f"{span} s"
+    elif span < 3600:
+        said = f"{span // 60} min"
+    elif span < 86400:
+        said = f"{span // 3600} h"
+    else:
+        said = f"{span // 86400} d"
+    return f"in {said}" if delta > 0 else f"{said} ago"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -219,6 +265,7 @@ def ledger(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
     return {
         "missions": missions,
         "mission": chosen,
+        "units": engine.contract(chosen).units,
         "balances": [{"unit": u, **b.__dict__} for u, b in balances.items()],
         "problems": engine.check_ledger(chosen),
         "charts": [
