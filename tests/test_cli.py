@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -986,3 +987,17 @@ def test_cli_text_shows_amounts_in_the_contracts_units_and_json_keeps_the_intege
     assert code == 0 and "HOLD" in text and "1 calls, 50.00 USD" in held, text
     code, state = cli("show", ex.run_id, *store, "--json")
     assert state["attempts"][0]["estimate"] == {"calls": 1, "usd": 5_000}
+
+
+@pytest.mark.parametrize("command", ["confirm", "resolve", "resume"])
+def test_cli_help_of_a_decision_names_the_credential_it_acts_as(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Broken: ``confirm``, ``resolve`` and ``resume`` act as whoever
+    CHARTER_CREDENTIAL names, and their ``--help`` did not say so."""
+    with pytest.raises(SystemExit) as done:
+        cli_mod.main([command, "--help"])
+    shown = capsys.readouterr().out
+    assert done.value.code == 0
+    assert re.search(r"\bCHARTER_CREDENTIAL\b(?!_)", shown), shown
+    assert "CHARTER_CREDENTIAL_FILE" in shown

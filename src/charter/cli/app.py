@@ -368,6 +368,18 @@ def _recovering(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
     )
     cmd["resume"].add_argument("run", help="run ID")
     cmd["resume"].add_argument("--segment", required=True, help="the segment to continue as")
+    for name in ("confirm", "resolve"):
+        cmd[name].epilog = (
+            f"Who decides: the principal whose credential CHARTER_CREDENTIAL holds "
+            f"(NAME:SECRET), or the file CHARTER_CREDENTIAL_FILE names; {name} needs "
+            f"the 'resolve' right on the attempt's scope, and is recorded under that "
+            f"name. Without one it is refused (unauthenticated) and nothing changes."
+        )
+    cmd["resume"].epilog = (
+        "Who resumes: with CHARTER_CREDENTIAL (NAME:SECRET) or CHARTER_CREDENTIAL_FILE "
+        "set, that principal (it needs 'run' in the mission; the 'human' resume mode "
+        "requires one); without, the engine itself, where the resume policy allows."
+    )
 
 
 def _deciding(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
