@@ -86,12 +86,21 @@ def lending(tx: Tx, mission_id: str, slice_id: str) -> list[Row]:
     )
 
 
-def all_events(tx: Tx, chain: str) -> list[dict[str, Any]]:
-    """``chain``'s events in order, all at once (for showing a log, not verifying it)."""
-    return [
-        dict(r)
-        for r in tx.all("SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", chain)
-    ]
+def all_events(
+    tx: Tx, chain: str, *, before: int | None = None, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """``chain``'s events in order (for showing a log, not verifying it): all of them,
+    or the newest ``limit`` before ``seq`` ``before``, read backwards on the key."""
+    if before is None and limit is None:
+        rows = tx.all("SELECT * FROM audit_events WHERE mission_id = ? ORDER BY seq", chain)
+        return [dict(r) for r in rows]
+    rows = tx.all(
+        "SELECT * FROM audit_events WHERE mission_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?",
+        chain,
+        _END if before is None else before,
+        _END if limit is None else limit,
+    )
+    return [dict(r) for r in reversed(rows)]
 
 
 #: The entities a run's events are filed under: the run, its nodes and artifacts

@@ -59,6 +59,7 @@ COMMANDS: dict[str, str] = {
     "runs": "list runs",
     "show": "show a run: status, epoch, owner, nodes, unresolved attempts",
     "attempts": "list attempts",
+    "search": "find runs and attempts by an effect key, a request value or an ID prefix",
     "recover": "take over a run as a new segment and print the recovery state",
     "reconcile": "ask the attempt's adapter for evidence and record it",
     "confirm": "settle an uncertain attempt on its recorded evidence",
@@ -75,7 +76,7 @@ COMMANDS: dict[str, str] = {
     "serve": "serve the HTTP API, the web console and metrics (extra charter[server])",
     **GRAPH_COMMANDS,
     **WORK_COMMANDS,
-    "audit": "verify the audit hash chains, or show this store's identity",
+    "audit": "verify the audit hash chains, read the audit log, or show this store's identity",
     "export": "write a mission's signed snapshot (--handover: hand it to another store)",
     "import": "verify a snapshot and file its mission, read-only",
     "handoff": "the handoff report of a snapshot file or a mission (a view, never importable)",
@@ -194,6 +195,13 @@ def _bytes(text: str) -> int:
     return value
 
 
+def _seq(text: str) -> int:
+    value = _whole(text, 1, _INT64)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"takes an event's seq, 1 or more, got {text!r}")
+    return value
+
+
 def _limit(text: str) -> int:
     value = _whole(text, 1, MAX_PAGE)
     if value is None:
@@ -273,7 +281,13 @@ def _looking(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
         "--max-body", type=_bytes, default=None, help="largest request body, bytes (default 1 MiB)"
     )
     _paged(cmd["missions"], "msn")
-    _paged(cmd["runs"], "run").add_argument("--mission", help="only runs of this mission")
+    r = _paged(cmd["runs"], "run")
+    r.add_argument("--mission", help="only runs of this mission")
+    r.add_argument("--status", help="only runs in this status (active, paused, completed, ...)")
+    se = cmd["search"]
+    se.add_argument("text", help="an effect key, a request value (invoice, payee...), an ID")
+    se.add_argument("--limit", type=_limit, metavar="N", help="matches per page (default 50)")
+    se.add_argument("--before", metavar="ATTEMPT", help="the older window a page printed")
     cmd["show"].add_argument("run", help="run ID")
     a = _paged(cmd["attempts"], "att")
     a.add_argument("--run", help="only attempts of this run")
@@ -288,10 +302,18 @@ def _looking(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
     cmd["ledger"].add_argument("mission", help="mission ID")
     cmd["audit"].add_argument(
         "action",
-        choices=["verify", "identity"],
-        help="'verify' recomputes every chain; 'identity' prints the store id and public key",
+        choices=["verify", "log", "identity"],
+        help="'verify' recomputes every chain; 'log' shows the newest page of events; "
+        "'identity' prints the store id and public key",
     )
     cmd["audit"].add_argument("--mission", help="only this mission's chain")
+    cmd["audit"].add_argument("--run", help="log: only the events about this run")
+    cmd["audit"].add_argument(
+        "--limit", type=_limit, metavar="N", help="log: events per page (default 50)"
+    )
+    cmd["audit"].add_argument(
+        "--before", type=_seq, metavar="SEQ", help="log: the older page (the `next` printed)"
+    )
     cmd["audit"].add_argument(
         "--key", action="store_true", help="also check the signed checkpoints of the chain heads"
     )
@@ -482,12 +504,13 @@ def _run(args: argparse.Namespace) -> int:
         return run_demo(store=args.store, as_json=args.json)
     from charter import Engine, EngineConfig  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
     from charter.cli.commands import HANDLERS  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
+    from charter.cli.finding import HANDLERS as FINDING  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
     from charter.cli.graphs import HANDLERS as GRAPHS  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
     from charter.cli.work import HANDLERS as WORK  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
 
     config = EngineConfig.from_file(args.config) if args.config else EngineConfig.discover()
     with Engine.open(args.store, config=config, create=False) as engine:
-        data, text = {**HANDLERS, **GRAPHS, **WORK}[args.command](engine, args)
+        data, text = {**HANDLERS, **GRAPHS, **WORK, **FINDING}[args.command](engine, args)
     _emit(args, data, text)
     return 0
 

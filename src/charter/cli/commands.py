@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from charter import RunStatus, show_amounts
 from charter.cli import snapshots
-from charter.errors import AuditError, AuthenticationError, RunTerminal, StateError
+from charter.errors import AuditError, AuthenticationError, RunTerminal, StateError, UsageError
 
 if TYPE_CHECKING:
     from charter import Engine, Principal
@@ -104,7 +104,13 @@ def _missions(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _runs(engine: Engine, args: argparse.Namespace) -> Any:
-    found = engine.runs(args.mission, limit=args.limit + 1, after=args.after)
+    try:
+        status = RunStatus(args.status) if args.status else None
+    except ValueError:
+        raise UsageError(
+            f"--status takes one of {', '.join(s.value for s in RunStatus)}, got {args.status!r}"
+        ) from None
+    found = engine.runs(args.mission, status=status, limit=args.limit + 1, after=args.after)
     rows = [r.to_dict() for r in found]
     return _listing(
         args, rows, "created_at_us", ["id", "mission_id", "status", "epoch", "owner_segment"]
@@ -189,7 +195,7 @@ def _attempts(engine: Engine, args: argparse.Namespace) -> Any:
         after=args.after,
     )
     rows = [a.to_dict() for a in found]
-    columns = ["id", "run_id", "adapter", "operation", "status", "estimate", "actual"]
+    columns = ["id", "run_id", "effect_key", "adapter", "operation", "status", "estimate", "actual"]
     shown = amounts_shown(engine, rows[: args.limit], ["estimate", "actual"])
     return _listing(args, rows, "prepared_at_us", columns, shown)
 

@@ -217,6 +217,17 @@ class Reads:
                 missions.load(tx, mission_id)
             return [audit.verify(tx, mission_id)]
 
-    def audit_events(self, mission_id: str) -> list[dict[str, Any]]:
+    def audit_events(
+        self, mission_id: str, *, before: int | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """A chain's events in order (a mission's, or the engine's own, ``"engine"``).
+        With ``limit``, only the newest ``limit`` before ``seq`` ``before``: a page of
+        the mission's timeline, read on the chain's key, so a page costs the same
+        on a chain of any length (:meth:`timeline` is one run's)."""
+        for name, value in (("limit", limit), ("before", before)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise UsageError(f"{name} is a whole number, 1 or more; got {value!r}")
         with self._db.read() as tx:
-            return audit_store.all_events(tx, mission_id)
+            return audit_store.all_events(tx, mission_id, before=before, limit=limit)
