@@ -9,6 +9,7 @@ ledger, the evidence, the audit chain.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -318,6 +319,21 @@ def test_X1_bad_input_is_a_typed_400_that_changes_nothing(desk: Desk) -> None:
     ):
         desk.refused("agent", report, {**held(claim), **bad}, 400, "usage_error")
     assert stored(desk.engine, desk.mission) == before
+
+
+def test_X1_A4_an_execution_number_no_client_was_given_is_refused_at_once(desk: Desk) -> None:
+    """Broken: an admit naming execution 1,700,000,000,000 read the effect's earlier
+    tries execution by execution and held a server thread for hours."""
+    claim = desk.start()
+    path = f"/runs/{claim['run_id']}/attempts"
+    before = stored(desk.engine, desk.mission)
+    started = time.monotonic()
+    answer = desk.post("agent", path, effect(claim, node_id="n1", execution=1_700_000_000_000))
+    assert (answer.status_code, answer.json()["error"]["code"]) == (400, "usage_error")
+    assert time.monotonic() - started < 5
+    assert stored(desk.engine, desk.mission) == before
+    desk.ok("agent", f"/runs/{claim['run_id']}/nodes/n1/start", held(claim))
+    assert desk.ok("agent", path, effect(claim, node_id="n1", execution=1))["action"] == "send"
 
 
 def test_X1_the_openapi_document_describes_the_protocol(desk: Desk) -> None:

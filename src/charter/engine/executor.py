@@ -249,6 +249,7 @@ class Executor:
             dedupe_window_seconds,
             price_source or "client estimate",
         )
+        remote_nodes.check_execution(self._segment, node_id, execution)
         lines = self._lineage(node_id, execution)
         at = Effect(node_id, execution, effect_key, 1, None, lines)
         steps = driver.calling(self._segment, declared, operation, request, at)

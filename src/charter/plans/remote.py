@@ -26,6 +26,24 @@ def start(seg: Segment, node_id: str) -> int:
     return start_execution(seg, node_id)
 
 
+def check_execution(seg: Segment, node_id: str, execution: int) -> None:
+    """Refuse an execution number a client could not have been given (A4): one past
+    both the node's newest execution and the run's epoch. An effect's earlier tries
+    are read execution by execution, so an unbounded number would be unbounded work
+    for the store (and one request could hold a server thread for hours)."""
+    with seg.runtime.db.read() as tx:
+        newest = plans_store.latest(tx, seg.run_id, node_id)
+    bound = max(seg.epoch, 0 if newest is None else int(newest["execution"]))
+    if execution > bound:
+        raise UsageError(
+            f"execution {execution} of node {node_id!r} is past the node's newest execution "
+            f"and the run's epoch ({bound}); start the node first to be given its execution",
+            node_id=node_id,
+            execution=execution,
+            most=bound,
+        )
+
+
 def complete(seg: Segment, node_id: str, execution: int, result: Any) -> str:
     """Record ``result`` as execution ``execution`` of ``node_id``; its hash."""
     try:
