@@ -258,3 +258,77 @@ def test_R8_operator_reads_an_unknown_payments_evidence_resolves_it_and_watches_
     carrier.join(10)
     assert desk.get_attempt(attempt.id).status is charter.AttemptStatus.SUCCEEDED
     assert len(_desk.ADAPTER.sent) == 1  # sent once, never again on a guess
+
+
+@pytest.fixture
+def wide(desk: charter.Engine) -> Iterator[Any]:
+    """A tab 1,280 pixels wide: the width an operator's laptop gives the console."""
+    with _desk.serving(desk) as base, sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        context = browser.new_context(base_url=base, viewport={"width": 1280, "height": 800})
+        context.set_default_timeout(15_000)
+        yield context.new_page()
+        browser.close()
+
+
+def uncertain(desk: charter.Engine, who: Principals, mission: str, to: str) -> str:
+    """A run of ``pay_plan`` whose payment was sent and its answer lost; its attempt."""
+
+    def lost(send: charter.Dispatch) -> charter.Outcome:
+        raise TimeoutError("connection reset after the request was sent")
+
+    _desk.ADAPTER.script["write"] = lost
+    ex = desk.start_run(
+        mission,
+        by=who.agent,
+        segment_id=f"w-{to}",
+        plan=_desk.pay_plan,
+        input={"to": to, "amount": 1},
+    )
+    with pytest.raises(charter.Blocked):
+        ex.execute()
+    [attempt] = desk.attempts(run_id=ex.run_id)
+    return attempt.id
+
+
+def test_P1_reconcile_all_after_a_confirmation_and_the_desk_fits_1280_pixels(
+    desk: charter.Engine,
+    who: Principals,
+    wide: Any,
+    creds: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    """Broken: the inbox, the queue or the ledger scrolls sideways at 1,280 pixels; or
+    "reconcile all" acts without listing what it will do first, or not as one
+    decision of the signed-in operator per attempt, each with its outcome shown."""
+    dollars = {**GATED, "units": {"usd": {"scale": 2, "name": "USD"}}}
+    start(desk, who, dollars)  # an approval waits in the inbox
+    mission = desk.create_mission({**CONTRACT, "units": dollars["units"]}, by=who.alice)
+    ids = [uncertain(desk, who, mission, to) for to in ("ACME Corp", "Globex Ltd")]
+    applied = charter.Outcome.succeeded({"paid": True}, cost={"usd": 5_000, "calls": 1})
+    _desk.ADAPTER.evidence[ids[0]] = charter.Evidence.applied(applied)
+    sign_in(wide, creds[0]["alice"])
+    for path in ("/console/inbox", "/console/queue", f"/console/ledger?mission={mission}"):
+        wide.goto(path)
+        scroll, width = wide.evaluate(
+            "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+        )
+        assert scroll <= width == 1280, (path, scroll, width)
+    wide.goto("/console/queue")
+    assert "50.00 USD" in wide.locator(f"#{ids[0]}").inner_text()
+    wide.click("#reconcile-all")
+    wide.wait_for_selector("#confirm-all")
+    listed = wide.locator("#confirm-all").inner_text()
+    assert all(i in listed for i in ids) and "ACME Corp" not in listed  # IDs and holds
+    assert not _desk.ADAPTER.reconciled  # nothing asked before the confirmation
+    wide.get_by_role("button", name="Reconcile these 2").click()
+    done = wide.wait_for_selector("#reconciled")
+    assert done is not None
+    rows = {r.split("\t")[0]: r for r in done.inner_text().splitlines()[1:]}
+    assert "applied" in rows[ids[0]] and "indeterminate" in rows[ids[1]], rows
+    assert sorted(_desk.ADAPTER.reconciled) == sorted(ids)  # each asked once
+    for attempt_id in ids:
+        run_id = desk.get_attempt(attempt_id).run_id
+        assert any(
+            (e["actor"], e["kind"]) == ("alice", "evidence.recorded") for e in desk.timeline(run_id)
+        )
+    assert len(_desk.ADAPTER.sent) == 2  # nothing sent again
