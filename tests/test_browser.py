@@ -332,3 +332,36 @@ def test_P1_reconcile_all_after_a_confirmation_and_the_desk_fits_1280_pixels(
             (e["actor"], e["kind"]) == ("alice", "evidence.recorded") for e in desk.timeline(run_id)
         )
     assert len(_desk.ADAPTER.sent) == 2  # nothing sent again
+
+
+def test_operator_finds_a_payment_by_its_invoice_number_and_opens_its_run(
+    desk: charter.Engine,
+    who: Principals,
+    page: Any,
+    creds: tuple[dict[str, str], dict[str, str]],
+    tmp_path: Path,
+) -> None:
+    """Broken: the console has no search, a request's value (the invoice number)
+    finds nothing or another payment, or a match does not lead to its run's page."""
+    mission = desk.create_mission(CONTRACT, by=who.alice)
+    runs = {}
+    for invoice, payee in (("INV-2041", "ACME Corp"), ("INV-2042", "Globex Ltd")):
+        ex = desk.start_run(mission, by=who.agent, segment_id=f"pay-{invoice}")
+        request = {"invoice": invoice, "payee": payee, "amount": 4200}
+        ex.perform(_desk.ADAPTER, "write", request, effect_key=f"pay-{invoice}")
+        ex.finish()
+        runs[invoice] = ex.run_id
+    sign_in(page, creds[0]["alice"])
+    page.click("header a:has-text('Search')")
+    page.fill("input[name=q]", "inv-2042")
+    page.press("input[name=q]", "Enter")
+    found = page.locator("tr.found")
+    found.first.wait_for()
+    assert found.count() == 1
+    row = found.first.inner_text()
+    assert "request.invoice" in row and "Globex Ltd" in row and "INV-2041" not in row
+    shot(page, "search", tmp_path)
+    found.first.locator(f"a:has-text('{runs['INV-2042']}')").click()
+    page.wait_for_selector("#run-status:text-is('completed')")
+    assert page.url.endswith(f"/console/runs/{runs['INV-2042']}")
+    assert "INV-2042" in page.content()
