@@ -49,12 +49,12 @@ pay_plan = charter.Plan("pay", (pay,), ref="_desk:pay_plan")
 
 @charter.node
 def pay_anyway(ctx: charter.Context, value: Any) -> Any:
-    """Pays as ``pay`` does, and goes on when a person settled the payment without
-    recording the target's answer (what a resolution from a bank statement does)."""
+    """Pays as ``pay`` does (naming the invoice, when the input has one), and goes
+    on when a person settled the payment without recording the target's answer
+    (what a resolution from a bank statement does)."""
+    request = {k: value[k] for k in ("to", "amount", "invoice") if k in value}
     try:
-        return ctx.attempt(
-            ADAPTER, "write", {"to": value["to"], "amount": value["amount"]}, key="pay"
-        )
+        return ctx.attempt(ADAPTER, "write", request, key="pay")
     except charter.AnswerNotRecorded:
         return {"paid": True, "answer": None}
 

@@ -186,17 +186,18 @@ def test_P1_principal_without_approve_is_refused_and_the_refusal_is_in_the_timel
     assert desk.approval(approval.id).status.value == "pending"
 
 
-def test_R8_operator_reads_an_unknown_payments_evidence_resolves_it_and_watches_the_run_go_on(
+def test_R8_operator_finds_an_unknown_payment_reads_its_evidence_resolves_it_and_the_run_goes_on(
     desk: charter.Engine,
     who: Principals,
     page: Any,
     creds: tuple[dict[str, str], dict[str, str]],
     tmp_path: Path,
 ) -> None:
-    """Broken R8 on the run page: an UNKNOWN payment's evidence is not shown as
-    fields, resolving it there does not settle it, the next safe action still
-    says to reconcile or resolve, or the page does not follow the run on without
-    a reload (and keeps polling once it ended)."""
+    """Broken R8 on the desk: a payment is not found by its invoice number, an
+    UNKNOWN payment's evidence is not shown as fields, resolving it on the run's
+    page does not settle it, the next safe action still says to reconcile or
+    resolve, or the page does not follow the run on without a reload (and keeps
+    polling once it ended)."""
 
     def lost(send: charter.Dispatch) -> charter.Outcome:
         raise TimeoutError("connection reset after the request was sent")
@@ -227,7 +228,13 @@ def test_R8_operator_reads_an_unknown_payments_evidence_resolves_it_and_watches_
     carrier = threading.Thread(target=worker, daemon=True)
     carrier.start()
     sign_in(page, creds[0]["alice"])
-    page.goto(f"/console/runs/{run_id}")
+    page.goto("/console/search")  # the operator knows the invoice, not the run
+    page.fill("input[name=q]", "INV-2291")
+    page.get_by_role("button", name="Search").click()
+    found = page.locator("tr.found.attempt")
+    assert attempt.id in found.inner_text() and "unknown" in found.inner_text()
+    found.get_by_role("link", name=run_id).click()
+    page.wait_for_selector(f"#{attempt.id}")
     card = page.locator(f"#{attempt.id}")
     assert "unknown" in card.locator(".status").first.inner_text()
     assert "reconcile: ask the target" in page.locator("#next-step").inner_text()

@@ -26,6 +26,7 @@ CONTRACT: dict[str, Any] = {
         "alice": {"run": ["recorder.*"], "resolve": ["recorder.*"], "stop": ["*"]},
     },
     "allowance": {"usd": 1_000_000, "calls": 100},
+    "units": {"usd": {"scale": 2, "name": "USD"}},
 }
 MEMO = "invoice INV-2291 for the March delivery; " * 8  # longer than a folded line
 
@@ -138,6 +139,7 @@ def test_an_attempts_request_evidence_and_receipt_are_fields_not_json(
     assert "<dt>invoice</dt><dd>INV-2291</dd>" in card  # the evidence's detail
     assert "<dt>bank_ref</dt><dd>TX-88213</dd>" in card  # the receipt, and the outcome's
     assert "<strong>applied</strong> · settled it" in card
+    assert "<dt>estimate</dt><dd>1 calls, 50.00 USD</dd>" in card  # the contract's units
     assert "{&quot;" not in card and '{"' not in card  # no record shown as JSON text
     memo = element(page, "run-input")
     assert "<details><summary>" in memo and MEMO in html.unescape(memo)  # folded, whole inside
