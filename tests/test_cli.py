@@ -1001,3 +1001,39 @@ def test_cli_help_of_a_decision_names_the_credential_it_acts_as(
     assert done.value.code == 0
     assert re.search(r"\bCHARTER_CREDENTIAL\b(?!_)", shown), shown
     assert "CHARTER_CREDENTIAL_FILE" in shown
+
+
+def test_cli_resolve_and_raise_limit_say_amounts_in_the_contracts_units(
+    setup: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Broken: ``resolve`` answered ``at {'calls': 1, 'usd': 4550}`` and
+    ``raise-limit`` ``usd limit 20000 ...; 15450 available`` where the contract
+    says usd is cents ("45.50 USD")."""
+    monkeypatch.setenv("CHARTER_TEST_OUTBOX", setup["env"]["CHARTER_TEST_OUTBOX"])
+    config = charter.EngineConfig.from_file(setup["dir"] / "charter.toml")
+    with charter.Engine.open(config=config) as engine:
+        ops, agent = engine.authenticate(setup["ops"]), engine.authenticate(setup["agent"])
+        mission = engine.create_mission(
+            {
+                "objective": "pay",
+                "principals": {"agent": {"run": ["mail.*"]}, "ops": ["resolve", "raise_limit"]},
+                "allowance": {"usd": 10_000, "calls": 10},
+                "units": {"usd": {"scale": 2, "name": "USD"}},
+            },
+            by=ops,
+        )
+        ex = engine.start_run(mission, by=agent, segment_id="seg-1")
+        lost = RecordingAdapter(
+            name="mail",
+            operations=_cli_mission.make_mail().operations,
+            costs={"send": {"usd": 5_000, "calls": 1}},
+            script={"send": _raise},
+        )
+        unknown = ex.perform(lost, "send", {"n": 1}, effect_key="b")
+    time.sleep(1.2)  # the segment's one-second lease runs out: a person may settle
+    cost = ["--cost", "usd=4550", "--cost", "calls=1"]
+    done = charter_raw(setup, "resolve", unknown.id, "--succeeded", *cost, "--evidence", "bank")
+    assert done.returncode == 0 and "at 1 calls, 45.50 USD" in done.stdout, done
+    done = charter_raw(setup, "raise-limit", mission, "usd=20000")
+    assert done.returncode == 0, done
+    assert "usd limit 200.00 USD" in done.stdout and "154.50 USD available" in done.stdout

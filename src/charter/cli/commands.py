@@ -271,9 +271,8 @@ def _resolve(engine: Engine, args: argparse.Namespace) -> Any:
         cost=args.cost,
         confirm_above_hold=args.confirm_above_hold,
     )
-    return attempt.to_dict(), (
-        f"attempt {attempt.id} resolved {attempt.status.value} at {attempt.actual}"
-    )
+    cost = show_amounts(attempt.actual, engine.contract(attempt.mission_id).units)
+    return attempt.to_dict(), f"attempt {attempt.id} resolved {attempt.status.value} at {cost}"
 
 
 def _resume(engine: Engine, args: argparse.Namespace) -> Any:
@@ -332,7 +331,11 @@ def _raise_limit(engine: Engine, args: argparse.Namespace) -> Any:
         "balance": balance.__dict__,
         "paused_runs": paused,
     }
-    text = f"{unit} limit {limit} (contract v{version}); {balance.available} available"
+    units = engine.contract(args.mission).units
+    text = (
+        f"{unit} limit {show_amounts({unit: limit}, units)} (contract v{version}); "
+        f"{show_amounts({unit: balance.available}, units)} available"
+    )
     if paused:
         text += f"; still paused (open incident or overrun): {', '.join(paused)}"
     return data, text
