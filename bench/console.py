@@ -1,5 +1,5 @@
-"""The operator's desk under load: the runs list and a run page with 10,000
-finished runs in the store, 50 concurrent clients.
+"""The operator's desk under load: its pages with 10,000 finished runs in the
+store, 50 concurrent clients.
 
     python bench/console.py [--runs 10000] [--clients 50] [--seconds 20]
                             [--workers 2] [--warmup 3]
@@ -10,9 +10,11 @@ server runs as users run it, ``charter serve`` in a process of its own
 (``--workers`` of them). The clients are kept-alive HTTP/1.1 connections on
 one event loop of this process, each signed in to the console with its own
 session, each asking as soon as its last answer came (a closed loop: the
-figures include queueing behind the other clients). Half the requests are the
-runs list (``/console/runs``, the first page), half a run page
-(``/console/runs/{id}``, a run drawn at random). The clients run ``--warmup``
+figures include queueing behind the other clients). The requests go round the
+desk's pages (``--pages``, all by default): the runs list (``/console/runs``,
+the first page), a run page (``/console/runs/{id}``, a run drawn at random),
+the approvals inbox, the reconciliation queue, the mission's ledger, the
+audit page and a search by an effect key. The clients run ``--warmup``
 seconds before the measured ``--seconds``: the steady state is measured, not
 the first second, when fifty connections arrive at once and are dealt out to
 the workers. Latency is from send to the last byte; the answer must be 200.
@@ -165,6 +167,19 @@ def _session_cookie(base: str, credential: str) -> str:
         return "; ".join(f"{k}={v}" for k, v in http.cookies.items() if k == "charter_session")
 
 
+#: The desk's pages: each a URL from the run IDs (a random one for a run page),
+#: the mission and an effect key to search for.
+PAGES = {
+    "runs_list": lambda rng, runs, mission, key: "/console/runs",
+    "run_page": lambda rng, runs, mission, key: f"/console/runs/{rng.choice(runs)}",
+    "inbox": lambda rng, runs, mission, key: "/console/inbox",
+    "queue": lambda rng, runs, mission, key: "/console/queue",
+    "ledger": lambda rng, runs, mission, key: f"/console/ledger?mission={mission}",
+    "audit": lambda rng, runs, mission, key: f"/console/audit?mission={mission}",
+    "search": lambda rng, runs, mission, key: f"/console/search?q={key}",
+}
+
+
 def load(
     base: str,
     credential: str,
@@ -174,25 +189,26 @@ def load(
     *,
     server: int,
     warmup: float = 0.0,
+    pages: list[str] | None = None,
+    mission: str = "",
+    key: str = "",
 ) -> Any:
-    """``clients`` closed-loop clients for ``warmup`` then ``seconds`` more; the
-    latencies of the requests sent after the warm-up, per page, and the CPU the
-    server (process ``server``) and this process spent meanwhile."""
+    """``clients`` closed-loop clients for ``warmup`` then ``seconds`` more, each
+    going round ``pages`` (of :data:`PAGES`; the runs list and a run page unless
+    given); the latencies of the requests sent after the warm-up, per page, and
+    the CPU the server (process ``server``) and this process spent meanwhile."""
     cookies = [_session_cookie(base, credential) for _ in range(clients)]
     host, port = base.removeprefix("http://").split(":")
-    times: dict[str, list[float]] = {"runs_list": [], "run_page": []}
+    rounds = pages or ["runs_list", "run_page"]
+    times: dict[str, list[float]] = {name: [] for name in rounds}
     failures: list[str] = []
 
     async def client(k: int, start_at: float, stop_at: float) -> None:
         conn, rng, i = _Connection(host, int(port), cookies[k]), random.Random(k), k
         try:
             while clock() < stop_at:
-                page = "runs_list" if i % 2 == 0 else "run_page"
-                url = (
-                    "/console/runs"
-                    if page == "runs_list"
-                    else f"/console/runs/{rng.choice(run_ids)}"
-                )
+                page = rounds[i % len(rounds)]
+                url = PAGES[page](rng, run_ids, mission, key)
                 t0 = clock()
                 try:
                     status, body = await conn.get(url)
@@ -222,15 +238,14 @@ def load(
         return before, (None if server_cpu is None or end is None else end - server_cpu), own
 
     load_before, server_cpu, own_cpu = asyncio.run(everyone())
-    every = times["runs_list"] + times["run_page"]
+    every = [t for page in times.values() for t in page]
     served = max(1, len(every))
     return {
         "clients": clients,
         "warmup_seconds": warmup,
         "seconds": seconds,
         "requests_per_second": round(len(every) / seconds, 1),
-        "runs_list": _percentiles(times["runs_list"]),
-        "run_page": _percentiles(times["run_page"]),
+        **{page: _percentiles(t) for page, t in times.items()},
         "all": _percentiles(every),
         "failures": failures[:5],
         "failed": len(failures),
@@ -254,6 +269,9 @@ def main(argv: list[str]) -> int:
     p.add_argument(
         "--warmup", type=float, default=3.0, help="seconds of load before the measured ones"
     )
+    p.add_argument(
+        "--pages", default=",".join(PAGES), help=f"pages to go round, of {', '.join(PAGES)}"
+    )
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         store = Path(tmp) / "desk.db"
@@ -262,6 +280,7 @@ def main(argv: list[str]) -> int:
 
         with sqlite3.connect(str(store)) as conn:
             run_ids = [r[0] for r in conn.execute("SELECT id FROM runs")]
+            [(key,)] = conn.execute("SELECT effect_key FROM attempts ORDER BY id LIMIT 1")
         proc, base = _serve(store, built["credential"]["digest"], args.workers)
         try:
             result = load(
@@ -272,6 +291,9 @@ def main(argv: list[str]) -> int:
                 args.seconds,
                 server=proc.pid,
                 warmup=args.warmup,
+                pages=args.pages.split(","),
+                mission=built["mission_id"],
+                key=key,
             )
         finally:
             proc.terminate()

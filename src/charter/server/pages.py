@@ -269,7 +269,8 @@ def ledger(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
         "mission": chosen,
         "units": engine.contract(chosen).units,
         "balances": [{"unit": u, **b.__dict__} for u, b in balances.items()],
-        "problems": engine.check_ledger(chosen),
+        # The check reads every entry of the mission: when asked, not on each visit.
+        "problems": engine.check_ledger(chosen) if query.get("check") else None,
         "charts": [
             chart(u, engine.ledger_entries(chosen, unit=u, newest=CHART_ENTRIES), b)
             for u, b in balances.items()
@@ -325,5 +326,25 @@ def _moved(entry: dict[str, Any]) -> tuple[int, int]:
 
 
 def audit(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
-    chains = [v.to_dict() for v in engine.verify_audit()]
-    return {"chains": chains, "ok": all(c["ok"] for c in chains)}
+    """The newest page of a chain's events (a mission's, else the engine's own)
+    before ``before``, read backwards on the chain's key: a visit costs one page
+    however long the chain. Verifying reads every event of every chain, so it
+    runs when asked (``verify``), not on each visit."""
+    missions = [m.to_dict() for m in engine.missions(limit=QUEUE_ROWS)]
+    chain = query.get("mission") or "engine"
+    if chain != "engine":
+        engine.mission(chain)  # an unknown mission is NotFound, not an empty chain
+    before = query.get("before")
+    found = engine.audit_events(
+        chain, before=whole(before, "before", 1) if before else None, limit=TIMELINE_ROWS + 1
+    )
+    events = found[-TIMELINE_ROWS:]
+    chains = [v.to_dict() for v in engine.verify_audit()] if query.get("verify") else None
+    return {
+        "missions": missions,
+        "mission": chain,
+        "events": events,
+        "older": events[0]["seq"] if len(found) > TIMELINE_ROWS else None,
+        "chains": chains,
+        "ok": chains is not None and all(c["ok"] for c in chains),
+    }
