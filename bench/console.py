@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +170,7 @@ def _session_cookie(base: str, credential: str) -> str:
 
 #: The desk's pages: each a URL from the run IDs (a random one for a run page),
 #: the mission and an effect key to search for.
-PAGES = {
+PAGES: dict[str, Callable[[random.Random, list[str], str, str], str]] = {
     "runs_list": lambda rng, runs, mission, key: "/console/runs",
     "run_page": lambda rng, runs, mission, key: f"/console/runs/{rng.choice(runs)}",
     "inbox": lambda rng, runs, mission, key: "/console/inbox",
