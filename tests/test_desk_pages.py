@@ -15,6 +15,7 @@ import _desk
 import charter
 from charter.server import pages
 from charter.storage import Tx
+from charter.testing import RecordingAdapter
 from conftest import Principals, default_contract
 
 
@@ -126,3 +127,52 @@ def test_the_ledger_page_checks_the_ledger_only_when_asked(
     assert checks == [mission]
     assert 'id="check-ledger"' in html and "ledger check: <span" not in html
     assert 'ledger check: <span class="ok">ok</span>' in checked
+
+
+def test_K3_the_runs_that_wait_for_a_person_are_read_by_index_whatever_else_ran(
+    desk: charter.Engine, who: Principals, store_url: str
+) -> None:
+    """Broken: the inbox read each status by scanning every run the store held, so
+    with 10,000 finished runs it cost 9 ms a visit, the most of any desk page. On
+    SQLite only (asking for ``store_url`` says so): it counts SQLite's virtual
+    machine steps, and SQLite's planner is the one that needs telling which index."""
+    mission = desk.create_mission(default_contract(allowance={"calls": 1}), by=who.alice)
+    paused = desk.start_run(mission, by=who.agent, segment_id="s1")
+    recorder = RecordingAdapter()
+    paused.perform(recorder, "read", {}, effect_key="first")
+    with pytest.raises(charter.errors.AdmissionRefused):  # the allowance is spent: paused
+        paused.perform(recorder, "read", {}, effect_key="second")
+    conn = desk._db.driver._conn  # type: ignore[attr-defined]
+    steps = [0]
+
+    def count() -> int:
+        steps[0] += 1
+        return 0
+
+    def cost() -> tuple[int, list[str]]:
+        steps[0] = 0
+        conn.set_progress_handler(count, 1)
+        try:
+            found = [r.id for r in desk.runs_needing_people()]
+        finally:
+            conn.set_progress_handler(None, 1)
+        return steps[0], found
+
+    alone, found = cost()
+    assert found == [paused.run_id]
+    busy(desk, who, runs=30)
+    assert cost() == (alone, found)
+
+
+def test_the_index_of_runs_waiting_for_a_person_exists_after_migrating(
+    desk: charter.Engine, raw: Any
+) -> None:
+    names = {str(r.get("name") or r.get("indexname")) for r in raw.dump()["schema"]}
+    assert "runs_need_people" in names
+
+
+def test_a_read_of_no_waiting_runs_is_refused(desk: charter.Engine) -> None:
+    """Bad input: a limit under one is a usage error."""
+    for bad in (0, -1, True):
+        with pytest.raises(charter.UsageError, match="limit"):
+            desk.runs_needing_people(limit=bad)

@@ -178,6 +178,18 @@ class Overview:
         items = [_found_run(r) for r in runs_found] + [_found(a, query) for a in attempts]
         return {"items": items, "next": next_, "scanned": len(window)}
 
+    def runs_needing_people(self, *, limit: int = 200) -> list[Run]:
+        """The runs no worker can carry on until a person decides something (K3):
+        ``needs_intervention`` (settle an attempt), ``paused`` (raise a limit,
+        close an incident) and ``stopping`` (settle what was sent), the most
+        recently changed first, at most ``limit``. Read through a partial index
+        that holds only those runs, so an inbox costs the same on a store of ten
+        finished runs or ten million."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise UsageError(f"limit is how many runs to read, 1 or more; got {limit!r}")
+        with self._db.read() as tx:
+            return run_store.needing_people(tx, limit=limit)
+
     def approval(self, approval_id: str) -> Approval:
         """One approval; an unknown one is :class:`~charter.errors.NotFound`."""
         with self._db.read() as tx:

@@ -438,3 +438,20 @@ def by_id_prefix(tx: Tx, prefix: str, *, limit: int) -> list[Run]:
         limit,
     )
     return [from_row(r) for r in rows if r["id"].startswith(prefix)]
+
+
+#: The statuses of runs that wait for a person (K3), as the partial index
+#: ``runs_need_people`` names them: the query repeats its condition word for word,
+#: which is what lets SQLite's planner read the index.
+NEED_PEOPLE = "status IN ('needs_intervention', 'paused', 'stopping')"
+
+
+def needing_people(tx: Tx, *, limit: int) -> list[Run]:
+    """The ``limit`` most recently changed runs that wait for a person, read
+    through ``runs_need_people``: the cost follows them, not the store's runs."""
+    rows = tx.all(
+        f"SELECT {_COLUMNS} FROM runs{{indexed_by runs_need_people}} WHERE {NEED_PEOPLE} "
+        "ORDER BY updated_at_us DESC LIMIT ?",
+        limit,
+    )
+    return [from_row(r) for r in rows]

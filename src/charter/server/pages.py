@@ -59,16 +59,9 @@ def inbox(engine: Engine, path: Values, query: Values) -> dict[str, Any]:
     return {"items": items, "stuck": stuck(engine)}
 
 
-#: The run statuses that wait for a person's decision (K3): settling an attempt,
-#: raising a limit or closing an incident, finishing a stop.
-NEEDS_PEOPLE = (RunStatus.NEEDS_INTERVENTION, RunStatus.PAUSED, RunStatus.STOPPING)
-
-
 def stuck(engine: Engine) -> list[dict[str, Any]]:
     """Runs no worker can carry on until a person decides something (K3)."""
-    found = [r for s in NEEDS_PEOPLE for r in engine.runs(status=s, limit=QUEUE_ROWS)]
-    found.sort(key=lambda r: r.updated_at_us, reverse=True)
-    return [r.to_dict() for r in found[:QUEUE_ROWS]]
+    return [r.to_dict() for r in engine.runs_needing_people(limit=QUEUE_ROWS)]
 
 
 def units_reader(engine: Engine) -> Callable[[str], Mapping[str, Unit]]:

@@ -477,3 +477,17 @@ UPGRADES.append(
         ],
     )
 )
+
+UPGRADES.append(
+    (
+        19,
+        "the runs that wait for a person, read by a partial index (K3)",
+        [
+            # The inbox lists them on every visit; without it each status was a
+            # scan of every run the store ever held. Partial: a run is written to
+            # it only while it waits for a person, so the hot path pays nothing.
+            """CREATE INDEX runs_need_people ON runs (updated_at_us)
+                WHERE status IN ('needs_intervention', 'paused', 'stopping')""",
+        ],
+    )
+)
