@@ -21,12 +21,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -62,31 +60,19 @@ class Instant:
 
 def serve(config_path: str) -> None:
     """The server process: the API over the store until SIGTERM."""
-    import uvicorn
-
-    from charter.server import create_app
+    from charter.server import serving
 
     cfg = json.loads(Path(config_path).read_text())
-    engine = charter.Engine.open(
-        cfg["url"], config=charter.EngineConfig(credentials=cfg["digests"])
-    )
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    # uvicorn binds the port itself: on a socket handed to it, its connections go
-    # without TCP_NODELAY, and every answer on a kept-alive one waits 40 ms.
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning")
-    )
-    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
-    thread = threading.Thread(target=server.run)
-    thread.start()
-    while not server.started and thread.is_alive():
-        time.sleep(0.01)
-    url = f"http://127.0.0.1:{port}"
-    print(url, flush=True)
-    thread.join()
-    engine.close()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with (
+        charter.Engine.open(
+            cfg["url"], config=charter.EngineConfig(credentials=cfg["digests"])
+        ) as engine,
+        serving(engine) as url,
+    ):
+        print(url, flush=True)
+        stop.wait()
 
 
 def _in_process(executor: charter.Executor, adapter: Instant, tag: str, n: int) -> float:

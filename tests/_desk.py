@@ -10,16 +10,12 @@ the test scripts (a lost response, evidence the target holds).
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import uvicorn
-
 import charter
-from charter.server import create_app
+from charter.server import serving as charter_serving
 from charter.testing import RecordingAdapter
 
 ADAPTER = RecordingAdapter(costs={"write": {"usd": 5_000, "calls": 1}})
@@ -70,29 +66,8 @@ def free_port() -> int:
 
 @contextmanager
 def serving(engine: charter.Engine, *, secure: bool = False, **options: Any) -> Iterator[str]:
-    """The application over ``engine`` (``options`` go to ``create_app``) served by
-    uvicorn on loopback; its base URL. When it stops, the refusals it counted
-    are written, as ``charter serve`` writes them."""
-    port = free_port()
-    app = create_app(engine, secure_cookies=secure, **options)
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        lifespan="off",
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the test server did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        app.state.gate.refusals.close()
+    """The application over ``engine`` (``options`` go to ``create_app``) served on
+    loopback (:func:`charter.server.serving`); its base URL. When it stops, the
+    refusals it counted are written, as ``charter serve`` writes them."""
+    with charter_serving(engine, secure_cookies=secure, **options) as url:
+        yield url

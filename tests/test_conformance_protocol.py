@@ -139,37 +139,23 @@ def test_X2_the_suite_names_its_cases_after_rules_and_uses_only_known_principals
 def serve(home: Path) -> None:
     """Serve the suite's fixture over a fresh store in ``home`` until SIGTERM."""
     import signal
-    import socket
     import threading
-    import time
 
-    import uvicorn
-
-    from charter.server import create_app
+    from charter.server import serving
 
     home.mkdir(parents=True, exist_ok=True)
     credentials, digests = principals()
-    engine = charter.Engine.open(
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with charter.Engine.open(
         str(home / "charter.db"), config=charter.EngineConfig(credentials=digests)
-    )
-    found = missions(engine, credentials)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    # uvicorn binds the port itself: on a socket handed to it, its connections go
-    # without TCP_NODELAY, and every answer on a kept-alive one waits 40 ms.
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning")
-    )
-    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
-    thread = threading.Thread(target=server.run)
-    thread.start()
-    while not server.started and thread.is_alive():
-        time.sleep(0.01)
-    url = f"http://127.0.0.1:{port}"
-    print(json.dumps({"url": url, "credentials": credentials, "missions": found}), flush=True)
-    thread.join()
-    engine.close()
+    ) as engine:
+        found = missions(engine, credentials)
+        with serving(engine) as url:
+            print(
+                json.dumps({"url": url, "credentials": credentials, "missions": found}), flush=True
+            )
+            stop.wait()
 
 
 if __name__ == "__main__":

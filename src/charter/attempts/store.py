@@ -148,6 +148,17 @@ def effect_attempts(
     return out
 
 
+def newest_execution(tx: Tx, run_id: str, node_id: str) -> int:
+    """The highest execution of ``node_id`` any attempt of the run was made in (0:
+    none), read at one end of the store's unique index."""
+    row = tx.one(
+        "SELECT MAX(execution) AS n FROM attempts WHERE run_id = ? AND node_id = ?",
+        run_id,
+        node_id,
+    )
+    return 0 if row is None or row["n"] is None else int(row["n"])
+
+
 _INSERT_ATTEMPT = (
     "INSERT INTO attempts (id, mission_id, run_id, node_id, execution, effect_key, generation, "
     "adapter, operation, effect_class, status, principal, admitted_epoch, dispatched_epoch, "

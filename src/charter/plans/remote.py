@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from charter.attempts import store as attempts_store
 from charter.errors import StateError, UsageError
 from charter.hashing import digest
 from charter.plans import store as plans_store
@@ -26,18 +27,25 @@ def start(seg: Segment, node_id: str) -> int:
     return start_execution(seg, node_id)
 
 
+#: How far past the newest execution it knows of (the node's, its attempts', the
+#: run's epoch) a client may number a node's execution: an effect's earlier tries
+#: are read execution by execution, so this bounds the reads one admission makes.
+EXECUTIONS_AHEAD = 1_000
+
+
 def check_execution(seg: Segment, node_id: str, execution: int) -> None:
-    """Refuse an execution number a client could not have been given (A4): one past
-    both the node's newest execution and the run's epoch. An effect's earlier tries
-    are read execution by execution, so an unbounded number would be unbounded work
-    for the store (and one request could hold a server thread for hours)."""
+    """Refuse an execution number no client could mean (A4): more than
+    :data:`EXECUTIONS_AHEAD` past the newest one known. Unbounded, one request
+    naming execution 1.7e12 held a server thread for hours."""
     with seg.runtime.db.read() as tx:
-        newest = plans_store.latest(tx, seg.run_id, node_id)
-    bound = max(seg.epoch, 0 if newest is None else int(newest["execution"]))
+        started = plans_store.latest(tx, seg.run_id, node_id)
+        tried = attempts_store.newest_execution(tx, seg.run_id, node_id)
+    newest = max(seg.epoch, tried, 0 if started is None else int(started["execution"]))
+    bound = newest + EXECUTIONS_AHEAD
     if execution > bound:
         raise UsageError(
-            f"execution {execution} of node {node_id!r} is past the node's newest execution "
-            f"and the run's epoch ({bound}); start the node first to be given its execution",
+            f"execution {execution} of node {node_id!r} is more than {EXECUTIONS_AHEAD} past "
+            f"the newest one known ({newest}); start the node to be given its execution",
             node_id=node_id,
             execution=execution,
             most=bound,
