@@ -76,6 +76,7 @@ def test() -> None:
 #: kills and pauses, random histories checked after every step, secret canaries.
 FAULTS = [
     "tests/test_sweep.py",
+    "tests/test_fleet.py",
     "tests/test_chaos.py",
     "tests/test_canaries.py",
     "tests/test_crash.py",
@@ -92,9 +93,10 @@ SLOW = ["tests/test_browser.py"]
 
 
 #: Run beside the rest of the whole suite, in a pytest process of its own: the
-#: sweep spends its time waiting on the child processes it kills, pauses and
-#: restarts (a fifth of a core), a quarter of the suite's time when run in turn.
-BESIDE = ["tests/test_sweep.py"]
+#: sweep and the worker fleets spend their time waiting on the child processes
+#: they kill, pause and restart (a fraction of a core), a third of the suite's
+#: time when run in turn.
+BESIDE = ["tests/test_sweep.py", "tests/test_fleet.py"]
 
 
 def faults() -> None:
