@@ -341,7 +341,7 @@ def fleet_rounds(runner: Runner, plan: Plan, server: pg.Server) -> dict[str, Any
     out = {}
     for layout in ("separate", "shared", "shared, no escrow"):
         for n in (1, 2, 4):
-            name = f"bench_fleet_{layout.replace(', ', '_')}_{n}"
+            name = f"bench_fleet_{layout.replace(', ', '_').replace(' ', '_')}_{n}"
             out[f"{layout}, {n}"] = runner.task(
                 "charter.fleet.postgres",
                 url=pg.fresh_database(server, name),
