@@ -28,16 +28,23 @@ BENCH = ROOT / "bench"
 RESULTS = BENCH / "results"
 DOC = ROOT / "docs" / "performance.md"
 
-#: The peers, as the ``bench`` extra of pyproject.toml lists them.
+#: The peers, as the ``bench`` extra of pyproject.toml lists them, and the server
+#: (its desk and remote-protocol rows serve an engine over HTTP).
 PEERS = [
     "dbos>=3.4",
     "langgraph>=1.2",
     "langgraph-checkpoint-sqlite>=3.1",
     "langgraph-checkpoint-postgres>=3.2",
     "psycopg[binary]>=3.2",
+    "starlette>=0.40",
+    "uvicorn>=0.30",
+    "jinja2>=3.1",
 ]
 MODULES = (
     "charter",
+    "starlette",
+    "uvicorn",
+    "jinja2",
     "dbos",
     "langgraph",
     "langgraph.checkpoint.sqlite",
