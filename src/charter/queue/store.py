@@ -70,13 +70,13 @@ def take_due(
         limit,
     )
     taken = [r["run_id"] for r in rows]
-    for run_id in taken:
-        tx.run(
+    if taken:  # one statement for all of them, sent with the commit
+        tx.write(
             "UPDATE run_queue SET due_at_us = ?, taken_by = ?, woken = 0, takes = takes + 1 "
-            "WHERE run_id = ?",
+            f"WHERE run_id IN ({_in(taken)})",
             hold_until_us,
             token,
-            run_id,
+            *taken,
         )
     return taken
 
