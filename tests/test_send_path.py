@@ -532,6 +532,47 @@ def test_A4_F3_an_effect_left_unsent_past_its_deadline_is_tried_again_within_the
         assert engine.check_ledger(mission) == []
 
 
+def test_A4_F3_a_node_whose_sends_the_engine_kept_refusing_as_late_is_told_why(
+    store_address: str,
+    creds: tuple[dict[str, str], dict[str, str]],
+    clock: ManualClock,
+) -> None:
+    """Broken: a process too slow for its send deadline has every try refused as
+    late; once the retry policy is spent the node sees ``AttemptFailed`` saying
+    only "settled failed", as if the target had refused a payment it never
+    received. The failure names its generation and the engine's own reason."""
+
+    def hook(point: str) -> None:
+        if point == "dispatch.after":
+            clock.advance(LEASE / 2)  # every try: past the send deadline
+
+    config = charter.EngineConfig(
+        credentials=creds[1], lease_seconds=LEASE * 10, send_deadline_seconds=LEASE / 3
+    )
+    with charter.Engine.open(store_address, config=config, clock=clock, crash_hook=hook) as engine:
+        people = {n: engine.authenticate(c) for n, c in creds[0].items()}
+        mission = engine.create_mission(default_contract(), by=people["alice"])
+        target = RecordingAdapter()
+        retries = target.operations["write"].retries
+
+        @charter.node
+        def pay(ctx: charter.Context, _: Any) -> Any:
+            return ctx.attempt(target, "write", {"n": 1}, key="pay")
+
+        plan = charter.Plan("slow", (pay,))
+        ex = engine.start_run(mission, by=people["agent"], segment_id="seg-1", plan=plan)
+        with pytest.raises(charter.AttemptFailed) as failed:
+            ex.execute(plan)
+
+        tries = sorted(engine.attempts(run_id=ex.run_id), key=lambda a: a.generation)
+        assert [a.status for a in tries] == [AttemptStatus.FAILED] * (retries + 1)
+        assert target.sent == []  # not one byte went out
+        assert f"generation {retries + 1} settled failed" in failed.value.message
+        assert "send deadline passed before the engine called the adapter" in failed.value.message
+        assert failed.value.details["reason"] == tries[-1].reason
+        assert engine.balances(mission)["calls"].spent == 0
+
+
 def test_F1_recover_sets_the_lease_by_the_store_clock_not_the_process_clock(
     make_engine: MakeEngine, who: Principals, clock: ManualClock
 ) -> None:

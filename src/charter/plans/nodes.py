@@ -337,10 +337,17 @@ class Context:
         if attempt.status is AttemptStatus.SUCCEEDED:
             return attempt.result
         if attempt.status in (AttemptStatus.FAILED, AttemptStatus.WRITTEN_OFF):
+            # The reason says whether the target refused, a lookup proved nothing
+            # was applied, or the engine itself refused to send late (F3): the
+            # same status, three different stories for whoever reads the failure.
+            why = f": {attempt.reason}" if attempt.reason else ""
             raise AttemptFailed(
-                f"attempt {attempt.id} ({attempt.scope}) settled {attempt.status.value}",
+                f"attempt {attempt.id} ({attempt.scope}) generation {attempt.generation} "
+                f"settled {attempt.status.value}{why}",
                 attempt_id=attempt.id,
                 status=attempt.status.value,
+                generation=attempt.generation,
+                reason=attempt.reason,
                 result=attempt.result,
             )
         if attempt.status is AttemptStatus.VOIDED:
