@@ -405,6 +405,9 @@ def test_K1_a_fleet_under_chaos(store_address: str, creds: Creds, tmp_path: Path
         found = violations(engine, mission, box)
         ends = Counter(r.status.value for r in ended)
         print(f"\nchaos seed {seed}: {dict(counts)}; runs {dict(ends)}; {len(box.payments())} paid")
+        for r in ended:  # what each run left for a person is waiting on
+            if r.status is not charter.RunStatus.COMPLETED:
+                print(f"  {r.id} {r.status.value}: {r.status_reason}")
         assert found == [], f"seed {seed}: " + "; ".join(found)
         assert all(settled(r) for r in ended), f"seed {seed}"
         assert len(ended) == counts["runs"]
