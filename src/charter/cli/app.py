@@ -389,7 +389,11 @@ def _recovering(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
         help="a cost more than 10 times the attempt's hold is meant (an overrun incident, L5)",
     )
     cmd["resume"].add_argument("run", help="run ID")
-    cmd["resume"].add_argument("--segment", required=True, help="the segment to continue as")
+    cmd["resume"].add_argument(
+        "--segment",
+        help="the segment to continue as, in this process; without it, a run workers carry "
+        "is given a go-ahead and the next worker continues it",
+    )
     for name in ("confirm", "resolve"):
         cmd[name].epilog = (
             f"Who decides: the principal whose credential CHARTER_CREDENTIAL holds "
@@ -400,7 +404,9 @@ def _recovering(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
     cmd["resume"].epilog = (
         "Who resumes: with CHARTER_CREDENTIAL (NAME:SECRET) or CHARTER_CREDENTIAL_FILE "
         "set, that principal (it needs 'run' in the mission; the 'human' resume mode "
-        "requires one); without, the engine itself, where the resume policy allows."
+        "requires one); without, the engine itself, where the resume policy allows. "
+        "A run workers carry needs no --segment: resume gives it a go-ahead (recorded "
+        "under that principal) and a worker continues it."
     )
 
 

@@ -276,6 +276,8 @@ def _resolve(engine: Engine, args: argparse.Namespace) -> Any:
 
 
 def _resume(engine: Engine, args: argparse.Namespace) -> Any:
+    if args.segment is None:
+        return _go_ahead(engine, args.run)
     by = None
     if os.environ.get("CHARTER_CREDENTIAL") or os.environ.get("CHARTER_CREDENTIAL_FILE"):
         by = principal(engine)
@@ -285,6 +287,21 @@ def _resume(engine: Engine, args: argparse.Namespace) -> Any:
     return (
         {"run_id": run.id, "status": run.status.value, "epoch": run.epoch, "result": result},
         f"run {run.id} {run.status.value} (epoch {run.epoch})",
+    )
+
+
+def _go_ahead(engine: Engine, run_id: str) -> Any:
+    """resume without --segment: a run workers carry goes on in a worker, on the
+    word of the principal whose credential is given."""
+    if engine.queued_run(run_id) is None:
+        raise UsageError(
+            f"run {run_id} is not carried by workers: give --segment to continue it here"
+        )
+    by = principal(engine)
+    run = engine.coordinator.go_ahead(run_id, by=by)
+    return (
+        {"run_id": run.id, "status": run.status.value, "epoch": run.epoch, "go_ahead": by.name},
+        f"run {run.id}: go-ahead from {by.name} recorded; the next worker continues it",
     )
 
 

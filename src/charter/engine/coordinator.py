@@ -26,6 +26,7 @@ from charter.contracts.contract import Contract, ResumeMode
 from charter.contracts.principals import Principal, Right
 from charter.engine import observed
 from charter.engine.executor import Executor
+from charter.engine.submitted import carried_and_let_go
 from charter.errors import (
     AttemptAlreadySettled,
     LeaseHeld,
@@ -412,21 +413,15 @@ class Coordinator:
             approvals.renew_expired(
                 tx, run_id, actor=actor, epoch=run.epoch, ask_again=not run.status.ending
             )
-        # The policy is judged on a read-only view, outside any write: a resume
-        # rule may read the engine (a write held here would deadlock it, R9).
-        with self._db.read() as tx:
-            run = runs.load(tx, run_id)
-            contract = self._contract(tx, run.mission_id)
-            state = recovery.build(tx, run, contract, [])
-        mode = self._mode(contract)
-        rules = self._runtime.config.resume_rules
-        blockers = policy.judge(state, contract, mode, None if by is None else by.name, rules)
+        run, contract, mode, ahead, blockers = self._judged(run_id, by)
         with self._db.transaction(gate=run.mission_id) as tx:
             now = runs.load(tx, run_id)
             if (now.epoch, now.owner_segment) != (run.epoch, segment_id):
                 blockers.append(f"the run was taken over meanwhile (epoch {now.epoch})")
             else:  # what may have changed since the view was read, under the gate
                 blockers += policy.blockers(recovery.build(tx, now, contract, []), contract)
+            if ahead is not None and not run_queue.use_go_ahead(tx, run_id, ahead):
+                blockers.append("the go-ahead was used by another continuation meanwhile")
             if blockers:
                 raise tx.refused(
                     NeedsIntervention(
@@ -441,11 +436,89 @@ class Coordinator:
                     actor=actor,
                     payload={"blockers": list(dict.fromkeys(blockers)), "mode": mode},
                 )
-            expires, claim = self._claim(tx, now, segment_id, actor=actor, mode=mode, force=force)
+            expires, claim = self._claim(
+                tx, now, segment_id, actor=actor, mode=mode, force=force, ahead=ahead
+            )
         return self._as_owner(now, segment_id, expires, claim)
 
+    def _judged(
+        self, run_id: str, by: Principal | None
+    ) -> tuple[Run, Contract, ResumeMode, str | None, list[str]]:
+        """The run, its contract, the resume mode, the go-ahead a continuation
+        without a person uses, and what stands in the way by the policy (R9).
+        Judged on a read-only view, outside any write: a resume rule may read
+        the engine (a write held here would deadlock it)."""
+        with self._db.read() as tx:
+            run = runs.load(tx, run_id)
+            contract = self._contract(tx, run.mission_id)
+            state = recovery.build(tx, run, contract, [])
+            row = run_queue.queued(tx, run_id) if by is None else None
+        ahead = None if row is None else row["go_ahead_by"]
+        mode = self._mode(contract)
+        rules = self._runtime.config.resume_rules
+        blockers = policy.judge(state, contract, mode, ahead if by is None else by.name, rules)
+        return run, contract, mode, ahead, blockers
+
+    def go_ahead(self, run_id: str, *, by: Principal) -> Run:
+        """``by``'s word that the workers carrying ``run_id`` may continue it: what
+        ``resume`` by that person would allow (R9's ``human`` policy needs it),
+        done by the next worker that takes the run, with its plans and adapters,
+        not in the deciding process. Recorded and audited; the run is due at
+        once (K2). One go-ahead is used by one continuation. Refused, typed and
+        changing nothing but the refusal's record, where ``resume`` would be
+        (what no mode passes, no ``run`` right), and for a run no worker
+        carries, one not begun yet, or one an executor holds now."""
+        check_text("run id", run_id)
+        with self._db.read() as tx:
+            run = runs.load(tx, run_id)
+        if run.status.terminal:
+            raise RunTerminal(
+                f"run {run_id} is {run.status.value}: it never goes on", run_id=run_id
+            )
+        with self._db.transaction() as tx:
+            self._authority.vouch(tx, by, mission_id=run.mission_id, entity=run_id)
+            self._authority.authorize_run(tx, by, run.mission_id, entity=run_id)
+        run, contract, mode, _, blockers = self._judged(run_id, by)
+        with self._db.transaction(gate=run.mission_id) as tx:
+            now = runs.load(tx, run_id)
+            carried_and_let_go(tx, now)
+            blockers += policy.blockers(recovery.build(tx, now, contract, []), contract)
+            if blockers:
+                found = list(dict.fromkeys(blockers))
+                raise tx.refused(
+                    NeedsIntervention(
+                        f"run {run_id} cannot go on: " + "; ".join(found),
+                        run_id=run_id,
+                        blockers=found,
+                        mode=mode,
+                    ),
+                    mission_id=run.mission_id,
+                    kind="go_ahead.refused",
+                    entity=run_id,
+                    actor=by.name,
+                    payload={"blockers": found, "mode": mode},
+                )
+            run_queue.give_go_ahead(tx, run_id, by.name)
+            tx.audit(
+                run.mission_id,
+                "run.go_ahead",
+                run_id,
+                actor=by.name,
+                epoch=now.epoch,
+                payload={"mode": mode},
+            )
+            return runs.load(tx, run_id)
+
     def _claim(
-        self, tx: Tx, run: Run, segment_id: str, *, actor: str, mode: str, force: bool
+        self,
+        tx: Tx,
+        run: Run,
+        segment_id: str,
+        *,
+        actor: str,
+        mode: str,
+        force: bool,
+        ahead: str | None,
     ) -> tuple[int, str]:
         """Make the returned executor the one holding the run (F1); its lease and claim.
 
@@ -493,7 +566,7 @@ class Coordinator:
             actor=actor,
             segment=segment_id,
             epoch=run.epoch,
-            payload={"mode": mode},
+            payload={"mode": mode} if ahead is None else {"mode": mode, "go_ahead_by": ahead},
         )
         return expires, claim
 

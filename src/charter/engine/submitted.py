@@ -21,7 +21,7 @@ from charter.contracts.authority import Authority
 from charter.contracts.principals import Principal
 from charter.engine.executor import Executor
 from charter.engine.runs import first_owner, recorded_input
-from charter.errors import StateError
+from charter.errors import LeaseHeld, StateError
 from charter.ids import check_text
 from charter.plans.nodes import Plan
 from charter.queue import store as run_queue
@@ -30,7 +30,7 @@ from charter.runs import store as run_store
 from charter.runs.liveness import owner_dead, process_json
 from charter.runs.run import Run, RunStatus
 from charter.runtime import Runtime
-from charter.storage import Database
+from charter.storage import Database, Tx
 from charter.waits import store as waits_store
 
 #: The queue a run goes to when its submitter names none.
@@ -48,6 +48,32 @@ def plan_ref(plan: Plan | str) -> str:
         )
     check_text("plan reference", ref)
     return ref
+
+
+def carried_and_let_go(tx: Tx, run: Run) -> None:
+    """A go-ahead is for a run workers carry, begun, and held by no live executor
+    (one that holds it is carrying it on already); raises otherwise."""
+    if run_queue.queued(tx, run.id) is None:
+        raise StateError(
+            f"run {run.id} is not carried by workers: continue it with resume, as a segment",
+            run_id=run.id,
+        )
+    if run.status is RunStatus.QUEUED:
+        raise StateError(
+            f"run {run.id} is not begun yet: a worker begins it without a go-ahead",
+            run_id=run.id,
+        )
+    if (
+        run_store.owner_claim(tx, run.id) is not None
+        and run.lease_expires_us > tx.now_us
+        and not owner_dead(run_store.owner_process(tx, run.id))
+    ):
+        raise LeaseHeld(
+            f"run {run.id} is being carried by an executor until its lease expires: it "
+            "needs no go-ahead",
+            run_id=run.id,
+            lease_expires_us=run.lease_expires_us,
+        )
 
 
 class Submissions:

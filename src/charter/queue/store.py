@@ -38,9 +38,28 @@ def enqueue(tx: Tx, run_id: str, *, queue: str, plan: str, due_us: int | None) -
 def queued(tx: Tx, run_id: str) -> Row | None:
     """The run's row in the queue, if workers carry it."""
     return tx.one(
-        "SELECT run_id, queue, plan, due_at_us, taken_by, woken, takes FROM run_queue "
-        "WHERE run_id = ?",
+        "SELECT run_id, queue, plan, due_at_us, taken_by, woken, takes, go_ahead_by "
+        "FROM run_queue WHERE run_id = ?",
         run_id,
+    )
+
+
+def give_go_ahead(tx: Tx, run_id: str, by: str) -> None:
+    """``by`` lets the next worker continue the run (R9's human policy): kept until
+    a continuation uses it, and the run is due now."""
+    tx.run("UPDATE run_queue SET go_ahead_by = ? WHERE run_id = ?", by, run_id)
+    wake(tx, run_id)
+
+
+def use_go_ahead(tx: Tx, run_id: str, by: str) -> bool:
+    """Use ``by``'s go-ahead for the continuation being committed; ``False`` if
+    another continuation used it first (one go-ahead, one continuation)."""
+    return bool(
+        tx.run(
+            "UPDATE run_queue SET go_ahead_by = NULL WHERE run_id = ? AND go_ahead_by = ?",
+            run_id,
+            by,
+        )
     )
 
 

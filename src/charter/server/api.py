@@ -261,6 +261,16 @@ def _resolve(engine: Engine, who: Principal, call: Call) -> Any:
 
 def _resume(engine: Engine, who: Principal, call: Call) -> Any:
     run_id = call.path["run_id"]
+    if not call.text("segment") and engine.queued_run(run_id) is not None:
+        # Workers carry it: they continue it on this person's go-ahead, with their
+        # plans and adapters; this server runs no agent's nodes.
+        run = engine.coordinator.go_ahead(run_id, by=who)
+        return {
+            "run_id": run.id,
+            "status": run.status.value,
+            "epoch": run.epoch,
+            "go_ahead": who.name,
+        }
     # By default the run continues as its owner's segment, which a blocked run has let go of.
     segment = call.text("segment") or engine.run(run_id).owner_segment
     executor = engine.coordinator.resume(run_id, segment, by=who)
@@ -343,7 +353,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
       "Take a run over as a new segment (needs recover; force: needs stop)", "recover", _recover,
       body={"segment": "string", "force": "boolean"}, required=("segment",)),
     E("POST", "/runs/{run_id}/resume", "resume",
-      "Continue a run under the resume policy (human mode: needs run)", "run", _resume,
+      "Continue a run under the resume policy (human mode: needs run); a run workers "
+      "carry is given a go-ahead, and the next worker continues it", "run", _resume,
       body={"segment": "string"}),
     E("POST", "/runs/{run_id}/stop", "stop", "Stop a run", "stop", _stop,
       body={"reason": "string"}),

@@ -491,3 +491,14 @@ UPGRADES.append(
         ],
     )
 )
+
+# From 20 on, a person may give a run that workers carry a go-ahead: under the
+# human resume policy (R9) the next worker to take the run continues it on that
+# person's word, instead of the person running the plan in their own process.
+UPGRADES.append(
+    (
+        20,
+        "a person's go-ahead for a worker to continue a run under the human policy (R9, K1)",
+        ["ALTER TABLE run_queue ADD COLUMN go_ahead_by TEXT"],
+    )
+)
