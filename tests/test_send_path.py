@@ -19,6 +19,7 @@ import charter
 from charter import AttemptStatus, RunStatus
 from charter.adapters import Dispatch, Evidence, Outcome
 from charter.clock import seconds_us
+from charter.plans.lineage import EXECUTIONS_AHEAD
 from charter.testing import ManualClock, RecordingAdapter, SkewedClock
 from conftest import Principals, default_contract, stored
 
@@ -232,6 +233,27 @@ def test_A4_a_later_generation_must_name_the_attempt_it_follows(
         )
     assert stored(engine, mission) == before
     assert len(adapter.sent) == 1
+
+
+@pytest.mark.timeout(20)
+def test_A4_an_execution_number_nobody_was_given_is_refused_in_process_at_once(
+    engine: charter.Engine, who: Principals, mission: str, adapter: RecordingAdapter
+) -> None:
+    """Broken A4: ``Executor.perform(..., execution=N)`` read the effect's earlier
+    tries execution by execution from N down, so N = 10**12 held the calling
+    thread for ever (the HTTP path was bounded, the in-process one was not)."""
+    ex = start(engine, who, mission)
+    ex.perform(adapter, "write", {"to": "x"}, effect_key="k", node_id="n", execution=1)
+    before = stored(engine, mission)
+    with pytest.raises(charter.UsageError, match="past the newest one known") as refused:
+        ex.perform(adapter, "write", {"to": "y"}, effect_key="j", node_id="n", execution=10**12)
+    assert refused.value.details["most"] == 1 + EXECUTIONS_AHEAD
+    assert stored(engine, mission) == before
+    assert len(adapter.sent) == 1
+    near = ex.perform(
+        adapter, "write", {"to": "y"}, effect_key="j", node_id="n", execution=1 + EXECUTIONS_AHEAD
+    )
+    assert near.status is AttemptStatus.SUCCEEDED  # within the bound, as before
 
 
 def test_A4_no_admission_while_an_earlier_execution_left_the_effect_unresolved(

@@ -47,7 +47,7 @@ from charter.errors import Blocked, NonDeterminismError, NotFound, StateError
 from charter.ids import check_text
 from charter.plans import remote as remote_nodes
 from charter.plans import runner
-from charter.plans.lineage import lineage
+from charter.plans.lineage import check_execution, lineage
 from charter.plans.nodes import Plan
 from charter.runs import store as run_store
 from charter.runs.ownership import Segment
@@ -205,6 +205,8 @@ class Executor:
         with the attempt left PREPARED and its hold kept; a settlement the store
         refuses raises :class:`~charter.errors.SettlementUnrecorded`.
         """
+        if node_id:  # its earlier tries are read execution by execution: bounded
+            check_execution(self._segment, node_id, execution)
         attempt = driver.perform(
             self._segment,
             adapter,
@@ -249,7 +251,7 @@ class Executor:
             dedupe_window_seconds,
             price_source or "client estimate",
         )
-        remote_nodes.check_execution(self._segment, node_id, execution)
+        check_execution(self._segment, node_id, execution)
         lines = self._lineage(node_id, execution)
         at = Effect(node_id, execution, effect_key, 1, None, lines)
         steps = driver.calling(self._segment, declared, operation, request, at)

@@ -8,8 +8,11 @@ tables itself.
 
 from __future__ import annotations
 
+from charter.attempts import store as attempts_store
 from charter.attempts.model import Lineage
+from charter.errors import UsageError
 from charter.plans import store as plans_store
+from charter.runs.ownership import Segment
 from charter.storage import Tx
 
 
@@ -27,3 +30,30 @@ def lineage(tx: Tx, run_id: str, node_id: str, execution: int) -> Lineage:
             break
         run, top = link
     return out
+
+
+#: How far past the newest execution it knows of (the node's, its attempts', the
+#: run's epoch) a caller may number a node's execution (a remote client, or
+#: ``Executor.perform``): an effect's earlier tries are read execution by
+#: execution, so this bounds the reads one admission makes.
+EXECUTIONS_AHEAD = 1_000
+
+
+def check_execution(seg: Segment, node_id: str, execution: int) -> None:
+    """Refuse an execution number no caller could mean (A4): more than
+    :data:`EXECUTIONS_AHEAD` past the newest one known. Unbounded, one request
+    naming execution 1.7e12 held a server thread for hours (and one call of
+    ``Executor.perform`` its thread)."""
+    with seg.runtime.db.read() as tx:
+        started = plans_store.latest(tx, seg.run_id, node_id)
+        tried = attempts_store.newest_execution(tx, seg.run_id, node_id)
+    newest = max(seg.epoch, tried, 0 if started is None else int(started["execution"]))
+    bound = newest + EXECUTIONS_AHEAD
+    if execution > bound:
+        raise UsageError(
+            f"execution {execution} of node {node_id!r} is more than {EXECUTIONS_AHEAD} past "
+            f"the newest one known ({newest}); start the node to be given its execution",
+            node_id=node_id,
+            execution=execution,
+            most=bound,
+        )

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from charter.attempts import store as attempts_store
 from charter.errors import StateError, UsageError
 from charter.hashing import digest
 from charter.plans import store as plans_store
@@ -25,31 +24,6 @@ from charter.runs.ownership import Segment
 def start(seg: Segment, node_id: str) -> int:
     """The execution of ``node_id`` the client runs now (fenced by ``seg``)."""
     return start_execution(seg, node_id)
-
-
-#: How far past the newest execution it knows of (the node's, its attempts', the
-#: run's epoch) a client may number a node's execution: an effect's earlier tries
-#: are read execution by execution, so this bounds the reads one admission makes.
-EXECUTIONS_AHEAD = 1_000
-
-
-def check_execution(seg: Segment, node_id: str, execution: int) -> None:
-    """Refuse an execution number no client could mean (A4): more than
-    :data:`EXECUTIONS_AHEAD` past the newest one known. Unbounded, one request
-    naming execution 1.7e12 held a server thread for hours."""
-    with seg.runtime.db.read() as tx:
-        started = plans_store.latest(tx, seg.run_id, node_id)
-        tried = attempts_store.newest_execution(tx, seg.run_id, node_id)
-    newest = max(seg.epoch, tried, 0 if started is None else int(started["execution"]))
-    bound = newest + EXECUTIONS_AHEAD
-    if execution > bound:
-        raise UsageError(
-            f"execution {execution} of node {node_id!r} is more than {EXECUTIONS_AHEAD} past "
-            f"the newest one known ({newest}); start the node to be given its execution",
-            node_id=node_id,
-            execution=execution,
-            most=bound,
-        )
 
 
 def complete(seg: Segment, node_id: str, execution: int, result: Any) -> str:
