@@ -265,3 +265,25 @@ def test_R9_K1_charter_resume_without_a_segment_gives_a_go_ahead(
         assert paid(box) == []
         assert worker.run_once() == {run.id: "ended"}
         assert paid(box) == ["c"]
+
+
+def test_R9_P3_a_go_ahead_whose_giver_lost_the_run_right_continues_nothing(
+    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter
+) -> None:
+    """Broken R9: a worker continued on the word of a person whose ``run`` right
+    was revoked between the go-ahead and the continuation. The right is checked
+    again against the contract the run would continue under."""
+    engine = human_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission, run_id, worker = waiting_for_a_person(engine, who, box, payments, "a")
+    engine.coordinator.go_ahead(run_id, by=who.alice)
+    revoked = contract()
+    revoked["principals"]["alice"] = ["resolve", "stop"]
+    engine.amend_contract(mission, revoked, by=who.alice, reason="alice no longer runs")
+    kinds = [e["kind"] for e in engine.audit_events(mission)]
+
+    assert worker.run_once() == {run_id: "needs_person"}
+    assert paid(box) == []
+    assert engine.queued_run(run_id)["go_ahead_by"] == "alice"  # type: ignore[index]
+    after = [e["kind"] for e in engine.audit_events(mission)]
+    assert after.count("run.resumed") == kinds.count("run.resumed")
