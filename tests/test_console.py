@@ -25,6 +25,7 @@ import pytest
 import _desk
 import charter
 from _raw import RawStore
+from charter import AttemptStatus
 from charter.server import pages
 from charter.server.console import _environment
 from charter.testing import RecordingAdapter, credential
@@ -695,3 +696,46 @@ def test_P1_reconcile_all_lists_what_it_will_do_then_reconciles_each_as_its_own_
     for attempt_id in ids[:2]:
         events = desk.timeline(desk.get_attempt(attempt_id).run_id)
         assert ("alice", "evidence.recorded") in {(e["actor"], e["kind"]) for e in events}
+
+
+def test_console_takes_a_cost_as_the_contract_writes_it_and_refuses_a_fraction_of_a_step(
+    desk: charter.Engine,
+    base: str,
+    who: Principals,
+    creds: tuple[dict[str, str], dict[str, str]],
+) -> None:
+    """Broken: the resolve form took only whole smallest steps, so an operator who
+    typed what the bank statement says ("49.99") was refused. A point means the
+    unit's reading (exactly 4999 cents); more decimals than the unit has are
+    refused and change nothing; a number without a point is still steps."""
+    mission = desk.create_mission(
+        default_contract(
+            allowance={"usd": 1_000_000, "calls": 100},
+            units={"usd": {"scale": 2, "name": "USD"}},
+        ),
+        by=who.alice,
+    )
+    first, second = uncertain(desk, who, mission, 2)
+    with browse(base) as http:
+        sign_in(http, creds[0]["alice"])
+        token = csrf(http.get("/console/queue").text)
+
+        def resolve(attempt: str, usd: str) -> str:
+            fields = [
+                ("csrf", token),
+                ("back", "/console/queue"),
+                ("outcome", "succeeded"),
+                ("evidence", "the bank statement of 3 Dec"),
+                ("cost.usd", usd),
+                ("cost.calls", "1"),
+            ]
+            return posted(http, f"/console/attempts/{attempt}/resolve", fields).text
+
+        resolve(first, "49.99")
+        before = stored(desk, mission)
+        refused = resolve(second, "49.999")
+    settled = desk.get_attempt(first)
+    assert (settled.status, settled.actual) == (AttemptStatus.SUCCEEDED, {"usd": 4999, "calls": 1})
+    assert "refused (usage_error)" in refused and "at most 2 decimal" in refused
+    assert stored(desk, mission) == before
+    assert desk.get_attempt(second).status is AttemptStatus.UNKNOWN

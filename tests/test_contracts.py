@@ -769,6 +769,39 @@ def test_a_unit_declares_its_scale_and_amounts_show_exactly() -> None:
     assert Contract.from_dict(contract.to_dict()) == contract
 
 
+def test_amounts_as_people_type_them_read_exactly_and_bad_ones_are_refused() -> None:
+    """``Unit.parse`` is ``show``'s inverse for what a person types: a point means
+    the unit's reading ("12.50" USD is 1250 cents), no point means whole steps
+    as every amount is written elsewhere ("1250" is 1250, never 125,000). No
+    float, no more decimals than the unit has, nothing outside A9's range."""
+    usd, calls = charter.Unit(2, "USD"), charter.Unit(0, "calls")
+    assert [usd.parse(t) for t in ("12.50", "12.5", "1250", "0.01", " 3.10 ")] == [
+        1250,
+        1250,
+        1250,
+        1,
+        310,
+    ]
+    largest = 2**63 - 1
+    assert usd.parse("92233720368547758.07") == usd.parse(str(largest)) == largest
+    assert calls.parse("3") == 3
+    for bad, unit in (
+        ("12.505", usd),  # a fraction of a cent
+        ("12.", usd),
+        (".5", usd),
+        ("1.2.3", usd),
+        ("-1", usd),
+        ("1e3", usd),
+        ("\u0661\u0662", usd),  # digits, but not ASCII ones
+        ("92233720368547758.08", usd),  # one cent past the largest amount
+        ("3.0", calls),  # a unit without decimals
+        ("", usd),
+    ):
+        with pytest.raises(charter.UsageError):
+            unit.parse(bad)
+    assert all(usd.parse(usd.show(a)[: -len(" USD")]) == a for a in (0, 5, 4_50, largest))
+
+
 def test_amounts_show_with_their_units_exactly_the_one_way_every_desk_shows_them() -> None:
     """``charter.show_amounts`` is what the CLI's text and the console's pages
     print: the contract's scale and name, integer digits only (no float rounds

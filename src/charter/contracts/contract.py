@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from charter.amounts import is_amount
 from charter.contracts.principals import Right
-from charter.errors import ContractError
+from charter.errors import ContractError, UsageError
 
 ResumeMode = Literal["automatic", "rules", "human"]
 #: From least to most restrictive; a contract may only move right (R9).
@@ -119,6 +119,27 @@ class Unit:
         if self.scale == 0:
             return f"{sign}{digits} {self.name}"
         return f"{sign}{digits[: -self.scale]}.{digits[-self.scale :]} {self.name}"
+
+    def parse(self, text: str) -> int:
+        """An amount as a person types it, in smallest steps: ``"12.50"`` (or
+        ``"12.5"``) with scale 2 is ``1250``. A number without a point is whole
+        steps, as every amount is written elsewhere (``"1250"`` is ``1250``, never
+        125,000: a point says the unit's reading is meant). Exact: digits only,
+        never a float; at most ``scale`` decimals, within A9's range."""
+        whole, point, decimals = text.strip().partition(".")
+        if not point:
+            decimals = ""
+        elif not decimals or len(decimals) > self.scale:
+            raise UsageError(
+                f"{text!r}: an amount of {self.name} has at most {self.scale} decimal(s) "
+                "after its point, and at least one"
+            )
+        digits = whole + decimals.ljust(self.scale if point else 0, "0")
+        if not (whole and (whole + decimals).isascii() and (whole + decimals).isdigit()):
+            raise UsageError(f"{text!r} is not an amount of {self.name}: digits and one point")
+        if len(digits) > 19 or not is_amount(int(digits)):
+            raise UsageError(f"{text!r} is more {self.name} than any amount (A9)")
+        return int(digits)
 
 
 def show_amounts(amounts: Mapping[str, int] | None, units: Mapping[str, Unit] | None = None) -> str:

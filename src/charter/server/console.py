@@ -28,6 +28,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from charter import CharterError, show_amounts
+from charter.contracts.contract import Unit
 from charter.errors import AuthenticationError, UsageError
 from charter.server import pages, search, story
 from charter.server.api import ENDPOINTS, Call
@@ -92,15 +93,33 @@ def _environment() -> Environment:
     return env
 
 
-def _body(form: Mapping[str, str], name: str) -> dict[str, Any]:
+def _body(
+    form: Mapping[str, str], name: str, units: Callable[[], Mapping[str, Unit]]
+) -> dict[str, Any]:
     """The API body a console form stands for: its fields, costs gathered from
-    ``cost.UNIT`` fields into one mapping of whole amounts."""
+    ``cost.UNIT`` fields into one mapping of amounts. A cost is whole steps
+    (``1250``), or, with a point, the unit as its contract describes it
+    (``12.50`` USD, exactly 1250 cents; ``units`` is read only then)."""
     fields = set(BY_NAME[name].body)
     body: dict[str, Any] = {k: v for k, v in form.items() if k in fields and v}
-    costs = {k[5:]: whole(v, k) for k, v in form.items() if k.startswith("cost.") and v}
+    costs: dict[str, int] = {}
+    for key, text in form.items():
+        if not key.startswith("cost.") or not text:
+            continue
+        unit = key[5:]
+        described = units().get(unit) if "." in text else None
+        costs[unit] = whole(text, key) if described is None else described.parse(text)
     if "cost" in fields and costs:
         body["cost"] = costs
     return body
+
+
+def _units(engine: Engine, path: Mapping[str, str]) -> Mapping[str, Unit]:
+    """How the units of the attempt a form settles are shown (its contract's)."""
+    attempt_id = path.get("attempt_id")
+    if attempt_id is None:
+        return {}
+    return engine.contract(engine.get_attempt(attempt_id).mission_id).units
 
 
 def _here(request: Request) -> str:
@@ -270,8 +289,9 @@ class Console:
                     check_csrf(held.csrf, form.get("csrf"))
                 except CsrfRefused as exc:
                     return self._refused(exc)
-                call = Call(request.path_params, {}, {**_body(form, name), **fixed})
+                units = functools.partial(_units, self.engine, request.path_params)
                 try:
+                    call = Call(request.path_params, {}, {**_body(form, name, units), **fixed})
                     result = ep.handler(self.engine, held.principal, call)
                 except CharterError as exc:
                     return f"refused ({exc.code}): {exc.message}"
