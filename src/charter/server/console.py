@@ -28,7 +28,6 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from charter import CharterError, show_amounts
-from charter.contracts.contract import Unit
 from charter.errors import AuthenticationError, UsageError
 from charter.server import pages, search, story
 from charter.server.api import ENDPOINTS, Call
@@ -44,7 +43,7 @@ from charter.server.reader import Reader
 from charter.server.wire import BodyTooLarge, CsrfRefused, status_of, whole
 
 if TYPE_CHECKING:
-    from charter import Engine, SignIn
+    from charter import Engine, SignIn, Unit
 
 HERE = Path(__file__).parent
 BY_NAME = {ep.name: ep for ep in ENDPOINTS}
