@@ -1,10 +1,12 @@
 """A person's go-ahead lets workers continue a run under the human policy (R9, K1).
 
-Under ``resume = "human"`` every continuation needs a person's word. For a run
-workers carry, that word is a go-ahead: recorded, audited, used by the next
-worker that takes the run, once. Each test drives a :class:`charter.Worker` in
-this process on both stores and asserts on what the store recorded and what
-the payments sandbox took.
+Under ``resume = "human"`` a run that was interrupted (its owner lost while it
+ran) goes on only on a person's word. For a run workers carry, that word is a
+go-ahead: recorded, audited, used by the next worker that takes the run, once.
+A run that stopped itself on a wait was not interrupted: once the wait is over,
+a worker continues it under any policy (K2). Each test drives a
+:class:`charter.Worker` in this process on both stores and asserts on what the
+store recorded and what the payments sandbox took.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from charter.adapters.http import HttpAdapter
 from charter.errors import LeaseHeld, NeedsIntervention, NotAuthorized, RunTerminal, StateError
 from charter.runs.model import RunStatus
 from charter.sandbox import Sandbox
-from charter.testing import credential
+from charter.testing import ManualClock, credential
 from conftest import Principals, default_contract, stored
 
 MakeEngine = Callable[..., charter.Engine]
+LEASE = 30.0
 
 
 @pytest.fixture(autouse=True)
@@ -36,15 +39,16 @@ def _plans_adapters() -> Any:
     plans.close()
 
 
-def human_engine(make_engine: MakeEngine, **config: Any) -> charter.Engine:
-    """Workers under the default policy: every continuation needs a person."""
-    return make_engine(resume="human", evidence_settles="auto", lease_seconds=30.0, **config)
+def human_engine(make_engine: MakeEngine) -> charter.Engine:
+    """Workers under the default policy: an interrupted run needs a person."""
+    return make_engine(resume="human", evidence_settles="auto", lease_seconds=LEASE)
 
 
-def contract() -> dict[str, Any]:
-    """Every payment needs bob's approval; alice may let a run go on (``run``)."""
+def contract(*, approvals: bool = False) -> dict[str, Any]:
+    """Alice may let a run go on (``run``); with ``approvals``, every payment
+    needs bob's approval first."""
     return default_contract(
-        approvals={"required": ["payments.pay"], "ttl_seconds": 600},
+        approvals={"required": ["payments.pay"] if approvals else [], "ttl_seconds": 600},
         principals={
             "agent": {"run": ["payments.*"]},
             "alice": ["resolve", "stop", "run"],
@@ -62,31 +66,44 @@ def paid(box: Sandbox) -> list[str]:
     return [p["reference"] for p in box.payments()]
 
 
-def waiting_for_a_person(
-    engine: charter.Engine, who: Principals, box: Sandbox, payments: HttpAdapter, *invoices: str
+def kinds(engine: charter.Engine, mission: str) -> list[str]:
+    return [e["kind"] for e in engine.audit_events(mission)]
+
+
+def interrupted(
+    engine: charter.Engine,
+    who: Principals,
+    box: Sandbox,
+    payments: HttpAdapter,
+    clock: ManualClock,
+    *invoices: str,
+    approvals: bool = False,
 ) -> tuple[str, str, charter.Worker]:
-    """A submitted run begun by a worker, its first payment approved, parked: the
-    worker may not continue it on its own. The mission, the run, the worker."""
-    mission = engine.create_mission(contract(), by=who.alice)
+    """A submitted run whose first worker began it and was never heard of again:
+    the next worker takes it over once the lease ends, and may not continue it
+    on its own. The mission, the run, the worker."""
+    mission = engine.create_mission(contract(approvals=approvals), by=who.alice)
     run = engine.submit(mission, by=who.agent, plan=plans.PAY, input=pay_input(box, *invoices))
+    assert engine.begin(run.id, "lost-worker") is not None
+    clock.advance(LEASE + 1)
     worker = charter.Worker(engine, plans.PLANS, adapters=[payments])
-    assert worker.run_once() == {run.id: "waiting"}
-    [approval] = engine.approvals(run_id=run.id, pending=True)
-    engine.approve(approval.id, by=who.bob)
     assert worker.run_once() == {run.id: "needs_person"}
     assert paid(box) == []
     return mission, run.id, worker
 
 
 def test_R9_K1_a_persons_go_ahead_lets_the_next_worker_continue_the_run_once(
-    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter
+    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter, clock: ManualClock
 ) -> None:
-    """Broken: under the human policy a worker-carried run could only go on in the
-    deciding person's own process, which has neither the plan nor the adapters;
-    and a go-ahead, once given, let every later continuation through."""
+    """Broken: under the human policy an interrupted worker-carried run could only
+    go on in the deciding person's own process, which has neither the plan nor
+    the adapters (the console's Resume ran it in the web server); and a
+    go-ahead, once given, would let every later continuation through."""
     engine = human_engine(make_engine)
     who = Principals(creds[0], creds[1], engine)
-    mission, run_id, worker = waiting_for_a_person(engine, who, box, payments, "a", "b")
+    mission, run_id, worker = interrupted(
+        engine, who, box, payments, clock, "a", "b", approvals=True
+    )
 
     given = engine.coordinator.go_ahead(run_id, by=who.alice)
 
@@ -95,33 +112,67 @@ def test_R9_K1_a_persons_go_ahead_lets_the_next_worker_continue_the_run_once(
         "alice"
     ]
     assert given.status is not RunStatus.COMPLETED and paid(box) == []  # nothing ran here
-    # The worker continues on alice's word, pays "a", and waits for "b"'s approval.
+    # The worker continues on alice's word, up to "a"'s approval; the go-ahead is used.
     assert worker.run_once() == {run_id: "waiting"}
-    assert paid(box) == ["a"]
     assert engine.queued_run(run_id)["go_ahead_by"] is None  # type: ignore[index]
     resumed = [e for e in engine.audit_events(mission) if e["kind"] == "run.resumed"]
     assert [json.loads(e["payload"])["go_ahead_by"] for e in resumed] == ["alice"]
 
-    # One go-ahead, one continuation: the next one needs a person's word again.
+    # Interrupted again (a person resumed it by hand and vanished): the used
+    # go-ahead does not let it through; only a new one does.
+    [first] = engine.approvals(run_id=run_id, pending=True)
+    engine.approve(first.id, by=who.bob)
+    owner = engine.run(run_id).owner_segment
+    assert owner is not None
+    engine.coordinator.resume(run_id, owner, by=who.alice)  # held, and never executed
+    clock.advance(LEASE + 1)
+    assert worker.run_once() == {run_id: "needs_person"}
+    assert paid(box) == []
+    engine.coordinator.go_ahead(run_id, by=who.alice)
+    assert worker.run_once() == {run_id: "waiting"}  # paid "a", waits for "b"'s approval
+    assert paid(box) == ["a"]
+
+    # A wait is no interruption (K2): "b"'s approval lets the worker go on, no go-ahead.
     [second] = engine.approvals(run_id=run_id, pending=True)
     engine.approve(second.id, by=who.bob)
-    assert worker.run_once() == {run_id: "needs_person"}
-    assert paid(box) == ["a"]
-    engine.coordinator.go_ahead(run_id, by=who.alice)
     assert worker.run_once() == {run_id: "ended"}
     assert paid(box) == ["a", "b"]
     assert engine.run(run_id).status is RunStatus.COMPLETED
+    assert kinds(engine, mission).count("run.go_ahead") == 2
     assert engine.check_ledger(mission) == []
 
 
+def test_K2_R9_under_the_human_policy_a_wait_that_is_over_continues_by_itself(
+    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter, clock: ManualClock
+) -> None:
+    """Broken K2: under the default policy a worker parked every run whose wait was
+    over (an approval granted) for a person, as if it had been interrupted; the
+    approval in the console continued nothing. Also when its lease ran out
+    while it waited (the worker then takes it over as a new segment)."""
+    engine = human_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(contract(approvals=True), by=who.alice)
+    run = engine.submit(mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "a", "b"))
+    worker = charter.Worker(engine, plans.PLANS, adapters=[payments])
+    assert worker.run_once() == {run.id: "waiting"}
+    for _ in range(2):
+        [approval] = engine.approvals(run_id=run.id, pending=True)
+        engine.approve(approval.id, by=who.bob)
+        clock.advance(LEASE + 1)  # a person took longer than a lease to decide
+        worker.run_once()
+    assert paid(box) == ["a", "b"]
+    assert engine.run(run.id).status is RunStatus.COMPLETED
+    assert "run.go_ahead" not in kinds(engine, mission)
+
+
 def test_P3_R9_a_go_ahead_refused_changes_nothing(
-    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter
+    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter, clock: ManualClock
 ) -> None:
     """Broken: a go-ahead from a principal without ``run``, or for a run that is
     not carried by workers, not begun, or held by a live executor, was recorded."""
     engine = human_engine(make_engine)
     who = Principals(creds[0], creds[1], engine)
-    mission, run_id, worker = waiting_for_a_person(engine, who, box, payments, "a")
+    mission, run_id, worker = interrupted(engine, who, box, payments, clock, "a")
     queued = engine.submit(mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "q"))
     own = engine.start_run(mission, by=who.agent, segment_id="own")
     before = stored(engine, mission)
@@ -138,12 +189,12 @@ def test_P3_R9_a_go_ahead_refused_changes_nothing(
 
     assert stored(engine, mission) == before
     assert {r: engine.queued_run(r) for r in rows} == rows
-    assert worker.run_once() == {queued.id: "waiting"}  # the parked run was not made due
+    assert worker.run_once() == {queued.id: "ended"}  # the interrupted run was not made due
+    assert paid(box) == ["q"]
 
     # An executor holding the run carries it on already: no go-ahead is taken.
     held = engine.submit(mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "h"))
-    executor = engine.begin(held.id, "carrier")
-    assert executor is not None
+    assert engine.begin(held.id, "carrier") is not None
     with pytest.raises(LeaseHeld):
         engine.coordinator.go_ahead(held.id, by=who.alice)
     assert engine.queued_run(held.id)["go_ahead_by"] is None  # type: ignore[index]
@@ -157,13 +208,7 @@ def test_R9_a_go_ahead_never_passes_an_unresolved_attempt(
     is refused (typed, recorded as refused, nothing else changed)."""
     engine = human_engine(make_engine)
     who = Principals(creds[0], creds[1], engine)
-    mission = engine.create_mission(
-        default_contract(
-            principals={"agent": {"run": ["payments.*"]}, "alice": ["resolve", "stop", "run"]},
-            allowance={"usd_cents": 100_000},
-        ),
-        by=who.alice,
-    )
+    mission = engine.create_mission(contract(), by=who.alice)
     box.fault("drop_after_apply", reference="lost")
     run = engine.submit(mission, by=who.agent, plan=plans.PAY, input=pay_input(box, "lost", "b"))
     worker = charter.Worker(engine, plans.PLANS)
@@ -177,19 +222,41 @@ def test_R9_a_go_ahead_never_passes_an_unresolved_attempt(
     assert refused.value.details["mode"] == "human"
     assert stored(engine, mission) == before
     assert engine.queued_run(run.id)["go_ahead_by"] is None  # type: ignore[index]
-    assert [e["kind"] for e in engine.audit_events(mission)][-1] == "go_ahead.refused"
+    assert kinds(engine, mission)[-1] == "go_ahead.refused"
     assert worker.run_once() == {}
     assert paid(box) == ["lost"]
 
 
+def test_R9_a_go_ahead_whose_giver_lost_the_run_right_continues_nothing(
+    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter, clock: ManualClock
+) -> None:
+    """Broken R9: a worker continued on the word of a person whose ``run`` right
+    was revoked between the go-ahead and the continuation. The right is checked
+    again against the contract the run would continue under."""
+    engine = human_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission, run_id, worker = interrupted(engine, who, box, payments, clock, "a")
+    engine.coordinator.go_ahead(run_id, by=who.alice)
+    revoked = contract()
+    revoked["principals"]["alice"] = ["resolve", "stop"]
+    engine.amend_contract(mission, revoked, by=who.alice, reason="alice no longer runs")
+    before = kinds(engine, mission).count("run.resumed")
+
+    assert worker.run_once() == {run_id: "needs_person"}
+    assert paid(box) == []
+    assert engine.queued_run(run_id)["go_ahead_by"] == "alice"  # type: ignore[index]
+    assert kinds(engine, mission).count("run.resumed") == before
+
+
 def test_R9_a_finished_run_takes_no_go_ahead(
-    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter
+    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter, clock: ManualClock
 ) -> None:
     engine = human_engine(make_engine)
     who = Principals(creds[0], creds[1], engine)
-    mission, run_id, worker = waiting_for_a_person(engine, who, box, payments, "a")
+    mission, run_id, worker = interrupted(engine, who, box, payments, clock, "a")
     engine.coordinator.go_ahead(run_id, by=who.alice)
     assert worker.run_once() == {run_id: "ended"}
+    assert paid(box) == ["a"]
     before = stored(engine, mission)
 
     with pytest.raises(RunTerminal):
@@ -198,17 +265,14 @@ def test_R9_a_finished_run_takes_no_go_ahead(
 
 
 def test_R9_K1_the_desks_resume_gives_a_worker_carried_run_a_go_ahead(
-    make_engine: MakeEngine,
-    creds: Any,
-    box: Sandbox,
-    payments: HttpAdapter,
+    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter, clock: ManualClock
 ) -> None:
     """Broken: the console's and the API's resume ran a worker-carried run's plan in
     the web server's own process. Now it records the person's go-ahead and the
     worker continues the run; the server sends nothing."""
     engine = human_engine(make_engine)
     who = Principals(creds[0], creds[1], engine)
-    _, run_id, worker = waiting_for_a_person(engine, who, box, payments, "a")
+    _, run_id, worker = interrupted(engine, who, box, payments, clock, "a")
     bearer = {"Authorization": f"Bearer {creds[0]['alice']}"}
 
     with (
@@ -234,11 +298,12 @@ def test_R9_K1_charter_resume_without_a_segment_gives_a_go_ahead(
     """``charter resume RUN`` on a run workers carry records the go-ahead of the
     principal whose credential is given; on any other run it asks for a segment
     and changes nothing."""
-    names = ("agent", "alice", "bob")
+    names = ("agent", "alice")
     pairs = {name: credential(name) for name in names}
     config = tmp_path / "charter.toml"
     config.write_text(
-        f'store = "{tmp_path / "charter.db"}"\nresume = "human"\nevidence_settles = "auto"\n'
+        f'store = "{tmp_path / "charter.db"}"\nresume = "human"\nlease_seconds = 1\n'
+        "send_deadline_seconds = 0.5\n"
         "[credentials]\n" + "".join(f'{n} = "{pairs[n][1]}"\n' for n in names)
     )
     with charter.Engine.open(
@@ -247,10 +312,11 @@ def test_R9_K1_charter_resume_without_a_segment_gives_a_go_ahead(
         who = {n: engine.authenticate(pairs[n][0]) for n in names}
         mission = engine.create_mission(contract(), by=who["alice"])
         run = engine.submit(mission, by=who["agent"], plan=plans.PAY, input=pay_input(box, "c"))
+        assert engine.begin(run.id, "lost-worker") is not None
         worker = charter.Worker(engine, plans.PLANS, adapters=[payments])
-        assert worker.run_once() == {run.id: "waiting"}
-        [approval] = engine.approvals(run_id=run.id, pending=True)
-        engine.approve(approval.id, by=who["bob"])
+        deadline = engine.run(run.id).lease_expires_us
+        while engine.now_us() <= deadline:  # the lost worker's one-second lease
+            assert worker.run_once() in ({}, {run.id: "held"})
         assert worker.run_once() == {run.id: "needs_person"}
         own = engine.start_run(mission, by=who["agent"], segment_id="own")
         monkeypatch.setenv("CHARTER_CONFIG", str(config))
@@ -258,32 +324,10 @@ def test_R9_K1_charter_resume_without_a_segment_gives_a_go_ahead(
 
         code, refused = cli("resume", own.run_id)
         assert code != 0 and "--segment" in refused
-        assert engine.audit_events(mission)[-1]["kind"] != "run.go_ahead"
+        assert "run.go_ahead" not in kinds(engine, mission)
 
         code, out = cli("resume", run.id, "--json")
         assert (code, out["go_ahead"]) == (0, "alice")
         assert paid(box) == []
         assert worker.run_once() == {run.id: "ended"}
         assert paid(box) == ["c"]
-
-
-def test_R9_P3_a_go_ahead_whose_giver_lost_the_run_right_continues_nothing(
-    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter
-) -> None:
-    """Broken R9: a worker continued on the word of a person whose ``run`` right
-    was revoked between the go-ahead and the continuation. The right is checked
-    again against the contract the run would continue under."""
-    engine = human_engine(make_engine)
-    who = Principals(creds[0], creds[1], engine)
-    mission, run_id, worker = waiting_for_a_person(engine, who, box, payments, "a")
-    engine.coordinator.go_ahead(run_id, by=who.alice)
-    revoked = contract()
-    revoked["principals"]["alice"] = ["resolve", "stop"]
-    engine.amend_contract(mission, revoked, by=who.alice, reason="alice no longer runs")
-    kinds = [e["kind"] for e in engine.audit_events(mission)]
-
-    assert worker.run_once() == {run_id: "needs_person"}
-    assert paid(box) == []
-    assert engine.queued_run(run_id)["go_ahead_by"] == "alice"  # type: ignore[index]
-    after = [e["kind"] for e in engine.audit_events(mission)]
-    assert after.count("run.resumed") == kinds.count("run.resumed")

@@ -453,10 +453,12 @@ class Coordinator:
             contract = self._contract(tx, run.mission_id)
             state = recovery.build(tx, run, contract, [])
             row = run_queue.queued(tx, run_id) if by is None else None
+            let_go = run_store.let_go(tx, run_id)
         ahead = None if row is None else row["go_ahead_by"]
         mode = self._mode(contract)
         rules = self._runtime.config.resume_rules
-        blockers = policy.judge(state, contract, mode, ahead if by is None else by.name, rules)
+        who = ahead if by is None else by.name
+        blockers = policy.judge(state, contract, mode, who, rules, let_go=let_go)
         return run, contract, mode, ahead, blockers
 
     def go_ahead(self, run_id: str, *, by: Principal) -> Run:

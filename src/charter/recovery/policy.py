@@ -7,7 +7,13 @@ takeovers of one effect or crashes, or a non-determinism (:func:`blockers`). Bey
 the mode (:func:`mode`: the engine's, made stricter, never looser, by the
 contract) says who decides: ``automatic`` continues, ``rules`` asks the
 engine's resume rules, ``human`` needs an authenticated principal holding
-``run`` in the mission (:func:`judge`).
+``run`` in the mission (:func:`judge`) — after an interruption. A run whose
+executor let go of it (a wait, K2; a pause for its allowance or an incident,
+L5, L7; a worker stopping, K4) and whose owner was not lost holding it since
+was not interrupted: once what it waits for has come, it goes on as it would
+have, under any mode. What let it go on (an approval, a raised limit, a closed
+incident) was a person's decision already, and everything above still stands
+in the way.
 """
 
 from __future__ import annotations
@@ -34,12 +40,17 @@ def judge(
     how: ResumeMode,
     by: str | None,
     rules: Sequence[Callable[[Any], bool]],
+    *,
+    let_go: bool = False,
 ) -> list[str]:
     """What stands in the way of continuing, by the recorded state and the mode
-    ``how``; ``by`` is the authenticated principal asking, if any. Resume rules
-    are called here: the caller holds no transaction (a rule may read the engine)."""
+    ``how``; ``by`` is the authenticated principal asking, if any; ``let_go``:
+    the run's executor let go of it and no owner was lost holding it since.
+    Resume rules are called here: the caller holds no transaction (a rule may
+    read the engine)."""
     found = blockers(state, contract)
-    if not found and how == "human":
+    went_on_by_itself = by is None and let_go and not interrupted(state)
+    if not found and how == "human" and not went_on_by_itself:
         if by is None:
             found.append(
                 "the resume policy is 'human': an authenticated principal "
@@ -52,6 +63,14 @@ def judge(
         if failed:
             found.append(f"resume rules refused: {failed}")
     return found
+
+
+def interrupted(state: RecoveryState) -> bool:
+    """Whether the run needs a person's look whatever let go of it: it waits for
+    intervention, or a node execution was left running."""
+    return state.run.status is RunStatus.NEEDS_INTERVENTION or any(
+        n["status"] == "running" for n in state.nodes
+    )
 
 
 def blockers(state: RecoveryState, contract: Contract) -> list[str]:

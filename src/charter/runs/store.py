@@ -256,6 +256,12 @@ def owner_claim(tx: Tx, run_id: str) -> str | None:
     return held
 
 
+def let_go(tx: Tx, run_id: str) -> bool:
+    """Whether the run's last executor let go of it (a wait, a pause, a stopping
+    worker) and no owner was lost holding it since: it was not interrupted (R9)."""
+    return tx.one("SELECT run_id FROM runs_let_go WHERE run_id = ?", run_id) is not None
+
+
 def owner_process(tx: Tx, run_id: str) -> str | None:
     """The process of the executor holding the run, as recorded (JSON); ``None`` when
     none holds it or none was recorded."""
@@ -273,17 +279,21 @@ def hold(tx: Tx, run_id: str, epoch: int, claim: str, process: str | None) -> No
         run_id,
         epoch,
     )
+    tx.run("DELETE FROM runs_let_go WHERE run_id = ?", run_id)
 
 
 def release(tx: Tx, run_id: str, epoch: int, claim: str | None) -> None:
-    """Let go of the run if ``claim`` still holds it at ``epoch``."""
-    tx.run(
+    """Let go of the run if ``claim`` still holds it at ``epoch``: it stopped itself,
+    which R9 tells from an interruption (:func:`let_go`)."""
+    released = tx.run(
         "UPDATE runs SET owner_claim = NULL, owner_process = NULL "
         "WHERE id = ? AND epoch = ? AND owner_claim = ?",
         run_id,
         epoch,
         claim,
     )
+    if released:
+        tx.run("INSERT INTO runs_let_go (run_id) VALUES (?) ON CONFLICT DO NOTHING", run_id)
 
 
 def segment_used(tx: Tx, run_id: str, segment_id: str) -> bool:
@@ -305,6 +315,13 @@ def take_over(
 ) -> None:
     """A new segment owns the run at ``epoch``, idle (no executor holds it), and
     the segment is recorded so its ID is never used again (R1, R2)."""
+    # An owner taken over while it still held the run was interrupted (R9).
+    tx.run(
+        "DELETE FROM runs_let_go WHERE run_id = ? AND EXISTS "
+        "(SELECT 1 FROM runs WHERE id = ? AND owner_claim IS NOT NULL)",
+        run_id,
+        run_id,
+    )
     tx.run(
         "UPDATE runs SET epoch = ?, owner_segment = ?, owner_claim = NULL, owner_process = NULL, "
         "lease_expires_us = ?, recoveries = recoveries + 1, updated_at_us = ? "

@@ -492,13 +492,21 @@ UPGRADES.append(
     )
 )
 
-# From 20 on, a person may give a run that workers carry a go-ahead: under the
-# human resume policy (R9) the next worker to take the run continues it on that
-# person's word, instead of the person running the plan in their own process.
+# From 20 on, the human resume policy (R9) tells a run that was interrupted from
+# one that let go of itself: a row in ``runs_let_go`` is written when its
+# executor lets go (a wait, a pause, a stopping worker) and removed when an
+# executor claims the run or a takeover finds its owner still holding it. Only
+# an interrupted run needs a person's word, which a person gives a run that
+# workers carry as a go-ahead: the next worker to take the run continues it on
+# that word, instead of the person running the plan in their own process. Both
+# are operational state, like the queue: a snapshot leaves them behind.
 UPGRADES.append(
     (
         20,
-        "a person's go-ahead for a worker to continue a run under the human policy (R9, K1)",
-        ["ALTER TABLE run_queue ADD COLUMN go_ahead_by TEXT"],
+        "runs that let go of themselves, and a person's go-ahead for a worker (R9, K1)",
+        [
+            "CREATE TABLE runs_let_go (run_id TEXT PRIMARY KEY REFERENCES runs(id))",
+            "ALTER TABLE run_queue ADD COLUMN go_ahead_by TEXT",
+        ],
     )
 )
