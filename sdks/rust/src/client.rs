@@ -1,6 +1,7 @@
 //! The HTTP client of `charter serve`'s `/api/v1`, and the coordinator: the
 //! recovery API with the seed's names (`recover`, `reconcile`, `confirm`,
-//! `resolve`, `resume`, `state`).
+//! `resolve`, `state`; `resume` and `start_run`, which answer a segment, are
+//! with the segment in `segment.rs`, so that this module knows nothing of it).
 
 use std::io::Read;
 use std::time::Duration;
@@ -10,8 +11,7 @@ use serde_json::{json, Map, Value};
 
 use crate::adapter::{Adapter, Amounts};
 use crate::error::{Code, Error, Result};
-use crate::records::{Attempt, Claim, Recovery, Settlement, Snapshot};
-use crate::segment::Segment;
+use crate::records::{Attempt, Recovery, Settlement, Snapshot};
 
 /// A principal's connection to one Charter server.
 #[derive(Clone)]
@@ -106,13 +106,6 @@ impl Client {
             .ok_or_else(|| Error::Protocol(format!("/me answered {me}")))
     }
 
-    /// Start a run of `mission_id` whose nodes run here, as its first segment.
-    pub fn start_run(&self, mission_id: &str, segment: &str, input: Value) -> Result<Segment> {
-        let body = json!({"segment": segment, "input": input});
-        let claim: Claim = self.post(&format!("/missions/{}/runs", seg(mission_id)), body)?;
-        Ok(Segment::new(self.clone(), claim))
-    }
-
     /// An attempt with its evidence and next safe action.
     pub fn attempt(&self, attempt_id: &str) -> Result<Attempt> {
         self.get(&format!("/attempts/{}", seg(attempt_id)))
@@ -127,7 +120,7 @@ impl Client {
 /// The recovery API, with the seed's names.
 #[derive(Debug, Clone)]
 pub struct Coordinator {
-    client: Client,
+    pub(crate) client: Client,
 }
 
 /// A person's settlement of an uncertain attempt (R8).
@@ -204,21 +197,6 @@ impl Coordinator {
             "confirm_above_hold": resolution.confirm_above_hold,
         });
         self.client.post(&format!("/attempts/{}/resolve", seg(attempt_id)), body)
-    }
-
-    /// Continue the run here as `segment_id` under the resume policy (R9): the
-    /// run's owner segment continues with a new claim; a segment the run has
-    /// never used takes it over first, as `recover` would. Then run its nodes
-    /// again through the returned segment: settled effects replay.
-    pub fn resume(&self, run_id: &str, segment_id: &str) -> Result<Segment> {
-        self.claim(run_id, segment_id, false)
-    }
-
-    /// `resume`, with `force` past a live lease (needs `stop`; audited).
-    pub fn claim(&self, run_id: &str, segment_id: &str, force: bool) -> Result<Segment> {
-        let body = json!({"segment": segment_id, "force": force});
-        let claim: Claim = self.client.post(&format!("/runs/{}/claim", seg(run_id)), body)?;
-        Ok(Segment::new(self.client.clone(), claim))
     }
 
     /// Continue a run whose plan runs on the server (`charter worker`, a plan

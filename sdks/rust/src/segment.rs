@@ -8,9 +8,35 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::adapter::{Adapter, Dispatch, Outcome, SendError};
-use crate::client::{seg, Client};
+use crate::client::{seg, Client, Coordinator};
 use crate::error::{Error, Result};
 use crate::records::{Claim, Settlement};
+
+impl Client {
+    /// Start a run of `mission_id` whose nodes run here, as its first segment.
+    pub fn start_run(&self, mission_id: &str, segment: &str, input: Value) -> Result<Segment> {
+        let body = json!({"segment": segment, "input": input});
+        let claim: Claim = self.post(&format!("/missions/{}/runs", seg(mission_id)), body)?;
+        Ok(Segment::new(self.clone(), claim))
+    }
+}
+
+impl Coordinator {
+    /// Continue the run here as `segment_id` under the resume policy (R9): the
+    /// run's owner segment continues with a new claim; a segment the run has
+    /// never used takes it over first, as `recover` would. Then run its nodes
+    /// again through the returned segment: settled effects replay.
+    pub fn resume(&self, run_id: &str, segment_id: &str) -> Result<Segment> {
+        self.claim(run_id, segment_id, false)
+    }
+
+    /// `resume`, with `force` past a live lease (needs `stop`; audited).
+    pub fn claim(&self, run_id: &str, segment_id: &str, force: bool) -> Result<Segment> {
+        let body = json!({"segment": segment_id, "force": force});
+        let claim: Claim = self.client.post(&format!("/runs/{}/claim", seg(run_id)), body)?;
+        Ok(Segment::new(self.client.clone(), claim))
+    }
+}
 
 /// This process's hold on a run, as one segment of it.
 #[derive(Debug, Clone)]

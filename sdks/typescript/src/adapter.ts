@@ -11,10 +11,10 @@
  * other exception leaves the attempt UNKNOWN, for evidence or a person (A3).
  */
 
-import type { Charter } from "./client.js";
-import { seg } from "./client.js";
+import { seg } from "./transport.js";
+import type { Requester } from "./transport.js";
 import { AdapterError, NotApplied, StateError } from "./errors.js";
-import type { Amounts, Attempt, EffectClass, Reconciled } from "./records.js";
+import type { Amounts, Attempt, AttemptDetail, EffectClass, Reconciled } from "./records.js";
 
 export type { EffectClass } from "./records.js";
 
@@ -128,8 +128,8 @@ export function outcomeBody(outcome: Outcome): Record<string, unknown> {
  * that throws `NotApplied` proves non-application; any other failure of the
  * lookup is recorded as indeterminate evidence, never as a verdict.
  */
-export async function reconcileWith(client: Charter, attemptId: string, adapter: Adapter): Promise<Reconciled> {
-  const attempt = await client.attempt(attemptId);
+export async function reconcileWith(client: Requester, attemptId: string, adapter: Adapter): Promise<Reconciled> {
+  const attempt = (await client.request("GET", `/attempts/${seg(attemptId)}`)) as AttemptDetail;
   if (attempt.adapter !== adapter.name) {
     throw new StateError(`attempt ${attemptId} belongs to adapter ${JSON.stringify(attempt.adapter)}, not ${JSON.stringify(adapter.name)}`, {
       details: { attempt_id: attemptId, adapter: attempt.adapter },

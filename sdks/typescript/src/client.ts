@@ -9,6 +9,8 @@
 import { CharterError, TransportError, fromAnswer } from "./errors.js";
 import { Coordinator } from "./coordinator.js";
 import type { Attempt, AttemptDetail, Page, Run, RunStatus } from "./records.js";
+import { seg } from "./transport.js";
+import type { Query, Requester } from "./transport.js";
 
 export interface CharterOptions {
   /** Where the server is, e.g. `http://127.0.0.1:8765` (with or without `/api/v1`). */
@@ -19,9 +21,7 @@ export interface CharterOptions {
   timeoutMs?: number;
 }
 
-export type Query = Record<string, string | number | boolean | undefined>;
-
-export class Charter {
+export class Charter implements Requester {
   readonly baseUrl: string;
   readonly coordinator: Coordinator;
   readonly #authorization: string;
@@ -124,11 +124,6 @@ export class Charter {
     }
     return { status: response.status, answer };
   }
-}
-
-/** A path segment, escaped: an ID never changes the path it is put in. */
-export function seg(value: string): string {
-  return encodeURIComponent(value);
 }
 
 function describe(cause: unknown): string {

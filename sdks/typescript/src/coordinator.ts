@@ -10,8 +10,8 @@
  * and audits under the client's principal.
  */
 
-import type { Charter } from "./client.js";
-import { seg } from "./client.js";
+import { seg } from "./transport.js";
+import type { Requester } from "./transport.js";
 import type { Adapter } from "./adapter.js";
 import { reconcileWith } from "./adapter.js";
 import type { Amounts, Attempt, RecoveryRecord, Reconciled, Resumed } from "./records.js";
@@ -80,9 +80,9 @@ export interface ResolveOptions {
 }
 
 export class Coordinator {
-  readonly #client: Charter;
+  readonly #client: Requester;
 
-  constructor(client: Charter) {
+  constructor(client: Requester) {
     this.#client = client;
   }
 

@@ -5,7 +5,8 @@
  */
 
 export { Charter } from "./client.js";
-export type { CharterOptions, Query } from "./client.js";
+export type { CharterOptions } from "./client.js";
+export type { Query, Requester } from "./transport.js";
 export { Coordinator, RecoveryState } from "./coordinator.js";
 export type { ResolveOptions } from "./coordinator.js";
 export { Segment, Context } from "./segment.js";

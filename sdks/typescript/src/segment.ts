@@ -12,7 +12,7 @@
  */
 
 import type { Charter } from "./client.js";
-import { seg } from "./client.js";
+import { seg } from "./transport.js";
 import type { Adapter, Dispatch, Outcome } from "./adapter.js";
 import { checkAmounts, deadline, describe, outcomeBody } from "./adapter.js";
 import {
