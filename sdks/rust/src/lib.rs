@@ -20,6 +20,7 @@
 
 mod adapter;
 mod client;
+mod desk;
 mod error;
 mod records;
 pub mod sandbox;
@@ -31,5 +32,8 @@ pub use adapter::{
 };
 pub use client::{Client, Coordinator, Resolution};
 pub use error::{Code, Error, Result};
-pub use records::{Attempt, Claim, NextAction, Recovery, Settlement, Snapshot};
+pub use records::{
+    Attempt, AuditVerification, Balance, ChainVerification, Claim, Incident, Ledger, LimitRaised,
+    NextAction, Recovery, Run, Settlement, Snapshot,
+};
 pub use segment::{Context, Segment};

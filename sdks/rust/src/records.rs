@@ -121,3 +121,86 @@ pub struct Settlement {
     pub verdict: Option<String>,
     pub detail: Value,
 }
+
+/// A run as recorded (what `stop` answers).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct Run {
+    pub id: String,
+    pub mission_id: String,
+    pub principal: String,
+    pub status: String,
+    pub status_reason: Option<String>,
+    pub epoch: u64,
+    pub owner_segment: Option<String>,
+    pub lease_expires_us: u64,
+    pub recoveries: u64,
+    pub linked_from: Option<String>,
+}
+
+/// One unit's accounts in a mission (L0-L2): `available + held + spent == limit`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct Balance {
+    /// The unit, in a ledger's list of balances (empty where the unit is known).
+    pub unit: String,
+    pub limit: i64,
+    pub available: i64,
+    pub held: i64,
+    pub spent: i64,
+    pub overrun: i64,
+}
+
+/// A mission's balances per unit, and what the ledger check found wrong.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct Ledger {
+    pub mission_id: String,
+    pub balances: Vec<Balance>,
+    pub problems: Vec<String>,
+}
+
+/// What raising a limit answers: the new contract version and the unit's balance.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct LimitRaised {
+    pub mission_id: String,
+    pub contract_version: u64,
+    pub balance: Balance,
+}
+
+/// An incident (L5): an anomaly that pauses a mission's runs until a person closes it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct Incident {
+    pub id: String,
+    pub mission_id: String,
+    pub run_id: Option<String>,
+    pub attempt_id: Option<String>,
+    pub kind: String,
+    pub detail: String,
+    pub status: String,
+    pub opened_at_us: u64,
+    pub closed_at_us: Option<u64>,
+    pub closed_by: Option<String>,
+    pub close_note: Option<String>,
+}
+
+/// One audit hash chain as verified (S1): where it breaks, if it does.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct ChainVerification {
+    pub mission_id: String,
+    pub events: u64,
+    pub ok: bool,
+    pub broken_at: Option<u64>,
+    pub problem: Option<String>,
+}
+
+/// The audit chains verified: `ok` only if every one of them is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct AuditVerification {
+    pub ok: bool,
+    pub chains: Vec<ChainVerification>,
+}

@@ -8,7 +8,17 @@
 
 import { CharterError, TransportError, fromAnswer } from "./errors.js";
 import { Coordinator } from "./coordinator.js";
-import type { Attempt, AttemptDetail, Page, Run, RunStatus } from "./records.js";
+import type {
+  Attempt,
+  AttemptDetail,
+  AuditVerification,
+  Incident,
+  Ledger,
+  LimitRaised,
+  Page,
+  Run,
+  RunStatus,
+} from "./records.js";
 import { seg } from "./transport.js";
 import type { Query, Requester } from "./transport.js";
 
@@ -79,6 +89,48 @@ export class Charter implements Requester {
     if (input !== undefined) body["input"] = input;
     if (queue !== undefined) body["queue"] = queue;
     return (await this.request("POST", "/runs", body)) as Run;
+  }
+
+  /**
+   * Stop a run (needs `stop`, N5): nothing new is admitted, and it ends
+   * `stopped` once what was sent has settled (until then `stopping`).
+   */
+  async stop(runId: string, reason: string): Promise<Run> {
+    return (await this.request("POST", `/runs/${seg(runId)}/stop`, { reason })) as Run;
+  }
+
+  /**
+   * Raise a mission's limit in one unit to `limit` (whole smallest steps;
+   * needs `raise_limit`): a new contract version (L7). Runs paused for the
+   * allowance go on by themselves once it covers them (K2).
+   */
+  async raiseLimit(missionId: string, unit: string, limit: number): Promise<LimitRaised> {
+    const path = `/missions/${seg(missionId)}/raise-limit`;
+    return (await this.request("POST", path, { unit, limit })) as LimitRaised;
+  }
+
+  /** A mission's balances per unit, and the ledger check (L0-L2). */
+  async ledger(missionId: string): Promise<Ledger> {
+    return (await this.request("GET", `/missions/${seg(missionId)}/ledger`)) as Ledger;
+  }
+
+  /** A mission's incidents (L5), by opening time; `open` for the open ones only. */
+  async incidents(
+    missionId: string,
+    query: { open?: boolean; limit?: number; after?: string } = {},
+  ): Promise<Page<Incident>> {
+    return (await this.request("GET", `/missions/${seg(missionId)}/incidents`, undefined, query)) as Page<Incident>;
+  }
+
+  /** Close an incident with a note saying what was done: its mission's runs may go on. */
+  async closeIncident(incidentId: string, note: string): Promise<{ incident_id: string; status: "closed" }> {
+    const path = `/incidents/${seg(incidentId)}/close`;
+    return (await this.request("POST", path, { note })) as { incident_id: string; status: "closed" };
+  }
+
+  /** Verify the audit hash chains (S1): one mission's, or every chain the store keeps. */
+  async audit(missionId?: string): Promise<AuditVerification> {
+    return (await this.request("GET", "/audit", undefined, { mission: missionId })) as AuditVerification;
   }
 
   /**

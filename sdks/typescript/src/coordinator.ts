@@ -136,7 +136,9 @@ export class Coordinator {
   /**
    * Continue the run under the engine's resume policy: the server runs its
    * remaining nodes as `segmentId` (default: the run's owner) and answers
-   * where it stands — completed with its result, or blocked and why.
+   * where it stands — completed with its result, or blocked and why. A run
+   * workers carry, resumed without a segment, is given this principal's
+   * go-ahead instead (`go_ahead` in the answer): the next worker continues it.
    */
   async resume(runId: string, segmentId?: string): Promise<Resumed> {
     const body = segmentId === undefined ? {} : { segment: segmentId };

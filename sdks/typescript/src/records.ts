@@ -114,13 +114,71 @@ export interface Reconciled {
   [field: string]: unknown;
 }
 
-/** What `resume` answers: the run's status after its plan ran, and why it stopped if blocked. */
+/**
+ * What `resume` answers: the run's status after its plan ran, and why it
+ * stopped if blocked; for a run workers carry, resumed without a segment, the
+ * name of the principal whose go-ahead was recorded (the next worker continues it).
+ */
 export interface Resumed {
   run_id: string;
   status: RunStatus;
   epoch: number;
   result?: unknown;
   blocked?: { reason: string; attempt_id: string | null };
+  go_ahead?: string;
+}
+
+/** One unit's accounts in a mission (L0-L2): `available + held + spent == limit`. */
+export interface Balance {
+  limit: number;
+  available: number;
+  held: number;
+  spent: number;
+  overrun: number;
+}
+
+/** A mission's balances per unit and what the ledger check found wrong (none: L0-L2 hold). */
+export interface Ledger {
+  mission_id: string;
+  balances: (Balance & { unit: string })[];
+  problems: string[];
+}
+
+/** What raising a limit answers: the new contract version and the unit's balance. */
+export interface LimitRaised {
+  mission_id: string;
+  contract_version: number;
+  balance: Balance;
+}
+
+/** An incident (L5): an anomaly that pauses a mission's runs until a person closes it. */
+export interface Incident {
+  id: string;
+  mission_id: string;
+  run_id: string | null;
+  attempt_id: string | null;
+  kind: string;
+  detail: string;
+  status: "open" | "closed";
+  opened_at_us: number;
+  closed_at_us: number | null;
+  closed_by: string | null;
+  close_note: string | null;
+}
+
+/** One audit hash chain as verified (S1): where it breaks, if it does. */
+export interface ChainVerification {
+  mission_id: string;
+  events: number;
+  ok: boolean;
+  broken_at: number | null;
+  problem: string | null;
+}
+
+/** The audit chains verified: `ok` only if every one of them is. */
+export interface AuditVerification {
+  ok: boolean;
+  chains: ChainVerification[];
 }
 
 export interface Page<T> {

@@ -43,7 +43,13 @@ def contract() -> dict[str, Any]:
         "objective": "pay the week's invoices",
         "principals": {
             "agent": {"run": ["payments.*"]},
-            "ops": {"run": ["payments.*"], "resolve": ["*"], "stop": ["*"], "approve": ["*"]},
+            "ops": {
+                "run": ["payments.*"],
+                "resolve": ["*"],
+                "stop": ["*"],
+                "approve": ["*"],
+                "raise_limit": ["*"],
+            },
             "monitor": {"recover": ["*"], "reconcile": ["payments.*"]},
             "visitor": ["consume"],
         },
