@@ -332,3 +332,24 @@ def test_R9_K1_charter_resume_without_a_segment_gives_a_go_ahead(
         assert paid(box) == []
         assert worker.run_once() == {run.id: "ended"}
         assert paid(box) == ["c"]
+
+
+def test_R9_a_go_ahead_is_used_up_by_whichever_continuation_comes_first(
+    make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter, clock: ManualClock
+) -> None:
+    """Broken: a go-ahead given for one interruption outlived a continuation made on
+    a person's own word (a resume by hand), and let a worker through the next
+    interruption, which nobody had looked at."""
+    engine = human_engine(make_engine)
+    who = Principals(creds[0], creds[1], engine)
+    mission, run_id, worker = interrupted(engine, who, box, payments, clock, "a")
+    engine.coordinator.go_ahead(run_id, by=who.alice)
+    owner = engine.run(run_id).owner_segment
+    assert owner is not None
+    engine.coordinator.resume(run_id, owner, by=who.alice)  # held by hand, then lost
+    assert engine.queued_run(run_id)["go_ahead_by"] is None  # type: ignore[index]
+    clock.advance(LEASE + 1)
+
+    assert worker.run_once() == {run_id: "needs_person"}
+    assert paid(box) == []
+    assert kinds(engine, mission).count("run.go_ahead") == 1

@@ -42,7 +42,7 @@ from charter.recovery import state as recovery
 from charter.recovery.state import RecoveryState
 from charter.runs import run as runs
 from charter.runs import store as run_store
-from charter.runs.liveness import owner_dead, process_json
+from charter.runs.liveness import process_json
 from charter.runs.run import Run, RunStatus
 from charter.runtime import Runtime
 from charter.storage import Tx
@@ -420,7 +420,7 @@ class Coordinator:
                 blockers.append(f"the run was taken over meanwhile (epoch {now.epoch})")
             else:  # what may have changed since the view was read, under the gate
                 blockers += policy.blockers(recovery.build(tx, now, contract, []), contract)
-            if ahead is not None and not run_queue.use_go_ahead(tx, run_id, ahead):
+            if not run_queue.use_go_ahead(tx, run_id, ahead):
                 blockers.append("the go-ahead was used by another continuation meanwhile")
             if blockers:
                 raise tx.refused(
@@ -530,13 +530,7 @@ class Coordinator:
         go of its claim) or its lease expired, the new executor takes the claim
         and any older executor of the segment is fenced at its next write.
         """
-        held = run_store.owner_claim(tx, run.id)
-        if (
-            held is not None
-            and run.lease_expires_us > tx.now_us
-            and not force
-            and not owner_dead(run_store.owner_process(tx, run.id))
-        ):
+        if not force and run_store.held_alive(tx, run):
             raise tx.refused(
                 LeaseHeld(
                     f"segment {segment_id!r} of run {run.id} is being executed by another "

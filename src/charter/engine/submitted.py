@@ -63,11 +63,7 @@ def carried_and_let_go(tx: Tx, run: Run) -> None:
             f"run {run.id} is not begun yet: a worker begins it without a go-ahead",
             run_id=run.id,
         )
-    if (
-        run_store.owner_claim(tx, run.id) is not None
-        and run.lease_expires_us > tx.now_us
-        and not owner_dead(run_store.owner_process(tx, run.id))
-    ):
+    if run_store.held_alive(tx, run):
         raise LeaseHeld(
             f"run {run.id} is being carried by an executor until its lease expires: it "
             "needs no go-ahead",

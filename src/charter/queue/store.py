@@ -51,9 +51,14 @@ def give_go_ahead(tx: Tx, run_id: str, by: str) -> None:
     wake(tx, run_id)
 
 
-def use_go_ahead(tx: Tx, run_id: str, by: str) -> bool:
-    """Use ``by``'s go-ahead for the continuation being committed; ``False`` if
-    another continuation used it first (one go-ahead, one continuation)."""
+def use_go_ahead(tx: Tx, run_id: str, by: str | None) -> bool:
+    """A continuation is being committed: it uses up the run's go-ahead, whoever
+    gave it, so none outlives the moment it was given for (one go-ahead, one
+    continuation). ``by``: the go-ahead the continuation was judged on; ``False``
+    if another continuation used it first."""
+    if by is None:
+        tx.write("UPDATE run_queue SET go_ahead_by = NULL WHERE run_id = ?", run_id)
+        return True
     return bool(
         tx.run(
             "UPDATE run_queue SET go_ahead_by = NULL WHERE run_id = ? AND go_ahead_by = ?",

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from charter.ledger.escrow import store as escrow_store
+from charter.runs.liveness import owner_dead
 from charter.runs.model import Run, RunStatus
 from charter.storage import Prefetched, Row, Tx
 from charter.storage.paging import Position, page
@@ -256,6 +257,18 @@ def owner_claim(tx: Tx, run_id: str) -> str | None:
     return held
 
 
+def held_alive(tx: Tx, run: Run) -> bool:
+    """Whether a live executor holds the run (F1, R1): its claim is set, its lease
+    runs by the store's clock, and its process is not provably gone."""
+    row = tx.one("SELECT owner_claim, owner_process FROM runs WHERE id = ?", run.id)
+    return (
+        row is not None
+        and row["owner_claim"] is not None
+        and run.lease_expires_us > tx.now_us
+        and not owner_dead(row["owner_process"])
+    )
+
+
 def let_go(tx: Tx, run_id: str) -> bool:
     """Whether the run's last executor let go of it (a wait, a pause, a stopping
     worker) and no owner was lost holding it since: it was not interrupted (R9)."""
@@ -279,7 +292,7 @@ def hold(tx: Tx, run_id: str, epoch: int, claim: str, process: str | None) -> No
         run_id,
         epoch,
     )
-    tx.run("DELETE FROM runs_let_go WHERE run_id = ?", run_id)
+    tx.write("DELETE FROM runs_let_go WHERE run_id = ?", run_id)
 
 
 def release(tx: Tx, run_id: str, epoch: int, claim: str | None) -> None:
@@ -293,7 +306,7 @@ def release(tx: Tx, run_id: str, epoch: int, claim: str | None) -> None:
         claim,
     )
     if released:
-        tx.run("INSERT INTO runs_let_go (run_id) VALUES (?) ON CONFLICT DO NOTHING", run_id)
+        tx.write("INSERT INTO runs_let_go (run_id) VALUES (?) ON CONFLICT DO NOTHING", run_id)
 
 
 def segment_used(tx: Tx, run_id: str, segment_id: str) -> bool:
