@@ -510,3 +510,27 @@ UPGRADES.append(
         ],
     )
 )
+
+# From 21 on, a claim proves a segment (X3): every claim the store hands an
+# executor is kept as a digest with its run, epoch and segment, so a call that
+# speaks for a segment (a remote client's report, renewal, release, node calls)
+# is checked against the claim that segment was given, not only against the
+# run's current owner's. A taken-over segment's late report is then proven, and
+# a stranger's refused, before anything is written. Operational state, like the
+# queue: a snapshot leaves it behind (a handed-off run has no segment to prove).
+UPGRADES.append(
+    (
+        21,
+        "the claims the store issued, as digests per run, epoch and segment (X3)",
+        [
+            """CREATE TABLE run_claims (
+                run_id TEXT NOT NULL REFERENCES runs(id),
+                epoch BIGINT NOT NULL,
+                segment_id TEXT NOT NULL,
+                digest TEXT NOT NULL,
+                issued_at_us BIGINT NOT NULL,
+                PRIMARY KEY (run_id, epoch, digest)
+            )""",
+        ],
+    )
+)
