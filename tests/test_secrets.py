@@ -323,3 +323,53 @@ def test_S3_a_secret_echoed_in_bytes_an_exception_or_any_object_never_reaches_th
         assert any(p.name.endswith("-wal") and p.stat().st_size for p in files)
         for path in files:
             assert TOKEN.encode() not in path.read_bytes(), path.name
+
+
+def test_S3_A10_item17_an_outcomes_price_source_is_scrubbed_and_bounded_on_every_path(
+    make_engine: Any, creds: tuple[dict[str, str], dict[str, str]], raw: Any
+) -> None:
+    """Broken S3 and A10: an outcome's ``price_source`` was stored as the adapter
+    gave it, on the attempt, its ledger entries, its evidence and the audit: a
+    target's echo of the key put the key there, and a 5 MiB one was stored
+    three times over although ``answer_bytes`` is 64 KiB. The evidence's own
+    ``source`` is a text an adapter writes too, and is held to the same."""
+    limit = 64 * 1024
+    engine = make_engine(answer_bytes=limit)
+    who = Principals(creds[0], creds[1], engine)
+    mission = engine.create_mission(default_contract(), by=who.alice)
+    adapter = RecordingAdapter(costs={"charge": {"usd": 1_000, "calls": 1}})
+    huge = "p" * (5 << 20)
+
+    def quoted(send: Dispatch) -> Outcome:
+        return Outcome.succeeded(
+            {"ok": True}, cost={"usd": 1_000}, price_source=f"quoted for Bearer {bearer(send)}"
+        )
+
+    def oversized(send: Dispatch) -> Outcome:
+        return Outcome.succeeded({"ok": True}, cost={"usd": 1_000}, price_source=huge)
+
+    def lost(send: Dispatch) -> Outcome:
+        raise TimeoutError("no answer")
+
+    ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+    request = charge(charter.Secret(TOKEN, name="stripe"))
+    adapter.script["charge"] = quoted
+    echoed = ex.perform(adapter, "charge", request, effect_key="echoed")
+    adapter.script["charge"] = oversized
+    big = ex.perform(adapter, "charge", request, effect_key="big")
+    adapter.script["charge"] = lost
+    unknown = ex.perform(adapter, "charge", request, effect_key="lost")
+    found = Outcome.succeeded({"ok": True}, cost={"usd": 1_000}, price_source=f"lookup {TOKEN}")
+    adapter.evidence[unknown.id] = charter.Evidence("applied", found, None, f"{TOKEN} {huge}")
+    evidence = engine.coordinator.reconcile(unknown.id, adapter, by=who.alice)
+
+    assert engine.get_attempt(echoed.id).price_source == "quoted for Bearer ***"
+    assert evidence.outcome is not None and evidence.outcome.price_source == "lookup ***"
+    assert evidence.source.startswith("*** ppp") and len(evidence.source.encode()) < limit + 64
+    kept = engine.get_attempt(big.id).price_source
+    assert kept is not None and kept.endswith(f"[cut at {limit} bytes]")
+    assert len(kept.encode()) < limit + 64
+    dump = repr(raw.dump())  # every table of the store, the audit log included
+    assert TOKEN not in dump
+    assert huge[: limit + 1] not in dump
+    assert len(dump) < 2 << 20  # three 64 KiB copies at most per text, not 15 MB

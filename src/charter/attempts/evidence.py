@@ -88,10 +88,9 @@ def recordable(report: Report, secrets: list[Secret], limit: int) -> Report:
             raise Unrecordable(f"evidence source must be text, not {evidence.source!r}")
     except (Unrecordable, AdapterError, TypeError, ValueError, RecursionError) as exc:
         return garbage(repr(evidence), str(exc), secrets, limit)
-    reason = (
-        None if report.reason is None else _kept(secret.scrub_text(report.reason, secrets), limit)
-    )
-    recorded = Evidence(evidence.verdict, outcome, detail, evidence.source)
+    reason = None if report.reason is None else _clean(report.reason, secrets, limit)
+    source = _clean(evidence.source, secrets, limit)
+    recorded = Evidence(evidence.verdict, outcome, detail, source)
     return Report(recorded, reason, report.keep, report.unsent)
 
 
@@ -117,8 +116,7 @@ def from_raised(exc: Exception, secrets: list[Secret], limit: int) -> Report:
         return recordable(unknown, secrets, limit)
     if isinstance(exc, AdapterError):  # e.g. an Outcome out of range
         return garbage(f"{type(exc).__name__}: {exc}", exc.message, secrets, limit)
-    reason = _kept(secret.scrub_text(f"{type(exc).__name__}: {exc}", secrets), limit)
-    return Report(Evidence.indeterminate(), reason)
+    return Report(Evidence.indeterminate(), _clean(f"{type(exc).__name__}: {exc}", secrets, limit))
 
 
 def from_answer(answer: object, secrets: list[Secret], limit: int) -> Report:
@@ -147,15 +145,19 @@ def unrecorded(attempt_id: str, report: Report, cause: Exception) -> SettlementU
 
 
 def _outcome(outcome: Outcome, secrets: list[Secret], limit: int) -> Outcome:
-    if outcome.price_source is not None and not isinstance(outcome.price_source, str):
-        raise Unrecordable(f"price_source must be text, not {outcome.price_source!r}")
+    """The outcome as recorded: every part an adapter filled in clean and bounded,
+    its price source included (an adapter may put a target's text there, and it
+    is stored on the attempt, its ledger entries and the audit as well, S3, A10)."""
+    price = outcome.price_source
+    if price is not None and not isinstance(price, str):
+        raise Unrecordable(f"price_source must be text, not {price!r}")
     # Made anew, so its amounts are checked again (A9), even if it was altered.
     return Outcome(
         outcome.status,
         _value(outcome.result, secrets, limit),
         outcome.cost,
         _value(outcome.receipt, secrets, limit),
-        outcome.price_source,
+        None if price is None else _clean(price, secrets, limit),
     )
 
 
@@ -209,10 +211,16 @@ def _kept(text: str, limit: int) -> str:
     return data[:limit].decode(errors="ignore") + f" [cut at {limit} bytes]"
 
 
+def _clean(text: str, secrets: list[Secret], limit: int) -> str:
+    """A text an adapter reported (a reason, a price source, an evidence source)
+    as the store keeps it: every secret scrubbed (S3), then :func:`_kept` (A10)."""
+    return _kept(secret.scrub_text(text, secrets), limit)
+
+
 def garbage(raw: str, problem: str, secrets: list[Secret], limit: int) -> Report:
     """An unrecordable report: unknown outcome, raw text kept as evidence (A9)."""
-    text = _kept(secret.scrub_text(raw, secrets), limit)
-    problem = _kept(secret.scrub_text(problem, secrets), limit)
+    text = _clean(raw, secrets, limit)
+    problem = _clean(problem, secrets, limit)
     return Report(
         Evidence.indeterminate({"unrecordable_report": text, "problem": problem}),
         f"the adapter's report cannot be recorded ({problem}); kept as evidence text",
