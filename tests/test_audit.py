@@ -956,7 +956,14 @@ def _as_before_schema_6(raw: RawStore) -> None:
         raw.execute(f"DROP TABLE {table}")
     for table in ("escrow_holds", "escrow_accounts", "escrow_slices"):
         raw.execute(f"DROP TABLE {table}")
-    for table in ("runs_let_go", "run_queue", "effect_takeovers", "notice_deliveries", "notices"):
+    for table in (
+        "run_claims",
+        "runs_let_go",
+        "run_queue",
+        "effect_takeovers",
+        "notice_deliveries",
+        "notices",
+    ):
         raw.execute(f"DROP TABLE {table}")
     raw.execute("DROP INDEX runs_need_people")
     raw.execute("DELETE FROM schema_migrations WHERE version >= 6")

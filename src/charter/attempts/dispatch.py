@@ -32,6 +32,7 @@ from charter.attempts.evidence import (
     unrecorded,
 )
 from charter.attempts.model import Attempt, AttemptStatus, changed
+from charter.attempts.settlement import LateSettles
 from charter.clock import seconds_us
 from charter.contracts.authority import require
 from charter.contracts.contract import Contract
@@ -337,16 +338,25 @@ def sending(
 
 
 def settle_sent(
-    seg: Segment, attempt: Attempt, report: Report, *, units: frozenset[str]
+    seg: Segment,
+    attempt: Attempt,
+    report: Report,
+    *,
+    units: frozenset[str],
+    late_settles: LateSettles | None = None,
 ) -> Attempt:
     """Settle what the send of ``attempt`` (DISPATCHED by ``seg``) reported, in
     one transaction: the second half of :func:`sending`, also where a send made
-    by a remote client is reported (X1), so both are settled by one code."""
+    by a remote client is reported (X1), so both are settled by one code.
+    ``late_settles``: whether a report that comes after the attempt left
+    DISPATCHED may settle it (a client's report is evidence, X3); ``None``: the
+    engine's own send's answer, which settles what nothing contradicts (F2)."""
     seg.runtime.crash("settlement.before")
     try:
         try:
             settled = seg.runtime.db.transact(
-                lambda tx: _settle_live(seg, tx, attempt, report, units), gate=seg.mission_id
+                lambda tx: _settle_live(seg, tx, attempt, report, units, late_settles=late_settles),
+                gate=seg.mission_id,
             )
         except AmountOverflow as exc:  # a valid cost the ledger's sums cannot take (A9)
             settled = _unaddable(seg, attempt, report, exc)
@@ -389,7 +399,13 @@ def _unaddable(seg: Segment, attempt: Attempt, report: Report, exc: AmountOverfl
 
 
 def _settle_live(
-    seg: Segment, tx: Tx, attempt: Attempt, report: Report, units: frozenset[str]
+    seg: Segment,
+    tx: Tx,
+    attempt: Attempt,
+    report: Report,
+    units: frozenset[str],
+    *,
+    late_settles: LateSettles | None,
 ) -> Attempt:
     """Settle what the live send reported (it was DISPATCHED by this executor);
     ``units``: what its contract budgeted at its admission or dispatch commit."""
@@ -429,8 +445,9 @@ def _settle_live(
         **kw,
     ):
         current, source = store.load(tx, attempt.id), f"late settlement (epoch {seg.epoch})"
+        may = late_settles is None or late_settles(current, evidence)
         if not settlement.keep_sealed(tx, current, evidence, source=source, **late):
-            settlement.record_late(tx, current, evidence, source=source, may_settle=True, **kw)
+            settlement.record_late(tx, current, evidence, source=source, may_settle=may, **kw)
         return store.load(tx, attempt.id)
     if not_applied:  # the proof is kept as evidence (A3)
         record(tx, attempt, evidence, actor=seg.principal, epoch=seg.epoch, settled=True)
@@ -477,10 +494,10 @@ def replay(seg: Segment, attempt: Attempt, adapter: Adapter) -> Evidence | None:
     report = send(adapter, req, hidden, seg.runtime.config.answer_bytes)
     found = report.evidence
     if found.verdict == "applied":
-        return Evidence("applied", found.outcome, {"replay": True}, source="same-key replay")
+        return Evidence("applied", found.outcome, {"replay": True}, source=store.REPLAY_SOURCE)
     # Refused before sending, lost, or unrecordable: it proves nothing about the first send.
     detail = {"replay": True, "replay_reason": report.reason, "report": found.detail}
-    return Evidence("indeterminate", None, detail, source="same-key replay")
+    return Evidence("indeterminate", None, detail, source=store.REPLAY_SOURCE)
 
 
 def _commit_replay(

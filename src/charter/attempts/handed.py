@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from charter.adapters import (
@@ -35,8 +36,9 @@ from charter.attempts import store
 from charter.attempts.dispatch import Sending, settle_sent
 from charter.attempts.evidence import Report, recordable
 from charter.attempts.model import Attempt, AttemptStatus
-from charter.errors import AdapterError, ApprovalRequired, NotFound, StateError
-from charter.runs import run as runs
+from charter.attempts.settlement import late_report_settles
+from charter.errors import AdapterError, ApprovalRequired
+from charter.runs import claims
 from charter.runs import store as run_store
 from charter.runs.ownership import Segment
 from charter.waits import approvals
@@ -150,34 +152,37 @@ def report(seg: Segment, attempt_id: str, evidence: Evidence, reason: str | None
     """Settle what a remote client reports of the send of ``attempt_id`` that
     segment ``seg`` (its epoch and claim) dispatched.
 
-    Fenced by segment and epoch: an attempt this epoch did not dispatch is
-    refused; a wrong claim of the run's current owner is :class:`Fenced`. A
-    report from a segment that was taken over meanwhile (the recovery made the
-    attempt UNKNOWN, R4) is kept as late evidence by the live settlement's own
-    code. The same report twice settles once: the second answers the record.
+    A report proves where it comes from (X3): ``seg``'s claim must be one the
+    store issued to that segment at that epoch, and the attempt one that epoch
+    dispatched, whichever segment holds the run now; anything else is
+    :class:`Fenced` and writes nothing. A proven report from a segment taken
+    over meanwhile (the recovery made the attempt UNKNOWN, R4) is late
+    evidence (F2): kept, and settling only as evidence the contract lets settle
+    by itself would (R7, :func:`settlement.late_report_settles`). The same
+    report twice settles once: the second answers the record.
     """
     with seg.runtime.db.read() as tx:
         attempt = store.load(tx, attempt_id)
-        run = runs.load(tx, attempt.run_id)
-        claim = run_store.owner_claim(tx, run.id)
-        units = frozenset(seg.runtime.authority.current(tx, run.mission_id).allowance)
-    if attempt.run_id != seg.run_id:
-        raise NotFound(f"attempt {attempt_id} is not an attempt of run {seg.run_id}")
-    if attempt.dispatched_epoch != seg.epoch:
-        raise StateError(
-            f"attempt {attempt_id} was not dispatched at epoch {seg.epoch} (its dispatch "
-            f"epoch: {attempt.dispatched_epoch}); only the segment that sent it reports it",
-            attempt_id=attempt_id,
-            status=attempt.status.value,
+        proven = seg.claim is not None and claims.proves(
+            tx, attempt.run_id, epoch=seg.epoch, segment_id=seg.segment_id, claim=seg.claim
         )
-    current = (run.epoch, run.owner_segment) == (seg.epoch, seg.segment_id)
-    if current and claim is not None and claim != seg.claim:
-        raise seg.fenced("another executor holds its segment", run.epoch)
+        epoch = run_store.current_epoch(tx, attempt.run_id)
+        units = frozenset(seg.runtime.authority.current(tx, attempt.mission_id).allowance)
+    if attempt.run_id != seg.run_id or attempt.dispatched_epoch != seg.epoch or not proven:
+        raise seg.fenced(
+            f"it did not dispatch attempt {attempt_id} under a claim it was issued; only the "
+            "segment that sent an attempt reports it",
+            -1 if epoch is None else epoch,
+        )
     kept = recordable(Report(evidence, reason, keep=not evidence.conclusive), [], _limit(seg))
     if _repeated(attempt, kept):
         return RemoteReport(attempt, late=False)
     late = attempt.status is not AttemptStatus.DISPATCHED
-    return RemoteReport(settle_sent(seg, attempt, kept, units=units), late=late)
+    mode = seg.runtime.config.evidence_settles
+    settled = settle_sent(
+        seg, attempt, kept, units=units, late_settles=partial(late_report_settles, mode)
+    )
+    return RemoteReport(settled, late=late)
 
 
 def _limit(seg: Segment) -> int:

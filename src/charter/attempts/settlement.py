@@ -9,7 +9,7 @@ processes race: the loser changes nothing and is told so by the return value.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, cast
 
 from charter import ledger
@@ -429,6 +429,30 @@ def write_off_read_only(
     )
 
 
+#: Whether a report that came after its attempt left DISPATCHED may settle the
+#: attempt as it stands now (:func:`record_late`'s ``may_settle``).
+LateSettles = Callable[[Attempt, Evidence], bool]
+
+
+def late_report_settles(mode: str, current: Attempt, evidence: Evidence) -> bool:
+    """Whether a remote client's late report settles ``current`` by itself (X3,
+    R7): it is evidence from a fenced segment, so it settles only as a lookup's
+    would under ``evidence_settles = mode`` (``auto``, and a receipt or a proof
+    of non-application), and never at a cost its hold did not cover, which
+    waits for a person."""
+    if mode != "auto":
+        return False
+    if evidence.verdict == "not_applied":
+        return True
+    o = evidence.outcome
+    return (
+        evidence.verdict == "applied"
+        and o is not None
+        and o.receipt is not None
+        and all(a <= current.estimate.get(u, 0) for u, a in o.cost.items())
+    )
+
+
 def record_late(
     tx: Tx,
     current: Attempt,
@@ -468,7 +492,7 @@ def record_late(
                 from_statuses=(AttemptStatus.UNKNOWN,),
             )
     elif current.status.settled and (
-        _conflicts(current, evidence) or _above_hold(current, evidence)
+        _conflicts(tx, current, evidence, epoch) or _above_hold(current, evidence)
     ):
         _incident(tx, current, evidence, actor, epoch, recorded=current.status.value)
     record(
@@ -559,11 +583,16 @@ def _disputed(tx: Tx, current: Attempt, found: Evidence) -> bool:
     return False
 
 
-def _conflicts(recorded: Attempt, evidence: Evidence) -> bool:
-    """Whether conclusive evidence contradicts a recorded settlement."""
+def _conflicts(tx: Tx, recorded: Attempt, evidence: Evidence, epoch: int | None) -> bool:
+    """Whether conclusive evidence contradicts a recorded settlement.
+
+    A refusal of the send made at ``epoch`` proves only that *that* request was
+    not applied: against a success a later owner's same-key replay brought
+    (A8) it is no contradiction (a stale fencing token refused, F3)."""
     o = evidence.outcome
     if evidence.verdict == "not_applied":
-        return recorded.status is AttemptStatus.SUCCEEDED
+        resent = epoch is not None and store.replay_applied(tx, recorded.id)
+        return recorded.status is AttemptStatus.SUCCEEDED and not resent
     if o is None or recorded.status is AttemptStatus.WRITTEN_OFF:
         return False  # indeterminate; or a write-off, which claims no outcome
     return o.status != recorded.status.value or dict(o.cost) != (recorded.actual or {})

@@ -330,6 +330,21 @@ def conclusive(tx: Tx, attempt_id: str) -> list[Evidence]:
     return [evidence_from_row(r) for r in conclusive_rows(tx, attempt_id)]
 
 
+#: The source of the evidence a same-key replay brought (A8): a send of its own.
+REPLAY_SOURCE = "same-key replay"
+
+
+def replay_applied(tx: Tx, attempt_id: str) -> bool:
+    """Whether a same-key replay of the attempt was answered as applied: a send
+    after its first, whose success a refusal of the first does not contradict."""
+    row = tx.one(
+        "SELECT 1 AS x FROM evidence WHERE attempt_id = ? AND source = ? AND verdict = 'applied'",
+        attempt_id,
+        REPLAY_SOURCE,
+    )
+    return row is not None
+
+
 def conclusive_rows(tx: Tx, attempt_id: str) -> list[Row]:
     """The rows of :func:`conclusive`, newest first (a person confirms one by its id)."""
     return tx.all(

@@ -135,10 +135,10 @@ class Executor:
         """Extend the lease (fenced by epoch and claim); returns the new expiry in µs."""
         return self._segment.renew_lease()
 
-    def release(self) -> None:
+    def release(self) -> bool:
         """Stop holding the run, so its segment can be resumed at once (best effort;
-        see :meth:`~charter.runs.ownership.Segment.release`)."""
-        self._segment.release()
+        see :meth:`~charter.runs.ownership.Segment.release`); whether it held it."""
+        return self._segment.release()
 
     def drain(self) -> None:
         """Start no new effect (K4): the plan's nodes stop at their next attempt,

@@ -18,7 +18,9 @@ from charter.attempts.handed import Declared, RemoteReport
 from charter.contracts.authority import Authority
 from charter.contracts.principals import Principal, Right
 from charter.engine.executor import Executor
+from charter.errors import Fenced
 from charter.ids import check_text
+from charter.runs import claims
 from charter.runs import run as runs
 from charter.runtime import Runtime
 from charter.storage import Database
@@ -35,17 +37,30 @@ class RemoteSegments:
         self, run_id: str, *, segment_id: str, epoch: int, claim: str, by: Principal
     ) -> Executor:
         """The executor of ``run_id``'s segment ``segment_id`` at ``epoch`` holding
-        ``claim``, as a remote client names it. Its segment is not checked here:
-        every write it makes checks segment, epoch, claim and lease in its own
-        transaction (a stale one is fenced there), and a report from an earlier
-        epoch is kept as late evidence (F2). ``by``, who calls, is the run's
-        principal or one the mission grants ``run`` (refusals audited): a claim
-        is a secret, not a right."""
+        ``claim``, as a remote client names it.
+
+        The claim must be one the store issued to that segment at that epoch
+        (X3), else :class:`Fenced` before anything is written: a stranger's
+        guess, another run's claim or another epoch's is refused alike. Whether
+        the segment still holds the run is checked by every write it makes, in
+        its own transaction (a stale one is fenced there), so a proven segment
+        taken over since may still report what it sent (F2). ``by``, who calls,
+        is the run's principal or one the mission grants ``run`` (refusals
+        audited): a claim is a secret, not a right."""
         check_text("run id", run_id)
         check_text("segment id", segment_id)
         check_text("claim", claim)
         with self._db.read() as tx:
             run = runs.load(tx, run_id)
+            proven = claims.proves(tx, run_id, epoch=epoch, segment_id=segment_id, claim=claim)
+        if not proven:
+            raise Fenced(
+                f"segment {segment_id!r} of run {run_id} was issued no such claim at epoch "
+                f"{epoch}; only the segment a claim was issued to speaks for it",
+                run_id=run_id,
+                epoch=epoch,
+                current_epoch=run.epoch,
+            )
         if by.name != run.principal:
             with self._db.transaction() as tx:
                 self._authority.authorize_run(tx, by, run.mission_id, entity=run_id)
@@ -72,21 +87,24 @@ class RemoteSegments:
         by: Principal,
         reason: str | None = None,
     ) -> RemoteReport:
-        """What a remote client's send of ``attempt_id`` did, settled by the
-        segment that dispatched it (:meth:`Executor.report`). A segment taken
-        over since cannot prove its claim any more (the run holds its owner's
-        only): its report is evidence, so ``by`` needs ``reconcile`` on the
-        attempt's scope, as any evidence does (P3, refusals audited)."""
+        """What a remote client's send of ``attempt_id`` did, reported by the
+        segment that dispatched it (:meth:`Executor.report`, which checks that
+        its claim proves it, X3). ``by`` needs ``run`` on the attempt's
+        operation (refusals audited): a claim leaked to someone without the
+        right settles nothing."""
+        check_text("attempt id", attempt_id)
         executor = self.segment_executor(
             run_id, segment_id=segment_id, epoch=epoch, claim=claim, by=by
         )
         with self._db.read() as tx:
-            current = runs.load(tx, run_id).epoch
-        if current != epoch:
+            attempt = store.load(tx, attempt_id)
+            allowed = self._authority.current(tx, attempt.mission_id).allows(
+                by.name, Right.RUN, attempt.scope
+            )
+        if not allowed:
             with self._db.transaction() as tx:
-                attempt = store.load(tx, attempt_id)
                 self._authority.authorize(
-                    tx, by, attempt.mission_id, Right.RECONCILE, attempt.scope, entity=attempt_id
+                    tx, by, attempt.mission_id, Right.RUN, attempt.scope, entity=attempt_id
                 )
         return executor.report(attempt_id, evidence, reason=reason)
 

@@ -162,12 +162,15 @@ class Segment:
         if row["status"] != status.value:
             self.set_status(tx, row, status, reason)
 
-    def release(self) -> None:
+    def release(self) -> bool:
         """Stop holding the run (its nodes wait for a person, an approval or
         evidence), so the owner's segment can be resumed at once. Best effort:
         an executor that cannot say so keeps the run until its lease expires,
-        as a crashed one does."""
+        as a crashed one does. Returns whether this executor held the run and
+        let go of it (one taken over, or released already, held nothing)."""
+        released = False
         with contextlib.suppress(CharterError):
             with self.runtime.db.transaction(gate=self.mission_id) as tx:
-                store.release(tx, self.run_id, self.epoch, self.claim)
+                released = store.release(tx, self.run_id, self.epoch, self.claim)
             self.claim = None
+        return released

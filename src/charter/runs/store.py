@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from charter.ledger.escrow import store as escrow_store
+from charter.runs import claims
 from charter.runs.liveness import owner_dead
 from charter.runs.model import Run, RunStatus
 from charter.storage import Prefetched, Row, Tx
@@ -139,6 +140,7 @@ def insert(
         segment_id,
         tx.now_us,
     )
+    claims.issue(tx, run_id, epoch=1, segment_id=segment_id, claim=claim)
 
 
 def change_status(
@@ -292,12 +294,13 @@ def hold(tx: Tx, run_id: str, epoch: int, claim: str, process: str | None) -> No
         run_id,
         epoch,
     )
+    claims.issue_to_owner(tx, run_id, epoch=epoch, claim=claim)
     tx.write("DELETE FROM runs_let_go WHERE run_id = ?", run_id)
 
 
-def release(tx: Tx, run_id: str, epoch: int, claim: str | None) -> None:
+def release(tx: Tx, run_id: str, epoch: int, claim: str | None) -> bool:
     """Let go of the run if ``claim`` still holds it at ``epoch``: it stopped itself,
-    which R9 tells from an interruption (:func:`let_go`)."""
+    which R9 tells from an interruption (:func:`let_go`). Returns whether it held it."""
     released = tx.run(
         "UPDATE runs SET owner_claim = NULL, owner_process = NULL "
         "WHERE id = ? AND epoch = ? AND owner_claim = ?",
@@ -307,6 +310,7 @@ def release(tx: Tx, run_id: str, epoch: int, claim: str | None) -> None:
     )
     if released:
         tx.write("INSERT INTO runs_let_go (run_id) VALUES (?) ON CONFLICT DO NOTHING", run_id)
+    return bool(released)
 
 
 def segment_used(tx: Tx, run_id: str, segment_id: str) -> bool:
@@ -455,6 +459,7 @@ def begin(
             segment_id,
             tx.now_us,
         )
+        claims.issue(tx, run_id, epoch=1, segment_id=segment_id, claim=claim)
     return bool(begun)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from charter import CharterError
-from charter.errors import UsageError
+from charter.errors import StoreError, UsageError
 from charter.server import console, metrics, openapi, remote
 from charter.server.api import ENDPOINTS, PREFIX, VERSION, Call, Endpoint
 from charter.server.auth import SignInForms
@@ -38,11 +39,17 @@ if TYPE_CHECKING:
     from charter import Engine
 
 HERE = Path(__file__).parent
+_log = logging.getLogger("charter.server")
 
 
 def failure(exc: CharterError, request: Request) -> Response:
     """The error as JSON with its status; the connection closes when the body
-    was left unread (a stranger's upload, one above the limit)."""
+    was left unread (a stranger's upload, one above the limit). A store's own
+    failure is told by its code alone: the database's text (its tables, types
+    and values) is for the server's log, never for a client."""
+    if type(exc) is StoreError:
+        _log.error("the store failed a request to %s: %s", request.url.path, exc.message)
+        exc = StoreError("the store could not carry out the request; the server's log says why")
     status = status_of(exc)
     headers = {"WWW-Authenticate": 'Bearer realm="charter"'} if status == 401 else None
     return closing(request, JSONResponse(error_body(exc), status_code=status, headers=headers))

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from charter import EffectClass, Evidence, Fenced, Outcome, RunStatus
+from charter.amounts import MAX_AMOUNT
 from charter.errors import SegmentFenced, UsageError
 from charter.server.api import Call, Endpoint, Handler
 
@@ -44,9 +45,11 @@ def _fenced(handler: Handler) -> Handler:
 
 # -- values -------------------------------------------------------------------------------
 def _integer(call: Call, name: str, low: int = 0) -> int:
+    """A whole number in [``low``, 2**63 - 1]: what the store's columns hold, so a
+    larger one is the caller's mistake (400), never the store's (500)."""
     value = call.body.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise UsageError(f"{name} must be a whole number of at least {low}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_AMOUNT:
+        raise UsageError(f"{name} must be a whole number from {low} to {MAX_AMOUNT}, got {value!r}")
     return value
 
 
@@ -115,7 +118,15 @@ def _renew(engine: Engine, who: Principal, call: Call) -> Any:
 
 def _release(engine: Engine, who: Principal, call: Call) -> Any:
     executor = _held(engine, who, call)
-    executor.release()
+    if not executor.release():
+        current = engine.run(executor.run_id).epoch
+        raise SegmentFenced(
+            f"segment {executor.segment_id!r} does not hold run {executor.run_id} at epoch "
+            f"{executor.epoch}: nothing was released",
+            run_id=executor.run_id,
+            epoch=executor.epoch,
+            current_epoch=current,
+        )
     return {"run_id": executor.run_id, "released": True}
 
 
@@ -256,6 +267,8 @@ def _evidence(engine: Engine, who: Principal, call: Call) -> Any:
     else:
         raise UsageError(f"verdict must be applied, not_applied or indeterminate, got {verdict!r}")
     attempt_id = call.path["attempt_id"]
+    if any(name in call.body for name in _HELD):
+        _dispatcher(engine, who, call, attempt_id)
     lookup = engine.client_lookup(attempt_id, found)
     kept = engine.coordinator.reconcile(attempt_id, lookup, by=who)
     after = engine.get_attempt(attempt_id)
@@ -266,6 +279,27 @@ def _evidence(engine: Engine, who: Principal, call: Call) -> Any:
         "status": after.status.value,
         "settled": after.status.settled,
     }
+
+
+def _dispatcher(engine: Engine, who: Principal, call: Call, attempt_id: str) -> None:
+    """Evidence that speaks for a segment comes from the one that sent the attempt
+    (X3): its claim proven, its epoch the attempt's dispatch epoch; else fenced."""
+    attempt = engine.get_attempt(attempt_id)
+    executor = engine.segment_executor(
+        attempt.run_id,
+        segment_id=call.needs("segment"),
+        epoch=_integer(call, "epoch", 1),
+        claim=call.needs("claim"),
+        by=who,
+    )
+    if attempt.dispatched_epoch != executor.epoch:
+        raise Fenced(
+            f"attempt {attempt_id} was not dispatched at epoch {executor.epoch}; only the "
+            "segment that sent it speaks for its send",
+            run_id=attempt.run_id,
+            epoch=executor.epoch,
+            current_epoch=engine.run(attempt.run_id).epoch,
+        )
 
 
 def _start_node(engine: Engine, who: Principal, call: Call) -> Any:
@@ -352,7 +386,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
       "credential", _fenced(_report), body=_REPORT, required=(*_HELD, "outcome")),
     E("POST", "/attempts/{attempt_id}/evidence", "evidence",
       "Reconcile an uncertain attempt with evidence the client's adapter found", "reconcile",
-      _evidence, body={"verdict": "string", "outcome": "object", "detail": "any"},
+      _fenced(_evidence),
+      body={**_SEGMENT, "verdict": "string", "outcome": "object", "detail": "any"},
       required=("verdict",)),
     E("POST", "/runs/{run_id}/nodes/{node_id}/start", "start_node",
       "The execution of a node the client runs now (the same one after a crash)", "credential",
