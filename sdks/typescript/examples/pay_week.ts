@@ -9,11 +9,13 @@
  * CHARTER_MISSION (pay), SANDBOX_URL (the payments API: `charter sandbox`).
  * Each step prints one JSON line, so that a person or a test can follow it.
  *
- * `pay` claims a new run as its first segment and pays each invoice as an
- * attempt of node `pay-week`: admitted against the allowance and written down
- * on the server before the sandbox sees it, settled after. Killed while the
- * sandbox has applied a payment and not yet answered, it leaves that attempt
- * DISPATCHED with its hold, and the rest unpaid.
+ * `pay` claims a new run as its first segment, starts node `pay-week` (the
+ * server's journal answers its execution) and pays each invoice as an
+ * attempt of it: admitted against the allowance and written down on the
+ * server before the sandbox sees it, settled after; then it completes the
+ * node and finishes the run. Killed while the sandbox has applied a payment
+ * and not yet answered, it leaves that attempt DISPATCHED with its hold, the
+ * node running, and the rest unpaid.
  *
  * `recover` is the seed's recovery, with the SDK: `coordinator.recover`
  * takes the run over as a new segment (a new epoch: the dead process's claim
@@ -22,9 +24,11 @@
  * and the audit records; `coordinator.reconcile` asks the sandbox through
  * this process's own adapter whether the payment happened (a lookup by its
  * idempotency key) and records the answer as evidence; `coordinator.confirm`
- * settles it on that evidence; then the run resumes as the new segment and
- * the node runs again: what was paid replays from its record, the rest is paid
- * once. Nothing is paid twice, and the sandbox's own records say so.
+ * settles it on that evidence; then the new segment claims the run, starts
+ * the node again and is given the same execution, so what was paid replays
+ * from its record and the rest is paid once; it completes the node and
+ * finishes the run, which ends `completed`. Nothing is paid twice, and the
+ * sandbox's own records say so.
  */
 
 import { randomUUID } from "node:crypto";
@@ -49,16 +53,29 @@ function invoices(week: string): Bill[] {
   return DAYS.map((day) => ({ amount: AMOUNT, currency: "usd", payee: "acme", reference: `inv-${week}-${day}` }));
 }
 
-/** Node `pay-week`: each invoice once, its effect keyed by its reference. */
-async function payWeek(segment: Segment, payments: Payments, bills: Bill[]): Promise<unknown[]> {
-  const ctx = segment.node("pay-week");
+/**
+ * Node `pay-week`, as its journal on the server says to run it now: the
+ * execution `startNode` answers (after a crash, the one the dead process was
+ * running, so its settled payments replay), each invoice once (its effect
+ * keyed by its reference), and the node's result recorded (N1).
+ */
+async function payWeek(segment: Segment, payments: Payments, bills: Bill[]): Promise<void> {
+  const ctx = await segment.startNode("pay-week");
+  say("node_started", { node_id: ctx.nodeId, execution: ctx.execution });
   const paid: unknown[] = [];
   for (const bill of bills) {
     say("paying", { invoice: bill.reference });
     paid.push(await ctx.attempt(payments, "pay", bill, { key: bill.reference }));
     say("paid", { invoice: bill.reference });
   }
-  return paid;
+  const completed = await ctx.complete(paid);
+  say("node_completed", { node_id: ctx.nodeId, execution: completed.execution, result_hash: completed.result_hash });
+}
+
+/** The plan is done: the run ends `completed` (refused while any attempt is unresolved). */
+async function finish(segment: Segment): Promise<void> {
+  const run = await segment.finish();
+  say("finished", { run_id: run.id, status: run.status });
 }
 
 async function pay(week: string): Promise<void> {
@@ -68,8 +85,7 @@ async function pay(week: string): Promise<void> {
   segment.keepRenewing();
   say("started", { run_id: segment.runId, segment: segment.name, epoch: segment.epoch, pid: process.pid });
   await payWeek(segment, payments, invoices(week));
-  await segment.release();
-  say("done", { run_id: segment.runId });
+  await finish(segment);
 }
 
 async function recover(runId: string, week: string): Promise<void> {
@@ -90,12 +106,13 @@ async function recover(runId: string, week: string): Promise<void> {
     const settled = await coordinator.confirm(attemptId);
     say("confirmed", { attempt_id: attemptId, status: settled.status, actual: settled.actual });
   }
+  // Nothing is unresolved now: the segment `recover` installed claims the run
+  // (under the `human` policy, refused as needs_intervention until then).
   const segment = await Segment.claim(charter, runId, segmentId);
   segment.keepRenewing();
   say("resumed", { run_id: runId, segment: segment.name, epoch: segment.epoch });
   await payWeek(segment, payments, invoices(week));
-  await segment.release();
-  say("done", { run_id: runId });
+  await finish(segment);
 }
 
 const [command, first, second] = process.argv.slice(2);

@@ -83,6 +83,26 @@ export interface NextAction {
   action: string;
 }
 
+/** One execution of a node as its journal records it (what `state` lists under `nodes`). */
+export interface NodeRecord {
+  node_id: string;
+  execution: number;
+  /** `running`, `blocked`, `completed` or `failed`. */
+  status: string;
+  crashes: number;
+  /** The hash of the recorded result, once completed (N1). */
+  result_hash: string | null;
+  error: string | null;
+}
+
+/** What completing a node answers: its result is recorded with this hash (N1). */
+export interface NodeCompleted {
+  run_id: string;
+  node_id: string;
+  execution: number;
+  result_hash: string;
+}
+
 /** What `recover` and `state` answer (R5): the run as recorded and what stands open. */
 export interface RecoveryRecord {
   run_id: string;
@@ -93,7 +113,7 @@ export interface RecoveryRecord {
   linked_from: string | null;
   contract_version: number;
   plan: string | null;
-  nodes: Record<string, unknown>[];
+  nodes: NodeRecord[];
   /** The IDs of the attempts sent and not settled. */
   unresolved: string[];
   attempts: Attempt[];

@@ -1,9 +1,11 @@
 /**
  * A segment of a run executed in this process (X1): the claim the server
  * answered (run, segment name, epoch, secret claim token, lease), kept alive
- * by renewing at half the lease, and the node context whose `attempt` admits
- * an effect on the server, sends it here with the process's own adapter
- * within the send deadline, and reports what the target said.
+ * by renewing at half the lease; the node journal the server keeps for it
+ * (`startNode`, `completeNode`) and the end of the run (`finish`); and the
+ * node context whose `attempt` admits an effect on the server, sends it here
+ * with the process's own adapter within the send deadline, and reports what
+ * the target said.
  *
  * The client holds no rule: whether an effect is sent, replayed from its
  * record or waits for a person is the server's answer to each admission. A
@@ -14,6 +16,7 @@
 import type { Charter } from "./client.js";
 import { seg } from "./transport.js";
 import type { Adapter, Dispatch, Outcome } from "./adapter.js";
+import type { NodeCompleted, Run } from "./records.js";
 import { checkAmounts, deadline, describe, outcomeBody } from "./adapter.js";
 import {
   AdapterError,
@@ -168,19 +171,54 @@ export class Segment {
   }
 
   /**
-   * The context of one execution of node `nodeId`. A node run again after a
-   * crash runs as a new execution, so that it replays what its earlier
-   * executions performed and tries again only what was proven not applied
-   * (A4, A6). By default the execution is the segment's epoch: a takeover is
-   * a new epoch, hence a new execution. Numbers are small and increasing: the
-   * server reads an effect's attempts execution by execution.
+   * Start node `nodeId` (its journal is kept by the server, as the plan
+   * runner keeps a Python node's) and answer its context. The execution is
+   * the server's: the same one after a crash (the node was left running or
+   * blocked), so its settled effects replay in it; a new one after the node
+   * failed. Every `ctx.attempt` of the context is admitted as that execution.
    */
-  node(nodeId: string, execution?: number): Context {
-    const number = execution ?? this.epoch;
-    if (!Number.isSafeInteger(number) || number < 0) {
-      throw new UsageError(`execution must be a whole number of at least 0, got ${number}`);
+  async startNode(nodeId: string): Promise<Context> {
+    const path = `/runs/${seg(this.runId)}/nodes/${seg(nodeId)}/start`;
+    const started = (await this.#call(path, {})) as { execution: number };
+    return this.node(nodeId, started.execution);
+  }
+
+  /**
+   * The context of an execution of node `nodeId` already started (the number
+   * `startNode` answered, kept by this process). Prefer `startNode`: an
+   * execution the node's journal does not know cannot be completed.
+   */
+  node(nodeId: string, execution: number): Context {
+    if (!Number.isSafeInteger(execution) || execution < 0) {
+      throw new UsageError(`execution must be a whole number of at least 0, got ${execution}`);
     }
-    return new Context(this, nodeId, number);
+    return new Context(this, nodeId, execution);
+  }
+
+  /**
+   * Record node `nodeId`'s result (any JSON) for its running execution, with
+   * its hash, before anything consumes it (N1; `undefined` is recorded as
+   * `null`). The same completion again
+   * answers the same; another result, or an execution that is not the node's
+   * running one, is `StateError` (`invalid_state`).
+   */
+  async completeNode(nodeId: string, execution: number, result: unknown): Promise<NodeCompleted> {
+    const path = `/runs/${seg(this.runId)}/nodes/${seg(nodeId)}/complete`;
+    return (await this.#call(path, { execution, result: result ?? null })) as NodeCompleted;
+  }
+
+  /**
+   * End the run, `completed` (the default) or `failed`, and answer it. Refused
+   * as `StateError` (`invalid_state`, `unresolved` in its details) while any
+   * attempt of the run is unresolved: settle those first. A finished run needs
+   * no lease, so renewing stops.
+   */
+  async finish(status: "completed" | "failed" = "completed", reason?: string): Promise<Run> {
+    const body: Record<string, unknown> = { status };
+    if (reason !== undefined) body["reason"] = reason;
+    const run = (await this.#call(`/runs/${seg(this.runId)}/finish`, body)) as Run;
+    this.stopRenewing();
+    return run;
   }
 
   /** @internal Admit, send and report one effect; see `Context.attempt`. */
@@ -307,7 +345,11 @@ export class Segment {
   }
 }
 
-/** One execution of one node: `ctx.attempt(adapter, operation, request, { key })`. */
+/**
+ * One execution of one node, as `segment.startNode` answered it:
+ * `ctx.attempt(adapter, operation, request, { key })` for each effect, then
+ * `ctx.complete(result)`.
+ */
 export class Context {
   readonly segment: Segment;
   readonly nodeId: string;
@@ -335,5 +377,10 @@ export class Context {
    */
   async attempt<Request>(adapter: Adapter<Request>, operation: string, request: Request, options: { key: string }): Promise<unknown> {
     return this.segment.perform(this.nodeId, this.execution, adapter, operation, request, options.key);
+  }
+
+  /** Record this execution's result (see `Segment.completeNode`). */
+  async complete(result: unknown): Promise<NodeCompleted> {
+    return this.segment.completeNode(this.nodeId, this.execution, result);
   }
 }

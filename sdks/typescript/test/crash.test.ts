@@ -3,9 +3,11 @@
  * week's invoices through the payments sandbox and is SIGKILLed while the
  * sandbox has applied Wednesday's payment and not yet answered; a fresh
  * process, `pay_week.ts recover`, recovers the run with the SDK (recover ->
- * reconcile with its own adapter's lookup -> confirm -> resume). The sandbox's
- * own records show every invoice paid exactly once, and the mission's ledger
- * agrees with what the sandbox took.
+ * reconcile with its own adapter's lookup -> confirm -> claim -> the node
+ * started again is given the same execution -> its payments replay or are
+ * paid -> the node completed -> the run finished). The sandbox's own records
+ * show every invoice paid exactly once, the mission's ledger agrees with what
+ * the sandbox took, and the run ends `completed` with its node's result recorded.
  */
 
 import assert from "node:assert/strict";
@@ -59,7 +61,7 @@ async function until(check: () => Promise<boolean>, what: string): Promise<void>
   }
 }
 
-test("K1_R7_a_payer_SIGKILLed_mid_payment_is_recovered_in_a_fresh_process_and_nothing_is_paid_twice", async () => {
+test("X1_R7_item18_a_payer_SIGKILLed_mid_payment_is_recovered_in_a_fresh_process_paid_once_and_the_run_completed", async () => {
   const week = randomUUID().slice(0, 8);
   const bill = (day: string): string => `inv-${week}-${day}`;
   // Wednesday's payment is applied, and its answer held back: the payer is killed waiting.
@@ -68,6 +70,8 @@ test("K1_R7_a_payer_SIGKILLed_mid_payment_is_recovered_in_a_fresh_process_and_no
   const started = await next(payer.lines);
   assert.equal(started.step, "started");
   const runId = String(started["run_id"]);
+  const nodeStarted = await next(payer.lines);
+  assert.deepEqual(nodeStarted, { step: "node_started", node_id: "pay-week", execution: 1 });
   for (let line = await next(payer.lines); !(line.step === "paying" && line["invoice"] === bill("wed")); line = await next(payer.lines));
   await until(async () => (await world.payments(bill("wed"))).length === 1, "the sandbox applies Wednesday");
   const died = new Promise((done) => payer.child.once("exit", (_code, signal) => done(signal)));
@@ -85,13 +89,22 @@ test("K1_R7_a_payer_SIGKILLed_mid_payment_is_recovered_in_a_fresh_process_and_no
   const exit = await new Promise((done) => (recovery.child.exitCode !== null ? done(recovery.child.exitCode) : recovery.child.once("exit", done)));
   assert.equal(exit, 0, JSON.stringify(steps));
   const named = steps.map((s) => s.step);
-  assert.deepEqual(named.slice(0, 4), ["recovered", "reconciled", "confirmed", "resumed"], JSON.stringify(steps));
-  assert.equal(named.at(-1), "done");
-  const [recovered, reconciled, confirmed] = steps as [Line, Line, Line];
+  const paying = DAYS.flatMap(() => ["paying", "paid"]);
+  assert.deepEqual(
+    named,
+    ["recovered", "reconciled", "confirmed", "resumed", "node_started", ...paying, "node_completed", "finished"],
+    JSON.stringify(steps),
+  );
+  const [recovered, reconciled, confirmed, resumed, restarted] = steps as [Line, Line, Line, Line, Line];
   assert.deepEqual(recovered["unresolved"], before.unresolved);
   assert.equal(recovered["epoch"], 2, "the dead payer's epoch is fenced");
   assert.equal(reconciled["verdict"], "applied", "found by the lookup, by key");
   assert.deepEqual(confirmed["actual"], { usd_cents: 1200 });
+  assert.equal(resumed["segment"], recovered["segment"], "the segment recover installed claims the run");
+  assert.equal(restarted["execution"], nodeStarted["execution"], "the node continues its execution, not the epoch");
+  const completed = steps.at(-2) as Line;
+  const finished = steps.at(-1) as Line;
+  assert.deepEqual(finished, { step: "finished", run_id: runId, status: "completed" });
 
   // The sandbox's own records: each invoice paid once.
   for (const day of DAYS) {
@@ -104,6 +117,11 @@ test("K1_R7_a_payer_SIGKILLed_mid_payment_is_recovered_in_a_fresh_process_and_no
   assert.ok(items.some((a) => a.id === before.unresolved[0] && a.dispatched_epoch === 1));
   const after = await ops.coordinator.state(runId);
   assert.deepEqual(after.unresolved, []);
+  assert.equal(after.status, "completed", "the run ended completed on the record");
+  // The node's journal: one execution, completed with the result the node returned.
+  const journal = after.record.nodes.map((n) => [n.node_id, n.execution, n.status, n.result_hash]);
+  assert.deepEqual(journal, [["pay-week", 1, "completed", completed["result_hash"]]]);
+  assert.ok(items.every((a) => a.node_id === "pay-week" && a.execution === 1), "every payment of that execution");
   const ledger = (await ops.request("GET", `/missions/${world.mission}/ledger`)) as {
     balances: { unit: string; spent: number; held: number }[];
     problems: unknown[];

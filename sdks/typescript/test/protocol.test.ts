@@ -46,13 +46,13 @@ describe("ctx.attempt", () => {
     const agent = as("agent");
     const segment = await Segment.start(agent, world.mission, `ts-${uniq()}`, { week: "W49" });
     assert.equal(segment.epoch, 1);
-    // Executions are small numbers: by default the segment's epoch (the server reads an
-    // effect's attempts execution by execution, so a clock reading would cost it dearly).
-    assert.equal(segment.node("pay").execution, 1);
+    // The node's execution is the one its journal on the server answers.
+    const ctx = await segment.startNode("pay");
+    assert.equal(ctx.execution, 1);
     assert.throws(() => segment.node("pay", -1), UsageError);
     assert.throws(() => segment.node("pay", 1.5), UsageError);
     const reference = `inv-${uniq()}`;
-    const paid = (await segment.node("pay").attempt(payments, "pay", bill(reference), { key: reference })) as { id: string };
+    const paid = (await ctx.attempt(payments, "pay", bill(reference), { key: reference })) as { id: string };
     const [record] = await world.payments(reference);
     assert.equal(record?.id, paid.id);
     const { items } = await agent.attempts({ run: segment.runId });
@@ -61,7 +61,7 @@ describe("ctx.attempt", () => {
     assert.equal(record?.idempotency_key, items[0]?.idempotency_key, "sent with the attempt's own key (A5)");
     assert.deepEqual(items[0]?.actual, { usd_cents: 1200 });
     // The node runs again (a new execution): the payment is replayed from its record.
-    const again = (await segment.node("pay", segment.epoch + 1).attempt(payments, "pay", bill(reference), { key: reference })) as { id: string };
+    const again = (await segment.node("pay", ctx.execution + 1).attempt(payments, "pay", bill(reference), { key: reference })) as { id: string };
     assert.equal(again.id, paid.id);
     assert.equal((await world.payments(reference)).length, 1);
     assert.equal((await agent.attempts({ run: segment.runId })).items.length, 1, "no new attempt");
@@ -72,7 +72,7 @@ describe("ctx.attempt", () => {
     const segment = await Segment.start(as("agent"), world.mission, `ts-${uniq()}`);
     const reference = `inv-${uniq()}`;
     await world.fault("drop_after_apply", { reference });
-    const ctx = segment.node("pay");
+    const ctx = await segment.startNode("pay");
     await assert.rejects(ctx.attempt(payments, "pay", bill(reference), { key: reference }), Blocked);
     const state = await as("ops").coordinator.state(segment.runId);
     assert.equal(state.attempts[0]?.status, "unknown");
@@ -85,7 +85,7 @@ describe("ctx.attempt", () => {
   test("W2_an_effect_waits_for_its_approval_then_the_same_attempt_is_sent_once", async () => {
     const segment = await Segment.start(as("agent"), world.approvalsMission, `ts-${uniq()}`);
     const reference = `inv-${uniq()}`;
-    const ctx = segment.node("pay");
+    const ctx = await segment.startNode("pay");
     const waiting = await ctx.attempt(payments, "pay", bill(reference), { key: reference }).then(
       () => assert.fail("sent without its approval"),
       (error: unknown) => error,
@@ -112,7 +112,7 @@ describe("ctx.attempt", () => {
     const segment = await Segment.start(as("agent"), world.mission, `ts-${uniq()}`);
     const reference = `inv-${uniq()}`;
     const huge = bill(reference, 2_000_000);
-    await assert.rejects(segment.node("pay").attempt(payments, "pay", huge, { key: reference }), AllowanceExceeded);
+    await assert.rejects((await segment.startNode("pay")).attempt(payments, "pay", huge, { key: reference }), AllowanceExceeded);
     assert.equal((await world.payments(reference)).length, 0);
     await segment.release();
   });
@@ -130,7 +130,7 @@ describe("ctx.attempt", () => {
         return payments.dispatch(send);
       },
     });
-    const failed = await segment.node("pay").attempt(slow, "pay", bill(reference), { key: reference }).then(
+    const failed = await (await segment.startNode("pay")).attempt(slow, "pay", bill(reference), { key: reference }).then(
       () => assert.fail("a late send went out"),
       (error: unknown) => error,
     );
@@ -147,32 +147,35 @@ describe("ctx.attempt", () => {
 describe("claims", () => {
   test("R1_a_live_segment_holds_the_run_lease_held_and_F1_a_forced_takeover_fences_it", async () => {
     const first = await Segment.start(as("agent"), world.mission, `ts-${uniq()}`);
+    const stale = await first.startNode("pay");
     await assert.rejects(Segment.claim(as("ops"), first.runId, `ts-${uniq()}`), LeaseHeld);
     const second = await Segment.claim(as("ops"), first.runId, `ts-${uniq()}`, { force: true });
     assert.equal(second.epoch, 2);
     const reference = `inv-${uniq()}`;
-    await assert.rejects(first.node("pay").attempt(payments, "pay", bill(reference), { key: reference }), Fenced);
+    await assert.rejects(stale.attempt(payments, "pay", bill(reference), { key: reference }), Fenced);
     assert.ok(first.fenced);
     await assert.rejects(first.renew(), Fenced, "a fenced segment sends nothing more");
     assert.equal((await world.payments(reference)).length, 0, "the stale segment sent nothing");
     await second.release();
   });
 
-  test("X1_after_a_crash_recover_reconcile_with_the_clients_lookup_confirm_claim_and_each_invoice_is_paid_once", async () => {
+  test("X1_item18_after_a_crash_recover_reconcile_confirm_claim_the_same_execution_replays_each_invoice_paid_once_and_the_run_completes", async () => {
     const week = [`inv-${uniq()}`, `inv-${uniq()}`, `inv-${uniq()}`];
     const [monday, tuesday] = week as [string, string, string];
     const crashed = await Segment.start(as("agent"), world.mission, `ts-${uniq()}`);
     await world.fault("drop_after_apply", { reference: tuesday });
-    const ctx = crashed.node("pay-week");
+    const ctx = await crashed.startNode("pay-week");
+    assert.equal(ctx.execution, 1);
     await ctx.attempt(payments, "pay", bill(monday), { key: monday });
     await assert.rejects(ctx.attempt(payments, "pay", bill(tuesday), { key: tuesday }), Blocked);
     // This process "dies" here: it never releases. Another takes over.
     const ops = as("ops");
     const segment = `ts-${uniq()}`;
-    const { unresolved } = await ops.coordinator.recover(crashed.runId, segment, { force: true });
+    const { unresolved, epoch } = await ops.coordinator.recover(crashed.runId, segment, { force: true });
+    assert.equal(epoch, 2);
     assert.equal(unresolved.length, 1);
     const [lost] = unresolved as [string];
-    // Continuing past an uncertain payment is refused until it is settled (R6).
+    // Continuing past an uncertain payment is refused until it is settled (R6, the human policy).
     await assert.rejects(Segment.claim(ops, crashed.runId, segment), NeedsIntervention);
     const found = await ops.coordinator.reconcile(lost, payments);
     assert.equal(found.verdict, "applied", JSON.stringify(found));
@@ -181,10 +184,26 @@ describe("claims", () => {
     assert.deepEqual(verdicts.filter((v) => v === "applied"), ["applied"], "the lookup, recorded as evidence");
     assert.equal((await ops.coordinator.confirm(lost)).status, "succeeded");
     const continued = await Segment.claim(ops, crashed.runId, segment);
-    const again = continued.node("pay-week");
-    for (const invoice of week) await again.attempt(payments, "pay", bill(invoice), { key: invoice });
+    assert.equal(continued.epoch, 2);
+    // The node was left running: starting it again gives the same execution, not the epoch.
+    const again = await continued.startNode("pay-week");
+    assert.equal(again.execution, ctx.execution);
+    const paid: unknown[] = [];
+    for (const invoice of week) paid.push(await again.attempt(payments, "pay", bill(invoice), { key: invoice }));
     for (const invoice of week) assert.equal((await world.payments(invoice)).length, 1, `${invoice} paid once`);
-    await continued.release();
+    const { items } = await ops.attempts({ run: crashed.runId });
+    assert.equal(items.length, 3, "Monday and Tuesday replayed: no new attempt for them");
+    assert.ok(items.every((a) => a.status === "succeeded" && a.execution === 1), JSON.stringify(items));
+    const completed = await again.complete(paid);
+    assert.equal(completed.execution, 1);
+    const run = await continued.finish();
+    assert.equal(run.status, "completed");
+    const state = await ops.coordinator.state(crashed.runId);
+    assert.equal(state.status, "completed");
+    assert.deepEqual(
+      state.record.nodes.map((n) => [n.node_id, n.execution, n.status, n.result_hash]),
+      [["pay-week", 1, "completed", completed.result_hash]],
+    );
     await assert.rejects(crashed.renew(), Fenced);
   });
 
@@ -192,7 +211,7 @@ describe("claims", () => {
     const segment = await Segment.start(as("agent"), world.mission, `ts-${uniq()}`);
     const reference = `inv-${uniq()}`;
     await world.fault("drop_after_apply", { reference });
-    await assert.rejects(segment.node("pay").attempt(payments, "pay", bill(reference), { key: reference }), Blocked);
+    await assert.rejects((await segment.startNode("pay")).attempt(payments, "pay", bill(reference), { key: reference }), Blocked);
     const ops = as("ops");
     const { unresolved } = await ops.coordinator.recover(segment.runId, `ts-${uniq()}`, { force: true });
     const [lost] = unresolved as [string];
@@ -226,10 +245,61 @@ describe("claims", () => {
     const segment = await Segment.start(as("agent"), world.mission, `ts-${uniq()}`);
     const reference = `inv-${uniq()}`;
     const closed = new Payments(`http://127.0.0.1:${await freePort()}`); // nothing listens: refused before a byte
-    await assert.rejects(segment.node("pay").attempt(closed, "pay", bill(reference), { key: reference }), AttemptFailed);
+    await assert.rejects((await segment.startNode("pay")).attempt(closed, "pay", bill(reference), { key: reference }), AttemptFailed);
     const { items } = await as("agent").attempts({ run: segment.runId });
     assert.ok(items.every((a) => a.status === "failed" && Object.values(a.actual ?? {}).every((v) => v === 0)));
     assert.ok(new NotApplied("x") instanceof Error);
     await segment.release();
+  });
+});
+
+describe("nodes and the end of a run", () => {
+  test("X1_N1_item18_a_node_started_and_completed_is_journaled_on_the_server_and_finish_ends_the_run_completed", async () => {
+    const segment = await Segment.start(as("agent"), world.mission, `ts-${uniq()}`);
+    const ctx = await segment.startNode("pay-week");
+    assert.equal(ctx.execution, 1);
+    assert.equal((await segment.startNode("pay-week")).execution, 1, "a node left running continues its execution");
+    const reference = `inv-${uniq()}`;
+    const paid = await ctx.attempt(payments, "pay", bill(reference), { key: reference });
+    const running = await as("ops").coordinator.state(segment.runId);
+    assert.deepEqual(running.record.nodes.map((n) => [n.node_id, n.execution, n.status]), [["pay-week", 1, "running"]]);
+    const completed = await ctx.complete({ paid: [paid] });
+    assert.deepEqual(Object.keys(completed).sort(), ["execution", "node_id", "result_hash", "run_id"]);
+    assert.equal(completed.node_id, "pay-week");
+    assert.deepEqual(await segment.completeNode("pay-week", 1, { paid: [paid] }), completed, "the same completion answers the same");
+    await assert.rejects(segment.completeNode("pay-week", 1, { paid: [] }), StateError, "another result is refused");
+    const state = await as("ops").coordinator.state(segment.runId);
+    assert.deepEqual(
+      state.record.nodes.map((n) => [n.node_id, n.execution, n.status, n.result_hash]),
+      [["pay-week", 1, "completed", completed.result_hash]],
+    );
+    const run = await segment.finish();
+    assert.equal(run.id, segment.runId);
+    assert.equal(run.status, "completed");
+    assert.equal((await as("ops").coordinator.state(segment.runId)).status, "completed");
+    assert.equal((await world.payments(reference)).length, 1);
+  });
+
+  test("X1_item18_finish_is_refused_while_an_attempt_is_unresolved_and_a_failed_end_keeps_its_reason", async () => {
+    const segment = await Segment.start(as("agent"), world.mission, `ts-${uniq()}`);
+    const ctx = await segment.startNode("pay");
+    const reference = `inv-${uniq()}`;
+    await world.fault("drop_after_apply", { reference });
+    await assert.rejects(ctx.attempt(payments, "pay", bill(reference), { key: reference }), Blocked);
+    const [lost] = (await as("ops").coordinator.state(segment.runId)).unresolved as [string];
+    const refused = await segment.finish().catch((error: unknown) => error);
+    assert.ok(refused instanceof StateError, String(refused));
+    assert.equal(refused.code, "invalid_state");
+    assert.equal(refused.details["unresolved"], 1, "the count of unresolved attempts");
+    assert.equal((await as("ops").coordinator.state(segment.runId)).status, "active", "nothing changed");
+    // An execution the node's journal is not running cannot be completed.
+    await assert.rejects(segment.completeNode("pay", ctx.execution + 1, null), StateError);
+    // Once settled, the run can end; ended failed, it keeps why.
+    await as("ops").coordinator.reconcile(lost, payments);
+    await as("ops").coordinator.confirm(lost);
+    const run = await segment.finish("failed", "the payee closed its account");
+    assert.deepEqual([run.status, run.status_reason], ["failed", "the payee closed its account"]);
+    const state = await as("ops").coordinator.state(segment.runId);
+    assert.deepEqual([state.status, state.record.status_reason], ["failed", "the payee closed its account"]);
   });
 });
