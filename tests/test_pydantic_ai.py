@@ -10,11 +10,13 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from openai import AsyncOpenAI
 from pydantic_ai import Agent
 from pydantic_ai.exceptions import ModelRetry, ToolFailed
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
@@ -102,6 +104,129 @@ def test_A1_A5_A7_L8_each_model_request_and_tool_call_is_an_attempt_priced_and_k
     assert spent["usd"].spent == 3 * priced["usd"] + 12_00 * example.MICROS_PER_CENT
     assert spent["output_tokens"].spent == 3 * OUTPUT
     assert engine.check_ledger(mission) == []
+
+
+def next_second() -> None:
+    """Wait for the clock's next second: a timestamp made after differs in it."""
+    time.sleep(1.01 - time.time() % 1)
+
+
+def test_A6_item20_the_same_conversation_records_the_same_requests_whenever_it_is_made(
+    engine: charter.Engine, who: Principals, provider: FakeProvider, box: Sandbox
+) -> None:
+    """PydanticAI stamps each message with when it was made and each response
+    with its provider's address, id, usage and timing (and a release may add
+    more). None of it is recorded: the clerk's conversation, made again in the
+    next second through another address, records the same requests field for
+    field; only what the payment returned, which the model is shown, differs."""
+    instructions = "Find the survey's price, pay the survey vendor, then say so."
+    history: list[list[Any]] = []
+
+    def plan(url: str) -> charter.Plan:
+        @charter.node
+        async def clerk(ctx: charter.Context, task: str) -> str:
+            async with AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-test") as client:
+                with in_node(ctx):
+                    done = await example.build_agent(client, box.url).run(task)
+            history.append(done.all_messages())
+            return done.output
+
+        return charter.Plan("clerk", (clerk,))
+
+    mission = engine.create_mission(contract(), by=who.alice)
+    runs = []
+    with FakeProvider(chat=clerk_turns) as elsewhere:
+        for url in (provider.url, elsewhere.url):
+            next_second()
+            ex = engine.start_run(mission, by=who.agent, segment_id="seg-1", input=TASK)
+            assert ex.execute(plan(url)) == "Paid the survey vendor."
+            attempts = engine.attempts(run_id=ex.run_id)
+            models = [a for a in attempts if a.operation == "model_request"]
+            runs.append(sorted(models, key=lambda a: a.effect_key))
+
+    first, second = history
+    assert first[0].timestamp.second != second[0].timestamp.second  # made at other times
+    assert first[1].provider_url != second[1].provider_url  # through other addresses
+    (one, two, three), (one_again, two_again, three_again) = runs
+    assert (one.request, one.request_hash) == (one_again.request, one_again.request_hash)
+    assert (two.request, two.request_hash) == (two_again.request, two_again.request_hash)
+    paid = [three.request["messages"].pop(), three_again.request["messages"].pop()]
+    assert three.request == three_again.request
+    assert [p["parts"][0]["content"]["idempotency_key"] for p in paid] == [
+        p["idempotency_key"] for p in box.payments()
+    ]
+    # What is recorded: the model, the settings that change the answer, each
+    # message's parts as the model is shown them, and the tools' definitions.
+    schema = {"type": "object", "additionalProperties": False}
+    assert two.request == {
+        "provider": "openai",
+        "model": "gpt-4o-mini",
+        "settings": {"max_tokens": example.MAX_TOKENS},
+        "messages": [
+            {
+                "kind": "request",
+                "instructions": instructions,
+                "parts": [{"part_kind": "user-prompt", "content": TASK}],
+            },
+            {
+                "kind": "response",
+                "parts": [
+                    {
+                        "part_kind": "tool-call",
+                        "tool_name": "quote",
+                        "tool_call_id": "call_quote_1",
+                        "args": '{"item": "survey"}',
+                    }
+                ],
+            },
+            {
+                "kind": "request",
+                "instructions": instructions,
+                "parts": [
+                    {
+                        "part_kind": "tool-return",
+                        "tool_name": "quote",
+                        "tool_call_id": "call_quote_1",
+                        "content": example.PRICES["survey"],
+                        "outcome": "success",
+                    }
+                ],
+            },
+        ],
+        "parameters": {
+            "function_tools": [
+                {
+                    "kind": "function",
+                    "name": "quote",
+                    "description": "The price of ``item``, in cents.",
+                    "parameters_json_schema": {
+                        **schema,
+                        "properties": {"item": {"type": "string"}},
+                        "required": ["item"],
+                    },
+                },
+                {
+                    "kind": "function",
+                    "name": "pay",
+                    "description": "Pay ``amount`` cents to ``payee``.",
+                    "parameters_json_schema": {
+                        **schema,
+                        "properties": {
+                            "amount": {"type": "integer"},
+                            "payee": {"type": "string"},
+                            "reference": {"type": "string"},
+                        },
+                        "required": ["payee", "amount", "reference"],
+                    },
+                },
+            ],
+            "output_tools": [],
+            "native_tools": [],
+            "output_mode": "text",
+            "allow_text_output": True,
+            "allow_image_output": False,
+        },
+    }
 
 
 def test_L7_an_exhausted_token_allowance_pauses_the_agent_and_a_raised_limit_resumes_it(
