@@ -103,7 +103,8 @@ def main(argv: list[str]) -> int:
         ex = engine.start_run(cfg["mission_id"], by=agent, segment_id="seg-1")
         target = FencedPayments(cfg["target"], freeze=True)
         try:
-            done = ex.perform(target, "pay", {"invoice": "inv-7", "amount": 300}, effect_key="inv-7")
+            invoice = {"invoice": "inv-7", "amount": 300}
+            done = ex.perform(target, "pay", invoice, effect_key="inv-7")
         except charter.Fenced as exc:
             emit("fenced", current_epoch=exc.current_epoch)
         except charter.CharterError as exc:

@@ -73,7 +73,8 @@ class Wire:
 
     def everything(self) -> dict[str, Any]:
         """What the store holds about the mission, its audit chain included."""
-        return {**stored(self.engine, self.mission), "audit": self.engine.audit_events(self.mission)}
+        audit = self.engine.audit_events(self.mission)
+        return {**stored(self.engine, self.mission), "audit": audit}
 
 
 def held(claim: dict[str, Any]) -> dict[str, Any]:
