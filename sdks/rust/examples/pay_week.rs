@@ -11,18 +11,21 @@
 //! cargo run --example pay_week -- recover RUN rs-2
 //! ```
 //!
-//! `work` starts a run and pays each invoice as an attempt of its node. The
-//! process may die at any point. `recover` is what a fresh process does then:
-//! an operator recovers the run as a new segment (once the dead one's lease has
-//! lapsed), looks each unresolved payment up at the sandbox with this
-//! process's adapter and confirms what the lookup found; then the agent
-//! resumes the run and runs the node again: paid invoices replay from their
-//! records, the rest are paid. Each step is printed as one JSON line.
+//! `work` starts a run, starts its node (the server's journal answers the
+//! execution), pays each invoice as an attempt of it, completes the node and
+//! finishes the run. The process may die at any point. `recover` is what a
+//! fresh process does then: an operator recovers the run as a new segment
+//! (once the dead one's lease has lapsed), looks each unresolved payment up at
+//! the sandbox with this process's adapter and confirms what the lookup found;
+//! then the agent claims the run as that segment and starts the node again: it
+//! is given the execution the dead process was running, so paid invoices
+//! replay from their records and the rest are paid; it completes the node and
+//! finishes the run, which ends completed. Each step is printed as one JSON line.
 
 use std::time::{Duration, Instant};
 
 use charter::sandbox::Payments;
-use charter::{Client, Code, Error, Segment};
+use charter::{Client, Code, Ending, Error, Segment};
 use serde_json::{json, Value};
 
 const WEEK: [(&str, u64); 5] = [
@@ -41,9 +44,13 @@ fn say(line: Value) {
     println!("{line}");
 }
 
-/// The node: each invoice one attempt, keyed by its reference (A6).
-fn pay_week(segment: &Segment, payments: &Payments) -> Result<Vec<Value>, Error> {
-    let node = segment.node("pay_week");
+/// The node, as its journal on the server says to run it now: the execution
+/// `start_node` answers (after a crash, the one the dead process was running,
+/// so its settled payments replay), each invoice one attempt keyed by its
+/// reference (A6), and the node's result recorded (N1).
+fn pay_week(segment: &Segment, payments: &Payments) -> Result<(), Error> {
+    let node = segment.start_node("pay_week")?;
+    say(json!({"node": node.node_id(), "execution": node.execution()}));
     let mut paid = Vec::new();
     for (reference, amount) in WEEK {
         let invoice =
@@ -53,7 +60,17 @@ fn pay_week(segment: &Segment, payments: &Payments) -> Result<Vec<Value>, Error>
         say(json!({"paid": reference, "payment": payment["id"]}));
         paid.push(payment);
     }
-    Ok(paid)
+    let completed = node.complete(Value::Array(paid))?;
+    say(json!({"completed": node.node_id(), "execution": completed.execution,
+               "result_hash": completed.result_hash}));
+    Ok(())
+}
+
+/// The plan is done: the run ends completed (refused while any attempt is unresolved).
+fn finish(segment: &Segment) -> Result<(), Error> {
+    let run = segment.finish(Ending::Completed, None)?;
+    say(json!({"finished": run.id, "status": run.status}));
+    Ok(())
 }
 
 fn work(mission: &str) -> Result<(), Error> {
@@ -61,9 +78,8 @@ fn work(mission: &str) -> Result<(), Error> {
     let payments = Payments::new(&env("CHARTER_SANDBOX"), Duration::from_secs(60));
     let segment = agent.start_run(mission, "rs-1", json!({"week": "2026-W49"}))?;
     say(json!({"run_id": segment.run_id(), "segment": "rs-1", "epoch": segment.epoch()}));
-    let paid = pay_week(&segment, &payments)?;
-    say(json!({"done": paid.len()}));
-    Ok(())
+    pay_week(&segment, &payments)?;
+    finish(&segment)
 }
 
 /// Recover as `segment`, once the dead segment's lease has lapsed (R1).
@@ -103,11 +119,12 @@ fn recover(run_id: &str, segment: &str) -> Result<(), Error> {
         let settled = coordinator.confirm(attempt_id, None)?;
         say(json!({"confirmed": attempt_id, "status": settled.status, "cost": settled.actual}));
     }
+    // Nothing is unresolved now: the segment `recover` installed claims the
+    // run (under the `human` policy, refused as needs_intervention until then).
     let resumed = agent.coordinator().resume(run_id, segment)?;
     say(json!({"resumed": run_id, "segment": segment, "epoch": resumed.epoch()}));
-    let paid = pay_week(&resumed, &payments)?;
-    say(json!({"done": paid.len()}));
-    Ok(())
+    pay_week(&resumed, &payments)?;
+    finish(&resumed)
 }
 
 fn main() {

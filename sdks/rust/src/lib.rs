@@ -34,6 +34,6 @@ pub use client::{Client, Coordinator, Resolution};
 pub use error::{Code, Error, Result};
 pub use records::{
     Attempt, AuditVerification, Balance, ChainVerification, Claim, Incident, Ledger, LimitRaised,
-    NextAction, Recovery, Run, Settlement, Snapshot,
+    NextAction, NodeCompletion, Recovery, Run, Settlement, Snapshot,
 };
-pub use segment::{Context, Segment};
+pub use segment::{Context, Ending, Segment};

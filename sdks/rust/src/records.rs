@@ -109,6 +109,16 @@ pub struct Claim {
     pub status: String,
 }
 
+/// What completing a node answered: its result is recorded with this hash (N1).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct NodeCompletion {
+    pub run_id: String,
+    pub node_id: String,
+    pub execution: u64,
+    pub result_hash: String,
+}
+
 /// What a report or a posted evidence answered.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default)]
@@ -122,7 +132,7 @@ pub struct Settlement {
     pub detail: Value,
 }
 
-/// A run as recorded (what `stop` answers).
+/// A run as recorded (what `stop` and `finish` answer).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default)]
 pub struct Run {

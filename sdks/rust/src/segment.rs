@@ -1,16 +1,19 @@
-//! A segment: this process's claim on a run (F1), and the node context whose
-//! `attempt` admits an effect, sends it within its deadline, reports what
-//! happened and replays what is already settled.
+//! A segment: this process's claim on a run (F1); the node journal the server
+//! keeps for it (`start_node`, `complete_node`) and the end of the run
+//! (`finish`); and the node context whose `attempt` admits an effect as the
+//! node's execution, sends it within its deadline, reports what happened and
+//! replays what is already settled.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
+use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::adapter::{Adapter, Dispatch, Outcome, SendError};
 use crate::client::{seg, Client, Coordinator};
 use crate::error::{Error, Result};
-use crate::records::{Claim, Settlement};
+use crate::records::{Claim, NodeCompletion, Run, Settlement};
 
 impl Client {
     /// Start a run of `mission_id` whose nodes run here, as its first segment.
@@ -98,16 +101,73 @@ impl Segment {
         Ok(())
     }
 
-    /// The context of node `node_id`, executed for the epoch's time: a takeover
-    /// (a new epoch) runs the node again as a new execution.
-    pub fn node(&self, node_id: &str) -> Context<'_> {
-        self.node_execution(node_id, self.claim.epoch)
+    /// Start node `node_id` (its journal is kept by the server, as the plan
+    /// runner keeps a Python node's) and return its context. The execution is
+    /// the server's: the same one after a crash (the node was left running or
+    /// blocked), so its settled effects replay in it; a new one after the node
+    /// failed. Every `attempt` of the context is admitted as that execution.
+    pub fn start_node(&self, node_id: &str) -> Result<Context<'_>> {
+        let path = format!("/runs/{}/nodes/{}/start", seg(&self.claim.run_id), seg(node_id));
+        let started: NodeStarted = self.client.post(&path, self.credentials())?;
+        Ok(self.node(node_id, started.execution))
     }
 
-    /// The context of node `node_id` as its execution number `execution`.
-    pub fn node_execution(&self, node_id: &str, execution: u64) -> Context<'_> {
+    /// The context of an execution of node `node_id` already started (the
+    /// number `start_node` answered, kept by this process). Prefer
+    /// `start_node`: an execution the node's journal does not run cannot be
+    /// completed.
+    pub fn node(&self, node_id: &str, execution: u64) -> Context<'_> {
         Context { segment: self, node_id: node_id.to_string(), execution }
     }
+
+    /// Record node `node_id`'s result for its running execution, with its
+    /// hash, before anything consumes it (N1). The same completion again
+    /// answers the same; another result, or an execution that is not the
+    /// node's running one, is `invalid_state`.
+    pub fn complete_node(
+        &self,
+        node_id: &str,
+        execution: u64,
+        result: Value,
+    ) -> Result<NodeCompletion> {
+        let path = format!("/runs/{}/nodes/{}/complete", seg(&self.claim.run_id), seg(node_id));
+        let body = json!({"execution": execution, "result": result});
+        self.client.post(&path, self.with_credentials(body))
+    }
+
+    /// End the run, completed or failed (with why), and return it as recorded.
+    /// Refused as `invalid_state` (`unresolved` in its details) while any
+    /// attempt of the run is unresolved: settle those first.
+    pub fn finish(&self, ending: Ending, reason: Option<&str>) -> Result<Run> {
+        let mut body = json!({"status": ending.as_str()});
+        if let Some(reason) = reason {
+            body["reason"] = json!(reason);
+        }
+        let path = format!("/runs/{}/finish", seg(&self.claim.run_id));
+        self.client.post(&path, self.with_credentials(body))
+    }
+}
+
+/// How a run ends (`Segment::finish`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    Completed,
+    Failed,
+}
+
+impl Ending {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ending::Completed => "completed",
+            Ending::Failed => "failed",
+        }
+    }
+}
+
+/// What starting a node answers.
+#[derive(Deserialize)]
+struct NodeStarted {
+    execution: u64,
 }
 
 /// A node's context: where its effects are performed as attempts.
@@ -121,6 +181,16 @@ pub struct Context<'s> {
 impl Context<'_> {
     pub fn node_id(&self) -> &str {
         &self.node_id
+    }
+
+    /// The node's execution every attempt of this context is admitted as.
+    pub fn execution(&self) -> u64 {
+        self.execution
+    }
+
+    /// Record this execution's result (see `Segment::complete_node`).
+    pub fn complete(&self, result: Value) -> Result<NodeCompletion> {
+        self.segment.complete_node(&self.node_id, self.execution, result)
     }
 
     /// Perform one effect of this node as an attempt: admitted against the

@@ -1,8 +1,10 @@
 //! The crash story with real processes: `examples/pay_week.rs` pays a week's
 //! invoices and is SIGKILLed while the sandbox holds Wednesday's payment
 //! applied and unanswered; a fresh process recovers the run, reconciles the
-//! payment by lookup, confirms it and resumes the run. Each invoice is paid
-//! exactly once, by the sandbox's own records, and the ledger agrees.
+//! payment by lookup, confirms it, claims the run, starts the node again (the
+//! same execution), replays or pays each invoice, completes the node and
+//! finishes the run. Each invoice is paid exactly once, by the sandbox's own
+//! records, the ledger agrees, and the run ends completed.
 
 mod support;
 
@@ -11,7 +13,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use support::Desk;
 
 const WEEK: [(&str, u64); 5] = [
@@ -57,7 +59,8 @@ fn lines(child: &mut Child) -> impl Iterator<Item = Value> {
 }
 
 #[test]
-fn r1_a_worker_killed_mid_payment_is_recovered_in_a_fresh_process_and_nothing_is_paid_twice() {
+fn x1_r1_item18_a_worker_killed_mid_payment_is_recovered_in_a_fresh_process_paid_once_and_the_run_completed(
+) {
     let desk = Desk::start_with_lease(Some(2));
     let payments = desk.payments();
     // Wednesday's payment is applied, then its answer held back for 60 s.
@@ -66,6 +69,8 @@ fn r1_a_worker_killed_mid_payment_is_recovered_in_a_fresh_process_and_nothing_is
     let mut worker = spawn(&desk, &["work", &desk.mission]);
     let mut said = lines(&mut worker);
     let run_id = said.next().unwrap()["run_id"].as_str().unwrap().to_string();
+    let started = said.next().unwrap();
+    assert_eq!(started, serde_json::json!({"node": "pay_week", "execution": 1}));
     let deadline = Instant::now() + Duration::from_secs(30);
     while desk.paid("inv-wed") == 0 {
         assert!(Instant::now() < deadline, "the sandbox never applied Wednesday's payment");
@@ -86,7 +91,15 @@ fn r1_a_worker_killed_mid_payment_is_recovered_in_a_fresh_process_and_nothing_is
     let wed = unresolved[0].as_str().unwrap();
     assert_eq!(story[1]["verdict"], "applied", "{story:#?}");
     assert_eq!(story[2]["status"], "succeeded");
-    assert_eq!(story.last().unwrap()["done"], 5, "{story:#?}");
+    assert_eq!(story[3]["segment"], "rs-2", "{story:#?}");
+    // The node started again continues the execution the dead worker ran, not the epoch.
+    assert_eq!(story[4], started, "{story:#?}");
+    let paying: Vec<&Value> = story[5..story.len() - 2].iter().collect();
+    assert_eq!(paying.len(), 2 * WEEK.len(), "{story:#?}");
+    let completed = &story[story.len() - 2];
+    assert_eq!((&completed["completed"], &completed["execution"]), (&json!("pay_week"), &json!(1)));
+    let finished = story.last().unwrap();
+    assert_eq!(finished, &json!({"finished": run_id, "status": "completed"}), "{story:#?}");
 
     // The sandbox's own records: each invoice applied once.
     for (reference, _) in WEEK {
@@ -98,9 +111,21 @@ fn r1_a_worker_killed_mid_payment_is_recovered_in_a_fresh_process_and_nothing_is
     assert_eq!(ops.attempt(wed).unwrap().status, "succeeded");
     let state = ops.coordinator().state(&run_id).unwrap();
     assert!(state.unresolved.is_empty());
+    assert_eq!(state.status, "completed", "the run ended completed on the record");
+    // The node's journal: one execution, completed with the result the node returned.
+    let journal: Vec<Value> = state
+        .nodes
+        .iter()
+        .map(|n| json!([n["node_id"], n["execution"], n["status"], n["result_hash"]]))
+        .collect();
+    assert_eq!(journal, vec![json!(["pay_week", 1, "completed", completed["result_hash"]])]);
+    let attempts = ops.request("GET", &format!("/attempts?run={run_id}"), None).unwrap();
+    let items = attempts["items"].as_array().unwrap();
+    assert_eq!(items.len(), WEEK.len(), "one attempt per invoice: {attempts}");
+    assert!(items.iter().all(|a| a["execution"] == 1 && a["status"] == "succeeded"), "{attempts}");
     let ledger = ops.request("GET", &format!("/missions/{}/ledger", desk.mission), None).unwrap();
     let total: u64 = WEEK.iter().map(|(_, a)| a).sum();
     assert_eq!(ledger["balances"][0]["spent"].as_u64(), Some(total), "{ledger}");
     assert_eq!(ledger["balances"][0]["held"].as_u64(), Some(0), "{ledger}");
-    assert_eq!(ledger["problems"], serde_json::json!([]));
+    assert_eq!(ledger["problems"], json!([]));
 }

@@ -4,7 +4,7 @@
 
 mod support;
 
-use charter::{Code, Error, Resolution};
+use charter::{Code, Ending, Error, Resolution};
 use serde_json::{json, Value};
 use support::Desk;
 
@@ -18,7 +18,7 @@ fn x1_an_effect_is_sent_once_and_replayed_from_its_record() {
     let payments = desk.payments();
     let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
     assert_eq!(segment.epoch(), 1);
-    let node = segment.node("pay");
+    let node = segment.start_node("pay").unwrap();
     let paid = node.attempt(&payments, "pay", invoice("inv-1", 450), "inv-1").unwrap();
     assert_eq!(paid["amount"], 450);
     // The same effect again (a node run twice): its record, not a second send (A4).
@@ -41,7 +41,7 @@ fn a3_a_lost_answer_blocks_the_node_until_evidence_is_confirmed_then_replays() {
     let ops = desk.client("ops").coordinator();
     let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
     payments.fault("drop_after_apply", 0.0, "inv-2").unwrap();
-    let node = segment.node("pay");
+    let node = segment.start_node("pay").unwrap();
     let lost = node.attempt(&payments, "pay", invoice("inv-2", 1200), "inv-2").unwrap_err();
     let (attempt_id, status) = match lost {
         Error::Blocked { attempt_id, status } => (attempt_id, status),
@@ -76,7 +76,7 @@ fn r8_a_person_resolves_what_no_lookup_can_prove() {
     let ops = desk.client("ops").coordinator();
     let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
     payments.fault("error_after_apply", 0.0, "inv-3").unwrap();
-    let node = segment.node("pay");
+    let node = segment.start_node("pay").unwrap();
     let attempt_id = match node.attempt(&payments, "pay", invoice("inv-3", 300), "inv-3") {
         Err(Error::Blocked { attempt_id, .. }) => attempt_id,
         other => panic!("a 500 after applying must leave the attempt unknown: {other:?}"),
@@ -104,12 +104,13 @@ fn f1_a_segment_taken_over_is_fenced_and_sends_nothing() {
     let desk = Desk::start();
     let payments = desk.payments();
     let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
+    let node = segment.start_node("pay").unwrap();
     let recovery = desk.client("ops").coordinator().recover_with(segment.run_id(), "rs-2", true);
     let recovery = recovery.unwrap();
     assert_eq!(recovery.snapshot.epoch, 2);
     assert!(recovery.unresolved.is_empty());
 
-    let refused = segment.node("pay").attempt(&payments, "pay", invoice("inv-4", 100), "inv-4");
+    let refused = node.attempt(&payments, "pay", invoice("inv-4", 100), "inv-4");
     let refused = refused.unwrap_err();
     assert!(refused.is_fenced(), "{refused:?}");
     assert_eq!(desk.paid("inv-4"), 0);
@@ -130,14 +131,19 @@ fn p1_errors_carry_the_servers_codes() {
 
     // L3: an estimate the allowance cannot cover is refused; nothing is sent.
     let segment = desk.client("agent").start_run(&desk.tight, "rs-1", json!({})).unwrap();
-    let refused = segment.node("pay").attempt(&payments, "pay", invoice("big", 5_000), "big");
+    let refused =
+        segment.start_node("pay").unwrap().attempt(&payments, "pay", invoice("big", 5_000), "big");
     let refused = refused.unwrap_err();
     assert_eq!(refused.code(), Some(&Code::AllowanceExceeded));
     assert!(refused.is(&Code::AdmissionRefused));
     assert_eq!(desk.paid("big"), 0);
 
     // An operation the adapter does not offer is refused before anything is asked.
-    let unknown = segment.node("pay").attempt(&payments, "refund", json!({}), "r").unwrap_err();
+    let unknown = segment
+        .start_node("pay")
+        .unwrap()
+        .attempt(&payments, "refund", json!({}), "r")
+        .unwrap_err();
     assert!(matches!(unknown, Error::Usage(_)), "{unknown:?}");
 }
 
@@ -183,7 +189,8 @@ fn f3_a_send_held_up_past_its_deadline_is_reported_not_applied_and_never_sent() 
     let late = Misbehaving { inner: desk.payments(), wait_out_the_deadline: true, panic: false };
     let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
     let started = std::time::Instant::now();
-    let refused = segment.node("pay").attempt(&late, "pay", invoice("inv-5", 500), "inv-5");
+    let refused =
+        segment.start_node("pay").unwrap().attempt(&late, "pay", invoice("inv-5", 500), "inv-5");
     let (attempt_id, status) = match refused {
         Err(Error::AttemptFailed { attempt_id, status, result }) => {
             assert_eq!(result["reason"], "send deadline passed");
@@ -212,7 +219,7 @@ fn a3_an_adapter_that_panics_after_sending_leaves_the_attempt_unknown() {
     let desk = Desk::start();
     let broken = Misbehaving { inner: desk.payments(), wait_out_the_deadline: false, panic: true };
     let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
-    let node = segment.node("pay");
+    let node = segment.start_node("pay").unwrap();
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         node.attempt(&broken, "pay", invoice("inv-6", 600), "inv-6")
     }));
@@ -232,7 +239,7 @@ fn w2_an_effect_waits_for_its_approval_then_the_same_attempt_is_sent_once() {
     let desk = Desk::start();
     let payments = desk.payments();
     let segment = desk.client("agent").start_run(&desk.gated, "rs-1", json!({})).unwrap();
-    let node = segment.node("pay");
+    let node = segment.start_node("pay").unwrap();
     let waiting = node.attempt(&payments, "pay", invoice("inv-7", 700), "inv-7").unwrap_err();
     assert!(waiting.is(&Code::ApprovalRequired) && waiting.is(&Code::InvalidState), "{waiting:?}");
     let approval = waiting.detail("approval_id").and_then(Value::as_str).unwrap().to_string();
@@ -288,7 +295,7 @@ fn f2_a_report_after_a_takeover_is_kept_as_late_evidence_and_the_stale_segment_s
     let desk = Desk::start();
     let adapter = TakenOverMidSend { inner: desk.payments(), ops: desk.client("ops") };
     let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
-    let node = segment.node("pay");
+    let node = segment.start_node("pay").unwrap();
     let late = node.attempt(&adapter, "pay", invoice("inv-8", 800), "inv-8").unwrap_err();
     assert!(late.is_fenced(), "{late:?}");
     let (attempt_id, status) = match late {
@@ -305,4 +312,129 @@ fn f2_a_report_after_a_takeover_is_kept_as_late_evidence_and_the_stale_segment_s
     let more = node.attempt(&desk.payments(), "pay", invoice("inv-9", 900), "inv-9").unwrap_err();
     assert!(more.is_fenced(), "{more:?}");
     assert_eq!((desk.paid("inv-8"), desk.paid("inv-9")), (1, 0));
+}
+
+/// The node journal as the run's state shows it: `[node_id, execution, status, result_hash]`.
+fn journal(desk: &Desk, run_id: &str) -> Vec<Value> {
+    let state = desk.client("ops").coordinator().state(run_id).unwrap();
+    state
+        .nodes
+        .iter()
+        .map(|n| json!([n["node_id"], n["execution"], n["status"], n["result_hash"]]))
+        .collect()
+}
+
+#[test]
+fn x1_n1_item18_a_node_started_and_completed_is_journaled_and_finish_ends_the_run_completed() {
+    let desk = Desk::start();
+    let payments = desk.payments();
+    let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
+    let node = segment.start_node("pay_week").unwrap();
+    assert_eq!(node.execution(), 1);
+    let restarted = segment.start_node("pay_week").unwrap();
+    assert_eq!(restarted.execution(), 1, "a node left running continues its execution");
+    let paid = node.attempt(&payments, "pay", invoice("inv-10", 1000), "inv-10").unwrap();
+    assert_eq!(journal(&desk, segment.run_id()), vec![json!(["pay_week", 1, "running", null])]);
+
+    let completed = node.complete(json!({"paid": [paid.clone()]})).unwrap();
+    assert_eq!((completed.node_id.as_str(), completed.execution), ("pay_week", 1));
+    assert_eq!(completed.run_id, segment.run_id());
+    let again = segment.complete_node("pay_week", 1, json!({"paid": [paid]})).unwrap();
+    assert_eq!(again, completed, "the same completion answers the same");
+    let other = segment.complete_node("pay_week", 1, json!({"paid": []})).unwrap_err();
+    assert!(other.is(&Code::InvalidState), "another result is refused: {other:?}");
+    assert_eq!(
+        journal(&desk, segment.run_id()),
+        vec![json!(["pay_week", 1, "completed", completed.result_hash])]
+    );
+
+    let run = segment.finish(Ending::Completed, None).unwrap();
+    assert_eq!((run.id.as_str(), run.status.as_str()), (segment.run_id(), "completed"));
+    let state = desk.client("ops").coordinator().state(segment.run_id()).unwrap();
+    assert_eq!(state.status, "completed");
+    assert_eq!(desk.paid("inv-10"), 1);
+}
+
+#[test]
+fn x1_item18_finish_is_refused_while_an_attempt_is_unresolved_and_a_failed_end_keeps_its_reason() {
+    let desk = Desk::start();
+    let payments = desk.payments();
+    let ops = desk.client("ops").coordinator();
+    let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
+    let node = segment.start_node("pay").unwrap();
+    payments.fault("drop_after_apply", 0.0, "inv-11").unwrap();
+    let lost = match node.attempt(&payments, "pay", invoice("inv-11", 1100), "inv-11") {
+        Err(Error::Blocked { attempt_id, .. }) => attempt_id,
+        other => panic!("not blocked: {other:?}"),
+    };
+    let refused = segment.finish(Ending::Completed, None).unwrap_err();
+    assert!(refused.is(&Code::InvalidState), "{refused:?}");
+    assert_eq!(refused.detail("unresolved"), Some(&json!(1)), "{refused:?}");
+    assert_eq!(ops.state(segment.run_id()).unwrap().status, "active", "nothing changed");
+    // An execution the node's journal is not running cannot be completed.
+    let wrong = segment.complete_node("pay", node.execution() + 1, Value::Null).unwrap_err();
+    assert!(wrong.is(&Code::InvalidState), "{wrong:?}");
+
+    // Once settled, the run can end; ended failed, it keeps why.
+    ops.reconcile(&lost, &payments).unwrap();
+    ops.confirm(&lost, None).unwrap();
+    let run = segment.finish(Ending::Failed, Some("the payee closed its account")).unwrap();
+    assert_eq!(
+        (run.status.as_str(), run.status_reason.as_deref()),
+        ("failed", Some("the payee closed its account"))
+    );
+    let state = ops.state(segment.run_id()).unwrap();
+    assert_eq!(
+        (state.status.as_str(), state.status_reason.as_deref()),
+        ("failed", Some("the payee closed its account"))
+    );
+}
+
+#[test]
+fn x1_item18_after_a_takeover_the_node_started_again_continues_its_execution_and_the_run_completes()
+{
+    let desk = Desk::start();
+    let payments = desk.payments();
+    let ops = desk.client("ops").coordinator();
+    let agent = desk.client("agent");
+    let crashed = agent.start_run(&desk.mission, "rs-1", json!({})).unwrap();
+    let node = crashed.start_node("pay_week").unwrap();
+    node.attempt(&payments, "pay", invoice("inv-12", 1200), "inv-12").unwrap();
+    payments.fault("drop_after_apply", 0.0, "inv-13").unwrap();
+    let lost = match node.attempt(&payments, "pay", invoice("inv-13", 1300), "inv-13") {
+        Err(Error::Blocked { attempt_id, .. }) => attempt_id,
+        other => panic!("not blocked: {other:?}"),
+    };
+    // This process "dies" here. An operator takes the run over (forced: its lease is live).
+    let recovery = ops.recover_with(crashed.run_id(), "rs-2", true).unwrap();
+    assert_eq!((recovery.snapshot.epoch, recovery.unresolved.clone()), (2, vec![lost.clone()]));
+    // Continuing past an uncertain payment is refused until it is settled (R6).
+    let early = agent.coordinator().resume(crashed.run_id(), "rs-2").unwrap_err();
+    assert!(early.is(&Code::NeedsIntervention), "{early:?}");
+    ops.reconcile(&lost, &payments).unwrap();
+    assert_eq!(ops.confirm(&lost, None).unwrap().status, "succeeded");
+
+    let resumed = agent.coordinator().resume(crashed.run_id(), "rs-2").unwrap();
+    assert_eq!(resumed.epoch(), 2);
+    let again = resumed.start_node("pay_week").unwrap();
+    assert_eq!(again.execution(), node.execution(), "the same execution, not the epoch");
+    let mut paid = Vec::new();
+    for (reference, amount) in [("inv-12", 1200), ("inv-13", 1300), ("inv-14", 1400)] {
+        paid.push(again.attempt(&payments, "pay", invoice(reference, amount), reference).unwrap());
+    }
+    assert_eq!((desk.paid("inv-12"), desk.paid("inv-13"), desk.paid("inv-14")), (1, 1, 1));
+    let path = format!("/attempts?run={}", crashed.run_id());
+    let attempts = desk.client("ops").request("GET", &path, None).unwrap();
+    let items = attempts["items"].as_array().unwrap();
+    assert_eq!(items.len(), 3, "the first two replayed: no new attempt for them: {attempts}");
+    assert!(items.iter().all(|a| a["execution"] == 1 && a["status"] == "succeeded"), "{attempts}");
+    let completed = again.complete(Value::Array(paid)).unwrap();
+    assert_eq!(completed.execution, 1);
+    let run = resumed.finish(Ending::Completed, None).unwrap();
+    assert_eq!(run.status, "completed");
+    assert_eq!(
+        journal(&desk, crashed.run_id()),
+        vec![json!(["pay_week", 1, "completed", completed.result_hash])]
+    );
+    assert!(crashed.clone().renew().unwrap_err().is_fenced());
 }
