@@ -14,6 +14,7 @@ import json
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -338,7 +339,7 @@ def function_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[st
     """A Responses API output item: the model calls tool ``name``."""
     return {
         "type": "function_call",
-        "id": f"fc_{call_id}",
+        "id": f"fc_{uuid.uuid4().hex}",  # a provider's own id, new in every answer
         "call_id": call_id,
         "name": name,
         "arguments": json.dumps(arguments),

@@ -10,7 +10,9 @@ took.
 from __future__ import annotations
 
 import importlib
+import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -79,6 +81,65 @@ def test_A1_A7_an_agents_model_and_tool_calls_are_attempts_priced_and_sent_once(
     assert balances["input_tokens"].spent == 3 * 12
     assert balances["output_tokens"].spent == 3 * 7
     assert engine.check_ledger(m) == []
+
+
+def test_A6_item20_the_same_conversation_records_the_same_requests_whenever_it_is_made(
+    engine: charter.Engine, who: Principals, provider: FakeProvider, box: Sandbox
+) -> None:
+    """The SDK hands the model its earlier answers with the provider's own ids
+    in them (a real provider's differ in every answer, as the fake's do), and
+    each release may add fields to them or settings to ``ModelSettings``. None
+    of it is recorded: the conversation, made again in the next second through
+    another address, records the same requests field for field; only what the
+    payment returned, which the model is shown, differs."""
+    m = mission(engine, who)
+    runs = []
+    with FakeProvider(script=pay_invoice_script) as elsewhere:
+        for url in (provider.url, elsewhere.url):
+            time.sleep(1.01 - time.time() % 1)  # the clock's next second
+            ex = engine.start_run(m, by=who.agent, segment_id="seg-1", input="gazette")
+            assert ex.execute(example.build_plan(url + "/v1", box.url)) == "Paid inv-7."
+            models = [a for a in engine.attempts(run_id=ex.run_id) if a.adapter == "agent-models"]
+            runs.append(sorted(models, key=lambda a: a.effect_key))
+
+    (one, two, three), (one_again, two_again, three_again) = runs
+    assert (one.request, one.request_hash) == (one_again.request, one_again.request_hash)
+    assert (two.request, two.request_hash) == (two_again.request, two_again.request_hash)
+    paid = [three.request["input"].pop(), three_again.request["input"].pop()]
+    assert three.request == three_again.request and paid[0] != paid[1]
+    # What is recorded: the model, its instructions, each input item as the
+    # model is shown it, the tools' definitions, and the settings that change
+    # the answer.
+    lookup = {"payee": "gazette"}
+    assert two.request == {
+        "model": "gpt-4o-mini",
+        "instructions": "Look the payee's invoice up, pay it, and say so.",
+        "input": [
+            {"role": "user", "content": "Pay gazette's invoice."},
+            {
+                "type": "function_call",
+                "call_id": "call_invoice",
+                "name": "invoice",
+                "arguments": json.dumps(lookup),
+            },
+            {
+                "type": "function_call_output",
+                "call_id": "call_invoice",
+                "output": "{'amount': 4500000, 'payee': 'gazette', 'reference': 'inv-7'}",
+            },
+        ],
+        "tools": [
+            {"name": t["name"], "description": t["description"], "parameters": t["parameters"]}
+            for t in two.request["tools"]
+        ],
+        "handoffs": [],
+        "output_schema": None,
+        "settings": {"max_tokens": 200},
+        "max_output_tokens": 200,
+        "previous_response_id": None,
+        "conversation_id": None,
+    }
+    assert [t["name"] for t in two.request["tools"]] == ["invoice", "pay"]
 
 
 def test_W2_a_tool_that_needs_approval_waits_as_a_charter_approval(

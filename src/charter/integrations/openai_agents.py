@@ -20,6 +20,12 @@ bound to a node's context by :func:`run`:
   tool, :func:`current_dispatch` is the attempt being sent: its idempotency key
   and fencing token, for the tool's target.
 
+A model call's recorded request is its identity on replay (A6): the model,
+the instructions, the input items, the tools, handoffs and output schema,
+and the settings that change the answer, each from an allow-list
+(:data:`INPUT`, :data:`SETTINGS`; see :mod:`charter.integrations.fields`), so
+the same conversation records the same request whenever it is made.
+
 The SDK's hooks (``RunHooks``, ``AgentHooks``) run again when a node is
 replayed: they only observe. Effects belong in tools. Needs the
 ``openai-agents`` extra (``pip install 'charter[openai-agents]'``)::
@@ -57,6 +63,7 @@ from charter.adapters.models.pricing import Usage
 from charter.adapters.models.refusals import refused_or_raise
 from charter.attempts.classify import error_answer
 from charter.errors import ConfigError, MissingExtra, StateError, UsageError
+from charter.integrations.fields import Shapes
 
 try:
     import openai
@@ -86,6 +93,54 @@ except ImportError:  # pragma: no cover - exercised by a test that hides the SDK
 
 #: The two model APIs the SDK speaks to OpenAI, as the operation's name.
 APIS = {"responses": OpenAIResponsesModel, "chat": OpenAIChatCompletionsModel}
+
+_TEXT = {"text": False}
+
+#: What a model call's input records, by item or content type: each message's
+#: role and content, each tool call's id, name and arguments, each tool
+#: output, a reasoning item's text. Never an item's own id, its status, or
+#: anything a later release of the SDK or of ``openai`` adds to it.
+INPUT = Shapes(
+    "Responses API input item or content part",
+    ("type",),
+    {
+        "message": {"role": False, "content": True},
+        "input_text": _TEXT,
+        "output_text": _TEXT,
+        "summary_text": _TEXT,
+        "reasoning_text": _TEXT,
+        "refusal": {"refusal": False},
+        "input_image": {"image_url": False, "file_id": False, "detail": False},
+        "input_file": {"file_id": False, "file_url": False, "file_data": False, "filename": False},
+        "input_audio": {"input_audio": False},
+        "function_call": {"call_id": False, "name": False, "arguments": False},
+        "function_call_output": {"call_id": False, "output": True},
+        "reasoning": {"summary": True, "content": True},
+        "item_reference": {"id": False},
+    },
+    default="message",  # the API's plain {"role", "content"} message names no type
+)
+
+#: The model settings that change the answer: not timeouts, retries, headers,
+#: metadata or what the provider stores.
+SETTINGS = dict.fromkeys(
+    (
+        "temperature",
+        "top_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "tool_choice",
+        "parallel_tool_calls",
+        "truncation",
+        "max_tokens",
+        "reasoning",
+        "verbosity",
+        "top_logprobs",
+        "extra_body",
+        "extra_args",
+    ),
+    False,
+)
 
 _RESPONSE = TypeAdapter(ModelResponse)
 #: The call being sent, with its live arguments: set by the model wrapper or the
@@ -397,17 +452,18 @@ class _Model(Model):
 
 
 def _request(model: str, asked: Mapping[str, Any]) -> dict[str, Any]:
-    """The call as recorded and hashed: what the model is asked, and with what."""
+    """The call as recorded and hashed: what the model is asked, and with what,
+    each part from its allow-list (:data:`INPUT`, :data:`SETTINGS`)."""
     settings: ModelSettings = asked["model_settings"]
     schema = asked["output_schema"]
     return {
         "model": model,
         "instructions": asked["system_instructions"],
-        "input": _jsonable(asked["input"]),
+        "input": INPUT.project(_jsonable(asked["input"])),
         "tools": [_tool_json(t) for t in asked["tools"]],
         "handoffs": [h.tool_name for h in asked["handoffs"]],
         "output_schema": None if schema is None or schema.is_plain_text() else schema.json_schema(),
-        "settings": _jsonable(settings.to_json_dict()),
+        "settings": INPUT.pick(_jsonable(settings.to_json_dict()), SETTINGS),
         "max_output_tokens": settings.max_tokens,
         "previous_response_id": asked["previous_response_id"],
         "conversation_id": asked["conversation_id"],
