@@ -9,8 +9,12 @@ is what the provider billed plus what the sandbox took.
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +64,47 @@ def test_A4_A6_R4_the_agent_killed_after_paying_is_recovered_and_pays_once(
         paid_once_billed_once(
             world, run_id, "model_request", {"quote": 1, "pay": 1}, example.MICROS_PER_CENT
         )
+
+
+@pytest.mark.crash
+def test_A6_item20_a_crash_replay_compares_each_request_with_its_record(
+    store_address: str, tmp_path: Path
+) -> None:
+    """The recorded requests are compared with the replayed ones: killed after
+    paying and resumed in the next second by a fresh process whose agent has
+    one more instruction, the first model request it replays asks for something
+    else than recorded. That is a non-determinism error: nothing is sent, the
+    run needs a person. (Resumed unchanged, the same replay completes: the
+    test above.)"""
+    with agent_world(store_address, tmp_path, example.CONTRACT, clerk_turns) as world:
+        engine, ops, cfg = world.engine, world.ops, world.cfg
+        run_id, pay = killed_after_paying(EXAMPLE, world, tmp_path)
+        engine.coordinator.recover(run_id, "seg-2")
+        async_client = AsyncOpenAI(base_url=cfg["model_url"], api_key="sk-test")
+        durability = CharterDurability.from_agent(example.build_agent(async_client, world.box.url))
+        assert durability is not None
+        assert engine.coordinator.reconcile(pay.id, durability.adapter, by=ops).conclusive
+        engine.coordinator.confirm(pay.id, by=ops)
+        before = engine.attempts(run_id=run_id)
+
+        time.sleep(1.01 - time.time() % 1)  # the clock's next second
+        config = tmp_path / "changed.json"
+        config.write_text(json.dumps({**cfg, "run": run_id, "segment": "seg-2"}))
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "_changed_example.py"), str(config)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            check=False,
+        )
+
+        assert done.returncode == 1 and "NonDeterminismError" in done.stderr, done.stderr
+        [first] = [a for a in before if a.effect_key.endswith("/model/1")]
+        assert f"(attempt {first.id})" in done.stderr
+        assert engine.run(run_id).status is charter.RunStatus.NEEDS_INTERVENTION
+        assert engine.attempts(run_id=run_id) == before  # nothing admitted, nothing sent
+        assert len(world.provider.received) == 2 and len(world.box.payments()) == 1
 
 
 @pytest.mark.crash
