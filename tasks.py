@@ -6,6 +6,11 @@
     python3 tasks.py faults [--long]   # the fault-injection tests alone; --long: more of them
     python3 tasks.py simulate [--long] [--seed N] [--seeds N] [--steps N] [--backend NAME]
     python3 tasks.py screenshots   # the console's screenshots in docs/ (headless Chromium)
+    python3 tasks.py drift   # the integrations' tests on each framework's newest release
+
+The test environment installs the versions ``constraints.txt`` pins, so a
+test run is the same wherever it runs; ``drift``, outside it, installs the
+newest releases in a throwaway environment of its own.
 
 Needs only Python 3.11+ (and, for installing, access to a package index). The
 tests run on SQLite and on PostgreSQL: ``test`` starts a throwaway PostgreSQL
@@ -36,17 +41,23 @@ def run(*cmd: str | Path, env: dict[str, str] | None = None) -> None:
         raise SystemExit(code)
 
 
+#: The versions every install into .venv is held to (``pip freeze`` of a passing run).
+CONSTRAINTS = ROOT / "constraints.txt"
+
+
 def ensure_venv(extras: str) -> None:
-    """Create .venv and install the package (editable) once per pyproject change."""
+    """Create .venv and install the package (editable) at the versions
+    :data:`CONSTRAINTS` pins, again whenever pyproject.toml or the pins change."""
     if not PY.exists():
         venv.EnvBuilder(with_pip=True).create(VENV)
     stamp = VENV / f".installed-{extras or 'base'}"
-    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    inputs = b"".join(p.read_bytes() for p in (ROOT / "pyproject.toml", CONSTRAINTS))
+    want = hashlib.sha256(inputs).hexdigest()
     if stamp.exists() and stamp.read_text() == want:
         return
     target = f".[{extras}]" if extras else "."
     run(PY, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
-    run(PY, "-m", "pip", "install", "--quiet", "-e", target)
+    run(PY, "-m", "pip", "install", "--quiet", "-c", CONSTRAINTS, "-e", target)
     stamp.write_text(want)
 
 
@@ -136,6 +147,42 @@ def simulate() -> None:
     pytest([target, "-s", "-q", *select], env)
 
 
+#: The frameworks Charter integrates, installed at their newest release by ``drift``.
+FRAMEWORKS = ["pydantic-ai-slim[openai]", "openai-agents", "mcp", "opentelemetry-api"]
+
+#: The tests of the integrations with them, and of their examples.
+INTEGRATIONS = [
+    "tests/test_pydantic_ai.py",
+    "tests/test_example_pydantic_ai.py",
+    "tests/test_openai_agents.py",
+    "tests/test_example_agent.py",
+    "tests/test_mcp.py",
+    "tests/test_example_mcp.py",
+    "tests/test_example_imports.py",
+    "tests/test_otel.py",
+]
+
+
+def drift() -> None:
+    """The integrations' tests against the newest release of each framework
+    (:data:`FRAMEWORKS`), in a throwaway environment without the pins, as a
+    fresh ``pip install 'charter[...]'`` would get them today: a release that
+    changes what an integration records or breaks it fails here the day it
+    appears, while ``test`` stays on :data:`CONSTRAINTS`."""
+    with tempfile.TemporaryDirectory(prefix="charter-drift-") as tmp:
+        env = Path(tmp) / "venv"
+        venv.EnvBuilder(with_pip=True).create(env)
+        python = env / PY.relative_to(VENV)
+        run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+        run(python, "-m", "pip", "install", "--quiet", "-e", ".[test]")
+        run(python, "-m", "pip", "install", "--quiet", "--upgrade", *FRAMEWORKS)
+        frozen = subprocess.check_output([python, "-m", "pip", "freeze"], cwd=ROOT, text=True)
+        names = {f.split("[")[0] for f in FRAMEWORKS}
+        newest = [line for line in frozen.splitlines() if line.split("==")[0] in names]
+        print("newest releases:", *newest, flush=True)
+        pytest([*INTEGRATIONS, *sys.argv[2:]], python=python)
+
+
 def screenshots() -> None:
     """The console's screenshots that docs/console.md shows (the inbox, the queue,
     a run's page, and any other page a browser test shoots), taken again by the
@@ -147,13 +194,18 @@ def screenshots() -> None:
 
 
 def pytest(
-    args: list[str], extra: dict[str, str] | None = None, *, beside: list[str] | None = None
+    args: list[str],
+    extra: dict[str, str] | None = None,
+    *,
+    beside: list[str] | None = None,
+    python: Path = PY,
 ) -> None:
-    """pytest on SQLite and on a PostgreSQL server (one started here if needed);
-    the files ``beside`` in a second pytest process at the same time."""
+    """pytest (of ``python``'s environment) on SQLite and on a PostgreSQL server
+    (one started here if needed); the files ``beside`` in a second pytest
+    process at the same time."""
     base, beside = {**os.environ, **(extra or {})}, beside or []
     if base.get("CHARTER_TEST_POSTGRES_URL"):
-        suite(args, base, beside)
+        suite(args, base, beside, python)
         return
     sys.path.insert(0, str(ROOT))
     # stdlib only; importable once the checkout is on sys.path (one cluster starter).
@@ -164,28 +216,28 @@ def pytest(
             if os.environ.get("CI") == "true":
                 raise SystemExit("CI needs PostgreSQL 15 (initdb and pg_ctl) for its tests")
             print("PostgreSQL not found: the tests run on SQLite only", flush=True)
-            suite(args, base, beside)
+            suite(args, base, beside, python)
             return
         print(f"PostgreSQL: throwaway cluster at {srv.base_url}", flush=True)
-        suite(args, {**base, "CHARTER_TEST_POSTGRES_URL": srv.url("postgres")}, beside)
+        suite(args, {**base, "CHARTER_TEST_POSTGRES_URL": srv.url("postgres")}, beside, python)
 
 
-def suite(args: list[str], env: dict[str, str], beside: list[str]) -> None:
+def suite(args: list[str], env: dict[str, str], beside: list[str], python: Path = PY) -> None:
     """The tests in ``args``, and the files ``beside`` in a pytest process of their
     own meanwhile (its own temporary folder, no shared cache); its output is
     printed once it ends. Fails if either fails."""
     if not beside:
-        run(PY, "-m", "pytest", *args, env=env)
+        run(python, "-m", "pytest", *args, env=env)
         return
     with (
         tempfile.TemporaryDirectory(prefix="charter-beside-") as tmp,
         (Path(tmp) / "log").open("w+") as log,
     ):
-        side = [PY, "-m", "pytest", "-p", "no:cacheprovider", "--basetemp", f"{tmp}/t", *beside]
+        side = [python, "-m", "pytest", "-p", "no:cacheprovider", "--basetemp", f"{tmp}/t", *beside]
         print("+", " ".join(map(str, side)), "(beside; its output follows the rest)", flush=True)
         proc = subprocess.Popen(side, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            main = [PY, "-m", "pytest", *args, *(f"--ignore={b}" for b in beside)]
+            main = [python, "-m", "pytest", *args, *(f"--ignore={b}" for b in beside)]
             print("+", " ".join(map(str, main)), flush=True)
             code = subprocess.call(main, cwd=ROOT, env=env)
             side_code = proc.wait()
@@ -209,6 +261,7 @@ if __name__ == "__main__":
         "faults": faults,
         "simulate": simulate,
         "screenshots": screenshots,
+        "drift": drift,
     }
     if len(sys.argv) < 2 or sys.argv[1] not in tasks:
         raise SystemExit(f"usage: python3 tasks.py {{{'|'.join(tasks)}}} [pytest args]")
