@@ -341,3 +341,52 @@ def test_X3_an_impostor_on_every_endpoint_that_takes_a_claim_changes_nothing(
         wire.refused("agent", path, stale, 409, "fenced")
     wire.refused("agent", f"/attempts/{attempt_id}/report", paid(stale), 409, "fenced")
     assert wire.everything() == before
+
+
+# -- item 23: the engine's own check, in process -----------------------------------------
+
+
+def test_X3_item23_only_the_dispatching_segment_with_an_issued_claim_reports_in_process(
+    make_engine: Any, creds: tuple[dict[str, str], dict[str, str]], clock: charter.ManualClock
+) -> None:
+    """Broken X3 in ``attempts/handed.py`` (item 23): an executor with a claim the
+    store never issued, another run's executor, or the segment of a later epoch
+    settles an attempt it did not dispatch (or opens an incident with it)."""
+    engine = make_engine()
+    agent, alice = (engine.authenticate(creds[0][n]) for n in ("agent", "alice"))
+    mission = engine.create_mission(CONTRACT, by=alice)
+    owner = engine.start_run(mission, by=agent, segment_id="s1")
+    sent = owner.hand("pay", "transfer", {"to": "acme", "amount": 5_000},
+                      effect_class=charter.EffectClass.UNSAFE,
+                      estimate={"usd": 5_000, "calls": 1}, effect_key="pay")  # fmt: skip
+    attempt_id = sent.attempt.id
+    refused = charter.Evidence.not_applied({"refused": "before any byte"})
+    forged = charter.Executor(
+        engine._runtime,
+        run_id=owner.run_id,
+        mission_id=mission,
+        segment_id="s1",
+        epoch=1,
+        principal="agent",
+        lease_expires_us=owner.lease_expires_us,
+        claim="never-issued",
+    )
+    other = engine.start_run(mission, by=agent, segment_id="s9")
+    before = stored(engine, mission)
+    for stranger in (forged, other):
+        with pytest.raises(charter.Fenced):
+            stranger.report(attempt_id, refused)
+    assert stored(engine, mission) == before
+    # A later epoch's segment, with a claim of its own, did not send it either.
+    clock.advance(31)
+    engine.coordinator.recover(owner.run_id, "s2", by=alice)
+    bank = {"bank": "tr_1"}
+    engine.coordinator.resolve(attempt_id, by=alice, outcome="succeeded", evidence=bank,
+                               cost={"usd": 4_900, "calls": 1})  # fmt: skip
+    later = engine.coordinator.resume(owner.run_id, "s2", by=agent)
+    assert later.epoch == 2 and later.claim is not None
+    before = stored(engine, mission)
+    with pytest.raises(charter.Fenced):
+        later.report(attempt_id, refused)
+    assert stored(engine, mission) == before
+    assert engine.incidents(mission) == []

@@ -168,7 +168,8 @@ def report(seg: Segment, attempt_id: str, evidence: Evidence, reason: str | None
         )
         epoch = run_store.current_epoch(tx, attempt.run_id)
         units = frozenset(seg.runtime.authority.current(tx, attempt.mission_id).allowance)
-    if attempt.run_id != seg.run_id or attempt.dispatched_epoch != seg.epoch or not proven:
+    # The claim is proven for the attempt's own run: another run's claim proves nothing.
+    if attempt.dispatched_epoch != seg.epoch or not proven:
         raise seg.fenced(
             f"it did not dispatch attempt {attempt_id} under a claim it was issued; only the "
             "segment that sent an attempt reports it",
