@@ -534,3 +534,28 @@ UPGRADES.append(
         ],
     )
 )
+
+# From 22 on, the MCP gateway (G3) finds a client's call again: each call it
+# admits is a run of its own, and this index maps the call's identity (the
+# client's key, or the arguments within the tool's window) to that run, so a
+# retry, after a crash or on another gateway, answers from the run's record
+# instead of calling the upstream again. Written before the call's attempt is
+# admitted; a conflict means another request already owns the call.
+UPGRADES.append(
+    (
+        22,
+        "the MCP gateway's calls: a client's call identity mapped to its run (G3)",
+        [
+            """CREATE TABLE gateway_calls (
+                mission_id TEXT NOT NULL,
+                principal TEXT NOT NULL,
+                call_key TEXT NOT NULL,
+                run_id TEXT NOT NULL REFERENCES runs(id),
+                tool TEXT NOT NULL,
+                created_at_us BIGINT NOT NULL,
+                PRIMARY KEY (mission_id, principal, call_key)
+            )""",
+            "CREATE INDEX gateway_calls_run ON gateway_calls (run_id)",
+        ],
+    )
+)
