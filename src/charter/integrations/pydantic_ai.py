@@ -19,8 +19,7 @@ that node's context, and outside one the agent runs as it would without it:
   (``ModelRetry``, ``ToolFailed``) settles a ``read_only`` tool's call FAILED
   and leaves any other tool's call UNKNOWN (A3, :mod:`charter.attempts.classify`);
 - the request recorded is built from an allow-list of the fields that define
-  the call (:data:`MESSAGES`, :data:`TOOLS`, :data:`SETTINGS`; see
-  :mod:`charter.integrations.fields`), so the same conversation records the
+  the call (:mod:`charter.integrations.pydantic_ai_calls`), so the same conversation records the
   same request whenever it is made, and a node run again after a crash finds
   its attempts: recorded results come back without the model or the tool
   being called again, and an allowance, an approval or a stop condition of
@@ -54,7 +53,6 @@ from charter.adapters.models.pricing import Pricing, UsageLookup, input_bound, m
 from charter.adapters.models.refusals import refused_or_raise
 from charter.attempts.classify import error_answer
 from charter.errors import ConfigError, MissingExtra, StateError, UsageError
-from charter.integrations.fields import Shapes
 
 try:
     from pydantic_ai.durable_exec import (
@@ -74,7 +72,8 @@ try:
     )
     from pydantic_ai.messages import ModelResponse
     from pydantic_ai.toolsets import FunctionToolset
-    from pydantic_core import to_jsonable_python
+
+    from charter.integrations.pydantic_ai_calls import json_of, model_call
 except ImportError:  # pragma: no cover - shown by the test that hides the package
     raise MissingExtra(
         "the PydanticAI integration needs PydanticAI: pip install 'charter[pydantic-ai]'",
@@ -85,85 +84,6 @@ _Operation = DurableOperation[Any, Any, Any]
 
 #: The operation a model request is recorded under (``<name>.model_request``).
 MODEL_REQUEST = "model_request"
-
-_CALL = {"tool_name": False, "tool_call_id": False, "args": False}
-_RETURN = {"tool_name": False, "tool_call_id": False, "content": False}
-_TEXT = {"content": False}
-
-#: What a model request's messages record, by kind: each message's parts and
-#: instructions; each part's text, tool call (name, id, arguments) or tool
-#: return (name, id, value, outcome); a user prompt's content, media by its
-#: URL or bytes. Never when a message was made, which run made it, the
-#: provider's ids, usage, timings or anything a later release adds.
-MESSAGES = Shapes(
-    "PydanticAI message or message part",
-    ("part_kind", "kind"),
-    {
-        "request": {"parts": True, "instructions": False},
-        "response": {"parts": True},
-        "system-prompt": _TEXT,
-        "user-prompt": {"content": True},
-        "instruction": _TEXT,
-        "text": _TEXT,
-        "thinking": _TEXT,
-        "retry-feedback": _TEXT,
-        "compaction": _TEXT,
-        "tool-call": _CALL,
-        "builtin-tool-call": _CALL,
-        "tool-return": {**_RETURN, "outcome": False},
-        "builtin-tool-return": _RETURN,
-        "retry-prompt": _RETURN,
-        "file": {"content": True},
-        "text-content": _TEXT,
-        "image-url": {"url": False},
-        "audio-url": {"url": False},
-        "video-url": {"url": False},
-        "document-url": {"url": False},
-        "binary": {"data": False, "media_type": False},
-        "uploaded-file": {"file_id": False},
-        "cache-point": {},
-    },
-)
-
-#: What a tool definition records: its name, description and arguments' schema.
-_TOOL = {"name": False, "description": False, "parameters_json_schema": False, "strict": False}
-TOOLS = Shapes(
-    "PydanticAI tool definition",
-    ("kind",),
-    dict.fromkeys(("function", "output", "external", "unapproved"), _TOOL),
-)
-
-#: What a request's parameters record: its tools, and the output it asks for.
-_PARAMETERS = {
-    "function_tools": True,
-    "output_tools": True,
-    "output_mode": False,
-    "output_object": False,
-    "allow_text_output": False,
-    "allow_image_output": False,
-    "native_tools": False,
-    "thinking": False,
-}
-
-#: The model settings that change the answer (besides those of the model's own
-#: provider, ``<provider>_...``): not timeouts, retries, headers or tiers.
-SETTINGS = frozenset(
-    {
-        "max_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "parallel_tool_calls",
-        "tool_choice",
-        "seed",
-        "presence_penalty",
-        "frequency_penalty",
-        "logit_bias",
-        "stop_sequences",
-        "thinking",
-        "extra_body",
-    }
-)
 
 #: The kinds of PydanticAI's recorded tool call that hold a value the tool returned.
 _RETURNED = frozenset({"tool_return", "tool_content_result"})
@@ -378,24 +298,6 @@ def _typed_media(value: Any) -> Any:
     if isinstance(value, list):
         return [_typed_media(v) for v in value]
     return value
-
-
-def _json(value: Any) -> Any:
-    """PydanticAI's objects as JSON, as its own codec writes them."""
-    return to_jsonable_python(value, fallback=repr)
-
-
-def model_call(provider: str, model: str, settings: Mapping[str, Any], params: Any) -> Any:
-    """A model request as recorded: the model, the settings that change its
-    answer, its messages and its parameters, each from its allow-list."""
-    chosen = {k: v for k, v in settings.items() if k in SETTINGS or k.startswith(f"{provider}_")}
-    return {
-        "provider": provider,
-        "model": model,
-        "settings": _json(chosen),
-        "messages": MESSAGES.project(_json(params.messages)),
-        "parameters": TOOLS.pick(_json(params.model_request_parameters), _PARAMETERS),
-    }
 
 
 @dataclasses.dataclass
@@ -616,7 +518,7 @@ class CharterDurability(BaseDurabilityCapability[Any]):
         """One tool call as an attempt of its declared effect class, keyed by its call id."""
         node = _node()
         call_id = params.ctx.tool_call_id
-        args = _json(params.tool_args)
+        args = json_of(params.tool_args)
         request = {"tool": params.name, "tool_call_id": call_id, "args": args}
         key = f"{params.ctx.run_id}/tool/{call_id}"
         adapter = self.adapter
