@@ -957,6 +957,7 @@ def _as_before_schema_6(raw: RawStore) -> None:
     for table in ("escrow_holds", "escrow_accounts", "escrow_slices"):
         raw.execute(f"DROP TABLE {table}")
     for table in (
+        "gateway_calls",
         "run_claims",
         "runs_let_go",
         "run_queue",
