@@ -7,6 +7,7 @@ payment applied at most once and the ledger's spend equals the sandbox's sum.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from charter.adapters.http import (
     HttpOperation,
     declare,
 )
+from charter.conformance.http_target import ScriptedHttp
 from charter.sandbox import Sandbox, declaration
 from charter.testing import ManualClock
 from conftest import Principals, payment, payments_contract
@@ -204,6 +206,39 @@ def test_R7_lookups_unavailable_leave_the_attempt_unknown_with_its_hold(
     assert engine.get_attempt(attempt.id).status is AttemptStatus.UNKNOWN
     assert engine.balances(mission)[UNIT].held == 8_00
     assert len(box.payments()) == 1  # applied: the hold stays until someone proves it
+
+
+@pytest.mark.parametrize("failure", ["lookup_refused", "lookup_reset", "lookup_timeout"])
+def test_A3_R7_item13_a_lookup_that_raises_proves_nothing_even_where_absence_is_proof(
+    make_engine: MakeEngine, creds: Creds, failure: str
+) -> None:
+    """Broken, it looks like a payment applied while the lookup's connection was
+    refused, reset or timed out read as absent: under ``evidence_settles =
+    "auto"`` and ``absent_is_proof`` it is settled FAILED, its hold released, and
+    the next try pays twice. Only an answer the target gave can be proof."""
+    engine = make_engine(evidence_settles="auto")
+    who = Principals(*creds, engine)
+    mission = engine.create_mission(payments_contract(), by=who.alice)
+    with ScriptedHttp() as target:
+        declared = target.declaration(name="payments")
+        keyed = dataclasses.replace(
+            declared.operations["create"], absent_is_proof=True, lookup_empty_is_absent=True
+        )
+        adapter = dataclasses.replace(declared, operations={"create": keyed}).build()
+        ex = engine.start_run(mission, by=who.agent, segment_id="seg-1")
+        target.arm("applied_then_lost")
+        attempt = ex.perform(adapter, "create", payment(6_00, "inv-13"), effect_key="inv-13")
+        assert target.arm(failure)
+
+        evidence = engine.coordinator.reconcile(attempt.id, adapter)
+        adapter.close()
+
+    assert evidence.verdict == "indeterminate"
+    assert verdicts(engine, attempt.id) == ["indeterminate"]
+    assert engine.get_attempt(attempt.id).status is AttemptStatus.UNKNOWN
+    assert engine.balances(mission)[UNIT].held == 6_00
+    assert target.applied(attempt.idempotency_key) == 1
+    assert target.received(attempt.idempotency_key) == 1
 
 
 def test_A8_a_same_key_replay_answers_the_first_payment_and_applies_nothing_new(

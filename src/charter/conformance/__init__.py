@@ -1,4 +1,4 @@
-"""The conformance kit for adapters: :func:`check_adapter` (A3, A10, S3).
+"""The conformance kit for adapters: :func:`check_adapter` (A3, A5, A10, S3).
 
 An adapter decides what a target's answer proves, and that is where the
 engine's guarantees are easiest to lose: an error after the target acted
@@ -15,11 +15,17 @@ case                        what must hold
 ``error_after_applying``    UNKNOWN (FAILED allowed only for ``read_only``)
 ``refused_before_applying`` FAILED, hold released, nothing applied
 ``timeout``                 UNKNOWN, hold kept
+``same_key_replay``         (``idempotent_keyed``) a lost send replayed with the
+                            attempt's key: the target holds exactly one effect
 ``lookup_found``            a lookup returning the effect itself: *applied*
 ``lookup_empty``            an empty answer: indeterminate, still UNKNOWN
 ``lookup_list``             a list-shaped answer (``{"data": []}``): indeterminate
 ``lookup_malformed``        an unexpected shape: indeterminate
-``lookup_down``             the lookup fails: indeterminate
+``lookup_other``            another key's effect, alone: indeterminate
+``lookup_several``          several candidates, none this one: indeterminate
+``lookup_down``             the lookup answers 503: indeterminate
+``lookup_refused``, ...     the lookup's connection refused, reset or timed out
+                            (``lookup_reset``, ``lookup_timeout``): indeterminate
 ``echo_in_header``, ...     the adapter's secret echoed in a header, the body, an
                             exception, or bytes: never in the store
 ``huge_answer``             a 50 MB answer: stored bounded (``answer_bytes``)
@@ -27,9 +33,12 @@ case                        what must hold
 ``surrogate_in_request``    a lone surrogate: refused before anything is sent
 ==========================  =====================================================
 
-Across every case: no effect is applied twice, and an attempt is never left
-UNKNOWN when the target received nothing. A target that cannot play a case
-(an MCP tool has no lookup) says so, and the report lists it as not played.
+Across every case: each send carries the attempt's own idempotency key (the
+target received it), no effect is applied twice, an attempt is never left
+UNKNOWN when the target received nothing, and the adapter's secret never
+reaches the store (the store is read after each case, so a leak is reported
+under the case that made it). A target that cannot play a case (an MCP tool
+has no lookup) says so, and the report lists it as not played.
 
 Write a target for your own adapter by implementing :class:`Target`; the
 built-in :class:`~charter.conformance.http_target.ScriptedHttp` plays every
@@ -38,8 +47,10 @@ case for an HTTP JSON API. See docs/adapters.md.
 
 from __future__ import annotations
 
+import sqlite3
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -55,10 +66,23 @@ SEND_CASES = (
     "refused_before_applying",
     "timeout",
 )
-LOOKUP_CASES = ("lookup_found", "lookup_empty", "lookup_list", "lookup_malformed", "lookup_down")
+REPLAY_CASES = ("same_key_replay",)
+#: Lookups whose answer proves nothing: each must leave the attempt UNKNOWN.
+LOOKUP_CASES = (
+    "lookup_found",
+    "lookup_empty",
+    "lookup_list",
+    "lookup_malformed",
+    "lookup_other",
+    "lookup_several",
+    "lookup_down",
+    "lookup_refused",
+    "lookup_reset",
+    "lookup_timeout",
+)
 ECHO_CASES = ("echo_in_header", "echo_in_body", "echo_in_exception", "echo_in_bytes")
 TEXT_CASES = ("nul_in_request", "surrogate_in_request")
-CASES = (*SEND_CASES, *LOOKUP_CASES, *ECHO_CASES, "huge_answer", *TEXT_CASES)
+CASES = (*SEND_CASES, *REPLAY_CASES, *LOOKUP_CASES, *ECHO_CASES, "huge_answer", *TEXT_CASES)
 
 #: The most a case may add to the store beyond what a normal attempt adds:
 #: a few copies of the bound, the evidence and the audit events' overhead.
@@ -86,7 +110,8 @@ class Target(Protocol):
         ...
 
     def received(self, key: str) -> int:
-        """How many sends with idempotency key ``key`` reached the target at all."""
+        """How many sends carrying idempotency key ``key`` reached the target at
+        all (a send without a key, or with another, is not one of them)."""
         ...
 
 
@@ -152,10 +177,11 @@ def check_adapter(
         raise ValueError(f"unknown case(s) {sorted(unknown)}; the kit knows {list(CASES)}")
     if operation not in adapter.operations:
         raise ValueError(f"adapter {adapter.name!r} has no operation {operation!r}")
+    if not isinstance(target.secret, str) or not target.secret:
+        raise ValueError("the target's secret is the credential the kit looks for: not empty")
     field_name = text_field or next((k for k, v in request.items() if isinstance(v, str)), None)
     with _Bench(adapter, operation, dict(request), answer_bytes) as bench:
         results = [_play(bench, target, case, field_name) for case in cases]
-        results.extend(bench.store_checks(target.secret))
     return Report(adapter.name, operation, results).check()
 
 
@@ -203,8 +229,8 @@ class _Bench:
         return sum(p.stat().st_size for p in self.path.parent.glob("kit.db*"))
 
     def attempt(self, case: str, request: Mapping[str, Any] | None = None) -> charter.Attempt:
-        run = self.engine.start_run(self.mission, by=self.agent, segment_id=f"seg-{case}")
-        attempt = run.perform(
+        self.run = self.engine.start_run(self.mission, by=self.agent, segment_id=f"seg-{case}")
+        attempt = self.run.perform(
             self.adapter, self.operation, dict(request or self.request), effect_key=case
         )
         self.keys.append(attempt.idempotency_key)
@@ -217,16 +243,28 @@ class _Bench:
         [found] = [a for a in self.engine.attempts(mission_id=self.mission) if a.id == attempt_id]
         return found.status.value
 
-    def store_checks(self, secret: str) -> Iterator[Result]:
-        """Across every case: the secret nowhere in the store's files (S3)."""
-        leaked = Result("secret_never_stored")
-        self.engine.close()
-        for path in sorted(self.path.parent.glob("kit.db*")):
-            data = path.read_bytes()
-            for form in _secret_forms(secret):
-                if form in data:
-                    leaked.problems.append(f"{path.name} holds the secret (as {form[:4]!r}...)")
-        yield leaked
+    def secret_seen(self, secret: str) -> tuple[int, list[str]]:
+        """Where the store holds ``secret`` (S3): how many times its rows do (every
+        table, the audit log included), and which of its files hold any form of it
+        (indexes, pages the rows left, the write-ahead log). Read after each case,
+        so a leak is reported under the case that made it."""
+        forms = _secret_forms(secret)
+        with closing(sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)) as store:
+            names = [
+                r[0] for r in store.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            ]
+            rows = sum(
+                repr(row).encode().count(form)
+                for name in names
+                for row in store.execute(f'SELECT * FROM "{name}"')
+                for form in forms
+            )
+        files = sorted(
+            path.name
+            for path in self.path.parent.glob("kit.db*")
+            if any(form in path.read_bytes() for form in forms)
+        )
+        return rows, files
 
 
 def _secret_forms(secret: str) -> list[bytes]:
@@ -238,19 +276,26 @@ def _secret_forms(secret: str) -> list[bytes]:
 
 def _play(bench: _Bench, target: Target, case: str, field_name: str | None) -> Result:
     result = Result(case)
-    if case in TEXT_CASES and field_name is None:
+    keyed = bench.effect is EffectClass.IDEMPOTENT_KEYED
+    if (case in TEXT_CASES and field_name is None) or (case in REPLAY_CASES and not keyed):
         result.played = False
         return result
     family = case.split("_", maxsplit=1)[0]
     play = _PLAYS.get(family if family in ("lookup", "echo") else case)
     assert play is not None
-    if not target.arm(case if not case.startswith("lookup") else "applied_then_lost"):
+    first = "applied_then_lost" if case.startswith("lookup") or case in REPLAY_CASES else case
+    if not target.arm(first):
         result.played = False
         return result
+    before = bench.secret_seen(target.secret)
     try:
         play(bench, target, case, field_name, result)
     except Exception as exc:  # the kit reports, never crashes half-way
         result.problems.append(f"raised {type(exc).__name__}: {exc}")
+    (rows, files), (had, had_files) = bench.secret_seen(target.secret), before
+    if rows > had or set(files) - set(had_files):
+        where = ", ".join(files) if files else "its rows"
+        result.problems.append(f"the store holds the adapter's secret ({where}; S3)")
     return result
 
 
@@ -263,8 +308,21 @@ def _sent_once(bench: _Bench, target: Target, key: str, result: Result) -> None:
     _expect(result, f"applied {target.applied(key)} times", target.applied(key) <= 1)
 
 
+def _keyed(target: Target, key: str, result: Result) -> None:
+    """The send carried the attempt's own idempotency key (A5): without it, or
+    with a key of the adapter's making, the target cannot tell a replay from a
+    new effect, nor a lookup find this one."""
+    _expect(
+        result,
+        "the target never received the attempt's idempotency key: the send carried "
+        "none, or one the adapter made (send Dispatch.idempotency_key, A5)",
+        target.received(key) > 0,
+    )
+
+
 def _send_case(bench: _Bench, target: Target, case: str, _f: str | None, result: Result) -> None:
     attempt = bench.attempt(case)
+    _keyed(target, attempt.idempotency_key, result)
     status = attempt.status.value
     read_only = bench.effect is EffectClass.READ_ONLY
     if case == "refused_before_applying":
@@ -277,8 +335,34 @@ def _send_case(bench: _Bench, target: Target, case: str, _f: str | None, result:
     _sent_once(bench, target, attempt.idempotency_key, result)
 
 
+def _replay_case(bench: _Bench, target: Target, case: str, _f: str | None, result: Result) -> None:
+    """A lost send replayed as the engine does (A8): with the attempt's own key,
+    which the target deduplicates, so it still holds exactly one effect."""
+    attempt = bench.attempt(case)  # applied, its answer lost
+    key = attempt.idempotency_key
+    if attempt.status.value != "unknown":
+        result.problems.append(f"a lost answer left it {attempt.status.value}, not unknown")
+        return
+    replayed = bench.run.replay(bench.engine.get_attempt(attempt.id), bench.adapter)
+    verdict = None if replayed is None else replayed.verdict
+    _expect(result, f"the same-key replay proved {verdict!r}, not 'applied'", verdict == "applied")
+    _expect(
+        result,
+        f"after a same-key replay the target holds {target.applied(key)} effects under the "
+        "attempt's key, not exactly one",
+        target.applied(key) == 1,
+    )
+    _expect(
+        result,
+        f"the target received the attempt's key {target.received(key)} times over the send "
+        "and its replay, not twice (a key made per send applies the effect again)",
+        target.received(key) == 2,
+    )
+
+
 def _lookup_case(bench: _Bench, target: Target, case: str, _f: str | None, result: Result) -> None:
     attempt = bench.attempt(case)  # applied, its answer lost
+    _keyed(target, attempt.idempotency_key, result)
     if attempt.status.value != "unknown":
         result.problems.append(f"a lost answer left it {attempt.status.value}, not unknown")
         return
@@ -296,13 +380,15 @@ def _lookup_case(bench: _Bench, target: Target, case: str, _f: str | None, resul
 
 def _echo_case(bench: _Bench, target: Target, case: str, _f: str | None, result: Result) -> None:
     attempt = bench.attempt(case)
+    _keyed(target, attempt.idempotency_key, result)
     _sent_once(bench, target, attempt.idempotency_key, result)
-    # Whether the secret reached the store is checked once, over the whole store.
+    # Whether the secret reached the store is checked after every case (_play).
 
 
 def _huge_case(bench: _Bench, target: Target, case: str, _f: str | None, result: Result) -> None:
     before = bench.size()
     attempt = bench.attempt(case)
+    _keyed(target, attempt.idempotency_key, result)
     grown = bench.size() - before
     allowed = _GROWTH_ALLOWED * bench.limit + (1 << 20)
     _expect(result, f"the store grew by {grown} bytes (allowed {allowed})", grown <= allowed)
@@ -327,11 +413,14 @@ def _text_case(bench: _Bench, target: Target, case: str, name: str | None, resul
     )
     if case == "surrogate_in_request":
         _expect(result, "text that is not Unicode was sent", target.received(key) == 0)
+    elif status == "succeeded":
+        _keyed(target, key, result)
     _sent_once(bench, target, key, result)
 
 
 _PLAYS: dict[str, Callable[[_Bench, Target, str, str | None, Result], None]] = {
     **dict.fromkeys(SEND_CASES, _send_case),
+    **dict.fromkeys(REPLAY_CASES, _replay_case),
     "lookup": _lookup_case,
     "echo": _echo_case,
     "huge_answer": _huge_case,
