@@ -111,6 +111,10 @@ def check_allowance(seg: Segment, tx: Tx, contract: Contract, row: Row, call: Ca
             slice_id=lane.chain,
             why="short",
         )
+    if not row["open_incidents"] and escrow.reclaim(
+        tx, seg.mission_id, estimate, actor=seg.principal
+    ):
+        return  # L10: what the mission's slices did not use covers it
     if row["open_incidents"]:
         why = f"{row['open_incidents']} open incident(s) on the mission"
     else:

@@ -20,6 +20,7 @@ from charter.contracts.authority import may_run
 from charter.contracts.contract import Contract
 from charter.errors import NotFound
 from charter.ledger import store as ledger_store
+from charter.ledger.escrow import slices as escrow
 from charter.plans import store as plans_store
 from charter.recovery import store as recovery_store
 from charter.runs import store as run_store
@@ -133,7 +134,7 @@ def assess(tx: Tx, run: Run, contract: Contract) -> dict[str, Any]:
             }
             for u, b in balances.items()
         },
-        "exhausted": sorted(u for u, b in balances.items() if b.exhausted),
+        "exhausted": escrow.exhausted(tx, run.mission_id, balances),
         "open_incidents": open_incidents,
         "stop_conditions": stops,
         "authority": may_run(contract, run.principal),

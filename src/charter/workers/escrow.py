@@ -25,8 +25,10 @@ The API (what a worker process wires in)::
   lease (a renewal re-checks everything a lease checks: open incidents, the
   contract, what is available) or when the slice could not serve.
 - Nothing changes for the rules: an admission the slice cannot cover (short,
-  lapsed, returned) goes through the mission's gate, as without escrow, and
-  pauses the run if the mission cannot cover it either (L7). A worker never
+  lapsed, returned) goes through the mission's gate, as without escrow; the
+  gate takes back what other slices did not use when the mission's own money
+  falls short, and pauses the run only if the mission cannot cover it even so
+  (L7): money only lent never makes a run wait for a person. A worker never
   admits beyond its slice.
 - A stop reaches the worker's next admission (the run's status is read in it);
   an open incident too (its count is read in it); a new contract version

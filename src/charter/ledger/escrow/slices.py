@@ -11,14 +11,15 @@ so holders of different slices share no row.
 
 A slice is **returned** (:func:`give_back`) by its holder, by whoever finds its
 lease lapsed (:func:`sweep`: every lease, renewal and admission through the
-mission's gate), or revoked (:func:`revoke`) by a new contract version, an
+mission's gate), revoked (:func:`revoke`) by a new contract version, an
 open incident or a settlement through the mission's gate of one of its
-attempts. Returning settles the grant on the mission as one hold: what the
-slice's attempts spent is spent, the rest released (or, if they spent more
-than the grant, the excess is an overrun); the holds of its attempts still
-open stay held, now the mission's. Its chain is sealed, and the mission's
-chain records its final head, so `charter audit verify` ties every slice's
-chain into its mission's.
+attempts, or reclaimed (:func:`reclaim`) by an admission through the
+mission's gate that needs what it did not use. Returning settles the grant
+on the mission as one hold: what the slice's attempts spent is spent, the
+rest released (or, if they spent more than the grant, the excess is an
+overrun); the holds of its attempts still open stay held, now the mission's.
+Its chain is sealed, and the mission's chain records its final head, so
+`charter audit verify` ties every slice's chain into its mission's.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 from charter.errors import SliceUnavailable
 from charter.hashing import genesis
 from charter.ledger import store as ledger_store
-from charter.ledger.accounts import Move, balances, carry, fund, settle
+from charter.ledger.accounts import Balance, Move, balances, carry, fund, settle
 from charter.ledger.escrow import store
 from charter.storage import Tx
 
@@ -190,6 +191,48 @@ def sweep(tx: Tx, mission_id: str) -> int:
     for s in lapsed:
         give_back(tx, s["id"], "lapsed", actor="engine:escrow")
     return len(lapsed)
+
+
+def reclaim(tx: Tx, mission_id: str, estimate: Mapping[str, int], *, actor: str) -> bool:
+    """An admission through the mission's gate that the mission's available money
+    cannot cover takes back what its slices did not use, when that covers it:
+    the slices with the most of the missing units are returned (their holders
+    lease afresh) until the mission's own available covers ``estimate``. Money
+    lent is the mission's, so a run never waits for a person while it is only
+    lent (L10, K5); ``False``, with nothing changed, when the mission cannot
+    cover it even so (or a unit is overrun): the run pauses as without escrow
+    (L7). Under the mission's gate, held whole: no lane is in flight."""
+    balance = ledger_store.cached(tx, mission_id)
+    missing = {
+        u: a - balance[u].available
+        for u, a in estimate.items()
+        if u in balance and a > balance[u].available
+    }
+    if not missing or any(balance[u].overrun for u in missing):
+        return False
+    lent = store.unused(tx, mission_id)
+    if any(sum(s.get(u, 0) for s in lent.values()) < need for u, need in missing.items()):
+        return False
+    by_most = sorted(lent.items(), key=lambda s: (-sum(s[1].get(u, 0) for u in missing), s[0]))
+    for slice_id, amounts in by_most:
+        if not any(amounts.get(u, 0) > 0 for u, need in missing.items() if need > 0):
+            continue
+        give_back(tx, slice_id, "reclaimed: an admission through the mission's gate", actor=actor)
+        missing = {u: need - amounts.get(u, 0) for u, need in missing.items()}
+    after = ledger_store.cached(tx, mission_id)
+    return all(a <= after[u].available for u, a in estimate.items() if u in after)
+
+
+def exhausted(tx: Tx, mission_id: str, balance: Mapping[str, Balance]) -> list[str]:
+    """The units of the mission's ``balance`` nothing is left of (L7), counting what
+    its open slices lent and did not use: that money is the mission's, so a run
+    is not held back for a person while it is only lent (L10, K5). The slices
+    are read only when a unit is out of the mission's own money."""
+    out = sorted(u for u, b in balance.items() if b.exhausted)
+    if not out:
+        return out
+    lent = store.unused(tx, mission_id).values()
+    return [u for u in out if balance[u].available + sum(s.get(u, 0) for s in lent) <= 0]
 
 
 def revoke(tx: Tx, mission_id: str, why: str, *, actor: str) -> int:

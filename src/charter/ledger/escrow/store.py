@@ -102,6 +102,21 @@ def open_slices(tx: Tx, mission_id: str, *, lapsed: bool = False) -> list[Row]:
     return tx.all(sql + " ORDER BY id", mission_id)
 
 
+def unused(tx: Tx, mission_id: str) -> dict[str, dict[str, int]]:
+    """What each of the mission's open slices has available, by unit: lent money
+    no attempt holds or spent (one statement)."""
+    rows = tx.all(
+        "SELECT s.id, a.unit, a.available FROM escrow_slices s "
+        "JOIN escrow_accounts a ON a.slice_id = s.id "
+        "WHERE s.mission_id = ? AND s.status = 'open' ORDER BY s.id, a.unit",
+        mission_id,
+    )
+    found: dict[str, dict[str, int]] = {}
+    for r in rows:
+        found.setdefault(r["id"], {})[r["unit"]] = int(r["available"])
+    return found
+
+
 def slices(tx: Tx, mission_id: str) -> list[Row]:
     """Every slice the mission lent, oldest first."""
     return tx.all(
