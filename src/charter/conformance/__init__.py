@@ -47,10 +47,9 @@ case for an HTTP JSON API. See docs/adapters.md.
 
 from __future__ import annotations
 
-import sqlite3
+import json
 import tempfile
 from collections.abc import Callable, Mapping
-from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -244,27 +243,28 @@ class _Bench:
         return found.status.value
 
     def secret_seen(self, secret: str) -> tuple[int, list[str]]:
-        """Where the store holds ``secret`` (S3): how many times its rows do (every
-        table, the audit log included), and which of its files hold any form of it
-        (indexes, pages the rows left, the write-ahead log). Read after each case,
-        so a leak is reported under the case that made it."""
+        """Where the store holds ``secret`` (S3): how many times what it records
+        does (attempts, evidence, ledger entries, the audit log), and which of its
+        files hold any form of it (indexes, pages rows left behind, the
+        write-ahead log). Read after each case, so a leak is reported under the
+        case that made it."""
         forms = _secret_forms(secret)
-        with closing(sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)) as store:
-            names = [
-                r[0] for r in store.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            ]
-            rows = sum(
-                repr(row).encode().count(form)
-                for name in names
-                for row in store.execute(f'SELECT * FROM "{name}"')
-                for form in forms
-            )
+        attempts = self.engine.attempts(mission_id=self.mission)
+        recorded = json.dumps(
+            {
+                "attempts": [a.to_dict() for a in attempts],
+                "evidence": [self.engine.evidence(a.id) for a in attempts],
+                "ledger": self.engine.ledger_entries(self.mission),
+                "audit": self.engine.audit_events(self.mission),
+            },
+            default=str,
+        ).encode()
         files = sorted(
             path.name
             for path in self.path.parent.glob("kit.db*")
             if any(form in path.read_bytes() for form in forms)
         )
-        return rows, files
+        return sum(recorded.count(form) for form in forms), files
 
 
 def _secret_forms(secret: str) -> list[bytes]:
