@@ -41,6 +41,7 @@ SECRET_ENV = "CHARTER_TEST_WEBHOOK_SECRET"
 class Received:
     headers: dict[str, str]
     body: bytes
+    at: float = 0.0  # when it arrived, by this process's monotonic clock
 
 
 class Receiver:
@@ -62,9 +63,10 @@ class Receiver:
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:
+                at = time.monotonic()
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 with receiver._lock:
-                    receiver.got.append(Received(dict(self.headers.items()), body))
+                    receiver.got.append(Received(dict(self.headers.items()), body, at))
                     answer = receiver.answers.pop(0) if receiver.answers else 200
                 time.sleep(receiver.delay)
                 if answer == "trickle":

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from charter import secret
 from charter.adapters import Adapter, Evidence, Outcome
 from charter.adapters.protocol import blocking
-from charter.attempts import settlement
+from charter.attempts import late, settlement
 from charter.attempts.evidence import Report, record, recordable
 from charter.attempts.model import Attempt, AttemptStatus
 from charter.attempts.store import conclusive_rows, evidence_from_row, load, settled_by
@@ -155,7 +155,7 @@ class Coordinator:
                 # Settled while we asked (a person, another reconcile): what the
                 # lookup or the replay found is kept, and a contradiction opens
                 # an incident (A8, F2).
-                settlement.record_late(
+                late.record_late(
                     tx,
                     current,
                     evidence,

@@ -21,7 +21,8 @@ takes its kind::
   notice. ``None`` too when no webhook takes the kind.
 - :meth:`Notices.deliver_due` makes one pass in the calling thread and returns
   how many deliveries were answered 2xx; :meth:`Notices.start` runs passes in a
-  thread until :meth:`Notices.stop`, woken at once by a post.
+  thread until :meth:`Notices.stop`, woken at once by a post and when the
+  soonest pending delivery falls due (a retry's backoff ends).
 - :meth:`Notices.notices` and :meth:`Notices.deliveries` read what was
   written and how far each delivery got.
 
@@ -129,7 +130,8 @@ class Notices:
         :data:`SECRET_CHARACTERS`, is a :class:`~charter.errors.ConfigError`
         and nothing starts. The first retry waits about ``backoff_seconds``,
         each next one about twice as long, up to ``backoff_cap_seconds``; the
-        thread looks for due deliveries every ``poll_seconds``."""
+        thread sends each when it falls due, and looks again at least every
+        ``poll_seconds``."""
         runtime = runtime_of(engine)
         hooks = list(runtime.config.webhooks.values() if webhooks is None else webhooks)
         self._webhooks = _checked(hooks)
@@ -245,13 +247,27 @@ class Notices:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
+            wait = self._poll
             try:
                 self._pass(100, self._stopping)
+                wait = self._until_due()
                 self.failure = None
             except Exception as exc:  # the store away a moment: the next pass tries again
                 self.failure = exc
-            self._wake.wait(self._poll)
+            self._wake.wait(wait)
             self._wake.clear()
+
+    def _until_due(self) -> float:
+        """Seconds until the soonest pending delivery falls due (a failed one's
+        backoff ends, or another deliverer's claim runs out), by the store's
+        clock, and at most the poll interval: a retry is sent on its backoff's
+        schedule, not at the next poll."""
+        with self._runtime.db.read() as tx:
+            due = store.next_due(tx, sorted(self._webhooks))
+            now = tx.now_us
+        if due is None:
+            return self._poll
+        return min(self._poll, max(due - now, 0) / 1_000_000)
 
     def _pass(self, limit: int, stopping: threading.Event | None) -> int:
         done = 0

@@ -162,3 +162,17 @@ def pending(tx: Tx, webhooks: Sequence[str]) -> int:
         *webhooks,
     )
     return 0 if row is None else int(row["n"])
+
+
+def next_due(tx: Tx, webhooks: Sequence[str]) -> int | None:
+    """When the soonest pending delivery to ``webhooks`` may be claimed (its due
+    time, or its claim's end if later), in the store's time; ``None``: none."""
+    if not webhooks:
+        return None
+    row = tx.one(
+        "SELECT MIN(CASE WHEN claimed_until_us > due_at_us THEN claimed_until_us "
+        "ELSE due_at_us END) AS due FROM notice_deliveries WHERE status = 'pending' "
+        f"AND webhook IN ({', '.join('?' * len(webhooks))})",
+        *webhooks,
+    )
+    return None if row is None or row["due"] is None else int(row["due"])
