@@ -193,7 +193,6 @@ class _Bench:
         self.effect = adapter.operations[operation].effect
         self._dir = tempfile.TemporaryDirectory(prefix="charter-conformance-")
         self.path = Path(self._dir.name) / "kit.db"
-        self.keys: list[str] = []
 
     def __enter__(self) -> _Bench:
         import charter  # noqa: PLC0415 - the engine is loaded when the kit runs, not on import
@@ -229,11 +228,9 @@ class _Bench:
 
     def attempt(self, case: str, request: Mapping[str, Any] | None = None) -> charter.Attempt:
         self.run = self.engine.start_run(self.mission, by=self.agent, segment_id=f"seg-{case}")
-        attempt = self.run.perform(
+        return self.run.perform(
             self.adapter, self.operation, dict(request or self.request), effect_key=case
         )
-        self.keys.append(attempt.idempotency_key)
-        return attempt
 
     def reconcile(self, attempt_id: str) -> str:
         return self.engine.coordinator.reconcile(attempt_id, self.adapter).verdict
