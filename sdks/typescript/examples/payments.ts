@@ -7,8 +7,7 @@
  */
 
 import { NotApplied, OutcomeUnknown } from "../src/index.js";
-import type { Adapter, Dispatch, Estimate, Evidence, Outcome } from "../src/index.js";
-import type { Attempt } from "../src/records.js";
+import type { Adapter, Attempt, Dispatch, Estimate, Evidence, Outcome } from "../src/index.js";
 
 export interface Bill {
   amount: number;
@@ -17,12 +16,21 @@ export interface Bill {
   reference: string;
 }
 
+/** A payment as the sandbox records it: what `ctx.attempt(payments, "pay", ...)` answers. */
+export interface Payment {
+  id: string;
+  amount: number;
+  currency: string;
+  reference: string;
+  [field: string]: unknown;
+}
+
 /** Statuses the sandbox documents as refused before anything was applied. */
 const REFUSED = new Set([409, 429]);
 /** Statuses HTTP defines as refusals made before processing: the target answered, nothing applied. */
 const FAILED = new Set([400, 401, 403, 404, 422]);
 
-export class Payments implements Adapter<Bill> {
+export class Payments implements Adapter<Bill, Payment> {
   readonly name = "payments";
   readonly operations = { pay: { effect: "idempotent_keyed" as const, dedupeWindowSeconds: 86_400 } };
   readonly url: string;
@@ -37,7 +45,7 @@ export class Payments implements Adapter<Bill> {
     return { amounts: { usd_cents: request.amount }, priceSource: "sandbox/amount" };
   }
 
-  async dispatch(send: Dispatch<Bill>): Promise<Outcome> {
+  async dispatch(send: Dispatch<Bill>): Promise<Outcome<Payment>> {
     const headers = {
       "content-type": "application/json",
       "idempotency-key": send.idempotencyKey,
@@ -50,10 +58,11 @@ export class Payments implements Adapter<Bill> {
         method: "POST",
         headers,
         body: JSON.stringify(send.request),
-        signal: AbortSignal.timeout(this.timeoutMs),
+        signal: AbortSignal.any([send.signal, AbortSignal.timeout(this.timeoutMs)]),
       });
     } catch (error) {
       if (refusedConnection(error)) throw new NotApplied("connection refused: nothing was sent");
+      if (send.signal.aborted) throw new OutcomeUnknown("cancelled while the payment was in flight", {}, { cause: error });
       throw new OutcomeUnknown(`no answer: ${String((error as Error).cause ?? error)}`);
     }
     const body: unknown = await answer.json().catch(() => null);
@@ -63,9 +72,11 @@ export class Payments implements Adapter<Bill> {
     throw new OutcomeUnknown(`answered ${answer.status}`, { body });
   }
 
-  async lookup(attempt: Attempt): Promise<Evidence> {
+  async lookup(attempt: Attempt, options: { signal?: AbortSignal } = {}): Promise<Evidence> {
     const key = encodeURIComponent(attempt.idempotency_key);
-    const answer = await fetch(`${this.url}/v1/payments/by-key/${key}`, { signal: AbortSignal.timeout(this.timeoutMs) });
+    const timeout = AbortSignal.timeout(this.timeoutMs);
+    const signal = options.signal === undefined ? timeout : AbortSignal.any([options.signal, timeout]);
+    const answer = await fetch(`${this.url}/v1/payments/by-key/${key}`, { signal });
     const body: unknown = await answer.json().catch(() => null);
     if (answer.ok) return { verdict: "applied", outcome: paid(body), detail: { looked_up: key } };
     if (answer.status === 404) return { verdict: "not_applied", detail: { looked_up: key, closed: true } };
@@ -73,10 +84,13 @@ export class Payments implements Adapter<Bill> {
   }
 }
 
-function paid(body: unknown): Outcome {
-  const amount = (body as { amount?: unknown } | null)?.amount;
-  if (typeof amount !== "number") throw new OutcomeUnknown("a 2xx without the payment's amount", { body });
-  return { status: "succeeded", result: body, cost: { usd_cents: amount }, receipt: body };
+/** A 2xx's body as a payment, checked: anything else leaves the outcome unknown. */
+function paid(body: unknown): Outcome<Payment> {
+  const payment = body as Partial<Payment> | null;
+  if (typeof payment?.amount !== "number" || typeof payment.id !== "string") {
+    throw new OutcomeUnknown("a 2xx without the payment's id and amount", { body });
+  }
+  return { status: "succeeded", result: payment as Payment, cost: { usd_cents: payment.amount }, receipt: body };
 }
 
 function refusedConnection(error: unknown): boolean {

@@ -6,15 +6,17 @@
  *
  * It must send the attempt's own `idempotencyKey` (A5) and, where the target
  * fences, the `fencingToken` (F3); never start a send once `checkDeadline()`
- * throws; turn its client's own retries off (every send is an attempt Charter
- * knows); and throw `NotApplied` only when non-application is proven — any
- * other exception leaves the attempt UNKNOWN, for evidence or a person (A3).
+ * throws; pass on `signal` to what it sends with, so that a cancelled call
+ * stops its send; turn its client's own retries off (every send is an attempt
+ * Charter knows); and throw `NotApplied` only when non-application is proven
+ * — any other exception leaves the attempt UNKNOWN, for evidence or a person (A3).
  */
 
+import * as checks from "./checks.js";
 import { seg } from "./transport.js";
 import type { Requester } from "./transport.js";
 import { AdapterError, NotApplied, StateError } from "./errors.js";
-import type { Amounts, Attempt, AttemptDetail, EffectClass, Reconciled } from "./records.js";
+import type { Amounts, Attempt, EffectClass, Reconciled } from "./records.js";
 
 export type { EffectClass } from "./records.js";
 
@@ -31,16 +33,24 @@ export interface Estimate {
   priceSource?: string;
 }
 
-/** What the target did: applied as a success, or answered and refused (applied as a failure). */
-export interface Outcome {
-  status: "succeeded" | "failed";
-  result?: unknown;
+/** What goes with an outcome, whichever it is. */
+interface OutcomeFields {
   /** The actual cost as reported, never clamped (L2, L5). */
   cost?: Amounts;
   /** The target's raw receipt, kept verbatim. */
   receipt?: unknown;
   priceSource?: string;
 }
+
+/**
+ * What the target did: applied as a success, or answered and refused
+ * (applied as a failure). A success's `result` is what `ctx.attempt`
+ * answers (and what a replay answers: its recorded JSON); a failure's is
+ * the refusal, kept on the record.
+ */
+export type Outcome<Result = unknown> =
+  | (OutcomeFields & { status: "succeeded"; result?: Result })
+  | (OutcomeFields & { status: "failed"; result?: unknown });
 
 /** What a lookup found about an uncertain attempt (R7). */
 export interface Evidence {
@@ -67,15 +77,26 @@ export interface Dispatch<Request = unknown> {
   remainingMs(): number;
   /** Throw `NotApplied` if the send deadline has passed: call it just before the bytes go out. */
   checkDeadline(): void;
+  /**
+   * Aborted when the caller cancels `ctx.attempt`: hand it to the request
+   * that sends (with `AbortSignal.any` beside the adapter's own timeout).
+   * Throw `NotApplied` if it aborted before anything went out; a send cut
+   * off after that is UNKNOWN, as any other exception makes it.
+   */
+  signal: AbortSignal;
 }
 
-export interface Adapter<Request = any> {
+/**
+ * `Request` is what `ctx.attempt` is given for the adapter's operations,
+ * `Result` what it answers for a success: the type `ctx.attempt` returns.
+ */
+export interface Adapter<Request = any, Result = unknown> {
   readonly name: string;
   readonly operations: Readonly<Record<string, Operation>>;
   estimate(operation: string, request: Request): Estimate | Promise<Estimate>;
-  dispatch(send: Dispatch<Request>): Promise<Outcome>;
-  /** Look the attempt up at the target by its key or reference (A8). */
-  lookup(attempt: Attempt): Promise<Evidence>;
+  dispatch(send: Dispatch<Request>): Promise<Outcome<Result>>;
+  /** Look the attempt up at the target by its key or reference (A8); `signal` cancels it. */
+  lookup(attempt: Attempt, options?: { signal?: AbortSignal }): Promise<Evidence>;
 }
 
 /** The deadline of one send, measured on `performance.now()` from `startedAt`. */
@@ -109,9 +130,10 @@ export function checkAmounts(amounts: unknown, what: string): Amounts {
 }
 
 /** The wire form of an outcome (`{"status", "result", "cost", "receipt"}`). */
-export function outcomeBody(outcome: Outcome): Record<string, unknown> {
-  if (outcome.status !== "succeeded" && outcome.status !== "failed") {
-    throw new AdapterError(`an outcome's status must be "succeeded" or "failed", got ${JSON.stringify(outcome.status)}`);
+export function outcomeBody(outcome: Outcome<unknown>): Record<string, unknown> {
+  const status: unknown = outcome.status; // an adapter in plain JavaScript may answer anything
+  if (status !== "succeeded" && status !== "failed") {
+    throw new AdapterError(`an outcome's status must be "succeeded" or "failed", got ${JSON.stringify(status)}`);
   }
   const body: Record<string, unknown> = {
     status: outcome.status,
@@ -128,8 +150,14 @@ export function outcomeBody(outcome: Outcome): Record<string, unknown> {
  * that throws `NotApplied` proves non-application; any other failure of the
  * lookup is recorded as indeterminate evidence, never as a verdict.
  */
-export async function reconcileWith(client: Requester, attemptId: string, adapter: Adapter): Promise<Reconciled> {
-  const attempt = (await client.request("GET", `/attempts/${seg(attemptId)}`)) as AttemptDetail;
+export async function reconcileWith(
+  client: Requester,
+  attemptId: string,
+  adapter: Adapter,
+  options: { signal?: AbortSignal } = {},
+): Promise<Reconciled> {
+  const { signal } = options;
+  const attempt = checks.answer(checks.attemptDetail, await client.request("GET", `/attempts/${seg(attemptId)}`, undefined, { signal }));
   if (attempt.adapter !== adapter.name) {
     throw new StateError(`attempt ${attemptId} belongs to adapter ${JSON.stringify(attempt.adapter)}, not ${JSON.stringify(adapter.name)}`, {
       details: { attempt_id: attemptId, adapter: attempt.adapter },
@@ -137,10 +165,11 @@ export async function reconcileWith(client: Requester, attemptId: string, adapte
   }
   let found: Evidence;
   try {
-    found = await adapter.lookup(attempt);
+    found = await adapter.lookup(attempt, { signal });
   } catch (error) {
+    if (signal?.aborted) throw signal.reason; // cancelled: nothing was found, nothing is recorded
     found =
-      error instanceof NotApplied
+      NotApplied.isInstance(error)
         ? { verdict: "not_applied", detail: { reason: error.reason, ...error.evidence } }
         : { verdict: "indeterminate", detail: { lookup_error: describe(error) } };
   }
@@ -153,7 +182,8 @@ export async function reconcileWith(client: Requester, attemptId: string, adapte
   } else if (found.verdict !== "not_applied" && found.verdict !== "indeterminate") {
     throw new AdapterError(`unknown evidence verdict ${JSON.stringify(found.verdict)}`);
   }
-  return (await client.request("POST", `/attempts/${seg(attemptId)}/evidence`, body)) as Reconciled;
+  const path = `/attempts/${seg(attemptId)}/evidence`;
+  return checks.answer(checks.reconciled, await client.request("POST", path, body, { signal }));
 }
 
 export function describe(error: unknown): string {

@@ -1,20 +1,30 @@
 /**
- * The recovery API with the seed's names (R1-R9, X2):
+ * The recovery API with the seed's names (R1-R9, X2), and the Rust SDK's:
  *
  *     const { state, unresolved } = await coordinator.recover(runId, segmentId);
  *     await coordinator.reconcile(attemptId, adapter);
+ *     const segment = await coordinator.resume(runId, segmentId); // carried on here
  *
  * `recover` reads and fences (a new epoch, older prepared attempts voided,
  * dispatched ones of older owners UNKNOWN with their holds kept); it never
- * sends and never resumes. Every call is one request the engine authorises
- * and audits under the client's principal.
+ * sends and never resumes. `resume` continues the run in this process as a
+ * segment (docs/protocol.md, "Take over or continue"); `resumeOnServer`
+ * continues a run whose plan runs on the server. Every call is one request
+ * the engine authorises and audits under the client's principal.
  */
 
+import * as checks from "./checks.js";
 import { seg } from "./transport.js";
 import type { Requester } from "./transport.js";
 import type { Adapter } from "./adapter.js";
 import { reconcileWith } from "./adapter.js";
 import type { Amounts, Attempt, RecoveryRecord, Reconciled, Resumed } from "./records.js";
+import { Segment } from "./segment.js";
+
+/** Per call: a signal that cancels it (the call rejects with the signal's reason). */
+interface CallOptions {
+  signal?: AbortSignal;
+}
 
 /** The recovery state; unpacks as `{ state, unresolved }` (the seed's API). */
 export class RecoveryState {
@@ -92,16 +102,33 @@ export class Coordinator {
    * and the unresolved attempt IDs. A live owner's lease is `lease_held`;
    * `force` takes it anyway (needs `stop`, audited).
    */
-  async recover(runId: string, segmentId: string, options: { force?: boolean } = {}): Promise<RecoveryState> {
+  async recover(runId: string, segmentId: string, options: { force?: boolean } & CallOptions = {}): Promise<RecoveryState> {
     const body = { segment: segmentId, force: options.force ?? false };
-    const record = await this.#client.request("POST", `/runs/${seg(runId)}/recover`, body);
-    return new RecoveryState(record as RecoveryRecord);
+    const record = await this.#client.request("POST", `/runs/${seg(runId)}/recover`, body, { signal: options.signal });
+    return new RecoveryState(checks.answer(checks.recovery, record));
   }
 
   /** The recovery state without taking ownership (a read). */
-  async state(runId: string): Promise<RecoveryState> {
-    const record = await this.#client.request("GET", `/runs/${seg(runId)}`);
-    return new RecoveryState(record as RecoveryRecord);
+  async state(runId: string, options: CallOptions = {}): Promise<RecoveryState> {
+    const record = await this.#client.request("GET", `/runs/${seg(runId)}`, undefined, options);
+    return new RecoveryState(checks.answer(checks.recovery, record));
+  }
+
+  /**
+   * Continue `runId` in this process as the segment `segmentId`, under the
+   * engine's resume policy (R9), and answer the segment: the run's owner
+   * segment continues at its epoch with a new claim once its executor let
+   * go; a segment the run has never used takes it over first, as `recover`
+   * would. Then start its nodes again through the segment: settled effects
+   * replay. The same call as the Rust SDK's `coordinator.resume`.
+   */
+  async resume(runId: string, segmentId: string, options: CallOptions = {}): Promise<Segment> {
+    return this.claim(runId, segmentId, options);
+  }
+
+  /** `resume`, with `force` past a live lease (needs `stop`; audited): `Segment.claim`. */
+  async claim(runId: string, segmentId: string, options: { force?: boolean } & CallOptions = {}): Promise<Segment> {
+    return Segment.claim(this.#client, runId, segmentId, options);
   }
 
   /**
@@ -113,35 +140,40 @@ export class Coordinator {
    * `evidence_settles = "confirm"`) with `confirm`. `segment` (the server's
    * reconcile only) names the segment `recover` installed, for a keyed replay.
    */
-  async reconcile(attemptId: string, adapter?: Adapter, options: { segment?: string } = {}): Promise<Reconciled> {
-    if (adapter !== undefined) return reconcileWith(this.#client, attemptId, adapter);
+  async reconcile(attemptId: string, adapter?: Adapter, options: { segment?: string } & CallOptions = {}): Promise<Reconciled> {
+    if (adapter !== undefined) return reconcileWith(this.#client, attemptId, adapter, options);
     const body = options.segment === undefined ? {} : { segment: options.segment };
-    return (await this.#client.request("POST", `/attempts/${seg(attemptId)}/reconcile`, body)) as Reconciled;
+    const path = `/attempts/${seg(attemptId)}/reconcile`;
+    return checks.answer(checks.reconciled, await this.#client.request("POST", path, body, { signal: options.signal }));
   }
 
   /** Settle an uncertain attempt on its recorded evidence (the newest conclusive one by default). */
-  async confirm(attemptId: string, options: { evidenceId?: string } = {}): Promise<Attempt> {
+  async confirm(attemptId: string, options: { evidenceId?: string } & CallOptions = {}): Promise<Attempt> {
     const body = options.evidenceId === undefined ? {} : { evidence_id: options.evidenceId };
-    return (await this.#client.request("POST", `/attempts/${seg(attemptId)}/confirm`, body)) as Attempt;
+    const path = `/attempts/${seg(attemptId)}/confirm`;
+    return checks.answer(checks.attempt, await this.#client.request("POST", path, body, { signal: options.signal }));
   }
 
   /** A person's settlement of an uncertain attempt, with their evidence and the actual cost. */
-  async resolve(attemptId: string, options: ResolveOptions): Promise<Attempt> {
+  async resolve(attemptId: string, options: ResolveOptions & CallOptions): Promise<Attempt> {
     const body: Record<string, unknown> = { outcome: options.outcome, evidence: options.evidence };
     if (options.cost !== undefined) body["cost"] = options.cost;
     if (options.confirmAboveHold !== undefined) body["confirm_above_hold"] = options.confirmAboveHold;
-    return (await this.#client.request("POST", `/attempts/${seg(attemptId)}/resolve`, body)) as Attempt;
+    const path = `/attempts/${seg(attemptId)}/resolve`;
+    return checks.answer(checks.attempt, await this.#client.request("POST", path, body, { signal: options.signal }));
   }
 
   /**
-   * Continue the run under the engine's resume policy: the server runs its
-   * remaining nodes as `segmentId` (default: the run's owner) and answers
-   * where it stands — completed with its result, or blocked and why. A run
-   * workers carry, resumed without a segment, is given this principal's
-   * go-ahead instead (`go_ahead` in the answer): the next worker continues it.
+   * Continue a run *whose plan runs on the server* (`charter worker`, a plan
+   * the server imports): the server runs its remaining nodes as `segmentId`
+   * (default: the run's owner) and answers where it stands — completed with
+   * its result, or blocked and why. A run workers carry, resumed without a
+   * segment, is given this principal's go-ahead instead (`go_ahead` in the
+   * answer): the next worker continues it. The Rust SDK's `resume_on_server`.
    */
-  async resume(runId: string, segmentId?: string): Promise<Resumed> {
+  async resumeOnServer(runId: string, segmentId?: string, options: CallOptions = {}): Promise<Resumed> {
     const body = segmentId === undefined ? {} : { segment: segmentId };
-    return (await this.#client.request("POST", `/runs/${seg(runId)}/resume`, body)) as Resumed;
+    const path = `/runs/${seg(runId)}/resume`;
+    return checks.answer(checks.resumed, await this.#client.request("POST", path, body, options));
   }
 }

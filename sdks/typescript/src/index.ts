@@ -5,12 +5,14 @@
  */
 
 export { Charter } from "./client.js";
-export type { CharterOptions } from "./client.js";
-export type { Query, Requester } from "./transport.js";
+export type { CallOptions, CharterOptions } from "./client.js";
+export type { Method, Query, RequestOptions, Requester } from "./transport.js";
+export { DEFAULT_RETRY } from "./retry.js";
+export type { RetryPolicy } from "./retry.js";
 export { Coordinator, RecoveryState } from "./coordinator.js";
 export type { ResolveOptions } from "./coordinator.js";
 export { Segment, Context } from "./segment.js";
-export type { Claim } from "./segment.js";
+export type { AttemptOptions, SegmentCallOptions } from "./segment.js";
 export type { Adapter, Dispatch, Estimate, Evidence, Operation, Outcome } from "./adapter.js";
 export * from "./errors.js";
 export type * from "./records.js";

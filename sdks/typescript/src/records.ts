@@ -17,6 +17,66 @@ export type EffectClass = "read_only" | "idempotent_keyed" | "unsafe";
 
 export type Amounts = Record<string, number>;
 
+export type Verdict = "applied" | "not_applied" | "indeterminate";
+
+/** What every claiming call answers: the segment's three credentials and its lease. */
+export interface Claim {
+  run_id: string;
+  mission_id: string;
+  segment: string;
+  epoch: number;
+  /** The secret claim token: every call as the segment carries it. */
+  claim: string;
+  lease_ms: number;
+  status: RunStatus;
+}
+
+/** What a renewal answers: the lease left. */
+export interface Renewed {
+  run_id: string;
+  segment: string;
+  epoch: number;
+  lease_ms: number;
+}
+
+/** The server's answer to an admission: what the client does with the effect. */
+export interface Admitted {
+  action: "send" | "replay" | "blocked" | "voided";
+  attempt_id: string;
+  status: AttemptStatus;
+  idempotency_key?: string;
+  fencing_token?: string;
+  send_deadline_ms?: number;
+  run_id?: string;
+  epoch?: number;
+  result?: unknown;
+  cost?: Amounts | null;
+  receipt?: unknown;
+  reason?: string | null;
+}
+
+/** What a report answers; `late` when the segment lost the run during the send (F2). */
+export interface Reported {
+  attempt_id: string;
+  status: AttemptStatus;
+  settled: boolean;
+  late: boolean;
+}
+
+/** What starting a node answers: the execution to run now. */
+export interface NodeStarted {
+  run_id: string;
+  node_id: string;
+  execution: number;
+}
+
+/** A run's waits: approvals pending, expired and flagged, timers, questions. */
+export interface Waits {
+  run_id: string;
+  status: RunStatus;
+  waits: Record<string, unknown>[];
+}
+
 export interface Run {
   id: string;
   mission_id: string;
@@ -63,11 +123,12 @@ export interface Attempt {
   answered: boolean;
 }
 
+/** One piece of evidence on an attempt (its other fields are kept as the server sent them). */
 export interface EvidenceRecord {
   id: string;
-  verdict: "applied" | "not_applied" | "indeterminate";
-  settled?: boolean;
-  [field: string]: unknown;
+  verdict: Verdict;
+  /** Whether it settled the attempt, as the store keeps the flag (SQLite's 0 or 1, PostgreSQL's boolean). */
+  settled?: boolean | 0 | 1;
 }
 
 /** An attempt with its evidence so far and the next safe action (null once settled). */
@@ -77,7 +138,8 @@ export interface AttemptDetail extends Attempt {
 }
 
 export interface NextAction {
-  kind: "attempt" | "node" | "run";
+  /** `attempts` is the one line about the settled ones together (its `id` is `settled`). */
+  kind: "attempt" | "attempts" | "node" | "run";
   id: string;
   phase: string;
   action: string;
@@ -127,11 +189,10 @@ export interface RecoveryRecord {
 /** What `reconcile` answers: the verdict recorded and where the attempt stands. */
 export interface Reconciled {
   attempt_id: string;
-  verdict: "applied" | "not_applied" | "indeterminate";
+  verdict: Verdict;
   detail: unknown;
   status: AttemptStatus;
   settled: boolean;
-  [field: string]: unknown;
 }
 
 /**
@@ -204,4 +265,21 @@ export interface AuditVerification {
 export interface Page<T> {
   items: T[];
   next: string | null;
+}
+
+/** What approving or denying an approval answers. */
+export interface Decided {
+  approval_id: string;
+  status: string;
+}
+
+/** What closing an incident answers. */
+export interface IncidentClosed {
+  incident_id: string;
+  status: "closed";
+}
+
+/** The principal a credential proves. */
+export interface Me {
+  principal: string;
 }

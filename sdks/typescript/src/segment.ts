@@ -13,10 +13,11 @@
  * sends nothing more.
  */
 
-import type { Charter } from "./client.js";
+import * as checks from "./checks.js";
 import { seg } from "./transport.js";
+import type { RequestOptions, Requester } from "./transport.js";
 import type { Adapter, Dispatch, Outcome } from "./adapter.js";
-import type { NodeCompleted, Run } from "./records.js";
+import type { Admitted, Claim, NodeCompleted, Reported, Run } from "./records.js";
 import { checkAmounts, deadline, describe, outcomeBody } from "./adapter.js";
 import {
   AdapterError,
@@ -24,51 +25,42 @@ import {
   Blocked,
   CharterError,
   Fenced,
+  LateReport,
   NotApplied,
   OutcomeUnknown,
   SettlementUnrecorded,
-  TransportError,
   UsageError,
 } from "./errors.js";
 
-/** What every claiming call answers. */
-export interface Claim {
-  run_id: string;
-  mission_id: string;
-  segment: string;
-  epoch: number;
-  claim: string;
-  lease_ms: number;
-  status: string;
+/** Per call: a signal that cancels it (the call rejects with the signal's reason). */
+export interface SegmentCallOptions {
+  signal?: AbortSignal;
 }
 
-/** The server's answer to an admission. */
-interface Admitted {
-  action: "send" | "replay" | "blocked" | "voided";
-  attempt_id: string;
-  status: string;
-  idempotency_key?: string;
-  fencing_token?: string;
-  send_deadline_ms?: number;
-  run_id?: string;
-  epoch?: number;
-  result?: unknown;
-  cost?: unknown;
-  receipt?: unknown;
-  reason?: string;
-}
-
-interface Reported {
-  attempt_id: string;
-  status: string;
-  settled: boolean;
-  late: boolean;
+/** What `ctx.attempt` is told besides the effect. */
+export interface AttemptOptions {
+  /** The effect's key within the node (A6): the same key replays, never sends again. */
+  key: string;
+  /**
+   * Cancels the attempt. Before it is admitted, nothing is written; admitted
+   * and not yet sent, it is reported not applied (settled at no cost);
+   * during the send, the adapter is given it (`Dispatch.signal`) and what it
+   * ends with is reported — UNKNOWN, unless the adapter proves nothing went
+   * out. Either way the report is made before `attempt` rejects with the
+   * signal's reason, so the record says what happened.
+   */
+  signal?: AbortSignal;
 }
 
 /** How many times one call of `ctx.attempt` asks again after an attempt proven not sent. */
 const TRIES = 4;
-/** How many times a report is sent again when it got no answer (it is idempotent by attempt id). */
-const REPORT_TRIES = 3;
+
+/** What a send came to: the report's answer, the adapter's result, whether nothing went out. */
+interface Sent {
+  status: string;
+  result?: unknown;
+  notSent: boolean;
+}
 
 export class Segment {
   readonly runId: string;
@@ -78,10 +70,10 @@ export class Segment {
   #claim: string;
   #leaseMs: number;
   #fenced: CharterError | undefined;
-  #keeper: NodeJS.Timeout | undefined;
-  readonly #client: Charter;
+  #keeper: ReturnType<typeof setInterval> | undefined;
+  readonly #client: Requester;
 
-  private constructor(client: Charter, claim: Claim) {
+  private constructor(client: Requester, claim: Claim) {
     this.#client = client;
     this.runId = claim.run_id;
     this.missionId = claim.mission_id;
@@ -92,23 +84,35 @@ export class Segment {
   }
 
   /** Start a run of `missionId` whose nodes run here, as its first segment `segment`. */
-  static async start(client: Charter, missionId: string, segment: string, input?: Record<string, unknown>): Promise<Segment> {
+  static async start(
+    client: Requester,
+    missionId: string,
+    segment: string,
+    input?: Record<string, unknown>,
+    options: SegmentCallOptions = {},
+  ): Promise<Segment> {
     const body: Record<string, unknown> = { segment };
     if (input !== undefined) body["input"] = input;
-    const claim = await client.request("POST", `/missions/${seg(missionId)}/runs`, body);
-    return new Segment(client, claim as Claim);
+    const claim = await client.request("POST", `/missions/${seg(missionId)}/runs`, body, options);
+    return new Segment(client, checks.answer(checks.claim, claim));
   }
 
   /**
    * Take `runId` over as a new segment (the server recovers it first: a new
    * epoch, older prepared attempts voided, dispatched ones UNKNOWN), or
    * continue it as its owner segment once its executor let go. Refused with
-   * `lease_held`, `segment_reused`, `needs_intervention` (`blockers`), `run_terminal`.
+   * `lease_held`, `segment_reused`, `needs_intervention` (`blockers`),
+   * `run_terminal`. `coordinator.resume(runId, segment)` is this call.
    */
-  static async claim(client: Charter, runId: string, segment: string, options: { force?: boolean } = {}): Promise<Segment> {
+  static async claim(
+    client: Requester,
+    runId: string,
+    segment: string,
+    options: { force?: boolean } & SegmentCallOptions = {},
+  ): Promise<Segment> {
     const body = { segment, force: options.force ?? false };
-    const claim = await client.request("POST", `/runs/${seg(runId)}/claim`, body);
-    return new Segment(client, claim as Claim);
+    const claim = await client.request("POST", `/runs/${seg(runId)}/claim`, body, { signal: options.signal });
+    return new Segment(client, checks.answer(checks.claim, claim));
   }
 
   /** The lease left when the server last answered, in milliseconds. */
@@ -116,7 +120,7 @@ export class Segment {
     return this.#leaseMs;
   }
 
-  /** Whether the server said this segment no longer owns the run. */
+  /** Whether this segment no longer owns the run (told so by the server, or its report came late). */
   get fenced(): boolean {
     return this.#fenced !== undefined;
   }
@@ -126,23 +130,27 @@ export class Segment {
     return { segment: this.name, epoch: this.epoch, claim: this.#claim };
   }
 
-  async #call(path: string, body: Record<string, unknown>): Promise<unknown> {
+  async #call(path: string, body: Record<string, unknown>, options: RequestOptions = {}): Promise<unknown> {
     if (this.#fenced !== undefined) throw this.#fenced;
     try {
-      return await this.#client.request("POST", path, { ...this.#credentials(), ...body });
+      return await this.#client.request("POST", path, { ...this.#credentials(), ...body }, options);
     } catch (error) {
-      if (error instanceof Fenced) {
-        this.#fenced = error;
-        this.stopRenewing();
-      }
+      if (Fenced.isInstance(error)) this.#fence(error);
       throw error;
     }
   }
 
-  async renew(): Promise<number> {
-    const answer = (await this.#call(`/runs/${seg(this.runId)}/renew`, {})) as { lease_ms: number };
-    this.#leaseMs = answer.lease_ms;
-    return answer.lease_ms;
+  /** From now on every call of this segment throws `error`: it sends nothing more (F1, F2). */
+  #fence(error: CharterError): void {
+    this.#fenced = error;
+    this.stopRenewing();
+  }
+
+  /** Renew the lease (repeatable: asked again when it got no answer); the lease left. */
+  async renew(options: SegmentCallOptions = {}): Promise<number> {
+    const answer = await this.#call(`/runs/${seg(this.runId)}/renew`, {}, { ...options, idempotent: true });
+    this.#leaseMs = checks.answer(checks.renewed, answer).lease_ms;
+    return this.#leaseMs;
   }
 
   /**
@@ -165,9 +173,9 @@ export class Segment {
   }
 
   /** Let the run go, so that it can be claimed at once (after a node blocked, say). */
-  async release(): Promise<void> {
+  async release(options: SegmentCallOptions = {}): Promise<void> {
     this.stopRenewing();
-    await this.#call(`/runs/${seg(this.runId)}/release`, {});
+    await this.#call(`/runs/${seg(this.runId)}/release`, {}, options);
   }
 
   /**
@@ -177,9 +185,9 @@ export class Segment {
    * blocked), so its settled effects replay in it; a new one after the node
    * failed. Every `ctx.attempt` of the context is admitted as that execution.
    */
-  async startNode(nodeId: string): Promise<Context> {
+  async startNode(nodeId: string, options: SegmentCallOptions = {}): Promise<Context> {
     const path = `/runs/${seg(this.runId)}/nodes/${seg(nodeId)}/start`;
-    const started = (await this.#call(path, {})) as { execution: number };
+    const started = checks.answer(checks.nodeStarted, await this.#call(path, {}, { ...options, idempotent: true }));
     return this.node(nodeId, started.execution);
   }
 
@@ -198,13 +206,14 @@ export class Segment {
   /**
    * Record node `nodeId`'s result (any JSON) for its running execution, with
    * its hash, before anything consumes it (N1; `undefined` is recorded as
-   * `null`). The same completion again
-   * answers the same; another result, or an execution that is not the node's
-   * running one, is `StateError` (`invalid_state`).
+   * `null`). The same completion again answers the same; another result, or
+   * an execution that is not the node's running one, is `StateError`
+   * (`invalid_state`).
    */
-  async completeNode(nodeId: string, execution: number, result: unknown): Promise<NodeCompleted> {
+  async completeNode(nodeId: string, execution: number, result: unknown, options: SegmentCallOptions = {}): Promise<NodeCompleted> {
     const path = `/runs/${seg(this.runId)}/nodes/${seg(nodeId)}/complete`;
-    return (await this.#call(path, { execution, result: result ?? null })) as NodeCompleted;
+    const body = { execution, result: result ?? null };
+    return checks.answer(checks.nodeCompleted, await this.#call(path, body, { ...options, idempotent: true }));
   }
 
   /**
@@ -213,16 +222,24 @@ export class Segment {
    * attempt of the run is unresolved: settle those first. A finished run needs
    * no lease, so renewing stops.
    */
-  async finish(status: "completed" | "failed" = "completed", reason?: string): Promise<Run> {
+  async finish(status: "completed" | "failed" = "completed", reason?: string, options: SegmentCallOptions = {}): Promise<Run> {
     const body: Record<string, unknown> = { status };
     if (reason !== undefined) body["reason"] = reason;
-    const run = (await this.#call(`/runs/${seg(this.runId)}/finish`, body)) as Run;
+    const run = checks.answer(checks.run, await this.#call(`/runs/${seg(this.runId)}/finish`, body, options));
     this.stopRenewing();
     return run;
   }
 
   /** @internal Admit, send and report one effect; see `Context.attempt`. */
-  async perform(nodeId: string, execution: number, adapter: Adapter, operation: string, request: unknown, key: string): Promise<unknown> {
+  async perform(
+    nodeId: string,
+    execution: number,
+    adapter: Adapter,
+    operation: string,
+    request: unknown,
+    options: AttemptOptions,
+  ): Promise<unknown> {
+    const { key, signal } = options;
     const declared = adapter.operations[operation];
     if (declared === undefined) {
       throw new AdapterError(`adapter ${JSON.stringify(adapter.name)} declares no operation ${JSON.stringify(operation)}`);
@@ -241,20 +258,25 @@ export class Segment {
     if (declared.dedupeWindowSeconds !== undefined) body["dedupe_window_seconds"] = declared.dedupeWindowSeconds;
     if (estimate.priceSource !== undefined) body["price_source"] = estimate.priceSource;
     for (let tries = 1; ; tries += 1) {
+      signal?.throwIfAborted(); // nothing admitted yet: nothing to undo
       const startedAt = performance.now(); // before the dispatch commit: the deadline can only err early
-      const admitted = (await this.#call(`/runs/${seg(this.runId)}/attempts`, body)) as Admitted;
+      // The admission is never cancelled mid-flight: an admission the server
+      // made and this process never heard of would stay DISPATCHED, unsent.
+      const answer = await this.#call(`/runs/${seg(this.runId)}/attempts`, body);
+      const admitted = checks.answer(checks.admitted, answer);
       const settled = this.#settled(admitted);
       if (settled !== undefined) return settled.value;
-      const reported = await this.#send(admitted, adapter, operation, request, startedAt);
-      if (reported.status === "succeeded") return reported.result;
-      if (reported.status === "unknown" || reported.status === "dispatched") {
+      const sent = await this.#send(admitted, adapter, operation, request, startedAt, signal);
+      if (sent.status === "succeeded") return sent.result;
+      if (signal?.aborted) throw signal.reason; // reported as what it came to; the caller asked to stop
+      if (sent.status === "unknown" || sent.status === "dispatched") {
         throw new Blocked(`attempt ${admitted.attempt_id}'s outcome is unknown: it waits for evidence or a person`, {
           details: { run_id: this.runId, attempt_id: admitted.attempt_id },
         });
       }
-      if (!reported.notSent || tries >= TRIES) {
-        throw new AttemptFailed(`attempt ${admitted.attempt_id} ${reported.status}`, {
-          details: { attempt_id: admitted.attempt_id, status: reported.status, result: reported.result },
+      if (!sent.notSent || tries >= TRIES) {
+        throw new AttemptFailed(`attempt ${admitted.attempt_id} ${sent.status}`, {
+          details: { attempt_id: admitted.attempt_id, status: sent.status, result: sent.result },
         });
       }
       // Never sent (its deadline passed here): the server decides whether to try anew.
@@ -278,69 +300,92 @@ export class Segment {
         throw new AttemptFailed(`attempt ${admitted.attempt_id} was voided and never sent: ${admitted.reason ?? ""}`, {
           details: { ...details, reason: admitted.reason },
         });
-      default:
-        throw new AdapterError(`the server answered an admission with action ${JSON.stringify(admitted.action)}`);
     }
   }
 
-  /** Send an admitted attempt within its deadline and report what happened. */
-  async #send(admitted: Admitted, adapter: Adapter, operation: string, request: unknown, startedAt: number): Promise<{ status: string; result?: unknown; notSent: boolean }> {
-    const limit = deadline(startedAt, admitted.send_deadline_ms ?? 0);
+  /**
+   * Send an admitted attempt within its deadline and report what happened.
+   * A report answered `late` (the run was taken over during the send) fences
+   * this segment and throws `LateReport`, as the Rust SDK does.
+   */
+  async #send(
+    admitted: Admitted,
+    adapter: Adapter,
+    operation: string,
+    request: unknown,
+    startedAt: number,
+    signal: AbortSignal | undefined,
+  ): Promise<Sent> {
+    const order = checks.answer(checks.sendOrder, admitted);
+    const limit = deadline(startedAt, order.send_deadline_ms);
     const attemptId = admitted.attempt_id;
-    if (limit.remainingMs() <= 0) {
-      const reported = await this.#report(attemptId, { outcome: "not_applied", proof: { reason: "send deadline passed" } });
-      return { status: reported.status, notSent: true };
-    }
-    const send: Dispatch = {
-      attemptId,
-      runId: this.runId,
-      epoch: admitted.epoch ?? this.epoch,
-      operation,
-      request,
-      idempotencyKey: String(admitted.idempotency_key),
-      fencingToken: admitted.fencing_token ?? `${this.runId}:${this.epoch}`,
-      deadlineMs: limit.remainingMs(),
-      ...limit,
-    };
     let report: Record<string, unknown>;
     let result: unknown;
     let notSent = false;
-    try {
-      const outcome: Outcome = await adapter.dispatch(send);
-      report = { outcome: outcome.status, ...outcomeBody(outcome) };
-      delete report["status"];
-      if (outcome.priceSource !== undefined) report["price_source"] = outcome.priceSource;
-      result = outcome.result;
-    } catch (error) {
-      if (error instanceof NotApplied) {
-        report = { outcome: "not_applied", proof: { reason: error.reason, ...error.evidence } };
-        notSent = true;
-      } else if (error instanceof OutcomeUnknown) {
-        report = { outcome: "unknown", reason: error.reason, detail: error.evidence };
-      } else {
-        report = { outcome: "unknown", reason: describe(error), detail: null };
+    if (signal?.aborted || limit.remainingMs() <= 0) {
+      const reason = signal?.aborted ? "cancelled before sending" : "send deadline passed";
+      report = { outcome: "not_applied", proof: { reason } };
+      notSent = true;
+    } else {
+      const send: Dispatch = {
+        attemptId,
+        runId: this.runId,
+        epoch: admitted.epoch ?? this.epoch,
+        operation,
+        request,
+        idempotencyKey: order.idempotency_key,
+        fencingToken: order.fencing_token,
+        deadlineMs: limit.remainingMs(),
+        signal: signal ?? new AbortController().signal,
+        ...limit,
+      };
+      try {
+        const outcome: Outcome = await adapter.dispatch(send);
+        report = { outcome: outcome.status, ...outcomeBody(outcome) };
+        delete report["status"];
+        if (outcome.priceSource !== undefined) report["price_source"] = outcome.priceSource;
+        result = outcome.result;
+      } catch (error) {
+        if (NotApplied.isInstance(error)) {
+          report = { outcome: "not_applied", proof: { reason: error.reason, ...error.evidence } };
+          notSent = true;
+        } else if (OutcomeUnknown.isInstance(error)) {
+          report = { outcome: "unknown", reason: error.reason, detail: error.evidence };
+        } else {
+          const why = signal?.aborted ? `cancelled during the send: ${describe(error)}` : describe(error);
+          report = { outcome: "unknown", reason: why, detail: null };
+        }
       }
     }
     const reported = await this.#report(attemptId, report);
+    if (reported.late) {
+      const late = new LateReport(
+        `attempt ${attemptId} was reported after this segment lost the run: kept as evidence, ` +
+          `the attempt is ${reported.status}; send nothing more for this run`,
+        { details: { run_id: this.runId, attempt_id: attemptId, status: reported.status, settled: reported.settled } },
+      );
+      this.#fence(late);
+      throw late;
+    }
     return { status: reported.status, result, notSent };
   }
 
-  /** Report an outcome; sent again when it got no answer (idempotent by attempt id). */
+  /**
+   * Report an outcome. It is idempotent by attempt id, so the client asks
+   * again when it got no answer (its retry policy); never cancelled by the
+   * caller's signal, so that what was sent is on the record.
+   */
   async #report(attemptId: string, report: Record<string, unknown>): Promise<Reported> {
-    for (let tries = 1; ; tries += 1) {
-      try {
-        return (await this.#call(`/attempts/${seg(attemptId)}/report`, report)) as Reported;
-      } catch (error) {
-        if (!(error instanceof TransportError)) throw error;
-        if (tries >= REPORT_TRIES) {
-          throw new SettlementUnrecorded(
-            `attempt ${attemptId} was sent and its report got no answer ${tries} times: it stays ` +
-              "dispatched with its hold; recover the run, then reconcile it",
-            { details: { attempt_id: attemptId, run_id: this.runId } },
-          );
-        }
-        await new Promise((resolve) => setTimeout(resolve, 200 * tries));
-      }
+    try {
+      const answer = await this.#call(`/attempts/${seg(attemptId)}/report`, report, { idempotent: true });
+      return checks.answer(checks.reported, answer);
+    } catch (error) {
+      if (!CharterError.isInstance(error) || !error.retryable) throw error;
+      throw new SettlementUnrecorded(
+        `attempt ${attemptId} was sent and its report was not recorded (${error.message}): it stays ` +
+          "dispatched with its hold; recover the run, then reconcile it — never send it again",
+        { details: { attempt_id: attemptId, run_id: this.runId }, cause: error },
+      );
     }
   }
 }
@@ -372,15 +417,24 @@ export class Context {
    * for this node is replayed from its record and never sent again. Throws
    * `AttemptFailed` (settled failed), `Blocked` (its outcome is unknown, or it
    * waits for a person: the run is durable, recover and reconcile it),
-   * `Fenced` (this segment lost the run: send nothing more), or the typed
-   * refusal of admission (`AllowanceExceeded`, `ApprovalRequired`, ...).
+   * `Fenced` (this segment lost the run: send nothing more; `LateReport`, a
+   * kind of it, when that happened during this send), `SettlementUnrecorded`
+   * (sent, and its report not recorded after the retries: recover and
+   * reconcile it), the signal's reason when cancelled (see `AttemptOptions`),
+   * or the typed refusal of admission (`AllowanceExceeded`, `ApprovalRequired`, ...).
    */
-  async attempt<Request>(adapter: Adapter<Request>, operation: string, request: Request, options: { key: string }): Promise<unknown> {
-    return this.segment.perform(this.nodeId, this.execution, adapter, operation, request, options.key);
+  async attempt<Result = unknown, Request = any>(
+    adapter: Adapter<Request, Result>,
+    operation: string,
+    request: Request,
+    options: AttemptOptions,
+  ): Promise<Result> {
+    // The result is what the adapter answered, or its record replayed (the same JSON).
+    return (await this.segment.perform(this.nodeId, this.execution, adapter, operation, request, options)) as Result;
   }
 
   /** Record this execution's result (see `Segment.completeNode`). */
-  async complete(result: unknown): Promise<NodeCompleted> {
-    return this.segment.completeNode(this.nodeId, this.execution, result);
+  async complete(result: unknown, options: SegmentCallOptions = {}): Promise<NodeCompleted> {
+    return this.segment.completeNode(this.nodeId, this.execution, result, options);
   }
 }

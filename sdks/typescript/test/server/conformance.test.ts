@@ -17,7 +17,7 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { after, before, describe, test } from "node:test";
 
-import { Charter, fromAnswer } from "../src/index.js";
+import { Charter, fromAnswer } from "../../src/index.js";
 import { PYTHON, REPO } from "./harness.js";
 
 interface Step {

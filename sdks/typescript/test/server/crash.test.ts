@@ -17,11 +17,11 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { after, before, test } from "node:test";
 
-import { Charter } from "../src/index.js";
+import { Charter } from "../../src/index.js";
 import { SDK, startWorld, type World } from "./harness.js";
 
 let world: World;
-const PROGRAM = join(SDK, "dist", "examples", "pay_week.js");
+const PROGRAM = join(SDK, "build", "examples", "pay_week.js");
 const DAYS = ["mon", "tue", "wed", "thu", "fri"];
 
 before(async () => {

@@ -8,7 +8,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
-import { Charter, NotAuthorized, NotFound } from "../src/index.js";
+import { Charter, NotAuthorized, NotFound } from "../../src/index.js";
 import { startWorld, type World } from "./harness.js";
 
 let world: World;

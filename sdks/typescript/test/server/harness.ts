@@ -17,9 +17,9 @@ import { promisify } from "node:util";
 
 const run = promisify(execFile);
 const here = dirname(fileURLToPath(import.meta.url));
-/** The SDK's directory (tests run compiled, from dist/test/). */
-export const SDK = resolve(here, "..", "..");
-export const FIXTURES = join(SDK, "test");
+/** The SDK's directory (tests run compiled, from build/test/server/). */
+export const SDK = resolve(here, "..", "..", "..");
+export const FIXTURES = join(SDK, "test", "server");
 export const REPO = resolve(SDK, "..", "..");
 const VENV = process.env["CHARTER_VENV"] ?? join(REPO, ".venv");
 export const PYTHON = join(VENV, "bin", "python");

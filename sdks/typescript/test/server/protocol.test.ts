@@ -22,9 +22,9 @@ import {
   Segment,
   StateError,
   UsageError,
-} from "../src/index.js";
-import type { Dispatch, Outcome } from "../src/index.js";
-import { Payments, type Bill } from "../examples/payments.js";
+} from "../../src/index.js";
+import type { Dispatch, Outcome } from "../../src/index.js";
+import { Payments, type Bill } from "../../examples/payments.js";
 import { freePort, startWorld, type World } from "./harness.js";
 
 let world: World;

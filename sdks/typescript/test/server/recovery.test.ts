@@ -21,7 +21,7 @@ import {
   StateError,
   TransportError,
   UsageError,
-} from "../src/index.js";
+} from "../../src/index.js";
 import { freePort, startWorld, type World } from "./harness.js";
 
 let world: World;
@@ -116,7 +116,7 @@ describe("reconcile, confirm, resolve, resume", () => {
     const settled = await ops.coordinator.confirm(lost.attempt);
     assert.equal(settled.status, "succeeded");
     assert.deepEqual(settled.actual, { usd_cents: 1200 });
-    const resumed = await ops.coordinator.resume(lost.run);
+    const resumed = await ops.coordinator.resumeOnServer(lost.run);
     assert.equal(resumed.status, "completed", JSON.stringify(resumed));
     for (const invoice of lost.invoices) {
       const paid = await world.payments(invoice);
@@ -140,7 +140,7 @@ describe("reconcile, confirm, resolve, resume", () => {
     assert.deepEqual(settled.actual, { usd_cents: 1200 });
     // Settled applied with no answer on record: the node is not given one to go
     // on with, and the payment is not performed again (N6): a person decides.
-    const resumed = await ops.coordinator.resume(lost.run);
+    const resumed = await ops.coordinator.resumeOnServer(lost.run);
     assert.equal(resumed.status, "needs_intervention", JSON.stringify(resumed));
     assert.equal((await world.payments(lost.invoice)).length, 1, "never paid twice");
     assert.equal((await world.payments(lost.invoices[1] ?? "")).length, 0, "nothing after it either");

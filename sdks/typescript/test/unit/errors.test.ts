@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { CharterError, ERRORS, LeaseHeld, StateError, UnexpectedError, fromAnswer, AllowanceExceeded, AdmissionRefused, Fenced } from "../src/index.js";
+import { CharterError, ERRORS, LeaseHeld, StateError, UnexpectedError, fromAnswer, AllowanceExceeded, AdmissionRefused, Fenced } from "../../src/index.js";
 
 test("each code the server answers becomes its class, kinds under their code", () => {
   const held = fromAnswer(409, { error: { code: "lease_held", message: "wait", run_id: "run_1" } });
