@@ -264,7 +264,7 @@ class Notices:
         schedule, not at the next poll."""
         with self._runtime.db.read() as tx:
             due = store.next_due(tx, sorted(self._webhooks))
-            now = tx.now_us
+            now: int = tx.now_us
         if due is None:
             return self._poll
         return min(self._poll, max(due - now, 0) / 1_000_000)
