@@ -173,16 +173,23 @@ def settled(run: charter.Run) -> bool:
 
 
 def wait_settled(engine: charter.Engine, mission: str, timeout: float) -> list[charter.Run]:
-    """Wait until every run of the mission finished or waits for a person."""
+    """Wait until every run of the mission finished or waits for a person, no
+    worker meaning to look at it again by itself (a lookup due later, K5)."""
     deadline = time.monotonic() + timeout
     while True:
         runs = engine.runs(mission)
-        if all(settled(r) for r in runs):
+        if all(settled(r) and not looking(engine, r) for r in runs):
             return runs
         if time.monotonic() > deadline:
             left = [stuck(engine, r) for r in runs if not settled(r)]
             raise AssertionError(f"runs still on their way after {timeout}s: {left}")
         time.sleep(0.2)
+
+
+def looking(engine: charter.Engine, run: charter.Run) -> bool:
+    """Whether a run not ended falls due by itself: a worker looks at it again."""
+    queued = None if run.status.terminal else engine.queued_run(run.id)
+    return queued is not None and queued["due_at_us"] is not None
 
 
 def stuck(engine: charter.Engine, run: charter.Run) -> dict[str, Any]:
@@ -267,6 +274,36 @@ def violations(engine: charter.Engine, mission: str, box: Sandbox) -> list[str]:
 
 
 UNRESOLVED = (AttemptStatus.PREPARED, AttemptStatus.DISPATCHED, AttemptStatus.UNKNOWN)
+
+
+def unwatched(engine: charter.Engine, mission: str) -> list[str]:
+    """K5: no run is ``active`` without a live lease or a due wake (a worker holds
+    it, or it falls due by itself), and every run that cannot go on without a
+    person (``paused``, ``needs_intervention``) says why and is in the inbox."""
+    found: list[str] = []
+    now = engine.now_us()
+    inbox = {r.id for r in engine.runs_needing_people(limit=10_000)}
+    for run in engine.runs(mission):
+        queued = engine.queued_run(run.id)
+        due = queued is not None and queued["due_at_us"] is not None
+        if run.status is RunStatus.ACTIVE and run.lease_expires_us <= now and not due:
+            found.append(f"K5: active with no live lease and no wake: {stuck(engine, run)}")
+        if run.status in (RunStatus.PAUSED, RunStatus.NEEDS_INTERVENTION):
+            if not run.status_reason:
+                found.append(f"K5: {run.status.value} with no reason: {stuck(engine, run)}")
+            if run.id not in inbox:
+                found.append(f"K5: {run.status.value} and not in the inbox: {stuck(engine, run)}")
+    return found
+
+
+def left_unknown(engine: charter.Engine, mission: str) -> list[str]:
+    """K5: the UNKNOWN attempts left, where the sandbox answers every lookup (so a
+    worker that holds its adapter settles each): none should be left."""
+    return [
+        f"K5: {a.id} ({a.request['reference']}) is UNKNOWN though its lookup settles it"
+        for a in engine.attempts(mission_id=mission, unresolved=True)
+        if a.status is AttemptStatus.UNKNOWN
+    ]
 
 
 def audit_verify_cli(store: str) -> tuple[int, str]:

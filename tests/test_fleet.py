@@ -33,8 +33,10 @@ from _fleet import (
     Fleet,
     audit_verify_cli,
     fleet,
+    left_unknown,
     settled,
     submit,
+    unwatched,
     violations,
     wait_paid,
     wait_settled,
@@ -128,6 +130,7 @@ def outage(
             )
             assert len(ended) == len(runs)
             assert found == []
+            assert unwatched(engine, mission) == []
             assert all(settled(r) for r in ended)
             # Nothing the sandbox can be asked about is left to a person.
             assert uncertain == [], [(a.id, a.status) for a in uncertain]
@@ -232,6 +235,7 @@ def test_K1_a_killed_worker_s_run_is_taken_over_after_its_lease(
         assert sorted(p["reference"] for p in box.payments()) == ["inv-0-0", "inv-0-1", "inv-0-2"]
         assert engine.incidents(mission) == []
         assert violations(engine, mission, box) == []
+        assert unwatched(engine, mission) == []
 
 
 @pytest.mark.crash
@@ -285,6 +289,7 @@ def test_K1_a_worker_fenced_on_one_run_keeps_the_leases_of_the_others(
         assert sorted(p["reference"] for p in box.payments())[-2:] == ["inv-1-0", "inv-1-1"]
         assert settled(engine.run(fenced))
         assert violations(engine, mission, box) == []
+        assert unwatched(engine, mission) == []
 
 
 @pytest.mark.crash
@@ -349,6 +354,7 @@ def test_K4_sigterm_during_sends_releases_every_lease(
         assert takeovers(engine, mission) == 0
         assert len(box.payments()) == 9
         assert violations(engine, mission, box) == []
+        assert unwatched(engine, mission) == []
         stop_all(crew)
 
 
@@ -375,6 +381,11 @@ def test_K1_a_fleet_under_chaos(store_address: str, creds: Creds, tmp_path: Path
         crew.config = worker_config(store_address, creds, box, concurrency=2)
         who = Principals(*creds, engine)
         mission = engine.create_mission(CONTRACT, by=who.alice)
+        # One payment in seven loses its answer while its worker lives (K5): armed
+        # before the rest, for references the runs will have, so that it comes first.
+        for ref in [f"inv-{r}-{i}" for r in range(400) for i in range(4)]:
+            if rng.random() < 0.14:
+                box.fault("drop_after_apply", reference=ref)
         box.fault("slow", times=100_000, seconds=0.3)  # every worker always has sends in flight
         for _ in range(4):
             crew.spawn()
@@ -411,3 +422,9 @@ def test_K1_a_fleet_under_chaos(store_address: str, creds: Creds, tmp_path: Path
         assert found == [], f"seed {seed}: " + "; ".join(found)
         assert all(settled(r) for r in ended), f"seed {seed}"
         assert len(ended) == counts["runs"]
+        # K5: no run active without a live lease or a due wake, and every UNKNOWN
+        # the sandbox's lookup settles settled by a worker.
+        assert unwatched(engine, mission) == [], f"seed {seed}"
+        assert left_unknown(engine, mission) == [], f"seed {seed}"
+        lost = [r for r in box.requests() if r["verdict"] == "applied_response_dropped"]
+        print(f"  {len(lost)} answers lost while their worker lived, each looked up")

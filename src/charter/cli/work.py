@@ -42,7 +42,7 @@ def add_arguments(cmd: Mapping[str, argparse.ArgumentParser]) -> None:
         "--adapter",
         action="append",
         default=[],
-        help="module:attribute of an adapter to reconcile with after a takeover (repeatable)",
+        help="module:attribute of an adapter to look lost answers up with (repeatable)",
     )
     w.add_argument("--concurrency", type=int, default=4, help="runs carried at once (default 4)")
     w.add_argument(

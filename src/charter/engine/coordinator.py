@@ -176,6 +176,8 @@ class Coordinator:
                 )
                 record(tx, current, evidence, actor=actor, epoch=None, settled=settle)
                 done = load(tx, attempt_id) if settle else None
+                if settle and executor is None:  # K2, K5: as a person's settlement
+                    run_queue.wake(tx, current.run_id)  # (an owner goes on by itself)
         if settled_meanwhile:
             raise _settled_meanwhile(current)
         if done is not None:
@@ -416,25 +418,30 @@ class Coordinator:
         run, contract, mode, ahead, blockers = self._judged(run_id, by)
         with self._db.transaction(gate=run.mission_id) as tx:
             now = runs.load(tx, run_id)
+            shown = False
             if (now.epoch, now.owner_segment) != (run.epoch, segment_id):
                 blockers.append(f"the run was taken over meanwhile (epoch {now.epoch})")
             else:  # what may have changed since the view was read, under the gate
                 blockers += policy.blockers(recovery.build(tx, now, contract, []), contract)
-            if not run_queue.use_go_ahead(tx, run_id, ahead):
+                # K5 (a run another continuation raced us to is that one's)
+                shown = policy.shown_waiting(tx, now, list(dict.fromkeys(blockers)), actor)
+            if not blockers and not run_queue.use_go_ahead(tx, run_id, ahead):
                 blockers.append("the go-ahead was used by another continuation meanwhile")
             if blockers:
+                found = list(dict.fromkeys(blockers))
                 raise tx.refused(
                     NeedsIntervention(
-                        f"run {run_id} cannot resume: " + "; ".join(dict.fromkeys(blockers)),
+                        f"run {run_id} cannot resume: " + "; ".join(found),
                         run_id=run_id,
-                        blockers=list(dict.fromkeys(blockers)),
+                        blockers=found,
                         mode=mode,
                     ),
                     mission_id=run.mission_id,
                     kind="resume.refused",
                     entity=run_id,
                     actor=actor,
-                    payload={"blockers": list(dict.fromkeys(blockers)), "mode": mode},
+                    payload={"blockers": found, "mode": mode},
+                    keep_changes=shown,
                 )
             expires, claim = self._claim(
                 tx, now, segment_id, actor=actor, mode=mode, force=force, ahead=ahead

@@ -24,7 +24,10 @@ from typing import Any
 from charter.contracts.authority import may_run
 from charter.contracts.contract import RESUME_STRICTNESS, Contract, ResumeMode
 from charter.recovery.state import RecoveryState
-from charter.runs.run import RunStatus
+from charter.runs import run as runs
+from charter.runs import store as run_store
+from charter.runs.run import Run, RunStatus
+from charter.storage import Tx
 
 
 def mode(engine: ResumeMode, contract: Contract) -> ResumeMode:
@@ -63,6 +66,23 @@ def judge(
         if failed:
             found.append(f"resume rules refused: {failed}")
     return found
+
+
+def shown_waiting(tx: Tx, run: Run, blockers: Sequence[str], actor: str) -> bool:
+    """K5: a run that ``blockers`` keep from going on, and that no executor holds,
+    is never left ``active`` (a lease nobody renews, no wake, in no inbox): it
+    waits with them as its reason, ``paused`` when only its allowance or open
+    incidents stand in the way (a raised limit or a closed incident wakes it, as
+    after an admission refused for them, L7), else ``needs_intervention``.
+    Whether its status changed (a refusal keeps that change)."""
+    if not blockers or run.status is not RunStatus.ACTIVE or run_store.held_alive(tx, run):
+        return False
+    lifted = all(
+        b.startswith("allowance exhausted: ") or b.endswith(" open incident(s)") for b in blockers
+    )
+    status = RunStatus.PAUSED if lifted else RunStatus.NEEDS_INTERVENTION
+    runs.set_status(tx, run, status, "resume refused: " + "; ".join(blockers), actor=actor)
+    return True
 
 
 def interrupted(state: RecoveryState) -> bool:

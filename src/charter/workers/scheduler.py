@@ -5,9 +5,12 @@ new segment (R1: the epoch moves on and older work is fenced), then every
 unresolved attempt whose adapter the worker holds is reconciled (a lookup, or a
 same-key replay of an ``idempotent_keyed`` effect inside its window, A8), and
 the run is resumed under the engine's resume policy (R9), which continues past
-nothing uncertain. What stands in the way is a person's: the run is parked until
-a decision wakes it, and the people are told. A run that stops to wait is parked
-until its wait can be met (a timer's due time, or a wake).
+nothing uncertain. A send whose answer is lost while the worker holds the run
+is looked up in the same way at once (K5), and while lookups prove nothing the
+run is parked until the next is due, at most :data:`LOOKUPS` in all. What still
+stands in the way is a person's: the run is parked until a decision wakes it,
+and the people are told. A run that stops to wait is parked until its wait can
+be met (a timer's due time, or a wake).
 
 The queue only says when to look. Who may act is the run's epoch and lease: a
 run another worker holds is refused here (:class:`~charter.errors.LeaseHeld`)
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 
 from charter.adapters import Adapter
 from charter.attempts.model import Attempt, AttemptStatus
+from charter.clock import seconds_us
 from charter.engine.engine import Engine
 from charter.engine.executor import Executor
 from charter.errors import (
@@ -44,6 +48,16 @@ log = logging.getLogger("charter.worker")
 
 #: Statuses in which a run waits for people, not for time (K3 tells them).
 NEEDS_PEOPLE = (RunStatus.NEEDS_INTERVENTION, RunStatus.PAUSED, RunStatus.STOPPING)
+
+#: How many lookups a worker makes of one UNKNOWN attempt before it leaves the
+#: attempt to a person (K5), and how long it waits after the first that proved
+#: nothing: each next wait is twice the last, at most half a lease, so that the
+#: run is mostly looked at again while its segment's lease still runs.
+LOOKUPS = 6
+LOOKUP_WAIT_SECONDS = 0.5
+
+#: What a carry that met a lost answer does next: look it up, as after a takeover.
+_LOOK_UP = "look_up"
 
 
 @dataclass
@@ -96,7 +110,14 @@ class Carry:
             if isinstance(taken, str):
                 return taken
             executor = taken
-        return self._execute(executor)
+        while (outcome := self._execute(executor)) == _LOOK_UP:
+            # A send's answer was lost while this worker held the run (A3): what
+            # is uncertain is looked up and the run resumed, as after a takeover.
+            taken = self._take_over()
+            if isinstance(taken, str):
+                return taken
+            executor = taken
+        return outcome
 
     def _take_over(self) -> Executor | str:
         """Continue the run as its owner's segment if its owner let go of it (it
@@ -131,8 +152,7 @@ class Carry:
         try:
             return self.engine.coordinator.resume(self.run_id, segment)
         except NeedsIntervention as exc:
-            self._needs_person(list(exc.details.get("blockers") or [exc.message]))
-            return "needs_person"
+            return self._needs_person(list(exc.details.get("blockers") or [exc.message]))
 
     def _reconcile(self, attempts: Sequence[Attempt], segment: str) -> None:
         """Ask for evidence on every UNKNOWN attempt whose adapter the worker holds (A8)."""
@@ -175,6 +195,10 @@ class Carry:
         if self.stopping():
             self._park(self.engine.now_us())  # K4: another worker carries it on now
             return "handed_on"
+        if run.status is RunStatus.NEEDS_INTERVENTION:
+            state = self.engine.coordinator.state(self.run_id)
+            if 0 in self._lookups(state.attempts):  # never looked up: at once (K5)
+                return _LOOK_UP
         if run.status in NEEDS_PEOPLE:
             return self._stopped()
         due = self.engine.wake_at_us(self.run_id)
@@ -200,14 +224,21 @@ class Carry:
         run = self.engine.run(self.run_id)
         if run.status.terminal:
             return self._ended()
-        self._needs_person([f"run is {run.status.value}: {run.status_reason or ''}".strip()])
-        return "needs_person"
+        return self._needs_person([f"run is {run.status.value}: {run.status_reason or ''}".strip()])
 
-    def _needs_person(self, needs: list[str]) -> None:
+    def _needs_person(self, needs: list[str]) -> str:
         """Park until a decision wakes the run, and tell its people what kind of
-        decision it waits for (K3)."""
-        self._park(None)
+        decision it waits for (K3); or, while a lookup may still settle what is
+        uncertain, until the next lookup is due (K5): a person is told only of
+        what no lookup settled."""
         state = self.engine.coordinator.state(self.run_id)
+        made = self._lookups(state.attempts)
+        if made:
+            wait = LOOKUP_WAIT_SECONDS * 2 ** (max(min(made), 1) - 1)
+            wait = min(wait, self.engine.config.lease_seconds / 2)
+            self._park(self.engine.now_us() + seconds_us(wait))
+            return "looking_up"
+        self._park(None)
         unknown = [a.id for a in state.attempts if a.status is AttemptStatus.UNKNOWN]
         kind = "cannot_resume"
         if unknown:
@@ -219,6 +250,21 @@ class Carry:
         elif state.assessment["exhausted"] or state.run.status is RunStatus.PAUSED:
             kind = "allowance"  # paused with no incident open: the allowance fell short
         self.tell(self.run_id, kind, needs, [a.id for a in state.attempts])
+        return "needs_person"
+
+    def _lookups(self, attempts: Sequence[Attempt]) -> list[int]:
+        """For each UNKNOWN attempt a lookup of this worker's may still settle, how
+        many lookups proved nothing so far: none once evidence that proves its
+        outcome is on record (settled, or a person confirms it under
+        ``evidence_settles = "confirm"``), nor after :data:`LOOKUPS` of them."""
+        made = []
+        for attempt in attempts:
+            if attempt.status is not AttemptStatus.UNKNOWN or attempt.adapter not in self.adapters:
+                continue
+            verdicts = [e["verdict"] for e in self.engine.evidence(attempt.id)]
+            if len(verdicts) < LOOKUPS and all(v == "indeterminate" for v in verdicts):
+                made.append(len(verdicts))
+        return made
 
     def _ended(self) -> str:
         self.engine.unqueue(self.run_id)

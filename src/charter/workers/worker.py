@@ -15,7 +15,9 @@ looks back off from a twentieth of the poll interval to the whole of it while
 nothing is found, and start again fast once something is.
 
 When a run needs a person, the worker tells the engine's configured webhooks
-(:mod:`~charter.workers.notify`, K3), or the ``teller`` it is given.
+(:mod:`~charter.workers.notify`, K3), or the ``teller`` it is given. While its
+store is away it backs off, and says so once and once again when the store is
+back (:mod:`~charter.workers.outage`, K5).
 
 With ``escrow={"usd_micros": 50_000}`` (L10) the worker leases a slice of each
 carried run's mission and executes the run's plan in its lane (its node
@@ -57,6 +59,7 @@ from charter.plans.nodes import Plan
 from charter.queue.store import CHANNEL
 from charter.workers.escrow import Escrow
 from charter.workers.notify import Notices
+from charter.workers.outage import Outage, unreachable
 from charter.workers.scheduler import Carry
 
 log = logging.getLogger("charter.worker")
@@ -121,6 +124,8 @@ class Worker:
         self._carried: dict[str, tuple[Executor, str]] = {}
         self._busy: dict[Future[str], str] = {}
         self._orphans_at = 0.0
+        #: Whether the store is away, and when to look at it again (K5).
+        self._outage = Outage(self.name)
         # On PostgreSQL, a connection that hears runs falling due elsewhere.
         self._listener = runtime_of(engine).db.listener(CHANNEL)
 
@@ -136,7 +141,13 @@ class Worker:
         backoff = self.poll_seconds / 20
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="charter-run") as pool:
             while not self._stopping.is_set():
-                self._orphans()
+                away = self._outage.left()
+                if away > 0:  # the store is away: one look per backoff, no more
+                    self._nudge.wait(away)
+                    self._nudge.clear()
+                    continue
+                if not self._orphans():
+                    continue
                 taken = self._take(pool)
                 backoff = self.poll_seconds / 20 if taken else min(backoff * 2, self.poll_seconds)
                 if not taken:
@@ -195,31 +206,44 @@ class Worker:
 
     def _taken(self, limit: int, token: str) -> list[str]:
         try:
-            return self.engine.take_runs(
+            taken = self.engine.take_runs(
                 queues=self.queues,
                 plans=list(self.plans),
                 limit=limit,
                 token=token,
                 hold_seconds=self.engine.config.lease_seconds,
             )
-        except CharterError as exc:  # the store is down or busy: look again later
-            log.warning("worker %s could not take runs: %s", self.name, exc)
+        except CharterError as exc:  # the store is away or busy: look again later
+            self._store_failed(exc, "could not take runs")
             return []
+        self._outage.answered()
+        return taken
 
-    def _orphans(self) -> None:
+    def _orphans(self) -> bool:
         """Runs whose executing process died on this host fall due now (R1), looked
-        for every :data:`ORPHAN_SECONDS` (or poll interval, if shorter)."""
+        for every :data:`ORPHAN_SECONDS` (or poll interval, if shorter); ``False``
+        when the store was found away."""
         now = time.monotonic()
         if now < self._orphans_at:
-            return
+            return True
         self._orphans_at = now + min(self.poll_seconds, ORPHAN_SECONDS)
         try:
             gone = self.engine.wake_orphans()
         except CharterError as exc:
-            log.warning("worker %s could not look for orphaned runs: %s", self.name, exc)
-            return
+            self._store_failed(exc, "could not look for orphaned runs")
+            return not self._outage.away
+        self._outage.answered()
         if gone:
             log.info("worker %s: the owners of %s are gone; taking over", self.name, gone)
+        return True
+
+    def _store_failed(self, exc: BaseException, what: str) -> None:
+        """A store that is away is the outage's to report, once (K5); any other
+        failure is this look's own."""
+        if unreachable(exc):
+            self._outage.failed(exc)
+        else:
+            log.warning("worker %s %s: %s", self.name, what, exc)
 
     def _token(self) -> str:
         return f"{self.name}/{uuid.uuid4().hex[:12]}"
@@ -239,9 +263,13 @@ class Worker:
         )
         try:
             outcome = carry()
-        except Exception:  # a worker outlives any one run's failure
-            log.exception("worker %s: carrying run %s failed", self.name, run_id)
-            outcome = "error"
+        except Exception as exc:  # a worker outlives any one run's failure
+            if unreachable(exc):  # said once per outage; the run's lease decides
+                self._outage.failed(exc)
+                outcome = "store_away"
+            else:
+                log.exception("worker %s: carrying run %s failed", self.name, run_id)
+                outcome = "error"
         finally:
             with self._lock:
                 self._carried.pop(run_id, None)
@@ -277,6 +305,8 @@ class Worker:
         """Renew every carried run's lease, and the queue's hold with it (F1)."""
         every = self.engine.config.lease_seconds / 3
         while not self._stopping.wait(every):
+            if self._outage.left() > 0:
+                continue  # the store is away: looked at again on the outage's backoff
             with self._lock:
                 carried = list(self._carried.items())
             for run_id, (executor, token) in carried:
@@ -285,12 +315,19 @@ class Worker:
                     self.engine.hold_run(run_id, token=token, until_us=until)
                 except (CharterError, Fenced) as exc:
                     # Fenced is a signal, not a CharterError: that run is another's now and
-                    # the keeper goes on with the others. The store away: its lease decides.
+                    # the keeper goes on with the others. The store away: its lease decides,
+                    # and the others are not tried in vain until the next round.
+                    if unreachable(exc):
+                        self._outage.failed(exc)
+                        break
                     log.info("worker %s: lease of run %s not renewed: %s", self.name, run_id, exc)
 
     def _sleep(self, backoff: float) -> None:
         """Until the soonest run falls due, a run is made due elsewhere (a notice),
-        a carried run ends, or the look-again interval passes."""
+        a carried run ends, or the look-again interval passes (the store away: the
+        loop waits out the outage's backoff instead)."""
+        if self._outage.away:
+            return
         with self._lock:
             full = sum(not f.done() for f in self._busy) >= self.concurrency
         listening = self._listener is not None and not full
