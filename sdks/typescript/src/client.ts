@@ -185,9 +185,15 @@ export class Charter implements Requester {
   async request(method: Method, path: string, body?: unknown, options: RequestOptions = {}): Promise<unknown> {
     const idempotent = options.idempotent ?? method === "GET";
     for (let retry = 0; ; retry += 1) {
-      const { status, answer } = await this.#exchange(method, path, body, options, idempotent);
-      if (status >= 200 && status <= 299) return answer;
-      const error = fromAnswer(status, answer, { idempotent });
+      let error: CharterError;
+      try {
+        const { status, answer } = await this.#exchange(method, path, body, options, idempotent);
+        if (status >= 200 && status <= 299) return answer;
+        error = fromAnswer(status, answer, { idempotent });
+      } catch (thrown) {
+        if (!TransportError.isInstance(thrown)) throw thrown; // cancelled: the signal's reason
+        error = thrown;
+      }
       if (!error.retryable || retry >= this.#retry.maxRetries) throw error;
       await sleep(backoff(this.#retry, retry), options.signal);
     }

@@ -316,9 +316,19 @@ export class Segment {
     startedAt: number,
     signal: AbortSignal | undefined,
   ): Promise<Sent> {
-    const order = checks.answer(checks.sendOrder, admitted);
-    const limit = deadline(startedAt, order.send_deadline_ms);
     const attemptId = admitted.attempt_id;
+    let order: ReturnType<typeof checks.sendOrder>;
+    try {
+      order = checks.answer(checks.sendOrder, admitted);
+    } catch (error) {
+      // Nothing can be sent without its key and token: proven not applied, so
+      // the attempt does not stay DISPATCHED. The protocol error is what the
+      // caller needs to hear, whatever the report answers.
+      const proof = { reason: `the admission's answer could not be used: ${describe(error)}` };
+      await this.#report(attemptId, { outcome: "not_applied", proof }).catch(() => undefined);
+      throw error;
+    }
+    const limit = deadline(startedAt, order.send_deadline_ms);
     let report: Record<string, unknown>;
     let result: unknown;
     let notSent = false;
