@@ -106,6 +106,25 @@ export class World {
     if (!answer.ok) throw new Error(`the sandbox refused fault ${fault}: ${await answer.text()}`);
   }
 
+  /**
+   * Hold the store's write lock for `seconds` from another process (SQLite's
+   * `BEGIN EXCLUSIVE`), as a long writer would: resolves once it is held,
+   * and `released` once it is let go.
+   */
+  async lockStore(seconds: number): Promise<{ released: Promise<void> }> {
+    const script =
+      "import sqlite3, sys, time\n" +
+      "db = sqlite3.connect(sys.argv[1], isolation_level=None)\n" +
+      "db.execute('BEGIN EXCLUSIVE')\n" +
+      "print('locked', flush=True)\n" +
+      "time.sleep(float(sys.argv[2]))\n" +
+      "db.execute('ROLLBACK')\n";
+    const child = spawn(PYTHON, ["-c", script, join(this.home, "charter.db"), String(seconds)], { stdio: ["ignore", "pipe", "inherit"] });
+    const released = new Promise<void>((done) => child.once("exit", () => done()));
+    if ((await firstLine(child)) !== "locked") throw new Error("the store's lock was not taken");
+    return { released };
+  }
+
   env(): NodeJS.ProcessEnv {
     return { ...process.env, PYTHONPATH: FIXTURES, CHARTER_TS_SANDBOX: this.sandbox };
   }
@@ -116,8 +135,12 @@ export class World {
   }
 }
 
-/** Start the sandbox, prepare a store, serve it; the world, once the server answers. */
-export async function startWorld(): Promise<World> {
+/**
+ * Start the sandbox, prepare a store, serve it; the world, once the server
+ * answers. `busyTimeoutSeconds` shortens the store's busy wait, so that a
+ * test holding the store's lock sees `503 store_busy` soon.
+ */
+export async function startWorld(options: { busyTimeoutSeconds?: number } = {}): Promise<World> {
   const home = await mkdtemp(join(tmpdir(), "charter-ts-"));
   const children: ChildProcess[] = [];
   try {
@@ -125,7 +148,8 @@ export async function startWorld(): Promise<World> {
     children.push(sandboxChild);
     const sandbox = (JSON.parse(await firstLine(sandboxChild)) as { url: string }).url;
     const env = { ...process.env, PYTHONPATH: FIXTURES, CHARTER_TS_SANDBOX: sandbox };
-    const { stdout } = await run(PYTHON, [join(FIXTURES, "ts_fixture.py"), "prepare", home, sandbox], { env });
+    const busy = options.busyTimeoutSeconds === undefined ? [] : [String(options.busyTimeoutSeconds)];
+    const { stdout } = await run(PYTHON, [join(FIXTURES, "ts_fixture.py"), "prepare", home, sandbox, ...busy], { env });
     const fixture = JSON.parse(stdout) as Fixture;
     const port = await freePort();
     const server = spawn(

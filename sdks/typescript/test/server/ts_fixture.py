@@ -1,12 +1,14 @@
 """The Charter side of the TypeScript SDK's tests: a store, its configuration and
 the runs the tests recover, made through Charter's public Python API.
 
-    python ts_fixture.py prepare DIR SANDBOX_URL   # store, config, mission: one JSON line
+    python ts_fixture.py prepare DIR SANDBOX_URL [BUSY_SECONDS]  # store, config, mission: one JSON line
     python ts_fixture.py lost DIR [LEASE_SECONDS]  # a run whose payment is UNKNOWN: one JSON line
 
 ``prepare`` writes ``DIR/charter.db`` and ``DIR/charter.toml`` (the credentials'
-digests, the payments adapter by reference) and prints the mission, a second
-one whose payments need an approval, and each principal's ``NAME:SECRET``.
+digests, the payments adapter by reference; ``BUSY_SECONDS``, the store's busy
+wait, shortened where a test holds the store's lock to see ``store_busy``) and
+prints the mission, a second one whose payments need an approval, and each
+principal's ``NAME:SECRET``.
 
 ``lost`` starts a run of :data:`week` that pays the week's invoices through the
 payments sandbox, armed to apply the first payment and drop its answer: the
@@ -80,13 +82,15 @@ def bill(invoice: str) -> dict[str, Any]:
 week = charter.Plan("week", (pay_week,), ref="ts_fixture:week")
 
 
-def prepare(home: Path, sandbox: str) -> dict[str, Any]:
+def prepare(home: Path, sandbox: str, busy_seconds: float | None = None) -> dict[str, Any]:
     pairs = {n: credential(n) for n in NAMES}
     digests = "".join(f'{n} = "{d}"\n' for n, (_, d) in pairs.items())
+    busy = "" if busy_seconds is None else f"busy_timeout_seconds = {busy_seconds}\n"
     (home / "charter.toml").write_text(
         f'store = "{home / "charter.db"}"\n'
         'resume = "human"\n'
         "send_deadline_seconds = 3\n"
+        f"{busy}"
         f"[credentials]\n{digests}"
         '[adapters]\npayments = "ts_fixture:payments"\n'
     )
@@ -145,7 +149,8 @@ def open_engine(home: Path, **options: Any) -> charter.Engine:
 if __name__ == "__main__":
     command, where = sys.argv[1], Path(sys.argv[2])
     if command == "prepare":
-        print(json.dumps(prepare(where, sys.argv[3])), flush=True)
+        busy = float(sys.argv[4]) if len(sys.argv) > 4 else None
+        print(json.dumps(prepare(where, sys.argv[3], busy)), flush=True)
     elif command == "lost":
         os.environ.setdefault("CHARTER_TS_SANDBOX", (where / "sandbox.url").read_text())
         lease = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
