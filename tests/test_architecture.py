@@ -78,6 +78,8 @@ FLOORS: dict[str, int] = {
     "charter.runs": 7,
     # the queue of runs workers carry (K1): written by the decisions that wake runs
     "charter.queue": 7,
+    # the calls the MCP gateway carries (G3): a client's call identity and its run
+    "charter.calls": 7,
     # the attempts room: calls, admission, the one send path, evidence, settlement
     "charter.attempts": 8,
     # what an answer proves (A3): the attempts room's rule, on the adapters' floor
@@ -110,6 +112,8 @@ FLOORS: dict[str, int] = {
     # the conformance kit for adapters (check_adapter and scripted targets): a
     # client of the face, as charter.testing is
     "charter.conformance": 15,
+    # the MCP gateway (G1-G4): an MCP server in front of MCP servers, on the face
+    "charter.gateway": 15,
 }
 
 MAX_MODULE_LINES = 600
@@ -128,7 +132,7 @@ STORELESS_IMPORTS = ("charter.adapters", "charter.attempts.classify", "charter.t
 CYCLES_LISTED = 10_000
 
 FACE = "charter"
-OUTER_ROOMS = ("charter.cli", "charter.server", "charter.integrations")
+OUTER_ROOMS = ("charter.cli", "charter.server", "charter.integrations", "charter.gateway")
 #: Modules users import by name besides the face, documented as public: the
 #: errors (the face lists only the few user code meets), what an adapter is
 #: built from (the protocol, the HTTP adapter) and the sandbox.

@@ -21,7 +21,7 @@ from typing import Any, TypeVar, cast
 from charter import secret
 from charter.adapters import Adapter, Dispatch, EffectClass, Evidence, Outcome
 from charter.adapters.protocol import blocking, is_async
-from charter.attempts import admission, settlement, store
+from charter.attempts import admission, late, settlement, store
 from charter.attempts.calls import encode_request, request_hash
 from charter.attempts.evidence import (
     Report,
@@ -31,8 +31,8 @@ from charter.attempts.evidence import (
     record,
     unrecorded,
 )
+from charter.attempts.late import LateSettles
 from charter.attempts.model import Attempt, AttemptStatus, changed
-from charter.attempts.settlement import LateSettles
 from charter.clock import seconds_us
 from charter.contracts.authority import require
 from charter.contracts.contract import Contract
@@ -416,7 +416,7 @@ def _settle_live(
         "segment": seg.segment_id,
         "epoch": seg.epoch,
     }
-    late: dict[str, Any] = {"actor": seg.principal, "epoch": seg.epoch}
+    heard: dict[str, Any] = {"actor": seg.principal, "epoch": seg.epoch}
     if not evidence.conclusive:
         marked = settlement.mark_unknown(
             tx,
@@ -428,7 +428,7 @@ def _settle_live(
         )
         # What an adapter knew, or all there is of an unholdable report (A9); kept
         # apart if a handover sealed the mission while the send was under way (S5).
-        if report.keep and (marked or not settlement.keep_sealed(tx, attempt, evidence, **late)):
+        if report.keep and (marked or not late.keep_sealed(tx, attempt, evidence, **heard)):
             record(tx, attempt, evidence, actor=seg.principal, epoch=seg.epoch, settled=False)
         if marked:
             return changed(attempt, status=AttemptStatus.UNKNOWN, reason=report.reason)
@@ -446,8 +446,8 @@ def _settle_live(
     ):
         current, source = store.load(tx, attempt.id), f"late settlement (epoch {seg.epoch})"
         may = late_settles is None or late_settles(current, evidence)
-        if not settlement.keep_sealed(tx, current, evidence, source=source, **late):
-            settlement.record_late(tx, current, evidence, source=source, may_settle=may, **kw)
+        if not late.keep_sealed(tx, current, evidence, source=source, **heard):
+            late.record_late(tx, current, evidence, source=source, may_settle=may, **kw)
         return store.load(tx, attempt.id)
     if not_applied:  # the proof is kept as evidence (A3)
         record(tx, attempt, evidence, actor=seg.principal, epoch=seg.epoch, settled=True)

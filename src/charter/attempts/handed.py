@@ -35,10 +35,9 @@ from charter.adapters import (
 from charter.attempts import store
 from charter.attempts.dispatch import Sending, settle_sent
 from charter.attempts.evidence import Report, recordable
+from charter.attempts.late import late_report_settles
 from charter.attempts.model import Attempt, AttemptStatus
-from charter.attempts.settlement import late_report_settles
 from charter.errors import AdapterError, ApprovalRequired
-from charter.runs import claims
 from charter.runs import store as run_store
 from charter.runs.ownership import Segment
 from charter.waits import approvals
@@ -158,12 +157,12 @@ def report(seg: Segment, attempt_id: str, evidence: Evidence, reason: str | None
     :class:`Fenced` and writes nothing. A proven report from a segment taken
     over meanwhile (the recovery made the attempt UNKNOWN, R4) is late
     evidence (F2): kept, and settling only as evidence the contract lets settle
-    by itself would (R7, :func:`settlement.late_report_settles`). The same
+    by itself would (R7, :func:`~charter.attempts.late.late_report_settles`). The same
     report twice settles once: the second answers the record.
     """
     with seg.runtime.db.read() as tx:
         attempt = store.load(tx, attempt_id)
-        proven = seg.claim is not None and claims.proves(
+        proven = seg.claim is not None and run_store.claim_proves(
             tx, attempt.run_id, epoch=seg.epoch, segment_id=seg.segment_id, claim=seg.claim
         )
         epoch = run_store.current_epoch(tx, attempt.run_id)

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from charter import Blocked, CharterError, Fenced
+from charter.cli.gateway import COMMANDS as GATEWAY_COMMANDS
+from charter.cli.gateway import gateway_arguments
 from charter.cli.graphs import COMMANDS as GRAPH_COMMANDS
 from charter.cli.graphs import add_arguments as graph_arguments
 from charter.cli.work import COMMANDS as WORK_COMMANDS
@@ -76,6 +78,7 @@ COMMANDS: dict[str, str] = {
     "serve": "serve the HTTP API, the web console and metrics (extra charter[server])",
     **GRAPH_COMMANDS,
     **WORK_COMMANDS,
+    **GATEWAY_COMMANDS,
     "audit": "verify the audit hash chains, read the audit log, or show this store's identity",
     "export": "write a mission's signed snapshot (--handover: hand it to another store)",
     "import": "verify a snapshot and file its mission, read-only",
@@ -264,6 +267,7 @@ def _parser() -> argparse.ArgumentParser:
     _deciding(commands)
     graph_arguments(commands)
     work_arguments(commands)
+    gateway_arguments(commands)
     return p
 
 
@@ -504,6 +508,10 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "sandbox":
         return _sandbox(args)
+    if args.command == "gateway":
+        from charter.cli.gateway import run_gateway  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
+
+        return run_gateway(args)
     if args.command == "demo":
         from charter.cli.demo import run_demo  # noqa: PLC0415 - loaded when run: `charter --help` starts fast
 

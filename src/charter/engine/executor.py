@@ -140,6 +140,14 @@ class Executor:
         see :meth:`~charter.runs.ownership.Segment.release`); whether it held it."""
         return self._segment.release()
 
+    def park(self, status: RunStatus, reason: str) -> None:
+        """Record why the run cannot go on (``waiting`` for an approval,
+        ``needs_intervention`` for evidence or a person) and let go of it, so it
+        is in the inbox with its reason and its next owner may claim it at once
+        (K5); fenced like every write."""
+        self._segment.mark(status, reason)
+        self._segment.release()
+
     def drain(self) -> None:
         """Start no new effect (K4): the plan's nodes stop at their next attempt,
         :meth:`execute` raises :class:`~charter.errors.Blocked` and lets go of the
@@ -219,6 +227,24 @@ class Executor:
             retry_of=retry_of,
             lineage=self._lineage(node_id, execution),
         )
+        if self._runtime.observer is not None:
+            observed.report(self._runtime.observer, attempt)
+        return attempt
+
+    async def acall(
+        self, adapter: Adapter, operation: str, request: Any, *, effect_key: str
+    ) -> Attempt:
+        """The effect ``effect_key`` of this run, called by name and awaited on the
+        caller's event loop (the store's commits in a worker thread): through the
+        one driver, so the same effect called again replays its record, waits
+        on its unresolved attempt, or sends its approved PREPARED attempt, and
+        is never sent twice (A4, A6). Returns the recorded attempt (an
+        unresolved one is returned, not raised); a missing approval raises
+        :class:`~charter.errors.ApprovalRequired` with the attempt PREPARED."""
+        check_text("effect key", effect_key)
+        at = Effect("", 0, effect_key, lineage=self._lineage("", 0))
+        steps = driver.calling(self._segment, adapter, operation, request, at)
+        attempt: Attempt = await dispatch.adrive(steps)
         if self._runtime.observer is not None:
             observed.report(self._runtime.observer, attempt)
         return attempt

@@ -20,8 +20,8 @@ from charter.contracts.principals import Principal, Right
 from charter.engine.executor import Executor
 from charter.errors import Fenced
 from charter.ids import check_text
-from charter.runs import claims
 from charter.runs import run as runs
+from charter.runs import store as run_store
 from charter.runtime import Runtime
 from charter.storage import Database
 
@@ -52,7 +52,9 @@ class RemoteSegments:
         check_text("claim", claim)
         with self._db.read() as tx:
             run = runs.load(tx, run_id)
-            proven = claims.proves(tx, run_id, epoch=epoch, segment_id=segment_id, claim=claim)
+            proven = run_store.claim_proves(
+                tx, run_id, epoch=epoch, segment_id=segment_id, claim=claim
+            )
         if not proven:
             raise Fenced(
                 f"segment {segment_id!r} of run {run_id} was issued no such claim at epoch "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from charter.calls import store as calls_store
 from charter.config import EngineConfig
 from charter.contracts.authority import Authority
 from charter.contracts.principals import Principal, Right
@@ -72,28 +73,42 @@ class Runs:
         check_text("mission id", mission_id)
         check_text("segment id", segment_id)
         input_json = recorded_input(input)
+        ref = None if plan is None else (plan.ref or plan.name)
         with self._db.transaction() as tx:
-            self._authority.authorize_run(tx, by, mission_id)
-            run_id, expires, claim = runs.insert(
-                tx,
-                lease_seconds=self.config.lease_seconds,
-                mission_id=mission_id,
-                principal=by.name,
-                segment_id=segment_id,
-                plan=None if plan is None else (plan.ref or plan.name),
-                input_json=input_json,
-                linked_from=None,
-            )
-            tx.audit(
-                mission_id,
-                "run.started",
-                run_id,
-                actor=by.name,
-                segment=segment_id,
-                epoch=1,
-                after="active",
-                payload={"lease_expires_us": expires},
-            )
+            return self._started(tx, mission_id, by, segment_id, plan=ref, input_json=input_json)
+
+    def _started(
+        self,
+        tx: Tx,
+        mission_id: str,
+        by: Principal,
+        segment_id: str,
+        *,
+        plan: str | None,
+        input_json: str | None,
+    ) -> Executor:
+        """A new run in ``tx``: authorised, inserted with its first segment, audited."""
+        self._authority.authorize_run(tx, by, mission_id)
+        run_id, expires, claim = runs.insert(
+            tx,
+            lease_seconds=self.config.lease_seconds,
+            mission_id=mission_id,
+            principal=by.name,
+            segment_id=segment_id,
+            plan=plan,
+            input_json=input_json,
+            linked_from=None,
+        )
+        tx.audit(
+            mission_id,
+            "run.started",
+            run_id,
+            actor=by.name,
+            segment=segment_id,
+            epoch=1,
+            after="active",
+            payload={"lease_expires_us": expires},
+        )
         return first_owner(
             self._runtime,
             run_id=run_id,
@@ -103,6 +118,47 @@ class Runs:
             lease_expires_us=expires,
             claim=claim,
         )
+
+    def start_call(
+        self,
+        mission_id: str,
+        *,
+        by: Principal,
+        segment_id: str,
+        call_key: str,
+        window_seconds: int | None,
+        tool: str,
+    ) -> tuple[str, Executor | None]:
+        """The run that carries a client's call ``call_key`` through the MCP
+        gateway (G3): the one already carrying it (and ``None``), or, in one
+        transaction with the call's identity, a new run started as
+        :meth:`start_run` starts one (and its executor). ``window_seconds``: the
+        call is the same within that many seconds of its first, a new one after."""
+        check_text("call key", call_key)
+        check_text("tool", tool)
+        check_text("segment id", segment_id)
+        try:
+            with self._db.transaction() as tx:
+                found = calls_store.run_of(tx, mission_id, by.name, call_key, window_seconds)
+                if found is not None:
+                    return found, None
+                executor = self._started(tx, mission_id, by, segment_id, plan=None, input_json=None)
+                carrying = calls_store.claim(
+                    tx, mission_id, by.name, call_key, window_seconds,
+                    run_id=executor.run_id, tool=tool,
+                )  # fmt: skip
+                if carrying != executor.run_id:  # claimed meanwhile: this run never was
+                    raise _Carried(carrying)
+        except _Carried as other:
+            return other.run_id, None
+        return carrying, executor
+
+    def forget_call(self, run_id: str) -> None:
+        """A gateway call refused before anything moved is no call (G3): the same
+        call asked again is admitted afresh, after a raised limit for instance."""
+        check_text("run id", run_id)
+        with self._db.transaction() as tx:
+            calls_store.forget(tx, run_id)
 
     def new_linked_run(
         self,
@@ -229,3 +285,12 @@ def first_owner(
         lease_expires_us=lease_expires_us,
         claim=claim,
     )
+
+
+class _Carried(Exception):
+    """Another request claimed the call while this one started a run for it: the
+    transaction is undone, so the run it started never existed."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id

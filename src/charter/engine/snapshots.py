@@ -232,7 +232,7 @@ class Snapshots:
                     tx, run.id, "handed over", actor=by.name, segment=None, epoch=epoch
                 )
                 # A send under way has lost its owner, as at a takeover (R4): what
-                # it reports is kept as late evidence here (settlement.keep_sealed).
+                # it reports is kept as late evidence here (charter.attempts.late.keep_sealed).
                 for a in attempts_store.list_attempts(tx, run_id=run.id, unresolved=True):
                     if a.status is AttemptStatus.DISPATCHED:
                         lost = f"owner lost: handed over to store {to_store}"

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from charter.hashing import digest
 from charter.ledger.escrow import store as escrow_store
-from charter.runs import claims
 from charter.runs.liveness import owner_dead
 from charter.runs.model import Run, RunStatus
 from charter.storage import Prefetched, Row, Tx
@@ -140,7 +140,7 @@ def insert(
         segment_id,
         tx.now_us,
     )
-    claims.issue(tx, run_id, epoch=1, segment_id=segment_id, claim=claim)
+    issue_claim(tx, run_id, epoch=1, segment_id=segment_id, claim=claim)
 
 
 def change_status(
@@ -294,7 +294,7 @@ def hold(tx: Tx, run_id: str, epoch: int, claim: str, process: str | None) -> No
         run_id,
         epoch,
     )
-    claims.issue_to_owner(tx, run_id, epoch=epoch, claim=claim)
+    issue_claim_to_owner(tx, run_id, epoch=epoch, claim=claim)
     tx.write("DELETE FROM runs_let_go WHERE run_id = ?", run_id)
 
 
@@ -382,6 +382,69 @@ def hand_off(tx: Tx, run_id: str, reason: str) -> int:
     return int(row["epoch"])
 
 
+# -- claims as proof of a segment (X3) -------------------------------------------------
+# A claim is the secret an executor is handed when it comes to hold a run (a new
+# run, a worker beginning a submitted one, a resume); the run's row keeps the
+# current holder's, which every local write checks (Segment.own). A remote
+# client's calls come in alone, naming a segment, an epoch and a claim, and one
+# may be about an attempt an earlier segment dispatched (a late report after a
+# takeover): so every claim issued is kept too, as a digest with the run, epoch
+# and segment it went to. The digest, not the claim: the table proves a claim
+# without being able to forge one.
+
+
+def issue_claim(tx: Tx, run_id: str, *, epoch: int, segment_id: str, claim: str) -> None:
+    """Keep ``claim``'s digest as issued to ``segment_id`` of ``run_id`` at
+    ``epoch``; sent with the commit that hands the claim out (no round trip)."""
+    tx.write(
+        "INSERT INTO run_claims (run_id, epoch, segment_id, digest, issued_at_us) "
+        "VALUES (?, ?, ?, ?, ?)",
+        run_id,
+        epoch,
+        segment_id,
+        digest(claim),
+        tx.now_us,
+    )
+
+
+def issue_claim_to_owner(tx: Tx, run_id: str, *, epoch: int, claim: str) -> None:
+    """:func:`issue_claim` to the segment that owns ``run_id`` at ``epoch`` (a resume)."""
+    tx.write(
+        "INSERT INTO run_claims (run_id, epoch, segment_id, digest, issued_at_us) "
+        "SELECT id, epoch, owner_segment, ?, ? FROM runs WHERE id = ? AND epoch = ?",
+        digest(claim),
+        tx.now_us,
+        run_id,
+        epoch,
+    )
+
+
+def claim_proves(tx: Tx, run_id: str, *, epoch: int, segment_id: str, claim: str) -> bool:
+    """Whether ``claim`` was issued to ``segment_id`` of ``run_id`` at ``epoch``:
+    the claim of the segment the caller names, whether or not it still holds
+    the run. A claim handed out by a store older than the table (schema 21)
+    proves its segment while it is still the run's holder."""
+    row = tx.one(
+        "SELECT 1 AS x FROM run_claims "
+        "WHERE run_id = ? AND epoch = ? AND segment_id = ? AND digest = ?",
+        run_id,
+        epoch,
+        segment_id,
+        digest(claim),
+    )
+    if row is not None:
+        return True
+    held = tx.one(
+        "SELECT 1 AS x FROM runs WHERE id = ? AND epoch = ? AND owner_segment = ? "
+        "AND owner_claim = ?",
+        run_id,
+        epoch,
+        segment_id,
+        claim,
+    )
+    return held is not None
+
+
 # -- snapshots (S2): a mission's rows as recorded, and back ------------------------------
 
 
@@ -459,7 +522,7 @@ def begin(
             segment_id,
             tx.now_us,
         )
-        claims.issue(tx, run_id, epoch=1, segment_id=segment_id, claim=claim)
+        issue_claim(tx, run_id, epoch=1, segment_id=segment_id, claim=claim)
     return bool(begun)
 
 

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from charter import EffectClass, Evidence, Fenced, Outcome, RunStatus
-from charter.amounts import MAX_AMOUNT
 from charter.errors import SegmentFenced, UsageError
 from charter.server.api import Call, Endpoint, Handler
+from charter.server.wire import INT64
 
 if TYPE_CHECKING:
     from charter import Engine, Executor, Principal
@@ -48,8 +48,8 @@ def _integer(call: Call, name: str, low: int = 0) -> int:
     """A whole number in [``low``, 2**63 - 1]: what the store's columns hold, so a
     larger one is the caller's mistake (400), never the store's (500)."""
     value = call.body.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_AMOUNT:
-        raise UsageError(f"{name} must be a whole number from {low} to {MAX_AMOUNT}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= INT64:
+        raise UsageError(f"{name} must be a whole number from {low} to {INT64}, got {value!r}")
     return value
 
 

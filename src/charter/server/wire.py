@@ -27,7 +27,8 @@ from charter.errors import (
     UsageError,
 )
 
-_INT64 = 2**63 - 1
+#: The largest whole number the store's columns hold (A9).
+INT64 = 2**63 - 1
 PAGE = 50
 MAX_PAGE = 1000
 
@@ -96,7 +97,7 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def whole(text: str, name: str, low: int = 0, high: int = _INT64) -> int:
+def whole(text: str, name: str, low: int = 0, high: int = INT64) -> int:
     """``text`` as a whole number in [low, high] (no sign, no float), else UsageError."""
     if not re.fullmatch(r"[0-9]{1,19}", text) or not low <= int(text) <= high:
         raise UsageError(f"{name} must be a whole number from {low} to {high}, got {text!r}")
