@@ -47,6 +47,7 @@ from charter import (
     NotApplied,
     Operation,
     Outcome,
+    OutcomeUnknown,
     RecordedAttempt,
 )
 from charter.attempts.classify import error_answer
@@ -102,8 +103,8 @@ class Binding:
         value = {
             "charter": {
                 "run_id": self.ctx.run_id,
-                "attempt_id": blocked.details.get("attempt_id"),
-                "reason": blocked.message,
+                "attempt_id": blocked.attempt_id,
+                "reason": blocked.reason,
             }
         }
         while True:
@@ -157,8 +158,10 @@ class GovernedTools:
     tool's call settles FAILED and the model is told (a ``ToolMessage`` with
     status ``error``, on replay too); any other tool's call is UNKNOWN, the
     error kept as evidence, and the graph stops until a lookup or a person
-    settles it. ``costs``: a tool's estimate, in allowance units, or a function
-    of its arguments giving it; a call costs its estimate. ``lookups``: how to
+    settles it; a tool raising :class:`~charter.NotApplied` proves it did
+    nothing (FAILED). A call records the tool's arguments, whole. ``costs``: a
+    tool's estimate, in allowance units, or a function of its arguments giving
+    it; a call costs its estimate. ``lookups``: how to
     find out what became of a tool's uncertain call (for ``reconcile``).
     """
 
@@ -187,7 +190,7 @@ class GovernedTools:
 
     def estimate(self, operation: str, request: Any) -> Estimate:
         cost = self.costs.get(operation, {})
-        amounts = cost(request["args"]) if callable(cost) else cost
+        amounts = cost(request) if callable(cost) else cost
         return Estimate(dict(amounts), f"{self.name}/declared")
 
     async def dispatch(self, send: Dispatch) -> Outcome:
@@ -195,9 +198,11 @@ class GovernedTools:
         send.check_deadline()
         token = _SENDING.set(send)
         try:
-            output = await tool.ainvoke(send.request["args"])
+            output = await tool.ainvoke(send.request)
         except ValidationError as exc:  # arguments refused before the tool ran
             raise NotApplied(f"the tool refused its arguments: {exc}") from exc
+        except (NotApplied, OutcomeUnknown):  # what the tool proved, or knows it cannot
+            raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             return error_answer(
@@ -287,7 +292,7 @@ class _GovernedTool(BaseTool):
                 "tool call (as ToolNode does), whose id keys the attempt"
             )
         binding = bound()
-        return binding, {"args": as_json(dict(args))}, f"{binding.thread}:tool:{call_id}"
+        return binding, as_json(dict(args)), f"{binding.thread}:tool:{call_id}"
 
 
 @contextmanager
