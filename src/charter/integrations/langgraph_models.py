@@ -172,8 +172,13 @@ class ChatModelCalls:
             refused_or_raise(exc)
         if not isinstance(answer, AIMessage):
             raise TypeError(f"{type(self.inner).__name__} answered a {type(answer).__name__}")
-        used = answer.usage_metadata or {"input_tokens": 0, "output_tokens": 0}
-        cached = (used.get("input_token_details") or {}).get("cache_read") or 0
+        used = answer.usage_metadata
+        if not used:  # what it cost is not known: it costs its upper bound
+            bound = self.estimate(send.operation, send.request)
+            receipt = {"id": answer.id, "usage": "not reported: charged the estimate"}
+            return Outcome.succeeded(message_to_dict(answer), cost=bound.amounts, receipt=receipt)
+        details = used.get("input_token_details")
+        cached = details.get("cache_read", 0) if details else 0
         model = str(answer.response_metadata.get("model_name") or send.request["model"])
         usage = Usage(model, used["input_tokens"], used["output_tokens"], cache_read=cached)
         return self.pricing.outcome(message_to_dict(answer), usage, {"id": answer.id})
