@@ -21,12 +21,14 @@
 //! is given the execution the dead process was running, so paid invoices
 //! replay from their records and the rest are paid; it completes the node and
 //! finishes the run, which ends completed. Each step is printed as one JSON line.
+//! `examples/pay_week_async.rs` is the same story on the async client.
 
 use std::time::{Duration, Instant};
 
 use charter::sandbox::Payments;
-use charter::{Client, Code, Ending, Error, Segment};
-use serde_json::{json, Value};
+use charter::{Client, Code, Ending, Error, Segment, Verdict};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 
 const WEEK: [(&str, u64); 5] = [
     ("inv-mon", 1_250),
@@ -36,11 +38,28 @@ const WEEK: [(&str, u64); 5] = [
     ("inv-fri", 999),
 ];
 
+/// What the sandbox is asked to pay.
+#[derive(Serialize)]
+struct Invoice<'a> {
+    amount: u64,
+    currency: &'a str,
+    payee: &'a str,
+    reference: &'a str,
+}
+
+/// What it answers: the payment, as recorded (replayed after a crash).
+#[derive(Serialize, Deserialize)]
+struct Payment {
+    id: String,
+    amount: u64,
+    reference: String,
+}
+
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("set {name}"))
 }
 
-fn say(line: Value) {
+fn say(line: serde_json::Value) {
     println!("{line}");
 }
 
@@ -53,14 +72,13 @@ fn pay_week(segment: &Segment, payments: &Payments) -> Result<(), Error> {
     say(json!({"node": node.node_id(), "execution": node.execution()}));
     let mut paid = Vec::new();
     for (reference, amount) in WEEK {
-        let invoice =
-            json!({"amount": amount, "currency": "usd", "payee": "acme", "reference": reference});
+        let invoice = Invoice { amount, currency: "usd", payee: "acme", reference };
         say(json!({"paying": reference}));
-        let payment = node.attempt(payments, "pay", invoice, reference)?;
-        say(json!({"paid": reference, "payment": payment["id"]}));
+        let payment: Payment = node.attempt(payments, "pay", &invoice, reference)?;
+        say(json!({"paid": reference, "payment": payment.id}));
         paid.push(payment);
     }
-    let completed = node.complete(Value::Array(paid))?;
+    let completed = node.complete(&paid)?;
     say(json!({"completed": node.node_id(), "execution": completed.execution,
                "result_hash": completed.result_hash}));
     Ok(())
@@ -74,10 +92,11 @@ fn finish(segment: &Segment) -> Result<(), Error> {
 }
 
 fn work(mission: &str) -> Result<(), Error> {
-    let agent = Client::new(&env("CHARTER_URL"), &env("CHARTER_CREDENTIAL"));
+    let agent = Client::new(&env("CHARTER_URL"), &env("CHARTER_CREDENTIAL"))?;
     let payments = Payments::new(&env("CHARTER_SANDBOX"), Duration::from_secs(60));
-    let segment = agent.start_run(mission, "rs-1", json!({"week": "2026-W49"}))?;
+    let segment = agent.start_run(mission, "rs-1", &json!({"week": "2026-W49"}))?;
     say(json!({"run_id": segment.run_id(), "segment": "rs-1", "epoch": segment.epoch()}));
+    let _renewal = segment.keep_renewing(); // the lease, kept while the node runs
     pay_week(&segment, &payments)?;
     finish(&segment)
 }
@@ -101,8 +120,8 @@ fn recover_when_free(
 
 fn recover(run_id: &str, segment: &str) -> Result<(), Error> {
     let url = env("CHARTER_URL");
-    let ops = Client::new(&url, &env("CHARTER_OPS_CREDENTIAL"));
-    let agent = Client::new(&url, &env("CHARTER_CREDENTIAL"));
+    let ops = Client::new(&url, &env("CHARTER_OPS_CREDENTIAL"))?;
+    let agent = Client::new(&url, &env("CHARTER_CREDENTIAL"))?;
     let payments = Payments::new(&env("CHARTER_SANDBOX"), Duration::from_secs(5));
     let coordinator = ops.coordinator();
 
@@ -112,7 +131,7 @@ fn recover(run_id: &str, segment: &str) -> Result<(), Error> {
     for attempt_id in &recovery.unresolved {
         let found = coordinator.reconcile(attempt_id, &payments)?;
         say(json!({"reconciled": attempt_id, "verdict": found.verdict}));
-        if found.verdict.as_deref() == Some("indeterminate") {
+        if found.verdict == Some(Verdict::Indeterminate) {
             say(json!({"needs_a_person": attempt_id}));
             return Ok(());
         }
@@ -123,6 +142,7 @@ fn recover(run_id: &str, segment: &str) -> Result<(), Error> {
     // run (under the `human` policy, refused as needs_intervention until then).
     let resumed = agent.coordinator().resume(run_id, segment)?;
     say(json!({"resumed": run_id, "segment": segment, "epoch": resumed.epoch()}));
+    let _renewal = resumed.keep_renewing();
     pay_week(&resumed, &payments)?;
     finish(&resumed)
 }

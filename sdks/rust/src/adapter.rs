@@ -10,28 +10,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
-/// What an uncertain send of an operation may have done (A7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EffectClass {
-    /// No outside effect: a read, a search, a model call.
-    ReadOnly,
-    /// The target deduplicates by our key inside a window.
-    IdempotentKeyed,
-    /// Anything else.
-    Unsafe,
-}
-
-impl EffectClass {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EffectClass::ReadOnly => "read_only",
-            EffectClass::IdempotentKeyed => "idempotent_keyed",
-            EffectClass::Unsafe => "unsafe",
-        }
-    }
-}
+pub use crate::records::EffectClass;
+use crate::records::{AttemptStatus, Verdict};
 
 /// An operation an adapter offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +140,16 @@ impl Dispatch {
         self.send_deadline.saturating_sub(self.counted_from.elapsed())
     }
 
+    /// The request as the type the adapter sends (what `attempt` was given).
+    pub fn request_as<T: DeserializeOwned>(&self) -> Result<T, SendError> {
+        // Refused before anything was sent: that is proof.
+        T::deserialize(&self.request).map_err(|e| {
+            SendError::not_applied(
+                json!({"reason": "the request does not fit", "error": e.to_string()}),
+            )
+        })
+    }
+
     /// Call right before the bytes go out: `NotApplied` once the deadline passed.
     pub fn check_deadline(&self) -> Result<(), SendError> {
         if self.remaining().is_zero() {
@@ -173,7 +166,7 @@ pub struct RecordedAttempt {
     pub run_id: String,
     pub adapter: String,
     pub operation: String,
-    pub status: String,
+    pub status: AttemptStatus,
     pub idempotency_key: String,
     pub request: Value,
     pub estimate: Amounts,
@@ -191,11 +184,11 @@ pub enum Evidence {
 }
 
 impl Evidence {
-    pub fn verdict(&self) -> &'static str {
+    pub fn verdict(&self) -> Verdict {
         match self {
-            Evidence::Applied(_) => "applied",
-            Evidence::NotApplied(_) => "not_applied",
-            Evidence::Indeterminate(_) => "indeterminate",
+            Evidence::Applied(_) => Verdict::Applied,
+            Evidence::NotApplied(_) => Verdict::NotApplied,
+            Evidence::Indeterminate(_) => Verdict::Indeterminate,
         }
     }
 

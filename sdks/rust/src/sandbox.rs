@@ -89,11 +89,11 @@ impl Adapter for Payments {
     }
 
     fn operations(&self) -> Vec<(String, Operation)> {
-        vec![("pay".to_string(), Operation::idempotent_keyed(DEDUPE_WINDOW_SECONDS))]
+        operations()
     }
 
     fn estimate(&self, _operation: &str, request: &Value) -> Estimate {
-        Estimate::new([("usd_cents", request["amount"].as_u64().unwrap_or(0))], "sandbox/amount")
+        estimate(request)
     }
 
     fn dispatch(&self, send: &Dispatch) -> Result<Outcome, SendError> {
@@ -104,43 +104,144 @@ impl Adapter for Payments {
             .set("Idempotency-Key", &send.idempotency_key)
             .set("X-Fencing-Token", &send.fencing_token);
         send.check_deadline()?; // right before the bytes go out (F3)
-        let (status, body) = match answer(request.send_json(&send.request)) {
-            Ok(answered) => answered,
+        match answer(request.send_json(&send.request)) {
+            Ok((status, body)) => judged(status, body),
             Err(t)
                 if t.kind() == ureq::ErrorKind::ConnectionFailed
                     || t.kind() == ureq::ErrorKind::Dns =>
             {
                 // No connection was made: not one byte was sent. That is proof.
-                return Err(SendError::not_applied(json!({"error": t.to_string()})));
+                Err(SendError::not_applied(json!({"error": t.to_string()})))
             }
             // A timeout, a reset after the request went out: it may have applied (A3).
-            Err(t) => return Err(SendError::unknown(t.to_string(), Value::Null)),
-        };
-        match status {
-            200 | 201 => Ok(Payments::settled(&body)),
-            // Documented by the sandbox as refused before anything was applied.
-            409 | 429 => Err(SendError::not_applied(json!({"status": status, "body": body}))),
-            400 | 401 | 403 | 404 | 422 => {
-                Ok(Outcome::failed(body, Amounts::new(), json!({"status": status})))
-            }
-            _ => Err(SendError::unknown(format!("HTTP {status}"), body)),
+            Err(t) => Err(SendError::unknown(t.to_string(), Value::Null)),
         }
     }
 
     fn lookup(&self, attempt: &RecordedAttempt) -> Evidence {
-        let key = &attempt.idempotency_key;
-        let url = format!("{}/v1/payments/by-key/{}", self.url, crate::client::seg(key));
+        let url = by_key(&self.url, &attempt.idempotency_key);
         match answer(self.agent.get(&url).call()) {
-            // The effect itself, and ours: proof it was applied.
-            Ok((200, payment)) if payment["idempotency_key"].as_str() == Some(key.as_str()) => {
-                Evidence::Applied(Payments::settled(&payment))
-            }
-            // Proof only because the sandbox closes a key it reports absent.
-            Ok((404, body)) => {
-                Evidence::NotApplied(json!({"lookup": "no payment with this key", "body": body}))
-            }
-            Ok((status, body)) => Evidence::Indeterminate(json!({"status": status, "body": body})),
+            Ok((status, body)) => found(&attempt.idempotency_key, status, body),
             Err(t) => Evidence::Indeterminate(json!({"lookup": t.to_string()})),
         }
+    }
+}
+
+fn operations() -> Vec<(String, Operation)> {
+    vec![("pay".to_string(), Operation::idempotent_keyed(DEDUPE_WINDOW_SECONDS))]
+}
+
+fn estimate(request: &Value) -> Estimate {
+    Estimate::new([("usd_cents", request["amount"].as_u64().unwrap_or(0))], "sandbox/amount")
+}
+
+fn by_key(url: &str, key: &str) -> String {
+    format!("{url}/v1/payments/by-key/{}", crate::calls::seg(key))
+}
+
+/// What the sandbox's answer to a payment says happened.
+fn judged(status: u16, body: Value) -> Result<Outcome, SendError> {
+    match status {
+        200 | 201 => Ok(Payments::settled(&body)),
+        // Documented by the sandbox as refused before anything was applied.
+        409 | 429 => Err(SendError::not_applied(json!({"status": status, "body": body}))),
+        400 | 401 | 403 | 404 | 422 => {
+            Ok(Outcome::failed(body, Amounts::new(), json!({"status": status})))
+        }
+        _ => Err(SendError::unknown(format!("HTTP {status}"), body)),
+    }
+}
+
+/// What the sandbox's answer to a lookup by key proves.
+fn found(key: &str, status: u16, body: Value) -> Evidence {
+    match status {
+        // The effect itself, and ours: proof it was applied.
+        200 if body["idempotency_key"].as_str() == Some(key) => {
+            Evidence::Applied(Payments::settled(&body))
+        }
+        // Proof only because the sandbox closes a key it reports absent.
+        404 => Evidence::NotApplied(json!({"lookup": "no payment with this key", "body": body})),
+        _ => Evidence::Indeterminate(json!({"status": status, "body": body})),
+    }
+}
+
+/// The sandbox's payments API as an async adapter named `payments` (reqwest).
+#[cfg(feature = "async")]
+#[derive(Debug, Clone)]
+pub struct AsyncPayments {
+    url: String,
+    http: reqwest::Client,
+}
+
+#[cfg(feature = "async")]
+impl AsyncPayments {
+    /// The sandbox at `url`; each send waits at most `timeout` for its answer.
+    pub fn new(url: &str, timeout: Duration) -> AsyncPayments {
+        // Redirects are not followed and reqwest never retries: every request
+        // that leaves is an attempt.
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("a reqwest client without TLS builds");
+        AsyncPayments { url: url.trim_end_matches('/').to_string(), http }
+    }
+
+    async fn answer(sent: reqwest::RequestBuilder) -> Result<(u16, Value), reqwest::Error> {
+        let response = sent.send().await?;
+        let status = response.status().as_u16();
+        // A body cut off half-way is read as no JSON: the status still says what it said.
+        let text = response.text().await.unwrap_or_default();
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+    }
+}
+
+#[cfg(feature = "async")]
+impl crate::AsyncAdapter for AsyncPayments {
+    fn name(&self) -> &str {
+        "payments"
+    }
+
+    fn operations(&self) -> Vec<(String, Operation)> {
+        operations()
+    }
+
+    fn estimate(&self, _operation: &str, request: &Value) -> Estimate {
+        estimate(request)
+    }
+
+    fn dispatch<'a>(
+        &'a self,
+        send: &'a Dispatch,
+    ) -> crate::BoxFuture<'a, Result<Outcome, SendError>> {
+        Box::pin(async move {
+            let request = self
+                .http
+                .post(format!("{}/v1/payments", self.url))
+                .header("Idempotency-Key", &send.idempotency_key)
+                .header("X-Fencing-Token", &send.fencing_token)
+                .json(&send.request);
+            send.check_deadline()?; // right before the bytes go out (F3)
+            match AsyncPayments::answer(request).await {
+                Ok((status, body)) => judged(status, body),
+                // No connection was made: not one byte was sent. That is proof.
+                Err(e) if e.is_connect() => {
+                    Err(SendError::not_applied(json!({"error": e.to_string()})))
+                }
+                // A timeout, a reset after the request went out: it may have applied (A3).
+                Err(e) => Err(SendError::unknown(e.to_string(), Value::Null)),
+            }
+        })
+    }
+
+    fn lookup<'a>(&'a self, attempt: &'a RecordedAttempt) -> crate::BoxFuture<'a, Evidence> {
+        Box::pin(async move {
+            let url = by_key(&self.url, &attempt.idempotency_key);
+            match AsyncPayments::answer(self.http.get(url)).await {
+                Ok((status, body)) => found(&attempt.idempotency_key, status, body),
+                Err(e) => Evidence::Indeterminate(json!({"lookup": e.to_string()})),
+            }
+        })
     }
 }

@@ -1,25 +1,40 @@
-//! A segment: this process's claim on a run (F1); the node journal the server
-//! keeps for it (`start_node`, `complete_node`) and the end of the run
-//! (`finish`); and the node context whose `attempt` admits an effect as the
-//! node's execution, sends it within its deadline, reports what happened and
-//! replays what is already settled.
+//! A segment: this process's claim on a run (F1), kept by renewing its lease
+//! (by hand, or in the background with [`Segment::keep_renewing`]); the node
+//! journal the server keeps for it (`start_node`, `complete_node`) and the end
+//! of the run (`finish`); and the node context whose `attempt` admits an
+//! effect as the node's execution, sends it within its deadline, reports what
+//! happened and replays what is already settled.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
 
-use crate::adapter::{Adapter, Dispatch, Outcome, SendError};
-use crate::client::{seg, Client, Coordinator};
-use crate::error::{Error, Result};
+use crate::adapter::{Adapter, Dispatch};
+use crate::calls::{self, to_json};
+use crate::client::{Client, Coordinator};
+use crate::error::Result;
+use crate::protocol::{self, Admission, Concluded, NodeStarted, Renewed, SegmentCore};
 use crate::records::{Claim, NodeCompletion, Run, Settlement};
 
+pub use crate::protocol::Ending;
+
 impl Client {
-    /// Start a run of `mission_id` whose nodes run here, as its first segment.
-    pub fn start_run(&self, mission_id: &str, segment: &str, input: Value) -> Result<Segment> {
-        let body = json!({"segment": segment, "input": input});
-        let claim: Claim = self.post(&format!("/missions/{}/runs", seg(mission_id)), body)?;
+    /// Start a run of `mission_id` whose nodes run here, as its first segment;
+    /// `input` (any `Serialize`) is recorded with the run.
+    pub fn start_run<I: Serialize + ?Sized>(
+        &self,
+        mission_id: &str,
+        segment: &str,
+        input: &I,
+    ) -> Result<Segment> {
+        let claim: Claim =
+            self.send(calls::start_run(mission_id, segment, to_json(input, "the input")?))?;
         Ok(Segment::new(self.clone(), claim))
     }
 }
@@ -35,69 +50,88 @@ impl Coordinator {
 
     /// `resume`, with `force` past a live lease (needs `stop`; audited).
     pub fn claim(&self, run_id: &str, segment_id: &str, force: bool) -> Result<Segment> {
-        let body = json!({"segment": segment_id, "force": force});
-        let claim: Claim = self.client.post(&format!("/runs/{}/claim", seg(run_id)), body)?;
+        let claim: Claim = self.client.send(calls::claim(run_id, segment_id, force))?;
         Ok(Segment::new(self.client.clone(), claim))
     }
 }
 
-/// This process's hold on a run, as one segment of it.
+/// This process's hold on a run, as one segment of it. Clones share the hold:
+/// a clone may renew it (or a [`Renewal`] may) while a node runs on another.
 #[derive(Debug, Clone)]
 pub struct Segment {
     client: Client,
-    claim: Claim,
+    core: Arc<SegmentCore>,
 }
 
 impl Segment {
     pub(crate) fn new(client: Client, claim: Claim) -> Segment {
-        Segment { client, claim }
+        Segment { client, core: SegmentCore::new(claim) }
     }
 
     pub fn run_id(&self) -> &str {
-        &self.claim.run_id
+        &self.core.claim.run_id
     }
 
     pub fn epoch(&self) -> u64 {
-        self.claim.epoch
+        self.core.claim.epoch
     }
 
     /// The claim as the server answered it (its `claim` token is a secret).
     pub fn claim(&self) -> &Claim {
-        &self.claim
+        &self.core.claim
     }
 
-    /// The lease left when the server last answered: renew at half of it.
+    /// The lease left when the server last answered a claim or a renewal.
     pub fn lease(&self) -> Duration {
-        Duration::from_millis(self.claim.lease_ms)
+        self.core.lease()
     }
 
-    fn credentials(&self) -> Value {
-        json!({"segment": self.claim.segment, "epoch": self.claim.epoch, "claim": self.claim.claim})
+    /// Whether the server said this segment no longer holds the run: every
+    /// call it makes then fails with that answer, sending nothing.
+    pub fn is_fenced(&self) -> bool {
+        self.core.fenced().is_some()
     }
 
-    fn with_credentials(&self, fields: Value) -> Value {
-        let mut body = self.credentials();
-        if let (Some(body), Value::Object(fields)) = (body.as_object_mut(), fields) {
-            body.extend(fields);
-        }
-        body
+    /// A call as this segment, its `fenced` answer remembered.
+    fn send<T: DeserializeOwned>(&self, call: Result<crate::calls::Call>) -> Result<T> {
+        self.core.note(call.and_then(|call| self.client.send(call)))
     }
 
-    /// Renew the lease. `fenced` if the segment no longer holds the run.
-    pub fn renew(&mut self) -> Result<Duration> {
-        let path = format!("/runs/{}/renew", seg(&self.claim.run_id));
-        let answer: Value = self.client.post(&path, self.credentials())?;
-        if let Some(ms) = answer["lease_ms"].as_u64() {
-            self.claim.lease_ms = ms;
-        }
-        Ok(self.lease())
+    /// Renew the lease; `fenced` if the segment no longer holds the run.
+    /// Callable while a node of this segment runs (from another thread, or a
+    /// clone): see also [`Segment::keep_renewing`].
+    pub fn renew(&self) -> Result<Duration> {
+        let renewed: Renewed = self.send(self.core.renew_call())?;
+        Ok(self.core.renewed(&renewed))
+    }
+
+    /// Renew the lease at half of it, on a thread of its own, until the
+    /// returned [`Renewal`] is dropped (or stopped), the segment is released
+    /// or finished, or a renewal is answered `fenced` (the next call of the
+    /// segment then fails with it). A renewal that gets no answer is tried
+    /// again at the next tick. A node may then run longer than the lease.
+    pub fn keep_renewing(&self) -> Renewal {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let segment = self.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("charter-renew-{}", self.run_id()))
+            .spawn(move || loop {
+                match stopped.recv_timeout(segment.core.renew_every()) {
+                    Err(RecvTimeoutError::Timeout) if !segment.core.ended() => {
+                        let _ = segment.renew(); // a `fenced` answer is remembered
+                    }
+                    _ => return,
+                }
+            })
+            .expect("a thread to renew the lease");
+        Renewal { stop: Some(stop), thread: Some(thread) }
     }
 
     /// Let go of the run so that it can be claimed at once (after its nodes
     /// block, say).
     pub fn release(self) -> Result<()> {
-        let path = format!("/runs/{}/release", seg(&self.claim.run_id));
-        let _: Value = self.client.post(&path, self.credentials())?;
+        self.core.end();
+        let _: Value = self.send(self.core.release_call())?;
         Ok(())
     }
 
@@ -107,8 +141,7 @@ impl Segment {
     /// blocked), so its settled effects replay in it; a new one after the node
     /// failed. Every `attempt` of the context is admitted as that execution.
     pub fn start_node(&self, node_id: &str) -> Result<Context<'_>> {
-        let path = format!("/runs/{}/nodes/{}/start", seg(&self.claim.run_id), seg(node_id));
-        let started: NodeStarted = self.client.post(&path, self.credentials())?;
+        let started: NodeStarted = self.send(self.core.start_node_call(node_id))?;
         Ok(self.node(node_id, started.execution))
     }
 
@@ -120,54 +153,52 @@ impl Segment {
         Context { segment: self, node_id: node_id.to_string(), execution }
     }
 
-    /// Record node `node_id`'s result for its running execution, with its
-    /// hash, before anything consumes it (N1). The same completion again
-    /// answers the same; another result, or an execution that is not the
-    /// node's running one, is `invalid_state`.
-    pub fn complete_node(
+    /// Record node `node_id`'s result (any `Serialize`) for its running
+    /// execution, with its hash, before anything consumes it (N1). The same
+    /// completion again answers the same; another result, or an execution
+    /// that is not the node's running one, is `invalid_state`.
+    pub fn complete_node<T: Serialize + ?Sized>(
         &self,
         node_id: &str,
         execution: u64,
-        result: Value,
+        result: &T,
     ) -> Result<NodeCompletion> {
-        let path = format!("/runs/{}/nodes/{}/complete", seg(&self.claim.run_id), seg(node_id));
-        let body = json!({"execution": execution, "result": result});
-        self.client.post(&path, self.with_credentials(body))
+        let result = to_json(result, "the node's result")?;
+        self.send(self.core.complete_call(node_id, execution, result))
     }
 
     /// End the run, completed or failed (with why), and return it as recorded.
     /// Refused as `invalid_state` (`unresolved` in its details) while any
     /// attempt of the run is unresolved: settle those first.
     pub fn finish(&self, ending: Ending, reason: Option<&str>) -> Result<Run> {
-        let mut body = json!({"status": ending.as_str()});
-        if let Some(reason) = reason {
-            body["reason"] = json!(reason);
-        }
-        let path = format!("/runs/{}/finish", seg(&self.claim.run_id));
-        self.client.post(&path, self.with_credentials(body))
+        let run: Run = self.send(self.core.finish_call(ending, reason))?;
+        self.core.end();
+        Ok(run)
     }
 }
 
-/// How a run ends (`Segment::finish`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ending {
-    Completed,
-    Failed,
+/// A segment's lease kept in the background ([`Segment::keep_renewing`]):
+/// renewing stops when this is dropped.
+#[derive(Debug)]
+pub struct Renewal {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
 }
 
-impl Ending {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Ending::Completed => "completed",
-            Ending::Failed => "failed",
+impl Renewal {
+    /// Stop renewing, and wait for a renewal under way to end.
+    pub fn stop(mut self) {
+        self.stop.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }
 
-/// What starting a node answers.
-#[derive(Deserialize)]
-struct NodeStarted {
-    execution: u64,
+impl Drop for Renewal {
+    fn drop(&mut self) {
+        self.stop.take(); // the thread wakes and returns; not waited for here
+    }
 }
 
 /// A node's context: where its effects are performed as attempts.
@@ -189,110 +220,92 @@ impl Context<'_> {
     }
 
     /// Record this execution's result (see `Segment::complete_node`).
-    pub fn complete(&self, result: Value) -> Result<NodeCompletion> {
+    pub fn complete<T: Serialize + ?Sized>(&self, result: &T) -> Result<NodeCompletion> {
         self.segment.complete_node(&self.node_id, self.execution, result)
     }
 
     /// Perform one effect of this node as an attempt: admitted against the
     /// allowance and written down before it is sent (A1, A2), sent once within
-    /// its deadline, reported after. An effect already settled for this node
-    /// (`key`, A6) is not sent again: its record is returned (A4).
+    /// its deadline, reported after (the report sent again if its answer is
+    /// lost: the server settles it once). An effect already settled for this
+    /// node (`key`, A6) is not sent again: its record is returned (A4). An
+    /// attempt proven not sent (its deadline passed before the send, or the
+    /// target refused it before applying it) is admitted again, up to four
+    /// admissions in all: the server decides whether to send anew (for a
+    /// client's run it answers with that attempt's record: `AttemptFailed`,
+    /// with the proof the send gave).
     ///
-    /// Ok is the target's result. `AttemptFailed` is a failure or a proven
+    /// `request` is any `Serialize`; the result is read as `R`. Ok is the
+    /// target's result. `AttemptFailed` is a failure or a proven
     /// non-application; `Blocked` an outcome nobody knows yet (the node must
     /// stop; evidence or a person settles it); `SettlementUnrecorded` a send
     /// whose report did not reach the server (recover, never send again);
-    /// `LateReport` a send during which the run was taken over (stop).
-    pub fn attempt<A: Adapter + ?Sized>(
+    /// `LateReport` a send during which the run was taken over (stop);
+    /// `UnexpectedResult` a success whose result is not an `R`.
+    pub fn attempt<A, T, R>(
         &self,
         adapter: &A,
         operation: &str,
-        request: Value,
+        request: &T,
         key: &str,
-    ) -> Result<Value> {
-        let op = adapter.operation(operation).ok_or_else(|| {
-            Error::Usage(format!("adapter {:?} offers no operation {operation:?}", adapter.name()))
-        })?;
+    ) -> Result<R>
+    where
+        A: Adapter + ?Sized,
+        T: Serialize + ?Sized,
+        R: DeserializeOwned,
+    {
+        let op = protocol::offered(adapter.name(), operation, adapter.operation(operation))?;
+        let request = to_json(request, "the request")?;
         let estimate = adapter.estimate(operation, &request);
-        let mut body = json!({
-            "node_id": self.node_id,
-            "execution": self.execution,
-            "effect_key": key,
-            "adapter": adapter.name(),
-            "operation": operation,
-            "effect_class": op.effect_class.as_str(),
-            "request": request,
-            "estimate": estimate.amounts,
-        });
-        if let Some(window) = op.dedupe_window_seconds {
-            body["dedupe_window_seconds"] = json!(window);
-        }
-        if let Some(source) = &estimate.price_source {
-            body["price_source"] = json!(source);
-        }
+        let effect = protocol::Effect {
+            node_id: &self.node_id,
+            execution: self.execution,
+            key,
+            adapter: adapter.name(),
+            operation,
+        };
+        let body = protocol::admission(&effect, op, &estimate, &request);
         let segment = self.segment;
-        let path = format!("/runs/{}/attempts", seg(segment.run_id()));
-        // The deadline is counted from before the admission is asked for: the
-        // store starts it at its dispatch commit, later, so this errs early (F3).
-        let counted_from = Instant::now();
-        let answer: Value = segment.client.post(&path, segment.with_credentials(body))?;
-        let attempt_id = text(&answer, "attempt_id");
-        match answer["action"].as_str() {
-            Some("send") => {
-                let send = Dispatch {
-                    attempt_id,
-                    run_id: text(&answer, "run_id"),
-                    epoch: answer["epoch"].as_u64().unwrap_or(segment.epoch()),
-                    operation: operation.to_string(),
-                    request, // what was admitted (and hashed) is what is sent
-                    idempotency_key: text(&answer, "idempotency_key"),
-                    fencing_token: text(&answer, "fencing_token"),
-                    send_deadline: Duration::from_millis(
-                        answer["send_deadline_ms"].as_u64().unwrap_or(0),
-                    ),
-                    counted_from,
-                };
-                self.send(adapter, send)
+        let mut admissions = 0;
+        let mut unsent = None;
+        loop {
+            admissions += 1;
+            let counted_from = Instant::now();
+            let answer: Value = segment.send(segment.core.admit_call(body.clone()))?;
+            let send = match protocol::admitted(
+                &segment.core,
+                answer,
+                operation,
+                request.clone(),
+                counted_from,
+            )? {
+                Admission::Send(send) => send,
+                Admission::Answered(done) => {
+                    return protocol::typed(protocol::again(done, unsent.as_ref()))
+                }
+            };
+            let sent = self.dispatch(adapter, &send);
+            let settled = self.report(&send, &sent)?;
+            match protocol::concluded(send, sent, settled, admissions) {
+                Concluded::Done(done) => return protocol::typed(done),
+                Concluded::Readmit(proven) => unsent = Some(proven),
             }
-            Some("replay") => replayed(attempt_id, &answer),
-            Some("blocked") => Err(Error::Blocked { attempt_id, status: text(&answer, "status") }),
-            Some("voided") => Err(Error::Voided { attempt_id, reason: text(&answer, "reason") }),
-            _ => Err(Error::Protocol(format!("admission answered no known action: {answer}"))),
         }
     }
 
-    /// Send an admitted attempt and report what happened. A panic in the
+    /// Send an admitted attempt, unless its deadline passed. A panic in the
     /// adapter is reported UNKNOWN (the bytes may have left), then goes on.
-    fn send<A: Adapter + ?Sized>(&self, adapter: &A, send: Dispatch) -> Result<Value> {
-        let sent = match send.check_deadline() {
-            Err(late) => Err(late),
-            Ok(()) => match catch_unwind(AssertUnwindSafe(|| adapter.dispatch(&send))) {
-                Ok(sent) => sent,
-                Err(panic) => {
-                    let reason = "the adapter panicked during the send".to_string();
-                    let _ = self.report(&send, Err(SendError::unknown(reason, Value::Null)));
-                    resume_unwind(panic)
-                }
-            },
-        };
-        let settled = self.report(&send, sent.clone())?;
-        if settled.late {
-            return Err(Error::LateReport { attempt_id: send.attempt_id, status: settled.status });
-        }
-        match sent {
-            Ok(outcome) if outcome.succeeded => Ok(outcome.result),
-            Ok(outcome) => Err(Error::AttemptFailed {
-                attempt_id: send.attempt_id,
-                status: settled.status,
-                result: outcome.result,
-            }),
-            Err(SendError::NotApplied { proof }) => Err(Error::AttemptFailed {
-                attempt_id: send.attempt_id,
-                status: settled.status,
-                result: proof,
-            }),
-            Err(SendError::Unknown { .. }) => {
-                Err(Error::Blocked { attempt_id: send.attempt_id, status: settled.status })
+    fn dispatch<A: Adapter + ?Sized>(
+        &self,
+        adapter: &A,
+        send: &Dispatch,
+    ) -> std::result::Result<crate::Outcome, crate::SendError> {
+        send.check_deadline()?;
+        match catch_unwind(AssertUnwindSafe(|| adapter.dispatch(send))) {
+            Ok(sent) => sent,
+            Err(panic) => {
+                let _ = self.report(send, &Err(protocol::panicked()));
+                resume_unwind(panic)
             }
         }
     }
@@ -300,43 +313,12 @@ impl Context<'_> {
     fn report(
         &self,
         send: &Dispatch,
-        sent: std::result::Result<Outcome, SendError>,
+        sent: &std::result::Result<crate::Outcome, crate::SendError>,
     ) -> Result<Settlement> {
-        let body = match sent {
-            Ok(outcome) => json!({
-                "outcome": if outcome.succeeded { "succeeded" } else { "failed" },
-                "cost": outcome.cost,
-                "result": outcome.result,
-                "receipt": outcome.receipt,
-            }),
-            Err(SendError::NotApplied { proof }) => {
-                json!({"outcome": "not_applied", "proof": proof})
-            }
-            Err(SendError::Unknown { reason, detail }) => {
-                json!({"outcome": "unknown", "reason": reason, "detail": detail})
-            }
-        };
         let segment = self.segment;
-        let path = format!("/attempts/{}/report", seg(&send.attempt_id));
-        segment.client.post(&path, segment.with_credentials(body)).map_err(|cause| match cause {
-            // The server answered: the report was judged, not lost.
-            Error::Api { .. } => cause,
-            lost => Error::SettlementUnrecorded {
-                attempt_id: send.attempt_id.clone(),
-                cause: Box::new(lost),
-            },
-        })
+        let call = segment.core.report_call(&send.attempt_id, sent)?;
+        let reported = segment.client.send(call);
+        // A `fenced` report is judged, not lost; it is remembered like any.
+        segment.core.note(reported).map_err(|e| protocol::unrecorded(&send.attempt_id, e))
     }
-}
-
-fn text(answer: &Value, name: &str) -> String {
-    answer[name].as_str().unwrap_or_default().to_string()
-}
-
-fn replayed(attempt_id: String, answer: &Value) -> Result<Value> {
-    let status = text(answer, "status");
-    if status == "succeeded" {
-        return Ok(answer["result"].clone());
-    }
-    Err(Error::AttemptFailed { attempt_id, status, result: answer["result"].clone() })
 }

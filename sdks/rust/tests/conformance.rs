@@ -128,7 +128,8 @@ fn run_case(fixture: &Fixture, case: &Value) -> Result<(), String> {
     let mut saved = Map::new();
     saved.insert("mission".into(), Value::String(fixture.missions[name].clone()));
     for (n, step) in case["steps"].as_array().unwrap().iter().enumerate() {
-        let client = Client::new(&fixture.url, &fixture.credentials[step["as"].as_str().unwrap()]);
+        let client =
+            Client::new(&fixture.url, &fixture.credentials[step["as"].as_str().unwrap()]).unwrap();
         let method = step["method"].as_str().unwrap();
         let path = fill(&step["path"], &saved);
         let path = path.as_str().unwrap();

@@ -5,7 +5,7 @@
 
 mod support;
 
-use charter::{Code, Error};
+use charter::{Code, Error, RunStatus};
 use serde_json::json;
 use support::Desk;
 
@@ -19,7 +19,7 @@ fn l7_a_raised_limit_is_a_new_contract_version_and_a_stranger_raises_nothing() {
     let ops = desk.client("ops");
     let before = ops.ledger(&desk.tight).unwrap();
     assert!(before.problems.is_empty());
-    let usd = before.balances.iter().find(|b| b.unit == "usd_cents").unwrap().clone();
+    let usd = before.balance("usd_cents").unwrap().clone();
     let limit = (usd.limit + 500) as u64;
 
     let refused = desk.client("agent").raise_limit(&desk.tight, "usd_cents", limit).unwrap_err();
@@ -32,23 +32,23 @@ fn l7_a_raised_limit_is_a_new_contract_version_and_a_stranger_raises_nothing() {
     let b = &raised.balance;
     assert_eq!(b.available + b.held + b.spent, b.limit, "L0");
     let after = ops.ledger(&desk.tight).unwrap();
-    assert_eq!(after.balances.iter().find(|b| b.unit == "usd_cents").unwrap().limit, limit as i64);
+    assert_eq!(after.balance("usd_cents").unwrap().limit, limit as i64);
 }
 
 #[test]
 fn n5_a_run_stopped_by_ops_is_stopped_and_a_stranger_stops_nothing() {
     let desk = Desk::start();
-    let segment = desk.client("agent").start_run(&desk.mission, "rs-1", json!({})).unwrap();
+    let segment = desk.client("agent").start_run(&desk.mission, "rs-1", &json!({})).unwrap();
     let run_id = segment.run_id().to_string();
 
     let refused = desk.client("nobody").stop(&run_id, "not mine").unwrap_err();
     refused_as(refused, &Code::NotAuthorized);
     let ops = desk.client("ops");
-    assert_eq!(ops.coordinator().state(&run_id).unwrap().status, "active");
+    assert_eq!(ops.coordinator().state(&run_id).unwrap().status, RunStatus::Active);
 
     let stopped = ops.stop(&run_id, "the wrong week").unwrap();
-    assert_eq!((stopped.id.as_str(), stopped.status.as_str()), (run_id.as_str(), "stopped"));
-    assert_eq!(ops.coordinator().state(&run_id).unwrap().status, "stopped");
+    assert_eq!((stopped.id.as_str(), stopped.status), (run_id.as_str(), RunStatus::Stopped));
+    assert_eq!(ops.coordinator().state(&run_id).unwrap().status, RunStatus::Stopped);
 }
 
 #[test]

@@ -7,6 +7,9 @@
 
 #![allow(dead_code)]
 
+pub mod proxy;
+pub mod story;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -16,8 +19,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use charter::sandbox::Payments;
-use charter::Client;
-use serde_json::Value;
+use charter::{Client, ClientBuilder};
+use serde_json::{json, Value};
 
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 
@@ -64,6 +67,12 @@ impl Desk {
 
     /// A desk whose engine gives segments `lease_seconds` (default: the engine's).
     pub fn start_with_lease(lease_seconds: Option<u64>) -> Desk {
+        Desk::start_with(lease_seconds, None)
+    }
+
+    /// A desk whose engine gives segments `lease_seconds` and waits at most
+    /// `busy_seconds` for the store's write lock (default: the engine's).
+    pub fn start_with(lease_seconds: Option<u64>, busy_seconds: Option<f64>) -> Desk {
         let n = COUNT.fetch_add(1, Ordering::SeqCst);
         let dir = std::env::temp_dir().join(format!("charter-rs-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -72,7 +81,8 @@ impl Desk {
         let made = Command::new(tool("python"))
             .arg(&setup)
             .arg(&dir)
-            .args(lease_seconds.map(|s| s.to_string()))
+            .arg(lease_seconds.map_or("-".to_string(), |s| s.to_string()))
+            .arg(busy_seconds.map_or("-".to_string(), |s| s.to_string()))
             .output()
             .expect(
                 "the project's Python (python3 tasks.py test makes .venv; or set CHARTER_VENV)",
@@ -135,7 +145,41 @@ impl Desk {
     }
 
     pub fn client(&self, name: &str) -> Client {
-        Client::new(&self.url, self.credential(name))
+        self.builder(name).build().unwrap()
+    }
+
+    pub fn builder(&self, name: &str) -> ClientBuilder {
+        Client::builder(&self.url, self.credential(name))
+    }
+
+    #[cfg(feature = "async")]
+    pub fn async_client(&self, name: &str) -> charter::AsyncClient {
+        self.builder(name).build_async().unwrap()
+    }
+
+    #[cfg(feature = "async")]
+    pub fn async_payments(&self) -> charter::sandbox::AsyncPayments {
+        charter::sandbox::AsyncPayments::new(&self.sandbox_url, Duration::from_secs(2))
+    }
+
+    /// Hold the store's write lock for `seconds` (as another process writing
+    /// would), from a process of the project's Python; returns once it holds it.
+    pub fn lock_store(&self, seconds: f64) -> Child {
+        let script = "import sqlite3, sys, time\n\
+            c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
+            c.execute('BEGIN IMMEDIATE')\n\
+            print('locked', flush=True)\n\
+            time.sleep(float(sys.argv[2]))\n\
+            c.execute('ROLLBACK')\n";
+        let mut child = Command::new(tool("python"))
+            .args(["-c", script])
+            .arg(self.dir.join("charter.db"))
+            .arg(seconds.to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the project's Python");
+        assert_eq!(first_line(&mut child).trim(), "locked");
+        child
     }
 
     pub fn payments(&self) -> Payments {
@@ -157,4 +201,14 @@ impl Drop for Desk {
         let _ = self.sandbox.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+pub fn invoice(reference: &str, amount: u64) -> Value {
+    json!({"amount": amount, "currency": "usd", "payee": "acme", "reference": reference})
+}
+
+/// The node journal as the run's state shows it: `[node_id, execution, status, result_hash]`.
+pub fn journal(desk: &Desk, run_id: &str) -> Vec<Value> {
+    let state = desk.client("ops").coordinator().state(run_id).unwrap();
+    state.nodes.iter().map(|n| json!([n.node_id, n.execution, n.status, n.result_hash])).collect()
 }

@@ -1,6 +1,6 @@
 """A store for the Rust SDK's tests: credentials, configuration and a mission.
 
-Run with the project's Python: ``setup.py DIR [LEASE_SECONDS]``. Writes ``DIR/charter.toml``
+Run with the project's Python: ``setup.py DIR [LEASE_SECONDS|- [BUSY_SECONDS|-]]``. Writes ``DIR/charter.toml``
 (the store ``DIR/charter.db``, a digest per principal, the human resume
 policy) and creates one mission whose contract lets ``agent`` run
 ``payments.*`` and ``ops`` settle, stop and raise limits. Prints one JSON line:
@@ -36,13 +36,15 @@ def contract(limit: int, *, gated: bool = False) -> dict[str, object]:
     return terms
 
 
-def main(where: Path, lease: str | None) -> None:
+def main(where: Path, lease: str | None, busy: str | None) -> None:
     creds = {n: f"{n}:{secrets.token_urlsafe(32)}" for n in PRINCIPALS}
     digests = {n: charter.hash_secret(c.split(":", 1)[1]) for n, c in creds.items()}
     store = where / "charter.db"
     lines = [f"store = {json.dumps(str(store))}", 'resume = "human"']
     if lease is not None:  # a send must end within its lease (F3): both shortened
         lines += [f"lease_seconds = {int(lease)}", f"send_deadline_seconds = {int(lease)}"]
+    if busy is not None:  # how long a write waits for the store's lock before store_busy
+        lines += [f"busy_timeout_seconds = {float(busy)}"]
     lines += ["", "[credentials]"]
     lines += [f"{n} = {json.dumps(d)}" for n, d in digests.items()]
     config_path = where / "charter.toml"
@@ -69,4 +71,6 @@ def main(where: Path, lease: str | None) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
+    given = [a if a != "-" else None for a in sys.argv[2:4]]
+    given += [None] * (2 - len(given))
+    main(Path(sys.argv[1]), given[0], given[1])
