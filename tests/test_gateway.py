@@ -265,7 +265,8 @@ def test_G3_a_call_in_flight_when_the_gateway_died_is_looked_up_never_sent_again
         asyncio.run(interrupted())
         [attempt] = w.engine.attempts(mission_id=w.mission)
         assert attempt.status is charter.AttemptStatus.DISPATCHED
-        w.start()
+        w.start()  # the next gateway looks up what the last one left in flight
+        assert w.engine.get_attempt(attempt.id).status is charter.AttemptStatus.SUCCEEDED
         retried = asyncio.run(ask())
         assert not retried.is_error and retried.structured_content["reference"] == "inv-42"
         assert len(w.payments()) == 1  # the retry reached the upstream zero more times
@@ -276,6 +277,7 @@ def test_G3_a_call_in_flight_when_the_gateway_died_is_looked_up_never_sent_again
         assert w.engine.check_ledger(w.mission) == []
         assert asyncio.run(ask()).structured_content == retried.structured_content
         assert len(w.payments()) == 1
+        assert [r.status for r in w.engine.runs(w.mission)] == [charter.RunStatus.COMPLETED]
 
 
 if __name__ == "__main__":  # pragma: no cover

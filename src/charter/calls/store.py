@@ -78,3 +78,14 @@ def forget(tx: Tx, run_id: str) -> None:
     """A call refused before anything moved (its allowance, its rights) is no
     call: the same call asked again is admitted afresh (after a raised limit)."""
     tx.run("DELETE FROM gateway_calls WHERE run_id = ?", run_id)
+
+
+def unfinished(tx: Tx, mission: str) -> list[str]:
+    """The runs of the mission's calls that are still active: sent by a gateway
+    that may have died, or under way in a live one (its lease tells which)."""
+    rows = tx.all(
+        "SELECT g.run_id FROM gateway_calls g JOIN runs r ON r.id = g.run_id "
+        "WHERE g.mission_id = ? AND r.status = 'active' ORDER BY g.created_at_us",
+        mission,
+    )
+    return [str(r["run_id"]) for r in rows]

@@ -153,6 +153,13 @@ class Runs:
             return other.run_id, None
         return carrying, executor
 
+    def unfinished_calls(self, mission_id: str) -> list[str]:
+        """The runs of the mission's gateway calls still active (G3): what a
+        gateway starting looks up, in case the one before it died mid-call."""
+        check_text("mission id", mission_id)
+        with self._db.read() as tx:
+            return calls_store.unfinished(tx, mission_id)
+
     def forget_call(self, run_id: str) -> None:
         """A gateway call refused before anything moved is no call (G3): the same
         call asked again is admitted afresh, after a raised limit for instance."""

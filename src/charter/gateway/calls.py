@@ -161,6 +161,7 @@ class Calls:
         attempt = await asyncio.to_thread(self._newest, run_id)
         status = None if attempt is None else attempt.status
         if attempt is not None and (attempt.status.settled or status is AttemptStatus.VOIDED):
+            await asyncio.to_thread(self._close, run_id, who)
             return self._told(attempt)
         if attempt is not None and status in (AttemptStatus.DISPATCHED, AttemptStatus.UNKNOWN):
             return await self._uncertain(run_id, who, tools, attempt)
@@ -199,9 +200,7 @@ class Calls:
             coordinator.reconcile(a.id, tools, by=who)
         now = self.engine.get_attempt(a.id)
         if now.status.settled:
-            # The record answers the call; if the run cannot end now, its next owner ends it.
-            with contextlib.suppress(CharterError):
-                self._resume(run_id, who).finish(RunStatus.COMPLETED)
+            self._close(run_id, who)
             return self._told(now)
         return Answer(charter={
             "status": "outcome_unknown", "run_id": run_id, "attempt_id": a.id,
@@ -209,6 +208,36 @@ class Calls:
                        "evidence (a lookup, or a person's resolution)",
             "console": self._link(run_id),
         })  # fmt: skip
+
+    def sweep(self, tools: dict[str, UpstreamTools]) -> int:
+        """Look up the calls a gateway before this one left in flight (G3): each
+        call's run whose sender is gone is taken over and its attempt looked up
+        by its upstream's lookup, as the engine itself (no client is asking);
+        what no lookup settles waits for a person or the client's retry.
+        Returns how many calls were looked up."""
+        looked = 0
+        for mission in {c.mission for c in self.config.clients.values()}:
+            for run_id in self.engine.unfinished_calls(mission):
+                attempt = self._newest(run_id)
+                upstream = None if attempt is None else tools.get(attempt.adapter)
+                if attempt is None or upstream is None:
+                    continue
+                with contextlib.suppress(CharterError):
+                    if attempt.status is AttemptStatus.DISPATCHED:
+                        self.engine.coordinator.recover(run_id, self._segment())
+                    self.engine.coordinator.reconcile(attempt.id, upstream)
+                    looked += 1
+        return looked
+
+    def _close(self, run_id: str, who: Principal) -> None:
+        """End a call's run whose one attempt is settled (one a takeover or a
+        person settled is left waiting in the inbox until then). The record
+        answers the call either way: a run that cannot end now is ended by the
+        next retry."""
+        if self.engine.run(run_id).status.terminal:
+            return
+        with contextlib.suppress(CharterError):
+            self._resume(run_id, who).finish(RunStatus.COMPLETED)
 
     def _resume(self, run_id: str, who: Principal) -> Executor:
         """Continue the call's run as its owning segment: one that let go of it

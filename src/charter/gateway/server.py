@@ -21,6 +21,7 @@ body is read, and a body has a size limit (P4).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -73,6 +74,9 @@ class Gateway:
                 self.upstreams[name] = await stack.enter_async_context(
                     connected(upstream, self.config)
                 )
+            looked = await asyncio.to_thread(self.calls.sweep, self.upstreams)
+            if looked:
+                _log.info("looked up %d call(s) left in flight by an earlier gateway", looked)
             yield self
             self.upstreams.clear()
 
