@@ -2,8 +2,8 @@
  * A week's invoices paid through the payments sandbox from TypeScript, and
  * what happens when the process paying them dies mid-payment.
  *
- *     node dist/examples/pay_week.js pay WEEK       # as the agent: start a run, pay Monday..Friday
- *     node dist/examples/pay_week.js recover RUN WEEK  # as ops, in a fresh process, after the first died
+ *     node build/examples/pay_week.js pay WEEK       # as the agent: start a run, pay Monday..Friday
+ *     node build/examples/pay_week.js recover RUN WEEK  # as ops, in a fresh process, after the first died
  *
  * Environment: CHARTER_URL (the server), CHARTER_CREDENTIAL (NAME:SECRET),
  * CHARTER_MISSION (pay), SANDBOX_URL (the payments API: `charter sandbox`).
@@ -24,7 +24,8 @@
  * and the audit records; `coordinator.reconcile` asks the sandbox through
  * this process's own adapter whether the payment happened (a lookup by its
  * idempotency key) and records the answer as evidence; `coordinator.confirm`
- * settles it on that evidence; then the new segment claims the run, starts
+ * settles it on that evidence; then `coordinator.resume` carries the run on
+ * here as the new segment, which starts
  * the node again and is given the same execution, so what was paid replays
  * from its record and the rest is paid once; it completes the node and
  * finishes the run, which ends `completed`. Nothing is paid twice, and the
@@ -106,9 +107,9 @@ async function recover(runId: string, week: string): Promise<void> {
     const settled = await coordinator.confirm(attemptId);
     say("confirmed", { attempt_id: attemptId, status: settled.status, actual: settled.actual });
   }
-  // Nothing is unresolved now: the segment `recover` installed claims the run
-  // (under the `human` policy, refused as needs_intervention until then).
-  const segment = await Segment.claim(charter, runId, segmentId);
+  // Nothing is unresolved now: the segment `recover` installed carries the run
+  // on here (under the `human` policy, refused as needs_intervention until then).
+  const segment = await coordinator.resume(runId, segmentId);
   segment.keepRenewing();
   say("resumed", { run_id: runId, segment: segment.name, epoch: segment.epoch });
   await payWeek(segment, payments, invoices(week));
