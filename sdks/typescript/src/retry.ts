@@ -20,12 +20,12 @@ export interface RetryPolicy {
   maxDelayMs?: number;
 }
 
-export const DEFAULT_RETRY: Required<RetryPolicy> = {
+export const DEFAULT_RETRY: Readonly<Required<RetryPolicy>> = Object.freeze({
   maxRetries: 2,
   initialDelayMs: 250,
   backoffFactor: 2,
   maxDelayMs: 4_000,
-};
+});
 
 /** `policy` with its defaults, checked: a negative or fractional count is a mistake. */
 export function retryPolicy(policy: RetryPolicy | false | undefined): Required<RetryPolicy> {
