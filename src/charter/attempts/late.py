@@ -30,23 +30,24 @@ from charter.storage import Tx
 LateSettles = Callable[[Attempt, Evidence], bool]
 
 
-def late_report_settles(mode: str, current: Attempt, evidence: Evidence) -> bool:
-    """Whether a remote client's late report settles ``current`` by itself (X3,
-    R7): it is evidence from a fenced segment, so it settles only as a lookup's
-    would under ``evidence_settles = mode`` (``auto``, and a receipt or a proof
-    of non-application), and never at a cost its hold did not cover, which
-    waits for a person."""
-    if mode != "auto":
-        return False
+def settles_by_itself(evidence: Evidence) -> bool:
+    """Whether evidence is what ``evidence_settles = "auto"`` lets settle an
+    attempt without a person (R7): a proof of non-application, or an outcome
+    applied with a receipt."""
     if evidence.verdict == "not_applied":
         return True
     o = evidence.outcome
-    return (
-        evidence.verdict == "applied"
-        and o is not None
-        and o.receipt is not None
-        and all(a <= current.estimate.get(u, 0) for u, a in o.cost.items())
-    )
+    return evidence.verdict == "applied" and o is not None and o.receipt is not None
+
+
+def late_report_settles(mode: str, current: Attempt, evidence: Evidence) -> bool:
+    """Whether a remote client's late report settles ``current`` by itself (X3,
+    R7): it is evidence from a fenced segment, so it settles only as a lookup's
+    would under ``evidence_settles = mode`` (:func:`settles_by_itself`), and
+    never at a cost its hold did not cover, which waits for a person."""
+    o = evidence.outcome
+    within = o is None or all(a <= current.estimate.get(u, 0) for u, a in o.cost.items())
+    return mode == "auto" and settles_by_itself(evidence) and within
 
 
 def record_late(

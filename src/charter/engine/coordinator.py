@@ -169,7 +169,9 @@ class Coordinator:
                 settled_meanwhile = True
             else:
                 settled_meanwhile = False
-                auto = self._runtime.config.evidence_settles == "auto" and _settles(evidence)
+                auto = self._runtime.config.evidence_settles == "auto" and (
+                    late.settles_by_itself(evidence)
+                )
                 why = "evidence settled automatically (evidence_settles=auto)"
                 settle = auto and self._apply(
                     tx, current, evidence, contract, actor=actor, reason=why
@@ -586,15 +588,4 @@ def _settled_meanwhile(attempt: Attempt) -> AttemptAlreadySettled:
         f"attempt {attempt.id} was settled by someone else meanwhile; it is never settled "
         "twice (see `charter attempts`)",
         attempt_id=attempt.id,
-    )
-
-
-def _settles(evidence: Evidence) -> bool:
-    """Conclusive evidence with a receipt (or a proof of non-application)."""
-    if evidence.verdict == "not_applied":
-        return True
-    return (
-        evidence.verdict == "applied"
-        and evidence.outcome is not None
-        and (evidence.outcome.receipt is not None)
     )
