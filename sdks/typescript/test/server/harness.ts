@@ -90,6 +90,18 @@ export class World {
     return found;
   }
 
+  /**
+   * A new mission for an agent's tools (`tools.*`) and model calls
+   * (`model.*`), run by `agent` and decided by `ops`, under an allowance in
+   * cents and tokens; `overrides` replaces the contract's top-level keys
+   * (`allowance`, `approvals`).
+   */
+  async agentsMission(overrides: Record<string, unknown> = {}): Promise<string> {
+    const args = [join(FIXTURES, "ts_fixture.py"), "mission", this.home, JSON.stringify(overrides)];
+    const { stdout } = await run(PYTHON, args, { env: this.env() });
+    return (JSON.parse(stdout) as { mission: string }).mission;
+  }
+
   /** What the sandbox applied for a client reference: its own records. */
   async payments(reference: string): Promise<Payment[]> {
     const answer = await fetch(`${this.sandbox}/v1/payments?reference=${encodeURIComponent(reference)}`);

@@ -3,6 +3,7 @@ the runs the tests recover, made through Charter's public Python API.
 
     python ts_fixture.py prepare DIR SANDBOX_URL [BUSY_SECONDS]  # store, config, mission: one JSON line
     python ts_fixture.py lost DIR [LEASE_SECONDS]  # a run whose payment is UNKNOWN: one JSON line
+    python ts_fixture.py mission DIR CONTRACT_JSON  # an agents' mission, the contract's keys overridden
 
 ``prepare`` writes ``DIR/charter.db`` and ``DIR/charter.toml`` (the credentials'
 digests, the payments adapter by reference; ``BUSY_SECONDS``, the store's busy
@@ -139,6 +140,25 @@ def lost(home: Path, lease_seconds: float) -> dict[str, Any]:
     raise SystemExit("the first payment was meant to be lost, and it was not")
 
 
+def agents_contract(overrides: dict[str, Any]) -> dict[str, Any]:
+    """An agent's mission: its tools (``tools.*``) and model calls (``model.*``)
+    run by ``agent``, decided by ``ops``, under an allowance in cents and tokens."""
+    ops = {"run": ["*"], "resolve": ["*"], "stop": ["*"], "approve": ["*"], "raise_limit": ["*"]}
+    base = {
+        "objective": "an agent pays its invoices",
+        "principals": {"agent": {"run": ["tools.*", "model.*"]}, "ops": ops},
+        "allowance": {"usd_cents": 1_000_000, "input_tokens": 1_000_000, "output_tokens": 100_000},
+    }
+    return {**base, **overrides}
+
+
+def mission(home: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    found = json.loads((home / "fixture.json").read_text())
+    with open_engine(home) as engine:
+        ops = engine.authenticate(found["credentials"]["ops"])
+        return {"mission": engine.create_mission(agents_contract(overrides), by=ops)}
+
+
 def open_engine(home: Path, **options: Any) -> charter.Engine:
     config = charter.EngineConfig.from_file(home / "charter.toml")
     if options:
@@ -155,5 +175,7 @@ if __name__ == "__main__":
         os.environ.setdefault("CHARTER_TS_SANDBOX", (where / "sandbox.url").read_text())
         lease = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
         print(json.dumps(lost(where, lease)), flush=True)
+    elif command == "mission":
+        print(json.dumps(mission(where, json.loads(sys.argv[3]))), flush=True)
     else:
-        raise SystemExit(f"unknown command {command!r}: prepare or lost")
+        raise SystemExit(f"unknown command {command!r}: prepare, lost or mission")
