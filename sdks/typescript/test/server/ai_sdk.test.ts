@@ -134,3 +134,144 @@ test("X1_A6_R7_ai_sdk_an_agent_SIGKILLed_after_paying_resumes_pays_once_and_bill
   assert.equal((await world.payments(plainInvoice)).length, 2, "without Charter the invoice is paid twice");
   assert.deepEqual(model.of(plainInvoice).map((b) => b.step), [0, 0, 1], "and the model is asked again for what it answered");
 });
+
+/** An agent run in this process: a run of `mission` started as `agent`, its node, its governed tools and model. */
+async function inProcess(mission: string) {
+  const charter = new Charter({ baseUrl: world.url, credential: world.credential("agent") });
+  const segment = await Segment.start(charter, mission, `agent-${randomUUID().slice(0, 8)}`);
+  const ctx: Context = await segment.startNode("agent");
+  const governed = governedTools(ctx, world.sandbox);
+  return { segment, ctx, governed, model: charterModel(ctx, chatModel(model.url)) };
+}
+
+/** The conversation so far, with every approval request answered approved: the SDK's way to go on. */
+function approved(invoice: string, messages: ModelMessage[]): ModelMessage[] {
+  const requests = messages.flatMap((m) =>
+    m.role === "assistant" && typeof m.content !== "string" ? m.content.filter((p) => p.type === "tool-approval-request") : [],
+  );
+  const answers = requests.map((r) => ({ type: "tool-approval-response" as const, approvalId: r.approvalId, approved: true }));
+  return [{ role: "user", content: `Pay invoice ${invoice}.` }, ...messages, { role: "tool", content: answers }];
+}
+
+function scripted(prefix: string): string {
+  const invoice = `inv-${prefix}-${randomUUID().slice(0, 8)}`;
+  model.script(invoice, [{ tool: "pay", arguments: { invoice, amount: 1200 } }, { text: `Paid ${invoice}.` }]);
+  return invoice;
+}
+
+async function goOn(run: Awaited<ReturnType<typeof inProcess>>, invoice: string, messages: ModelMessage[]) {
+  const { generateText, isStepCount } = await import("ai");
+  return generateText({
+    model: run.model,
+    tools: run.governed.tools,
+    toolApproval: run.governed.toolApproval,
+    stopWhen: isStepCount(5),
+    maxOutputTokens: 200,
+    maxRetries: 0,
+    messages: approved(invoice, messages),
+  });
+}
+
+test("W2_ai_sdk_a_payment_that_needs_an_approval_stops_the_agent_with_a_tool_approval_request_and_is_sent_once_approved", async () => {
+  const mission = await world.agentsMission({ approvals: { required: ["tools.pay"], ttl_seconds: 600 } });
+  const invoice = scripted("ai-approve");
+  const run = await inProcess(mission);
+  const first = await agent(run.model, run.governed.tools, invoice, run.governed.toolApproval);
+  const requests = first.content.filter((p) => p.type === "tool-approval-request");
+  assert.equal(requests.length, 1, "the SDK's own stop: a tool approval request");
+  assert.equal((await world.payments(invoice)).length, 0, "nothing paid before a person decided");
+  const why = run.governed.stopped.get(requests[0]!.toolCall.toolCallId) as { details?: Record<string, unknown> };
+  const approvalId = String(why.details?.["approval_id"]);
+  assert.match(approvalId, /./);
+  const ops = new Charter({ baseUrl: world.url, credential: world.credential("ops") });
+  await ops.approve(approvalId);
+  const second = await goOn(run, invoice, first.response.messages);
+  assert.equal(second.text, `Paid ${invoice}.`);
+  assert.equal((await world.payments(invoice)).length, 1, "paid once, after the approval");
+  const { items } = await ops.attempts({ run: run.segment.runId });
+  assert.deepEqual(items.filter((a) => a.operation === "pay").map((a) => a.status), ["succeeded"], "the same attempt, sent once");
+  assert.deepEqual(model.of(invoice).map((b) => b.step), [0, 1], "the model was not asked twice for the tool call");
+});
+
+test("L3_L7_ai_sdk_an_exhausted_allowance_stops_the_agent_and_a_raised_limit_lets_it_pay_once", async () => {
+  const mission = await world.agentsMission({ allowance: { usd_cents: 500, input_tokens: 1_000_000, output_tokens: 100_000 } });
+  const invoice = scripted("ai-allowance");
+  const run = await inProcess(mission);
+  const first = await agent(run.model, run.governed.tools, invoice, run.governed.toolApproval);
+  const requests = first.content.filter((p) => p.type === "tool-approval-request");
+  assert.equal(requests.length, 1);
+  assert.match(String(requests[0]!.reason), /allowance|exceed/i);
+  assert.equal((await world.payments(invoice)).length, 0);
+  const ops = new Charter({ baseUrl: world.url, credential: world.credential("ops") });
+  await ops.raiseLimit(mission, "usd_cents", 10_000);
+  const second = await goOn(run, invoice, first.response.messages);
+  assert.equal(second.text, `Paid ${invoice}.`);
+  assert.equal((await world.payments(invoice)).length, 1);
+  const spent = await ledger(ops, mission);
+  assert.equal(spent["usd_cents"]?.spent, 1200);
+});
+
+test("A3_ai_sdk_a_read_only_tools_failure_reaches_the_model_as_a_tool_error_and_settles_failed", async () => {
+  const mission = await world.agentsMission();
+  const marker = `inv-ai-quote-${randomUUID().slice(0, 8)}`;
+  model.script(marker, [{ tool: "quote", arguments: { invoice: `unknown-${marker}` } }, { text: "No such invoice." }]);
+  const run = await inProcess(mission);
+  const result = await agent(run.model, run.governed.tools, marker, run.governed.toolApproval);
+  assert.equal(result.text, "No such invoice.");
+  const told = model.of(marker)[1]?.told ?? [];
+  assert.equal(told.length, 1);
+  assert.match(told[0]!, new RegExp(`no invoice unknown-${marker}`), "the model was told the tool's error");
+  const ops = new Charter({ baseUrl: world.url, credential: world.credential("ops") });
+  const { items } = await ops.attempts({ run: run.segment.runId });
+  const quote = items.find((a) => a.operation === "quote")!;
+  assert.equal(quote.status, "failed");
+  assert.deepEqual(quote.result, { error: `Error: no invoice unknown-${marker}`, shown: `no invoice unknown-${marker}` });
+});
+
+test("A3_R7_ai_sdk_a_payment_tools_error_proves_nothing_the_agent_stops_until_a_lookup_settles_it_and_the_model_is_told_the_payment", async () => {
+  const mission = await world.agentsMission();
+  const invoice = scripted("ai-unknown");
+  await world.fault("drop_after_apply", { reference: invoice });
+  const run = await inProcess(mission);
+  const first = await agent(run.model, run.governed.tools, invoice, run.governed.toolApproval);
+  assert.equal(first.content.filter((p) => p.type === "tool-approval-request").length, 1, "stopped, not told an error");
+  assert.deepEqual(model.of(invoice).map((b) => b.step), [0], "the model was not told the tool failed");
+  assert.equal((await world.payments(invoice)).length, 1, "the sandbox applied it before the connection dropped");
+  const ops = new Charter({ baseUrl: world.url, credential: world.credential("ops") });
+  const { items } = await ops.attempts({ run: run.segment.runId });
+  const pay = items.find((a) => a.operation === "pay")!;
+  assert.equal(pay.status, "unknown");
+  const found = await ops.coordinator.reconcile(pay.id, run.governed.adapter);
+  assert.equal(found.verdict, "applied");
+  await ops.coordinator.confirm(pay.id);
+  const second = await goOn(run, invoice, first.response.messages);
+  assert.equal(second.text, `Paid ${invoice}.`);
+  assert.equal((await world.payments(invoice)).length, 1, "never sent again");
+  assert.match(model.of(invoice)[1]?.told[0] ?? "", new RegExp(invoice), "the model was told the payment the lookup found");
+});
+
+test("A6_ai_sdk_a_streamText_agent_run_again_replays_its_model_calls_and_tool_results_from_the_record", async () => {
+  const { streamText, isStepCount } = await import("ai");
+  const mission = await world.agentsMission();
+  const invoice = scripted("ai-stream");
+  const run = await inProcess(mission);
+  const once = async (): Promise<string> => {
+    const result = streamText({
+      model: run.model,
+      tools: run.governed.tools,
+      toolApproval: run.governed.toolApproval,
+      stopWhen: isStepCount(5),
+      maxOutputTokens: 200,
+      maxRetries: 0,
+      prompt: `Pay invoice ${invoice}.`,
+    });
+    return result.text;
+  };
+  assert.equal(await once(), `Paid ${invoice}.`);
+  assert.equal(await once(), `Paid ${invoice}.`, "the same answer, from the record");
+  assert.deepEqual(model.of(invoice).map((b) => b.step), [0, 1], "each model call made once");
+  assert.equal((await world.payments(invoice)).length, 1);
+  const ops = new Charter({ baseUrl: world.url, credential: world.credential("ops") });
+  const { items } = await ops.attempts({ run: run.segment.runId });
+  assert.deepEqual(items.map((a) => `${a.adapter}.${a.operation}`).sort(), ["model.stream", "model.stream", "tools.pay"]);
+});
