@@ -384,6 +384,18 @@ def remote_rounds(runner: Runner, plan: Plan, server: pg.Server | None) -> dict[
     return out
 
 
+def gateway_rounds(runner: Runner, plan: Plan, server: pg.Server | None) -> dict[str, Any]:
+    """A read-only MCP tool call through ``charter gateway`` beside the same call
+    on its upstream, interleaved (G2, see bench/gateway.py), on SQLite and, with
+    a server, PostgreSQL."""
+    kw: dict[str, Any] = {"calls": 50 if plan is QUICK else 300, "warmup": 20}
+    out = {"sqlite": runner.task("charter.gateway", url=str(runner.dir("gateway") / "g.db"), **kw)}
+    if server is not None:
+        url = pg.fresh_database(server, "bench_gateway")
+        out["postgresql"] = runner.task("charter.gateway", url=url, **kw)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
     # Child processes may write bytecode caches, as an installed package has them:
@@ -421,6 +433,8 @@ def run(args: argparse.Namespace) -> int:
             results["wakes"] = wake_rounds(runner, plan, server)
             say("the remote attempt protocol: admit + report over HTTP, and in-process")
             results["remote"] = remote_rounds(runner, plan, server)
+            say("the MCP gateway: a read-only tool call through it and on its upstream")
+            results["gateway"] = gateway_rounds(runner, plan, server)
         say("concurrent attempts on one engine: shared commits or one per transaction")
         results["concurrent"] = concurrent_rounds(runner, plan)
         say("recover() on big runs (the stores are built first)")

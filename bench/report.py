@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import gateway
 from timing import Sample, fmt, fmt_sample
 
 PACKAGES = (
@@ -583,6 +584,7 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         *_fleet_rows(results),
         *_wake_rows(results),
         *_remote_rows(results),
+        *gateway.rows(results),
         *_concurrent_rows(results),
         *_recovery_rows(results),
         *_resume_rows(results),

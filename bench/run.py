@@ -29,7 +29,8 @@ RESULTS = BENCH / "results"
 DOC = ROOT / "docs" / "performance.md"
 
 #: The peers, as the ``bench`` extra of pyproject.toml lists them, and the server
-#: (its desk and remote-protocol rows serve an engine over HTTP).
+#: (its desk and remote-protocol rows serve an engine over HTTP), and the MCP SDK
+#: (the gateway's row).
 PEERS = [
     "dbos>=3.4",
     "langgraph>=1.2",
@@ -39,6 +40,7 @@ PEERS = [
     "starlette>=0.40",
     "uvicorn>=0.30",
     "jinja2>=3.1",
+    "mcp>=2",
 ]
 MODULES = (
     "charter",
@@ -50,6 +52,7 @@ MODULES = (
     "langgraph.checkpoint.sqlite",
     "langgraph.checkpoint.postgres",
     "psycopg",
+    "mcp",
 )
 
 

@@ -19,6 +19,7 @@ def _tasks() -> dict[str, Callable[..., Any]]:
     import auditverify
     import charter_bench
     import fleet
+    import gateway
     import peers
     import remote
     import streams
@@ -31,6 +32,7 @@ def _tasks() -> dict[str, Callable[..., Any]]:
         "charter.fleet.postgres": fleet.measure,
         "charter.wakes": wakes.measure,
         "charter.remote": remote.measure,
+        "charter.gateway": gateway.measure,
         "charter.profile": charter_bench.profile_attempts,
         "charter.recovery": charter_bench.recovery,
         "charter.memory": charter_bench.memory,
