@@ -75,12 +75,39 @@ def test() -> None:
     run(BIN / "ruff", "format", "--check", "src", "tests", "bench", "tasks.py")
     run(BIN / "mypy")
     args = sys.argv[2:]
+    whole = not [a for a in args if a != "--quick"]
     if "--quick" in args:
         args.remove("--quick")
         skip = [*FAULTS, *SLOW]
         pytest([*(f"--deselect={t}" if "::" in t else f"--ignore={t}" for t in skip), *args])
         return
-    pytest(args, beside=[] if args else BESIDE)
+    pytest([*args, f"--ignore-glob={CREWAI_TESTS}"], beside=[] if args else BESIDE)
+    if whole:
+        crewai_suite()
+
+
+#: CrewAI's tests, which the main environment cannot run: CrewAI pins openai<3,
+#: mcp<2 and pydantic<2.13 (pyproject.toml's crewai extra).
+CREWAI_TESTS = "tests/test_crewai*.py"
+CREWAI_VENV = ROOT / ".venv-crewai"
+
+
+def crewai_suite() -> None:
+    """CrewAI's tests in an environment of their own, .venv-crewai, at the
+    versions ``constraints-crewai.txt`` pins (made again when they or
+    pyproject.toml change), on both stores, after the main suite."""
+    python = CREWAI_VENV / PY.relative_to(VENV)
+    if not python.exists():
+        venv.EnvBuilder(with_pip=True).create(CREWAI_VENV)
+    pins = ROOT / "constraints-crewai.txt"
+    stamp = CREWAI_VENV / ".installed"
+    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + pins.read_bytes()).hexdigest()
+    if not stamp.exists() or stamp.read_text() != want:
+        run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+        run(python, "-m", "pip", "install", "--quiet", "-c", pins, "-e",
+            ".[crewai,postgres,http]", "pytest", "pytest-timeout")  # fmt: skip
+        stamp.write_text(want)
+    pytest(sorted(str(p.relative_to(ROOT)) for p in ROOT.glob(CREWAI_TESTS)), python=python)
 
 
 #: The tests that inject faults: every commit interrupted, store faults, real
