@@ -169,9 +169,7 @@ class Coordinator:
                 settled_meanwhile = True
             else:
                 settled_meanwhile = False
-                auto = self._runtime.config.evidence_settles == "auto" and (
-                    late.settles_by_itself(evidence)
-                )
+                auto = self._auto and late.settles_by_itself(evidence)
                 why = "evidence settled automatically (evidence_settles=auto)"
                 settle = auto and self._apply(
                     tx, current, evidence, contract, actor=actor, reason=why
@@ -185,6 +183,11 @@ class Coordinator:
         if done is not None:
             observed.told(self._runtime.observer, done, current.status)
         return evidence
+
+    @property
+    def _auto(self) -> bool:
+        """Whether the contract's evidence settles by itself where it proves enough (R7)."""
+        return self._runtime.config.evidence_settles == "auto"
 
     def _owner(self, tx: Tx, run_id: str, segment_id: str) -> Executor:
         """The executor of the segment that owns ``run_id`` (its lease is checked
