@@ -53,6 +53,17 @@ interface Binding {
 }
 
 const BINDING = new AsyncLocalStorage<Binding>();
+/** Why Charter stopped a tool call, by node context and tool call id. */
+const STOPPED = new WeakMap<Context, Map<string, Error>>();
+
+/**
+ * Why Charter stopped the tool call `callId` of `ctx`'s agent run (an
+ * interruption's `rawItem.callId`): the error names the approval
+ * (`details.approval_id`) or the attempt waiting for evidence.
+ */
+export function stoppedBy(ctx: Context, callId: string): Error | undefined {
+  return STOPPED.get(ctx)?.get(callId);
+}
 
 /**
  * Run `work` (a `runner.run(...)`, or `run(...)`) as node `ctx`'s agent run:
@@ -126,12 +137,16 @@ export function charterTool<T extends SdkToolOptions>(options: T & CharterToolOp
       const id = callId ?? "";
       const call = start(bound, runContext, JSON.stringify(input ?? {}), id);
       bound.pending.set(`${raw.name}:${id}`, call);
+      const stops = STOPPED.get(bound.ctx) ?? new Map<string, Error>();
+      STOPPED.set(bound.ctx, stops);
       try {
         await call;
+        stops.delete(id);
         return false;
       } catch (error) {
         if (!stopsTheAgent(error)) return false; // invoke tells the model, or throws
         bound.pending.delete(`${raw.name}:${id}`); // asked again once a person decided
+        stops.set(id, error as Error);
         return true;
       }
     },
