@@ -181,7 +181,7 @@ def main(argv: list[str]) -> int:
         try:
             result = ex.execute(build_plan(cfg["model_url"], cfg["sandbox_url"], saver))
         except charter.Blocked as blocked:
-            print(json.dumps({"blocked": blocked.message}), flush=True)
+            print(json.dumps({"blocked": blocked.reason}), flush=True)
             return 0
         print(json.dumps({"completed": result}), flush=True)
     return 0

@@ -55,6 +55,7 @@ from charter.errors import ConfigError, MissingExtra, StateError
 
 try:
     from langchain_core.tools import BaseTool, ToolException
+    from langchain_core.utils.function_calling import convert_to_openai_tool
     from langgraph.config import get_config
     from langgraph.prebuilt import ToolNode as _ToolNode
     from langgraph.types import Command, interrupt
@@ -229,7 +230,9 @@ def _operation(effect: EffectClass | Operation) -> Operation:
 def _checked(tool: Any) -> BaseTool:
     if not isinstance(tool, BaseTool):
         raise ConfigError(f"{type(tool).__name__} is not a LangChain tool (BaseTool)")
-    injected = set(getattr(tool, "_injected_args_keys", ()))
+    # What the model is asked for leaves injected arguments out.
+    asked = convert_to_openai_tool(tool)["function"].get("parameters", {}).get("properties", {})
+    injected = set(tool.args) - set(asked)
     if injected:
         raise ConfigError(
             f"tool {tool.name!r} takes injected arguments {sorted(injected)}: a call is "

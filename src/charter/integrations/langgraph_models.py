@@ -124,8 +124,9 @@ class ChatModelCalls:
                 f"{type(model).__name__} retries on its own; build it with max_retries=0: "
                 "every request that leaves is an attempt"
             )
-        params = model._get_ls_params()
-        provider, self.model_name = params.get("ls_provider"), params.get("ls_model_name")
+        params = model.asdict()  # the model's public description: its type and settings
+        provider = str(params.get("_type", "")).partition("-")[0]
+        self.model_name = params.get("model_name") or params.get("model")
         if not provider or not self.model_name:
             raise ConfigError(f"{type(model).__name__} names no provider or model to price by")
         self.inner = model
@@ -142,7 +143,7 @@ class ChatModelCalls:
         self, messages: Sequence[BaseMessage], stop: list[str] | None, kwargs: Mapping[str, Any]
     ) -> dict[str, Any]:
         """The call as recorded and hashed, each part from its allow-list."""
-        params = self.inner._get_invocation_params(stop=stop, **kwargs)
+        params = {**self.inner.asdict(), "stop": stop, **kwargs}  # as the model sends them
         limit = params.get("max_tokens") or params.get("max_completion_tokens")
         return {
             "model": str(params.get("model") or params.get("model_name") or self.model_name),
