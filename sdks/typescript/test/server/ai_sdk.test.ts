@@ -193,6 +193,25 @@ test("W2_ai_sdk_a_payment_that_needs_an_approval_stops_the_agent_with_a_tool_app
   assert.deepEqual(model.of(invoice).map((b) => b.step), [0, 1], "the model was not asked twice for the tool call");
 });
 
+test("W2_ai_sdk_a_payment_a_person_denied_in_Charter_is_the_SDKs_denied_tool_call_and_is_never_sent", async () => {
+  const mission = await world.agentsMission({ approvals: { required: ["tools.pay"], ttl_seconds: 600 } });
+  const invoice = scripted("ai-deny");
+  const run = await inProcess(mission);
+  const first = await agent(run.model, run.governed.tools, invoice, run.governed.toolApproval);
+  const request = first.content.find((p) => p.type === "tool-approval-request");
+  assert.ok(request !== undefined);
+  const why = run.governed.stopped.get(request.toolCall.toolCallId) as { details?: Record<string, unknown> };
+  const ops = new Charter({ baseUrl: world.url, credential: world.credential("ops") });
+  await ops.deny(String(why.details?.["approval_id"]));
+  const second = await goOn(run, invoice, first.response.messages);
+  assert.equal((await world.payments(invoice)).length, 0, "never sent");
+  assert.ok(second.steps.length > 0);
+  const told = model.of(invoice)[1]?.told ?? [];
+  assert.match(told[0] ?? "", /voided and never sent: approval denied/, "the model told the call was denied, the SDK's way");
+  const { items } = await ops.attempts({ run: run.segment.runId });
+  assert.deepEqual(items.filter((a) => a.operation === "pay").map((a) => a.status), ["voided"]);
+});
+
 test("L3_L7_ai_sdk_an_exhausted_allowance_stops_the_agent_and_a_raised_limit_lets_it_pay_once", async () => {
   const mission = await world.agentsMission({ allowance: { usd_cents: 500, input_tokens: 1_000_000, output_tokens: 100_000 } });
   const invoice = scripted("ai-allowance");
