@@ -2,10 +2,15 @@
 
 Every test that takes ``engine`` runs once per backend: the embedded SQLite
 store, and PostgreSQL when ``CHARTER_TEST_POSTGRES_URL`` names a server (under
-``CI=true`` it must: ``.ci/run`` starts one). Each PostgreSQL test gets a schema
-of its own. A test that tampers with or inspects rows on purpose takes ``raw``
-(the store's own client, either backend); one that asks for ``store_url`` itself
-is about the SQLite file (its bytes, pragmas, write lock) and runs on SQLite only.
+``CI=true`` it must: ``.ci/run`` starts one). Each test process (each pytest-xdist
+worker, or pytest run alone) works in a database of its own on that server,
+created when its session starts and dropped when it ends, and each PostgreSQL
+test gets a schema of its own in it: what PostgreSQL keeps per database, not per
+schema (advisory locks such as a mission's gate, LISTEN/NOTIFY channels), is
+never shared by two tests running at once. A test that tampers with or inspects
+rows on purpose takes ``raw`` (the store's own client, either backend); one that
+asks for ``store_url`` itself is about the SQLite file (its bytes, pragmas,
+write lock) and runs on SQLite only.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import inspect
 import json
 import os
 import random
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,9 +44,24 @@ from charter.testing import (
     credential,
 )
 
-PG_URL = os.environ.get("CHARTER_TEST_POSTGRES_URL")
-if os.environ.get("CI") == "true" and not PG_URL:
+#: The server the tests use, as given: its maintenance database, for creating others.
+ADMIN_URL = os.environ.get("CHARTER_TEST_POSTGRES_URL")
+if os.environ.get("CI") == "true" and not ADMIN_URL:
     raise RuntimeError("CI=true but CHARTER_TEST_POSTGRES_URL is not set: start PostgreSQL")
+#: The pytest-xdist worker this process is (``gw0``, ``gw1`` ...), ``main`` when alone.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+#: The test run, shared by its workers (one name prefix for all their databases).
+RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID", uuid.uuid4().hex)[:12]
+
+
+def database_url(admin_url: str, name: str) -> str:
+    """``admin_url`` with its database replaced by ``name`` (query kept)."""
+    return urllib.parse.urlsplit(admin_url)._replace(path=f"/{name}").geturl()
+
+
+#: This process's database (:func:`database`), where every PostgreSQL test works.
+PG_DATABASE = f"charter_{RUN}_{WORKER}"
+PG_URL = database_url(ADMIN_URL, PG_DATABASE) if ADMIN_URL else None
 BACKENDS = ["sqlite", *(["postgresql"] if PG_URL else [])]
 #: ``python3 tasks.py faults --long``: the fault families run longer.
 LONG = os.environ.get("CHARTER_FAULTS") == "long"
@@ -112,6 +133,50 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.definition.get_closest_marker("networked"):
         backends = [b for b in backends if b == "postgresql"]
     metafunc.parametrize("backend", backends, indirect=True)
+
+
+@contextlib.contextmanager
+def database(admin_url: str, name: str) -> Iterator[str]:
+    """A database ``name`` on the server, created empty (from ``template0``, which
+    no session holds open) and dropped afterwards with whatever connections are
+    left in it (a killed child's, a leaked pool's); yields its URL."""
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0")
+    try:
+        yield database_url(admin_url, name)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _process_database() -> Iterator[None]:
+    """:data:`PG_DATABASE`, for the whole session of this test process."""
+    if ADMIN_URL is None:
+        yield
+        return
+    with database(ADMIN_URL, PG_DATABASE):
+        yield
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the longest tests first: those whose timeout is raised
+    past the default (a kill table, a sweep, a fleet), then those that kill real
+    processes, each group in file order. Handed out first, they run beside the
+    short ones; handed out last, the run would end waiting on one of them.
+    (Every worker collects the same order, as pytest-xdist requires.)"""
+    if WORKER == "main":
+        return
+    default = float(config.getini("timeout") or 0)
+
+    def rank(item: pytest.Item) -> tuple[float, bool]:
+        marker = item.get_closest_marker("timeout")
+        seconds = float(marker.args[0]) if marker and marker.args else default
+        return (-(seconds or float("inf")), item.get_closest_marker("crash") is None)
+
+    items.sort(key=rank)
 
 
 @pytest.fixture

@@ -1032,6 +1032,7 @@ def _crash_after_dispatch(point: str) -> None:
         raise Crash(point)
 
 
+@pytest.mark.timeout(600)  # 10,000 attempts: minutes when it shares the cores with other tests
 def test_R3_R4_N5_a_run_with_10_000_attempts_in_flight_is_stopped_and_recovered(
     engine: charter.Engine, who: Principals, store_address: str, clock: ManualClock
 ) -> None:
