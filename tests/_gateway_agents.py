@@ -34,7 +34,7 @@ CONNECT_SECONDS = 60.0
 def the_tool(offered: list[str]) -> str:
     """The offered name of the gateway's ``payments.pay`` (as is, or as the
     framework renamed it: its dot, and anything before it, replaced)."""
-    [name] = [n for n in offered if re.sub(r"[^a-zA-Z0-9]", "_", n).endswith("payments_pay")]
+    [name] = [n for n in offered if re.sub(r"[^a-zA-Z0-9]+", "_", n).endswith("payments_pay")]
     return name
 
 

@@ -102,7 +102,7 @@ class World:
         self.proc = subprocess.Popen(
             self.command("--port", str(self.port)), env=self.env(), stderr=subprocess.PIPE
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60  # a loaded machine starts Python slowly
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 err = self.proc.stderr.read().decode() if self.proc.stderr else ""
@@ -110,7 +110,7 @@ class World:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
                 return
             time.sleep(0.05)
-        raise RuntimeError("the gateway did not listen within 30 s")
+        raise RuntimeError("the gateway did not listen within 60 s")
 
     def kill(self) -> None:
         """SIGKILL the gateway (its upstream's stdio server sees its pipe close)."""
@@ -156,6 +156,7 @@ def world(
     contract: Mapping[str, Any] | None = None,
     tools: Mapping[str, Mapping[str, Any]] | None = None,
     engine: Mapping[str, Any] | None = None,
+    gateway: Mapping[str, Any] | None = None,
 ) -> Iterator[World]:
     """A world whose gateway file fronts the sandbox's MCP face for ``agent``."""
     pairs = {n: credential(n) for n in NAMES}
@@ -171,7 +172,11 @@ def world(
         upstream = [sys.executable, "-m", "charter.sandbox.mcp", box.url]
         tables: dict[str, Any] = {
             "engine": {"config": str(engine_file)},
-            "gateway": {"console_url": "http://127.0.0.1:8765/console", "stdio_client": "agent"},
+            "gateway": {
+                "console_url": "http://127.0.0.1:8765/console",
+                "stdio_client": "agent",
+                **(gateway or {}),
+            },
             "clients.agent": {"mission": mission, "credential": "env:AGENT_CREDENTIAL"},
             "clients.ops": {"mission": mission},
             "upstreams.payments": {"command": upstream},

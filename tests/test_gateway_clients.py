@@ -71,3 +71,26 @@ def test_G1_without_renaming_a_framework_offers_the_model_the_gateways_dotted_na
         assert not any(OPENAI_NAME.match(n) for n in offered(fake)[0])
         [attempt] = w.engine.attempts(mission_id=w.mission)
         assert payment["idempotency_key"] == attempt.idempotency_key
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_G1_with_the_separator_a_model_takes_both_frameworks_work_through_unchanged(
+    tmp_path: Path, store_address: str, framework: str
+) -> None:
+    """Broken G1: a gateway whose file names tools ``upstream__tool``
+    (``separator = "__"``) offers a name OpenAI's API refuses, or cannot map
+    the call back to its upstream and scope; no renaming in the framework."""
+    agent, turns = FRAMEWORKS[framework]
+    with (
+        world(tmp_path, store_address, gateway={"separator": "__"}) as w,
+        FakeProvider(**turns) as fake,
+    ):
+        w.start()
+        final: Any = asyncio.run(agent(w, fake, "http", rename=False))
+        [payment] = w.payments()
+        assert final == f"paid {payment['id']}"
+        assert offered(fake)[0] == ["payments__get_payment", "payments__pay"]
+        assert all(OPENAI_NAME.match(n) for n in offered(fake)[0])
+        [attempt] = w.engine.attempts(mission_id=w.mission)
+        assert attempt.scope == TOOL and payment["idempotency_key"] == attempt.idempotency_key
+        assert w.engine.balances(w.mission)["usd_cents"].spent == PAYMENT["amount"]

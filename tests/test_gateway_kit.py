@@ -42,6 +42,7 @@ CREATE = {
     "estimate": {"usd_cents": "amount"},
     "cost": {"usd_cents": "amount"},
     "lookup": "get_thing",
+    "lookup_key": "key",  # the kit's target files each thing under "key"
 }
 #: What an MCP tool cannot say: that nothing was done. Its error result may
 #: follow the effect (the MCP SDK makes one of any exception), so the gateway
@@ -165,7 +166,7 @@ def kit_upstream(
         yield scripted, stack.enter_context(upstream_tools(upstream))
 
 
-#: The case the gateway does not pass yet (see the last test).
+#: The case the last test plays on its own: the credential the gateway hands its upstream.
 ECHOED = "echo_in_body"
 
 
@@ -187,14 +188,8 @@ def test_A3_A5_G2_the_gateways_upstream_adapter_passes_the_kit(
     assert scripted.receipts[""] == 0  # every send carried a key
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the gateway reads an env: secret (an upstream's env or header) as a plain string, "
-    "never a charter.Secret, so an upstream that echoes it back gets it stored (S3)",
-)
 @pytest.mark.parametrize("transport", ["stdio", "http"])
-def test_an_upstream_echoing_the_gateways_credential_gets_nothing_stored(
+def test_S3_an_upstream_echoing_the_gateways_credential_gets_nothing_stored(
     transport: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The target echoes the API key the gateway handed its upstream (its

@@ -10,6 +10,7 @@ its reference)::
     [gateway]
     console_url = "http://127.0.0.1:8000/console"   # named in pending approvals
     stdio_client = "agent"        # the client a stdio gateway serves
+    separator = "__"              # tools named payments__pay to clients (default ".")
 
     [clients.agent]               # a principal whose credential a client presents
     mission = "msn_..."
@@ -24,6 +25,7 @@ its reference)::
     estimate = { usd_cents = "amount" }   # a whole number, or an argument's name
     cost = { usd_cents = "amount" }       # a field of the result's structured content
     lookup = "get_payment"                # a tool of the same upstream, by key
+    lookup_key = "idempotency_key"        # the found record's field that must be the key
     same_call_seconds = 600               # identical arguments within 600 s: one call
 
 Secrets are never written in the file: a credential, a header or an upstream's
@@ -36,12 +38,14 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from charter import Secret
 from charter.adapters import EffectClass
 from charter.errors import ConfigError
 
@@ -78,6 +82,7 @@ class ToolRule:
     estimate: Mapping[str, int | str] = field(default_factory=dict)
     cost: Mapping[str, str] = field(default_factory=dict)
     lookup: str | None = None
+    lookup_key: str = "idempotency_key"
     same_call_seconds: int | None = None
 
 
@@ -92,6 +97,7 @@ class GatewayConfig:
     stdio_client: str | None = None
     engine_config: str | None = None
     store: str | None = None
+    separator: str = "."
 
     def rule(self, name: str) -> ToolRule:
         """The rule for ``upstream.tool``: an exact entry, else the first pattern."""
@@ -133,11 +139,18 @@ class GatewayConfig:
         engine = _checked(found, lambda: _table(data, "engine"), {})
         gateway = _checked(found, lambda: _table(data, "gateway"), {})
         _checked(found, lambda: _only(engine, {"config", "store"}, "[engine]"), None)
-        _checked(found, lambda: _only(gateway, {"console_url", "stdio_client"}, "[gateway]"), None)
+        known = {"console_url", "stdio_client", "separator"}
+        _checked(found, lambda: _only(gateway, known, "[gateway]"), None)
+        separator = _checked(found, lambda: _separator(gateway), ".")
         clients: dict[str, Client] = each("clients", _client)
         upstreams: dict[str, Upstream] = each("upstreams", _upstream)
         if not upstreams and not found:
             found.append("the gateway needs at least one [upstreams.NAME]")
+        found += [
+            f"[upstreams.{u}]: its name holds the separator {separator!r}"
+            for u in upstreams
+            if separator in u
+        ]
         tools = tuple(each("tools", _rule).values())
         for r in tools:
             head = r.pattern.partition(".")[0]
@@ -151,7 +164,7 @@ class GatewayConfig:
         store = _checked(found, lambda: _store(engine.get("store"), base), None)
         if found:
             raise ConfigError("\n".join(found), problems=found)
-        return cls(clients, upstreams, tools, console, stdio, engine_config, store)
+        return cls(clients, upstreams, tools, console, stdio, engine_config, store, separator)
 
 
 _SECTIONS = ("engine", "gateway", "clients", "upstreams", "tools")
@@ -167,12 +180,13 @@ def _checked(found: list[str], read: Any, default: Any) -> Any:
 
 
 def secret(value: str) -> str:
-    """An ``env:NAME`` value, read now; a missing variable is a :class:`ConfigError`."""
+    """An ``env:NAME`` value, read now and remembered as a :class:`~charter.Secret`
+    (S3): an upstream that echoes it back has it scrubbed from whatever is
+    stored; a missing variable is a :class:`ConfigError`."""
     name = value.removeprefix("env:")
-    found = os.environ.get(name)
-    if found is None:
+    if os.environ.get(name) is None:
         raise ConfigError(f"the environment variable {name} (named as env:{name}) is not set")
-    return found
+    return Secret.env(name).reveal()
 
 
 def problems(config: GatewayConfig, tools: Mapping[str, list[str]]) -> list[str]:
@@ -218,6 +232,17 @@ def _hidden(value: Any, where: str) -> str:
     return value
 
 
+def _separator(gateway: Mapping[str, Any]) -> str:
+    """What joins an upstream's name and a tool's in the names clients see."""
+    value = gateway.get("separator", ".")
+    if not isinstance(value, str) or not re.fullmatch(r"[._/-]{1,3}", value):
+        raise ConfigError(
+            f"[gateway] separator must be 1 to 3 of . _ - /, got {value!r}; '__' gives names "
+            "that models limited to [A-Za-z0-9_-] accept"
+        )
+    return value
+
+
 def _client(name: str, value: Any) -> Client:
     where = f"[clients.{name}]"
     if not isinstance(value, Mapping):
@@ -260,7 +285,8 @@ def _rule(pattern: str, value: Any) -> ToolRule:
     where = f"[tools.{pattern!r}]"
     if not isinstance(value, Mapping):
         raise ConfigError(f"{where} must be a table")
-    keys = {"effect", "dedupe_window_seconds", "estimate", "cost", "lookup", "same_call_seconds"}
+    keys = {"effect", "dedupe_window_seconds", "estimate", "cost", "lookup", "lookup_key",
+            "same_call_seconds"}  # fmt: skip
     _only(value, keys, where)
     effect = value.get("effect")
     try:
@@ -285,6 +311,7 @@ def _rule(pattern: str, value: Any) -> ToolRule:
         dict(estimate),
         dict(cost),
         _text(value, "lookup", where),
+        _text(value, "lookup_key", where) or "idempotency_key",
         _seconds(value, "same_call_seconds", where),
     )
 

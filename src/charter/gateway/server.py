@@ -7,7 +7,8 @@ upstream once, and answers:
 
 - ``tools/list`` with the upstreams' tools the client's principal may run
   under its mission's current contract (``run`` on ``upstream.tool``), with
-  their schemas and annotations, named ``upstream.tool``;
+  their schemas and annotations, named ``upstream.tool`` (or with the file's
+  ``separator``: ``upstream__tool`` for models that take no dot in a name);
 - ``tools/call`` through :class:`~charter.gateway.calls.Calls`: each call an
   attempt under the contract, answered with the upstream's result, or with a
   result of the gateway's own (``isError``, and ``structuredContent.charter``
@@ -38,8 +39,6 @@ _log = logging.getLogger("charter.gateway")
 #: The largest request body the HTTP gateway reads (bytes): a tool's arguments
 #: and nothing near a stranger's upload (P4).
 MAX_BODY = 1 << 20
-#: Tools are named ``upstream.tool`` to clients, as the contract names their scope.
-SEPARATOR = "."
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -126,7 +125,7 @@ class Gateway:
         async def list_tools(ctx: Any, params: Any) -> Any:
             who = who_calls(ctx)
             tools = [
-                tool.model_copy(update={"name": f"{u}{SEPARATOR}{tool.name}"})
+                tool.model_copy(update={"name": f"{u}{self.config.separator}{tool.name}"})
                 for u, tool in self.allowed(who)
             ]
             return types.ListToolsResult(tools=tools)
@@ -156,7 +155,7 @@ class Gateway:
     def _tool(self, who: Principal, name: str, types: Any) -> tuple[UpstreamTools, str]:
         """The upstream and tool ``name`` names, if ``who`` may run it; else the
         same error as for a tool that does not exist (nothing is told of it)."""
-        upstream_name, sep, tool = name.partition(SEPARATOR)
+        upstream_name, sep, tool = name.partition(self.config.separator)
         upstream = self.upstreams.get(upstream_name)
         known = sep and upstream is not None and tool in upstream.tools
         contract = self.engine.contract(self.config.clients[who.name].mission)

@@ -63,8 +63,9 @@ class UpstreamTools(McpTools):
         return {**held, **{u: _whole(result, f, "result field") for u, f in rule.cost.items()}}
 
     async def reconcile(self, attempt: RecordedAttempt) -> Evidence:
-        """The rule's lookup tool, asked by the attempt's key: a record found is
-        the call applied at its cost; anything else proves nothing (R7). The
+        """The rule's lookup tool, asked by the attempt's key: a record found
+        whose ``lookup_key`` field is that key is the call applied at its cost;
+        anything else (none, an error, another call's record) proves nothing (R7). The
         upstream's session lives on the gateway's event loop: a reconcile the
         engine awaits on a loop of its own (a takeover in a worker thread) is
         carried over to it."""
@@ -85,6 +86,8 @@ class UpstreamTools(McpTools):
         record = getattr(found, "structured_content", None)
         if getattr(found, "is_error", True) or not isinstance(record, Mapping) or not record:
             return Evidence.indeterminate({"lookup": rule.lookup, "found": None})
+        if record.get(rule.lookup_key) != attempt.idempotency_key:  # another call's record
+            return Evidence.indeterminate({"lookup": rule.lookup, "not_this_call": dict(record)})
         cost = self._cost(rule, attempt.request, record)
         outcome = Outcome.succeeded(dict(record), cost=cost, receipt={"lookup": rule.lookup})
         return Evidence.applied(outcome, detail={"lookup": rule.lookup})
