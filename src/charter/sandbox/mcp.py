@@ -33,7 +33,9 @@ FENCE_META = "charter/fencing_token"
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def _ask(url: str, method: str = "GET", body: Any = None, headers: dict[str, str] | None = None) -> Any:
+def _ask(
+    url: str, method: str = "GET", body: Any = None, headers: dict[str, str] | None = None
+) -> Any:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     if data is not None:
