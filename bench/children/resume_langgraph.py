@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import TypedDict
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
@@ -48,8 +49,9 @@ def main(argv: list[str]) -> int:
     builder.add_edge("second", END)
     conn = sqlite3.connect(str(workdir / "langgraph.sqlite"), check_same_thread=False)
     graph = builder.compile(checkpointer=SqliteSaver(conn))
-    config = {"configurable": {"thread_id": "bench-resume"}}
-    out = graph.invoke(None if not CRASH else {"v": 0}, config, durability="sync")
+    config: RunnableConfig = {"configurable": {"thread_id": "bench-resume"}}
+    start: State | None = None if not CRASH else {"v": 0}
+    out = graph.invoke(start, config, durability="sync")
     print("DONE", out["v"], flush=True)
     conn.close()
     return 0
