@@ -69,7 +69,9 @@ def demo() -> None:
 def test() -> None:
     """Lint, type-check and the whole suite; ``--quick`` leaves out the tests
     that inject faults (:data:`FAULTS`) and drive a browser (:data:`SLOW`),
-    for the inner loop of a change to one rule: both stores still run."""
+    for the inner loop of a change to one rule: both stores still run. The
+    tests run over :func:`workers` processes (pytest-xdist) unless the
+    arguments say otherwise (``-n 0``: one process, in file order)."""
     ensure_venv("test")
     run(BIN / "ruff", "check", "src", "tests", "bench", "tasks.py")
     run(BIN / "ruff", "format", "--check", "src", "tests", "bench", "tasks.py")
@@ -79,9 +81,8 @@ def test() -> None:
     if "--quick" in args:
         args.remove("--quick")
         skip = [*FAULTS, *SLOW]
-        pytest([*(f"--deselect={t}" if "::" in t else f"--ignore={t}" for t in skip), *args])
-        return
-    pytest([*args, f"--ignore-glob={CREWAI_TESTS}"], beside=[] if args else BESIDE)
+        args = [*(f"--deselect={t}" if "::" in t else f"--ignore={t}" for t in skip), *args]
+    pytest(parallel([*args, f"--ignore-glob={CREWAI_TESTS}"]))
     if whole:
         crewai_suite()
 
@@ -111,7 +112,8 @@ def crewai_suite() -> None:
 
 
 #: The tests that inject faults: every commit interrupted, store faults, real
-#: kills and pauses, random histories checked after every step, secret canaries.
+#: kills and pauses, random histories checked after every step, secret canaries;
+#: and the other tests that take a minute or more on two cores (a table of kills).
 FAULTS = [
     "tests/test_sweep.py",
     "tests/test_fleet.py",
@@ -123,6 +125,7 @@ FAULTS = [
     "tests/test_ledger.py::test_L0_L1_L2_hold_after_every_step_of_random_histories",
     "tests/test_simulation.py",
     "tests/test_attempt_model.py",
+    "tests/test_langgraph_kills.py",
 ]
 
 
@@ -130,11 +133,26 @@ FAULTS = [
 SLOW = ["tests/test_browser.py"]
 
 
-#: Run beside the rest of the whole suite, in a pytest process of its own: the
-#: sweep and the worker fleets spend their time waiting on the child processes
-#: they kill, pause and restart (a fraction of a core), a third of the suite's
-#: time when run in turn.
-BESIDE = ["tests/test_sweep.py", "tests/test_fleet.py"]
+def workers() -> int:
+    """How many pytest-xdist workers the suite runs over: two per core the
+    machine lets this process use, at least two. Most of a test's time is spent
+    waiting on what it drives (the child processes it kills and pauses, servers
+    on loopback, PostgreSQL), so more workers than cores keep the cores busy;
+    ``CHARTER_TEST_WORKERS`` sets another number."""
+    given = os.environ.get("CHARTER_TEST_WORKERS")
+    if given:
+        return int(given)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(2, 2 * (cores or 1))
+
+
+def parallel(args: list[str]) -> list[str]:
+    """``args`` run over :func:`workers` processes, the longest tests first
+    (``tests/conftest.py``); as given when they already choose (``-n``, ``-p no:xdist``)."""
+    chosen = {"-n", "--numprocesses", "no:xdist", "-pno:xdist", "--dist"}
+    if any(a in chosen or a.startswith(("-n", "--numprocesses=", "--dist=")) for a in args):
+        return args
+    return ["-n", str(workers()), "--dist", "load", *args]
 
 
 def faults() -> None:
@@ -143,7 +161,7 @@ def faults() -> None:
     ensure_venv("test")
     args = sys.argv[2:]
     env = {"CHARTER_FAULTS": "long"} if "--long" in args else {}
-    pytest([*FAULTS, *(a for a in args if a != "--long")], env)
+    pytest(parallel([*FAULTS, *(a for a in args if a != "--long")]), env)
 
 
 def simulate() -> None:
@@ -220,19 +238,12 @@ def screenshots() -> None:
     run(PY, "-m", "pytest", "tests/test_browser.py", "-q", "-p", "no:cacheprovider", env=env)
 
 
-def pytest(
-    args: list[str],
-    extra: dict[str, str] | None = None,
-    *,
-    beside: list[str] | None = None,
-    python: Path = PY,
-) -> None:
+def pytest(args: list[str], extra: dict[str, str] | None = None, *, python: Path = PY) -> None:
     """pytest (of ``python``'s environment) on SQLite and on a PostgreSQL server
-    (one started here if needed); the files ``beside`` in a second pytest
-    process at the same time."""
-    base, beside = {**os.environ, **(extra or {})}, beside or []
-    if base.get("CHARTER_TEST_POSTGRES_URL"):
-        suite(args, base, beside, python)
+    (one started here if needed)."""
+    env = {**os.environ, **(extra or {})}
+    if env.get("CHARTER_TEST_POSTGRES_URL"):
+        run(python, "-m", "pytest", *args, env=env)
         return
     sys.path.insert(0, str(ROOT))
     # stdlib only; importable once the checkout is on sys.path (one cluster starter).
@@ -243,40 +254,11 @@ def pytest(
             if os.environ.get("CI") == "true":
                 raise SystemExit("CI needs PostgreSQL 15 (initdb and pg_ctl) for its tests")
             print("PostgreSQL not found: the tests run on SQLite only", flush=True)
-            suite(args, base, beside, python)
+            run(python, "-m", "pytest", *args, env=env)
             return
         print(f"PostgreSQL: throwaway cluster at {srv.base_url}", flush=True)
-        suite(args, {**base, "CHARTER_TEST_POSTGRES_URL": srv.url("postgres")}, beside, python)
-
-
-def suite(args: list[str], env: dict[str, str], beside: list[str], python: Path = PY) -> None:
-    """The tests in ``args``, and the files ``beside`` in a pytest process of their
-    own meanwhile (its own temporary folder, no shared cache); its output is
-    printed once it ends. Fails if either fails."""
-    if not beside:
+        env["CHARTER_TEST_POSTGRES_URL"] = srv.url("postgres")
         run(python, "-m", "pytest", *args, env=env)
-        return
-    with (
-        tempfile.TemporaryDirectory(prefix="charter-beside-") as tmp,
-        (Path(tmp) / "log").open("w+") as log,
-    ):
-        side = [python, "-m", "pytest", "-p", "no:cacheprovider", "--basetemp", f"{tmp}/t", *beside]
-        print("+", " ".join(map(str, side)), "(beside; its output follows the rest)", flush=True)
-        proc = subprocess.Popen(side, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            main = [python, "-m", "pytest", *args, *(f"--ignore={b}" for b in beside)]
-            print("+", " ".join(map(str, main)), flush=True)
-            code = subprocess.call(main, cwd=ROOT, env=env)
-            side_code = proc.wait()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        log.seek(0)
-        print(f"--- {' '.join(beside)} (ran beside the rest) ---", flush=True)
-        print(log.read(), flush=True)
-    if code or side_code:
-        raise SystemExit(code or side_code)
 
 
 if __name__ == "__main__":
