@@ -161,13 +161,14 @@ def test_A5_upgrading_drops_the_index_of_the_derived_key_and_keeps_every_attempt
     monkeypatch.setattr(storage, "MIGRATIONS", MIGRATIONS[:13])
     monkeypatch.setattr(storage, "LATEST", 13)
     old = make_engine()
-    # Today's code reads the escrow tables (L10) on every admission: they stand in
-    # for this old store's while it is written, and go before it is upgraded.
-    [escrow] = [m for m in MIGRATIONS if m[0] == 18]
-    for statement in escrow[2]:
-        backend, sql = statement if isinstance(statement, tuple) else (raw.backend, statement)
-        if backend == raw.backend:
-            raw.execute(sql)
+    # Today's code reads the escrow tables (L10) on every admission and keeps the
+    # digest of every claim it issues (X3): they stand in for this old store's
+    # while it is written, and go before it is upgraded.
+    for later in (m for m in MIGRATIONS if m[0] in (18, 21)):
+        for statement in later[2]:
+            backend, sql = statement if isinstance(statement, tuple) else (raw.backend, statement)
+            if backend == raw.backend:
+                raw.execute(sql)
     agent = old.authenticate(creds[0]["agent"])
     mission = old.create_mission(default_contract(), by=old.authenticate(creds[0]["alice"]))
     adapter = RecordingAdapter()
@@ -180,7 +181,7 @@ def test_A5_upgrading_drops_the_index_of_the_derived_key_and_keeps_every_attempt
     ex.perform(adapter, "read", {"k": 1}, effect_key="r1")
     assert ex.perform(adapter, "write", {"k": 2}, effect_key="w1").status.value == "unknown"
     old.close()
-    for table in ("escrow_holds", "escrow_accounts", "escrow_slices"):
+    for table in ("escrow_holds", "escrow_accounts", "escrow_slices", "run_claims"):
         raw.execute(f"DROP TABLE {table}")
     assert len(raw.rows("SELECT * FROM evidence")) == 1
     keyed = _attempt_indexes(raw)
