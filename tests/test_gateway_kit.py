@@ -34,6 +34,8 @@ from charter.conformance.http_target import ScriptedHttp
 from charter.gateway.config import GatewayConfig
 from charter.gateway.upstream import UpstreamTools, connected
 
+pytestmark = pytest.mark.timeout(600)  # many cases, each through an MCP server process
+
 UPSTREAM = Path(__file__).resolve().parent / "_kit_upstream.py"
 REQUEST = {"amount": 5_00, "currency": "usd", "payee": "acme", "reference": "inv-1"}
 CREATE = {
