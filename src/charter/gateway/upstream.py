@@ -114,18 +114,24 @@ async def connected(upstream: Upstream, config: GatewayConfig) -> AsyncIterator[
         raise MissingExtra(
             "the gateway needs the MCP SDK: pip install 'charter[mcp]'", extra="mcp"
         ) from None
-    if upstream.url is not None:
-        import httpx2  # noqa: PLC0415 - the MCP SDK's own HTTP client
-        from mcp.client.streamable_http import streamable_http_client  # noqa: PLC0415
+    async with contextlib.AsyncExitStack() as stack:
+        if upstream.url is not None:
+            import httpx2  # noqa: PLC0415 - the MCP SDK's own HTTP client
+            from mcp.client.streamable_http import streamable_http_client  # noqa: PLC0415
 
-        headers = {k: secret(v) if v.startswith("env:") else v for k, v in upstream.headers.items()}
-        http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60.0))
-        server: Any = streamable_http_client(upstream.url, http_client=http)
-    else:
-        command, *args = upstream.command
-        env = {k: secret(v) for k, v in upstream.env.items()}
-        server = StdioServerParameters(command=command, args=args, env=env or None)
-    async with Client(server, cache=None) as client:
+            headers = {
+                k: secret(v) if v.startswith("env:") else v for k, v in upstream.headers.items()
+            }
+            # The transport does not close a client it is given: closed here, last.
+            http = await stack.enter_async_context(
+                httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60.0))
+            )
+            server: Any = streamable_http_client(upstream.url, http_client=http)
+        else:
+            command, *args = upstream.command
+            env = {k: secret(v) for k, v in upstream.env.items()}
+            server = StdioServerParameters(command=command, args=args, env=env or None)
+        client = await stack.enter_async_context(Client(server, cache=None))
         tools = await UpstreamTools.connect(client, name=upstream.name, config=config)
         assert isinstance(tools, UpstreamTools)
         yield tools
