@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pg
-from timing import Sample, clock, fmt, fmt_sample
+from timing import Sample, clock, fmt, fmt_sample, row, sample_of
 
 import charter
 from charter.testing import credential
@@ -151,15 +151,13 @@ def measure(url: str, calls: int = 300, warmup: int = 20) -> dict[str, Any]:
 def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The bench's rows (bench/report.py): what the gateway adds to a call's
     median, against the target on SQLite, and for what it tells elsewhere."""
-    from report import _row, sample_of
-
     out = []
     for where, got in sorted(results.get("gateway", {}).items()):
         gated, direct = sample_of(got.get("gateway")), sample_of(got.get("direct"))
         if gated is None or direct is None:
             continue
         added, sqlite = got["added"]["p50"], where == "sqlite"
-        row = _row(
+        found = row(
             f"MCP gateway: added to a read-only tool call, p50 ({where})",
             fmt_sample(gated),
             f"upstream directly: {fmt_sample(direct)}",
@@ -168,7 +166,7 @@ def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
             target=TARGET_S,
             target_text=f"≤ {TARGET_S * 1e3:g} ms" if sqlite else "(none)",
         )
-        out.append(row if sqlite else {**row, "result": "info", "limit": None})
+        out.append(found if sqlite else {**found, "result": "info", "limit": None})
     return out
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from report import COLUMNS, sample_of
-from timing import Sample, fmt, fmt_sample
+from report import COLUMNS
+from timing import Sample, fmt, fmt_sample, sample_of
 
 from charter.storage.sqlite import SQLiteDriver
 

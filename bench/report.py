@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import gateway
-from timing import Sample, fmt, fmt_sample
+from timing import Sample, fmt, fmt_sample, row, sample_of
 
 PACKAGES = (
     "charter",
@@ -107,44 +107,6 @@ def versions() -> dict[str, str | None]:
 
 
 # -- rows ------------------------------------------------------------------------------------
-def sample_of(entry: dict[str, Any] | None) -> Sample | None:
-    if not entry or "sample" not in entry:
-        return None
-    return Sample.from_dict(entry["sample"])
-
-
-def _row(
-    check: str,
-    charter: str,
-    reference: str,
-    *,
-    value: float | None,
-    shown: str,
-    target: float,
-    target_text: str,
-    strict: bool = False,
-    at_least: bool = False,
-) -> dict[str, Any]:
-    if value is None:
-        result = "pending"
-    elif at_least:
-        result = "met" if value >= target else "missed"
-    elif strict:
-        result = "met" if value < target else "missed"
-    else:
-        result = "met" if value <= target else "missed"
-    return {
-        "check": check,
-        "Charter": charter,
-        "compared with": reference,
-        "value": shown if value is not None else "—",
-        "target": target_text,
-        "result": result,
-        "measured": value,
-        "limit": target,
-    }
-
-
 def _info_row(check: str, ours: Sample, theirs: Sample, reference: str) -> dict[str, Any]:
     """A ratio shown for what it tells, with no target."""
     ratio = ours.median / theirs.median
@@ -180,7 +142,7 @@ def _ratio_row(
     theirs_missing: str = "",
 ) -> dict[str, Any]:
     ratio = ours.median / theirs.median if ours is not None and theirs is not None else None
-    return _row(
+    return row(
         check,
         fmt_sample(ours) if ours is not None else ours_missing,
         f"{theirs_name} {fmt_sample(theirs)}" if theirs is not None else theirs_missing,
@@ -255,7 +217,7 @@ def _attempt_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     disk = results["attempts"].get("sqlite", {}).get("charter", {})
     on_disk = sample_of({"sample": disk["cpu"]}) if "cpu" in disk else None
     out.append(
-        _row(
+        row(
             "engine CPU per attempt (SQLite on tmpfs, process CPU time)",
             fmt_sample(cpu) if cpu is not None else "pending",
             f"on this disk: {fmt_sample(on_disk)}" if on_disk is not None else "",
@@ -296,7 +258,7 @@ def _throughput_row(
 ) -> dict[str, Any]:
     """Throughput of many streams against one: the ratio of time per attempt."""
     ratio = one.median / many.median if one is not None and many is not None else None
-    return _row(
+    return row(
         check,
         f"{1 / many.median:,.0f} attempts/s" if many is not None else "pending",
         f"one stream: {1 / one.median:,.0f} attempts/s" if one is not None else "",
@@ -338,7 +300,7 @@ def _fleet_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         for layout in ("separate", "shared", "shared, no escrow")
     ]
     return [
-        _row(
+        row(
             "4 processes on one PostgreSQL mission with escrow vs a mission each",
             f"{shared:,.0f} attempts/s" if shared else "pending",
             "; ".join(shown) + " (1 / 2 / 4 processes)" if rate else "",
@@ -362,7 +324,7 @@ def _wake_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     leases = other / lease if other is not None and lease else None
     sqlite = wakes.get("sqlite", {}).get("timer_late_seconds", {})
     return [
-        _row(
+        row(
             f"a timer's run continues after its due time (median, {where}, worker processes)",
             fmt(late["median"], "s") if late else "pending",
             f"max {fmt(late['max'], 's')} of {late['n']}; SQLite median "
@@ -374,7 +336,7 @@ def _wake_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
             target=1.0,
             target_text="≤ 1 s",
         ),
-        _row(
+        row(
             f"takeover after SIGKILL of a worker on the same host ({where}, 30 s lease)",
             fmt(same["median"], "s") if same else "pending",
             f"max {fmt(same['max'], 's')}" if same else "",
@@ -383,7 +345,7 @@ def _wake_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
             target=1.0,
             target_text="≤ 1 s",
         ),
-        _row(
+        row(
             f"takeover when the owner is on another host ({where}), in leases",
             fmt(other, "s") if other is not None else "pending",
             f"lease {lease} s" if lease else "",
@@ -409,7 +371,7 @@ def _recovery_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
             theirs_name=f"at {int(small):,}:",
             target=1.5,
         ),
-        _row(
+        row(
             f"recover() at {int(big):,} settled + {unresolved} unresolved",
             fmt_sample(big_sample),
             "",
@@ -454,7 +416,7 @@ def _process_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
     rss = Sample.from_dict(mem["sample"])
     runs = mem["store"]["completed_runs"]
     return [
-        _row(
+        row(
             "import charter (in a fresh interpreter)",
             fmt_sample(imp),
             "",
@@ -463,7 +425,7 @@ def _process_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
             target=0.150,
             target_text="≤ 150 ms",
         ),
-        _row(
+        row(
             "charter --help (whole process, wall time)",
             fmt_sample(helps),
             f"python -c pass: {fmt_sample(bare)}",
@@ -472,7 +434,7 @@ def _process_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
             target=0.300,
             target_text="≤ 300 ms",
         ),
-        _row(
+        row(
             f"peak RSS: open a {runs:,}-run store, execute one more",
             fmt_sample(rss),
             f"import charter alone: {fmt(mem['baseline_import_only_bytes'], 'bytes')}",
@@ -492,7 +454,7 @@ def _audit_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     rss, small = Sample.from_dict(audit["rss"]), Sample.from_dict(audit["small"]["rss"])
     return [
-        _row(
+        row(
             f"peak RSS: charter audit verify, one mission of {audit['events']:,} events",
             fmt_sample(rss),
             f"on {audit['small']['events']} events: {fmt_sample(small)}",

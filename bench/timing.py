@@ -99,3 +99,43 @@ def fmt_sample(sample: Sample) -> str:
     return (
         f"{_num(sample.median / div)} [{_num(sample.low / div)}-{_num(sample.high / div)}] {name}"
     )
+
+
+def sample_of(entry: dict[str, Any] | None) -> Sample | None:
+    """The sample a result entry holds, if it holds one."""
+    if not entry or "sample" not in entry:
+        return None
+    return Sample.from_dict(entry["sample"])
+
+
+def row(
+    check: str,
+    charter: str,
+    reference: str,
+    *,
+    value: float | None,
+    shown: str,
+    target: float,
+    target_text: str,
+    strict: bool = False,
+    at_least: bool = False,
+) -> dict[str, Any]:
+    """A row of docs/performance.md: the figure, its target, and whether it was met."""
+    if value is None:
+        result = "pending"
+    elif at_least:
+        result = "met" if value >= target else "missed"
+    elif strict:
+        result = "met" if value < target else "missed"
+    else:
+        result = "met" if value <= target else "missed"
+    return {
+        "check": check,
+        "Charter": charter,
+        "compared with": reference,
+        "value": shown if value is not None else "—",
+        "target": target_text,
+        "result": result,
+        "measured": value,
+        "limit": target,
+    }
