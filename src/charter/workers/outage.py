@@ -78,9 +78,11 @@ class Outage:
             self._next = now + self._wait
 
     def answered(self) -> None:
-        """A look reached the store: if it was away, say that it is back."""
+        """A look reached the store: if it was away, say that it is back. An
+        answer before the next look was due comes from a look begun before the
+        store went (another thread's, in flight): it says nothing of now."""
         with self._lock:
-            if self._since is None:
+            if self._since is None or time.monotonic() < self._next:
                 return
             away, self._since = time.monotonic() - self._since, None
         log.warning("worker %s: the store answers again after %.1fs", self.worker, away)
