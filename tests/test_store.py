@@ -835,7 +835,7 @@ def test_an_attempt_is_two_durable_commits_and_two_round_trips(
     committed on the mission, each transaction decides on what that commit
     read again and sends its guards with its writes, so the whole attempt
     makes two round trips, one per commit, with the server's clock checked
-    in them."""
+    in them. On SQLite the attempt is 15 statements (docs/record.md)."""
     config = charter.EngineConfig(credentials=creds[1])
     engine = charter.Engine.open(store_address, config=config)
     alice = engine.authenticate(creds[0]["alice"])
@@ -869,6 +869,11 @@ def test_an_attempt_is_two_durable_commits_and_two_round_trips(
     if backend == "postgresql":
         assert [batch[-1] for batch in sent] == ["COMMIT", "COMMIT"]
         assert all(batch[0] == "BEGIN" for batch in sent)
+    else:
+        # The chain's head comes with each transaction's first read of the run
+        # (under the write lock), not in a statement of its own.
+        assert not [q for q in statements if q.startswith("SELECT audit_seq")]
+        assert len(statements) == 15, statements
 
 
 def test_a_transaction_reads_the_stores_clock_after_waiting_for_the_gate(
@@ -1107,3 +1112,40 @@ def test_ids_spell_their_time_and_randomness_in_base32_and_sort_by_time() -> Non
         assert value & ((1 << 80) - 1) == expected_bits.getrandbits(80)
         clock.advance(0.0015)
     assert made == sorted(made)
+
+
+def test_S1_two_engines_taking_turns_on_one_mission_keep_one_chain(
+    backend: str, store_address: str, creds: tuple[dict[str, str], dict[str, str]]
+) -> None:
+    """A transaction chains its events onto the head its own first read found
+    under the mission's gate, never onto one an earlier transaction saw: two
+    engines (two connections) taking turns on one mission's chain, one of them
+    also deciding on the mission without reading a run, leave one unbroken
+    chain with every event on it."""
+    config = charter.EngineConfig(credentials=creds[1])
+    first = charter.Engine.open(store_address, config=config)
+    second = charter.Engine.open(store_address, config=config)
+    try:
+        mission = first.create_mission(default_contract(), by=first.authenticate(creds[0]["alice"]))
+        runs = [
+            engine.start_run(mission, by=engine.authenticate(creds[0]["agent"]), segment_id=seg)
+            for engine, seg in ((first, "s1"), (second, "s2"))
+        ]
+        adapter = RecordingAdapter()
+        alice = first.authenticate(creds[0]["alice"])
+        for n in range(6):
+            runs[n % 2].perform(adapter, "write", {"n": n}, effect_key=f"turn-{n}")
+            # A decision that reads no run, by the engine whose last write is older.
+            first.raise_limit(mission, "calls", 101 + n, by=alice)
+        for ex in runs:
+            ex.finish()
+        [verdict] = first.verify_audit(mission)
+        assert verdict.ok, verdict
+        assert len(adapter.sent) == 6
+        events = first.audit_events(mission)
+        assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+        settled = [e for e in events if e["kind"] == "attempt.settled"]
+        assert len(settled) == 6
+    finally:
+        first.close()
+        second.close()

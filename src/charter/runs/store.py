@@ -27,10 +27,19 @@ SETTLED = ("succeeded", "failed", "written_off", "voided")
 
 _COUNT = {s: f"UPDATE runs SET n_{s} = n_{s} + 1 WHERE id = ?" for s in SETTLED}
 
+#: The mission's chain head, read with a transaction's first read of the run
+#: (under the mission's gate): an embedded store need not read it again when the
+#: transaction's events are chained (see ``SQLiteDriver.recall``).
+_HEAD = (
+    "m.id AS head_of, m.audit_seq AS head_seq, m.audit_hash AS head_hash, "
+    "m.audit_sealed AS head_sealed"
+)
+
 _STANDING = (
     "SELECT r.status, r.epoch, r.owner_segment, r.owner_claim, r.lease_expires_us, r.linked_from, "
     "m.contract_version, "
     "m.attempts_admitted, m.attempts_failed, "
+    f"{_HEAD}, "
     "(SELECT COUNT(*) FROM incidents i WHERE i.mission_id = r.mission_id "
     "AND i.status = 'open') AS open_incidents, "
     # "unit:amount,..." (units are plain names): one statement, one round trip.
@@ -48,7 +57,8 @@ _STANDING = (
 #: through the mission's gate then asks whose hold it resolves.
 _STATUS_AHEAD = (
     "SELECT r.status, (SELECT COUNT(*) FROM escrow_slices s WHERE s.mission_id = r.mission_id "
-    "AND s.status = 'open') AS slices FROM runs r WHERE r.id = ?"
+    f"AND s.status = 'open') AS slices, {_HEAD} "
+    "FROM missions m JOIN runs r ON m.id = r.mission_id WHERE r.id = ?"
 )
 
 _SET_LEASE = "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ?"

@@ -40,6 +40,16 @@ def _translate(exc: sqlite3.Error, busy_timeout: float) -> Exception:
     return StoreError(f"SQLite error: {text}")
 
 
+class _Answered:
+    """A read's one row, already fetched (what :meth:`SQLiteDriver.recall` takes)."""
+
+    def __init__(self, row: sqlite3.Row | None) -> None:
+        self._row = row
+
+    def fetchone(self) -> sqlite3.Row | None:
+        return self._row
+
+
 class SQLiteDriver:
     """One connection to one SQLite file."""
 
@@ -66,6 +76,9 @@ class SQLiteDriver:
         self.path = path
         self._busy_timeout = busy_timeout
         self._now_us = 0
+        #: Chain heads read by this transaction (see :meth:`recall`), kept until
+        #: it ends: nobody else writes meanwhile (BEGIN IMMEDIATE).
+        self._heads: dict[str, Head] = {}
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._conn = sqlite3.connect(
@@ -105,8 +118,15 @@ class SQLiteDriver:
     def recall(
         self, mission_id: str, sql: str, params: Sequence[Any], take: Callable[[Any], None]
     ) -> None:
-        """In-process, a read costs no round trip: it is simply run."""
-        take(self.execute(sql, params))
+        """In-process, a read costs no round trip: it is simply run. A read that
+        also returns the chain's head (``head_of``, ``head_seq``, ``head_hash``,
+        ``head_sealed``: the mission row's, read under the write lock) saves
+        :meth:`head` its own statement later in the transaction."""
+        row = self.execute(sql, params).fetchone()
+        columns = [] if row is None else row.keys()  # (``in`` on a Row looks at its values)
+        if "head_of" in columns and row["head_of"] == mission_id:
+            self._heads[mission_id] = (row["head_seq"], row["head_hash"], row["head_sealed"])
+        take(_Answered(row))
 
     def count(self, sql: str, params: Sequence[Any]) -> int:
         count: int = self.execute(sql, params).rowcount
@@ -120,6 +140,7 @@ class SQLiteDriver:
         # BEGIN IMMEDIATE makes this transaction the only writer: the gate of
         # every mission at once.
         self.execute("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED", ())
+        self._heads = {}
         # On one machine the store's clock is the engine's (injectable) clock.
         self._now_us = clock.now_us()
 
@@ -133,17 +154,20 @@ class SQLiteDriver:
         self.execute("COMMIT", ())
 
     def rollback(self) -> None:
+        self._heads = {}
         if self._conn.in_transaction:
             self._conn.execute("ROLLBACK")
 
     def join(self, clock: Clock, member: str) -> None:
         self.execute(f"SAVEPOINT {member}", ())
         self._now_us = clock.now_us()
+        self._heads = {}
 
     def leave(self, member: str, *, keep: bool) -> None:
         if not keep:
             self.execute(f"ROLLBACK TO {member}", ())
         self.execute(f"RELEASE {member}", ())
+        self._heads = {}
 
     def gate(self, mission_id: str) -> None:
         """Held since BEGIN IMMEDIATE."""
@@ -152,11 +176,15 @@ class SQLiteDriver:
         """Held whole since BEGIN IMMEDIATE: one writer at a time, lanes or not."""
 
     def head(self, mission_id: str) -> Head | None:
+        if mission_id in self._heads:
+            return self._heads[mission_id]
         row = self.execute(_HEAD[head_table(mission_id)], (mission_id,)).fetchone()
         return None if row is None else (row["audit_seq"], row["audit_hash"], row["audit_sealed"])
 
     def moved(self, mission_id: str, head: Head) -> None:
-        """Heads are read where they are kept, each time."""
+        """The head this transaction leaves, for a later read of it in the same
+        transaction (its statement is already sent)."""
+        self._heads[mission_id] = head
 
     def listener(self, channel: str) -> None:
         """An embedded store has no notices: its workers look again by themselves."""
