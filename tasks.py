@@ -152,7 +152,10 @@ def parallel(args: list[str]) -> list[str]:
     chosen = {"-n", "--numprocesses", "no:xdist", "-pno:xdist", "--dist"}
     if any(a in chosen or a.startswith(("-n", "--numprocesses=", "--dist=")) for a in args):
         return args
-    return ["-n", str(workers()), "--dist", "load", *args]
+    # One test at a time to each worker as it frees up: pytest-xdist otherwise
+    # hands each worker a run of consecutive tests to begin with, and the first
+    # run would be every long one.
+    return ["-n", str(workers()), "--dist", "load", "--maxschedchunk", "1", *args]
 
 
 def faults() -> None:

@@ -164,8 +164,9 @@ def _process_database() -> Iterator[None]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist, the longest tests first: those whose timeout is raised
     past the default (a kill table, a sweep, a fleet), then those that kill real
-    processes, each group in file order. Handed out first, they run beside the
-    short ones; handed out last, the run would end waiting on one of them.
+    processes, each group in file order. Handed out first, one at a time to
+    whichever worker is free (``tasks.parallel``), they run beside the short
+    ones; handed out last, the run would end waiting on one of them.
     (Every worker collects the same order, as pytest-xdist requires.)"""
     if WORKER == "main":
         return

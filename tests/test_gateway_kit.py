@@ -30,7 +30,7 @@ import pytest
 
 from _gateway_world import free_port
 from charter.conformance import CASES, check_adapter
-from charter.conformance.http_target import ScriptedHttp
+from charter.conformance.http_target import HUGE_BYTES, ScriptedHttp
 from charter.gateway.config import GatewayConfig
 from charter.gateway.upstream import UpstreamTools, connected
 
@@ -153,7 +153,14 @@ def kit_upstream(
     """The scripted target, with a secret of its own (none made before in this
     process), and the gateway's adapter for the MCP server in front of it."""
     secret = f"sk-gateway-kit-{uuid.uuid4().hex}"
-    with ScriptedHttp(secret=secret, stall=5.0) as scripted, contextlib.ExitStack() as stack:
+    # The MCP SDK's stdio reader joins a line's chunks again at every chunk, so
+    # a 50 MB answer costs it from seconds to minutes: 4 MB is 64 times the
+    # kit's bound on what is stored, and the same case (docs/gateway.md).
+    huge = 4 << 20 if transport == "stdio" else HUGE_BYTES
+    with (
+        ScriptedHttp(secret=secret, stall=5.0, huge=huge) as scripted,
+        contextlib.ExitStack() as stack,
+    ):
         if transport == "stdio":
             monkeypatch.setenv("KIT_API_KEY", secret)
             command = [sys.executable, str(UPSTREAM), scripted.url]

@@ -16,7 +16,10 @@ next case is armed). Every request needs ``Authorization: Bearer <secret>``.
 A held answer waits for the adapter to hang up, so the adapter's own timeout
 decides how long it takes; ``stall`` (30 seconds by default) is the most it
 waits, after which it answers: an adapter that waits longer has no timeout
-worth the name, and the case fails.
+worth the name, and the case fails. ``huge`` (50 MB by default) is the size of
+the huge answer: anything far past the kit's bound on what is stored plays the
+same case, and a transport whose cost grows faster than the answer may want
+less (an MCP stdio upstream: docs/gateway.md).
 
 :meth:`ScriptedHttp.declaration` declares the built-in HTTP adapter for it.
 Only the standard library is used: the kit runs wherever Charter does.
@@ -38,7 +41,8 @@ from charter.adapters import EffectClass
 from charter.adapters.http import HttpDeclaration, HttpOperation
 from charter.secret import Secret
 
-_HUGE_BYTES = 50 * 1024 * 1024
+#: The huge answer's size by default.
+HUGE_BYTES = 50 * 1024 * 1024
 
 
 class _Server(ThreadingHTTPServer):
@@ -54,10 +58,15 @@ class ScriptedHttp:
     """The target; use as a context manager (``with ScriptedHttp() as target``)."""
 
     def __init__(
-        self, *, secret: str = "sk-conformance-0123456789abcdef", stall: float = 30.0
+        self,
+        *,
+        secret: str = "sk-conformance-0123456789abcdef",
+        stall: float = 30.0,
+        huge: int = HUGE_BYTES,
     ) -> None:
         self._secret = secret
         self.stall = stall
+        self.huge = huge
         self.armed: str | None = None
         self.things: dict[str, dict[str, Any]] = {}
         self.created = 0
@@ -212,7 +221,7 @@ class _Handler(BaseHTTPRequestHandler):
         elif case == "echo_in_bytes":
             self._raw(201, b"created with " + secret.encode() + b"\xff\xfe", "text/plain")
         elif case == "huge_answer":
-            blob = "x" * _HUGE_BYTES
+            blob = "x" * self.target.huge
             self._raw(201, json.dumps({**thing, "blob": blob}).encode(), "application/json")
         else:
             self._json(201, thing)
