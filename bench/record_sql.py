@@ -21,7 +21,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from timing import Sample, clock, repeat
+from timing import Sample, clock, repeat, row
 
 import charter
 from charter.storage.sqlite import SQLiteDriver
@@ -140,3 +140,37 @@ def replay(
         "statements": len(captured["statements"]),
         "replayed": 1 + sum(len(unit) for unit in units),
     }
+
+
+#: What one attempt may send and write (docs/record.md): (what, its key in the
+#: bench's shape, the store, the most it may be).
+SHAPE_TARGETS = (
+    ("statements per attempt", "statements", "sqlite", 10),
+    ("log pages per attempt", "log_pages", "sqlite", 6),
+    ("round trips per attempt", "round_trips", "postgresql", 2),
+)
+
+
+def rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """What an attempt sends to its store and writes to SQLite's log, counted
+    after the timed runs (charter_bench.attempt_shape), against docs/record.md's aims."""
+    out = []
+    for what, key, backend, most in SHAPE_TARGETS:
+        shape = results["attempts"].get(backend, {}).get("charter", {}).get("shape", {})
+        value = shape.get(key)
+        if isinstance(value, dict):  # log pages: by B-tree, with their total
+            value = value.get("total")
+        label = "SQLite" if backend == "sqlite" else "PostgreSQL"
+        beside = f"{shape['statements']:g} statements" if key == "round_trips" else ""
+        out.append(
+            row(
+                f"{what} ({label})",
+                "pending" if value is None else f"{value:.1f}",
+                beside,
+                value=value,
+                shown="" if value is None else f"{value:.1f}",
+                target=most,
+                target_text=f"≤ {most}",
+            )
+        )
+    return out

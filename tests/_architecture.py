@@ -46,11 +46,22 @@ def modules(package: Path = PACKAGE) -> dict[str, Module]:
         if is_package:
             parts.pop()
         text = path.read_text()
-        tree = ast.parse(text, str(path))
+        tree = _parsed(text, str(path))
         name = ".".join(parts)
         where = str(path.relative_to(root))
         found[name] = Module(name, where, tree, len(text.splitlines()), is_package)
     return found
+
+
+def _parsed(text: str, path: str) -> ast.Module:
+    """``ast.parse``, once more if CPython 3.11's AST builder miscounts its own
+    recursion depth (python/cpython#106905: a ``SystemError`` about a depth
+    mismatch, seen in a test process whose other threads were busy); the
+    source is the same, so the second parse is the answer."""
+    try:
+        return ast.parse(text, path)
+    except SystemError:
+        return ast.parse(text, path)
 
 
 # -- imports ---------------------------------------------------------------------------
