@@ -220,6 +220,23 @@ def test_a_failing_migration_leaves_the_store_at_its_previous_version(
     assert "node_executions" not in raw.tables()  # the whole migration rolled back
 
 
+def test_a_new_store_is_made_whole_or_not_at_all(
+    make_engine: Callable[..., charter.Engine], raw: RawStore
+) -> None:
+    """Every version of a new store is applied in one transaction: when the
+    last one fails, none of the others is left behind (a half-made store would
+    be taken for an old one and upgraded from wherever it stopped)."""
+    last_version, _, _ = MIGRATIONS[-1]
+    raw.execute("CREATE TABLE gateway_calls (x INTEGER)")  # in the way of the newest version
+    with pytest.raises(charter.StoreError):
+        make_engine()
+    assert raw.tables() == ["gateway_calls"]
+    raw.execute("DROP TABLE gateway_calls")
+    engine = make_engine()
+    assert [v for v, _, _ in migrations(raw)] == list(range(1, last_version + 1))
+    engine.close()
+
+
 def test_a_store_newer_than_this_charter_is_refused_and_left_untouched(
     make_engine: Callable[..., charter.Engine],
     raw: RawStore,

@@ -13,7 +13,7 @@ from charter.clock import Clock
 from charter.errors import ConfigError, SchemaError, StoreNotFound
 from charter.ids import IdFactory
 from charter.storage.database import Database
-from charter.storage.schema import LATEST, MIGRATIONS
+from charter.storage.schema import LATEST, MIGRATIONS, Migration
 from charter.storage.sqlite import SQLiteDriver
 from charter.storage.transaction import Driver, Listening, Prefetched, Row, Tx
 
@@ -80,35 +80,49 @@ def open_database(
 
 
 def migrate(db: Database) -> int:
-    """Apply pending migrations, each in its own transaction; return the version."""
+    """Apply pending migrations, each in its own transaction, and return the
+    version. A new store is made whole in one transaction: one commit instead
+    of one per version, and no process ever sees it half made."""
     with db.transaction() as tx:
         tx.run(
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
             "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at_us BIGINT NOT NULL)"
         )
-        row = tx.one("SELECT MAX(version) AS v FROM schema_migrations")
-    current = (row["v"] if row else None) or 0
+        current = _version(tx)
+        if current == 0:
+            for migration in MIGRATIONS:
+                _apply(db, tx, migration)
+            return LATEST
     if current > LATEST:
         raise SchemaError(
             f"the store's schema is version {current}, newer than this Charter knows "
             f"({LATEST}); upgrade Charter"
         )
-    for version, name, statements in MIGRATIONS:
-        if version <= current:
+    for migration in MIGRATIONS:
+        if migration[0] <= current:
             continue
         with db.transaction() as tx:
             # Re-check under the write lock: another process may have migrated.
-            done = tx.one("SELECT 1 AS x FROM schema_migrations WHERE version = ?", version)
-            if done:
-                continue
-            for statement in statements:
-                backend, sql = statement if isinstance(statement, tuple) else (None, statement)
-                if backend in (None, db.dialect.name):
-                    tx.run(sql)
-            tx.run(
-                "INSERT INTO schema_migrations (version, name, applied_at_us) VALUES (?, ?, ?)",
-                version,
-                name,
-                tx.now_us,
-            )
+            if _version(tx) < migration[0]:
+                _apply(db, tx, migration)
     return LATEST
+
+
+def _version(tx: Tx) -> int:
+    row = tx.one("SELECT MAX(version) AS v FROM schema_migrations")
+    return int((row["v"] if row else None) or 0)
+
+
+def _apply(db: Database, tx: Tx, migration: Migration) -> None:
+    """One version's statements (those for this backend), and its record."""
+    version, name, statements = migration
+    for statement in statements:
+        backend, sql = statement if isinstance(statement, tuple) else (None, statement)
+        if backend in (None, db.dialect.name):
+            tx.run(sql)
+    tx.run(
+        "INSERT INTO schema_migrations (version, name, applied_at_us) VALUES (?, ?, ?)",
+        version,
+        name,
+        tx.now_us,
+    )
