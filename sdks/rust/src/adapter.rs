@@ -7,14 +7,13 @@
 //! and fencing token (F3), check the send deadline right before the bytes go
 //! out, and claim "not applied" only with proof (A3).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
-pub use crate::records::EffectClass;
-use crate::records::{AttemptStatus, Verdict};
+use crate::records::Verdict;
+pub use crate::records::{Amounts, EffectClass, RecordedAttempt};
 
 /// An operation an adapter offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,9 +39,6 @@ impl Operation {
         }
     }
 }
-
-/// Amounts per unit, in each unit's smallest step (A9: 0 to 2^63 - 1).
-pub type Amounts = BTreeMap<String, u64>;
 
 /// An upper bound on what an operation may cost, and where its prices came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,19 +153,6 @@ impl Dispatch {
         }
         Ok(())
     }
-}
-
-/// An attempt as recorded, as a lookup gets it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RecordedAttempt {
-    pub id: String,
-    pub run_id: String,
-    pub adapter: String,
-    pub operation: String,
-    pub status: AttemptStatus,
-    pub idempotency_key: String,
-    pub request: Value,
-    pub estimate: Amounts,
 }
 
 /// What a lookup found about an uncertain attempt.

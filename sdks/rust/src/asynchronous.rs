@@ -23,7 +23,7 @@ use crate::adapter::{
     Dispatch, Estimate, Evidence, Operation, Outcome, RecordedAttempt, SendError,
 };
 use crate::calls::{self, to_json, Call, Page, Resolution};
-use crate::client::Endpoint;
+use crate::client::{ClientBuilder, Endpoint};
 use crate::error::{Error, Result};
 use crate::protocol::{self, Admission, Concluded, Ending, NodeStarted, Renewed, SegmentCore};
 use crate::records::{
@@ -81,6 +81,23 @@ impl std::fmt::Debug for AsyncClient {
     }
 }
 
+impl ClientBuilder {
+    /// The async client, once the address and the credential are checked.
+    pub fn build_async(self) -> Result<AsyncClient> {
+        let endpoint = self.endpoint()?;
+        let http = match self.http {
+            Some(http) => http,
+            None => reqwest::Client::builder()
+                .connect_timeout(self.connect_timeout)
+                .timeout(self.timeout)
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(|e| Error::Usage(format!("the HTTP client cannot be built: {e}")))?,
+        };
+        Ok(AsyncClient::new(Arc::new(endpoint), http))
+    }
+}
+
 impl AsyncClient {
     pub(crate) fn new(endpoint: Arc<Endpoint>, http: reqwest::Client) -> AsyncClient {
         AsyncClient { endpoint, http }
@@ -88,7 +105,7 @@ impl AsyncClient {
 
     /// A client with the builder's defaults.
     pub fn connect(base_url: &str, credential: &str) -> Result<AsyncClient> {
-        crate::ClientBuilder::new(base_url, credential).build_async()
+        ClientBuilder::new(base_url, credential).build_async()
     }
 
     /// The recovery API over this client.

@@ -33,12 +33,12 @@ const ANSWER_LIMIT: u64 = 64 * 1024 * 1024;
 pub struct ClientBuilder {
     base_url: String,
     credential: String,
-    connect_timeout: Duration,
-    timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) timeout: Duration,
     retry: Retry,
     agent: Option<ureq::Agent>,
     #[cfg(feature = "async")]
-    http: Option<reqwest::Client>,
+    pub(crate) http: Option<reqwest::Client>,
 }
 
 impl std::fmt::Debug for ClientBuilder {
@@ -117,23 +117,7 @@ impl ClientBuilder {
         Ok(Client { endpoint: Arc::new(endpoint), agent })
     }
 
-    /// The async client, once the address and the credential are checked.
-    #[cfg(feature = "async")]
-    pub fn build_async(self) -> Result<crate::AsyncClient> {
-        let endpoint = self.endpoint()?;
-        let http = match self.http {
-            Some(http) => http,
-            None => reqwest::Client::builder()
-                .connect_timeout(self.connect_timeout)
-                .timeout(self.timeout)
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .map_err(|e| Error::Usage(format!("the HTTP client cannot be built: {e}")))?,
-        };
-        Ok(crate::asynchronous::AsyncClient::new(Arc::new(endpoint), http))
-    }
-
-    fn endpoint(&self) -> Result<Endpoint> {
+    pub(crate) fn endpoint(&self) -> Result<Endpoint> {
         let base = base_url(&self.base_url)?;
         check_credential(&self.credential)?;
         Ok(Endpoint {

@@ -5,12 +5,27 @@
 //! Statuses and verdicts are enums, `#[non_exhaustive]`, with a variant for
 //! a value a newer server may send.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::adapter::{Amounts, RecordedAttempt};
+/// Amounts per unit, in each unit's smallest step (A9: 0 to 2^63 - 1).
+pub type Amounts = BTreeMap<String, u64>;
+
+/// An attempt as recorded, as a lookup gets it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedAttempt {
+    pub id: String,
+    pub run_id: String,
+    pub adapter: String,
+    pub operation: String,
+    pub status: AttemptStatus,
+    pub idempotency_key: String,
+    pub request: Value,
+    pub estimate: Amounts,
+}
 
 macro_rules! wire_enum {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $wire:literal,)* }) => {
