@@ -14,6 +14,7 @@ its concurrency and poll interval, and the lease; the process runs a
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 import time
@@ -108,6 +109,11 @@ PLANS = (PAY, NAP, ASK, THINK_THEN_PAY, NOTES)
 
 def main(argv: list[str]) -> int:
     config = json.loads(Path(argv[0]).read_text())
+    # The worker's account of what it did, with the time, in its log file (stderr):
+    # what a failed fleet test prints beside its assertion.
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(threadName)s %(levelname)s %(message)s"
+    )
     engine = charter.Engine.open(
         config["store"],
         config=charter.EngineConfig(

@@ -285,7 +285,7 @@ def test_K1_a_worker_fenced_on_one_run_keeps_the_leases_of_the_others(
         wait_for(lambda: engine.run(carried).status.terminal, 30, "the carried run's end")
         assert worker.alive
         run = engine.run(carried)
-        assert (run.status, run.epoch) == (RunStatus.COMPLETED, 1)
+        assert (run.status, run.epoch) == (RunStatus.COMPLETED, 1), worker.log.read_text()[-6000:]
         assert sorted(p["reference"] for p in box.payments())[-2:] == ["inv-1-0", "inv-1-1"]
         assert settled(engine.run(fenced))
         assert violations(engine, mission, box) == []

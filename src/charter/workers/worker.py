@@ -272,7 +272,11 @@ class Worker:
                 outcome = "error"
         finally:
             with self._lock:
-                self._carried.pop(run_id, None)
+                # Only this carry's own entry: a carry fenced off its run can end
+                # after this worker took the run again, and the newer carry's lease
+                # must still be kept.
+                if self._carried.get(run_id, (None, None))[1] == token:
+                    del self._carried[run_id]
         with self._lock:
             self.counts[outcome] = self.counts.get(outcome, 0) + 1
         return outcome
@@ -302,25 +306,43 @@ class Worker:
 
     # -- leases, sleep, stop -----------------------------------------------------------------
     def _renew(self) -> None:
-        """Renew every carried run's lease, and the queue's hold with it (F1)."""
+        """Renew every carried run's lease, and the queue's hold with it (F1), a
+        third of a lease after the last round began: a round slowed by a busy
+        store eats into the wait, not into the lease (a round longer than the
+        wait is said, since a lease may then lapse under a live worker)."""
         every = self.engine.config.lease_seconds / 3
-        while not self._stopping.wait(every):
-            if self._outage.left() > 0:
-                continue  # the store is away: looked at again on the outage's backoff
-            with self._lock:
-                carried = list(self._carried.items())
-            for run_id, (executor, token) in carried:
-                try:
-                    until = executor.renew_lease()
-                    self.engine.hold_run(run_id, token=token, until_us=until)
-                except (CharterError, Fenced) as exc:
-                    # Fenced is a signal, not a CharterError: that run is another's now and
-                    # the keeper goes on with the others. The store away: its lease decides,
-                    # and the others are not tried in vain until the next round.
-                    if unreachable(exc):
-                        self._outage.failed(exc)
-                        break
-                    log.info("worker %s: lease of run %s not renewed: %s", self.name, run_id, exc)
+        wait = every
+        while not self._stopping.wait(wait):
+            began = time.monotonic()
+            answered = self._outage.left() == 0 and self._renew_round()
+            took = time.monotonic() - began
+            if answered and took > every:  # (a store away is the outage's to say)
+                log.warning(
+                    "worker %s: renewing its leases took %.2fs, over a third of the lease (%ss)",
+                    self.name,
+                    took,
+                    self.engine.config.lease_seconds,
+                )
+            wait = max(0.0, every - took)
+
+    def _renew_round(self) -> bool:
+        """One round over the carried runs; whether the store answered it. The
+        store away is the outage's, and is not tried in vain for the others until
+        the next round (their leases decide)."""
+        with self._lock:
+            carried = list(self._carried.items())
+        for run_id, (executor, token) in carried:
+            try:
+                until = executor.renew_lease()
+                self.engine.hold_run(run_id, token=token, until_us=until)
+            except (CharterError, Fenced) as exc:
+                # Fenced is a signal, not a CharterError: that run is another's now
+                # and the keeper goes on with the others.
+                if unreachable(exc):
+                    self._outage.failed(exc)
+                    return False
+                log.info("worker %s: lease of run %s not renewed: %s", self.name, run_id, exc)
+        return True
 
     def _sleep(self, backoff: float) -> None:
         """Until the soonest run falls due, a run is made due elsewhere (a notice),
