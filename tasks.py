@@ -7,6 +7,7 @@
     python3 tasks.py simulate [--long] [--seed N] [--seeds N] [--steps N] [--backend NAME]
     python3 tasks.py screenshots   # the console's screenshots in docs/ (headless Chromium)
     python3 tasks.py drift   # the integrations' tests on each framework's newest release
+    python3 tasks.py venv    # .venv as ``test`` makes it, and nothing else (CI makes it first)
 
 The test environment installs the versions ``constraints.txt`` pins, so a
 test run is the same wherever it runs; ``drift``, outside it, installs the
@@ -25,7 +26,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import venv
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -73,18 +76,49 @@ def test() -> None:
     tests run over :func:`workers` processes (pytest-xdist) unless the
     arguments say otherwise (``-n 0``: one process, in file order)."""
     ensure_venv("test")
+    args = sys.argv[2:]
+    whole = not [a for a in args if a != "--quick"]
+    # CrewAI's environment is made while the main suite runs (an install is mostly
+    # waiting on the network and the disk), and its tests run after it.
+    crewai = Background(crewai_env) if whole else None
     run(BIN / "ruff", "check", "src", "tests", "bench", "tasks.py")
     run(BIN / "ruff", "format", "--check", "src", "tests", "bench", "tasks.py")
     run(BIN / "mypy")
-    args = sys.argv[2:]
-    whole = not [a for a in args if a != "--quick"]
     if "--quick" in args:
         args.remove("--quick")
         skip = [*FAULTS, *SLOW]
         args = [*(f"--deselect={t}" if "::" in t else f"--ignore={t}" for t in skip), *args]
     pytest(parallel([*args, f"--ignore-glob={CREWAI_TESTS}"]))
-    if whole:
+    if crewai is not None:
+        crewai.join()
         crewai_suite()
+
+
+def environment() -> None:
+    """.venv with the test tools, as ``test`` makes it, and nothing else: CI
+    makes it first, to start the SDKs' tests (which run ``charter serve`` from
+    it) beside the suite."""
+    ensure_venv("test")
+
+
+class Background:
+    """``task`` in a thread; :meth:`join` waits for it and fails as it failed."""
+
+    def __init__(self, task: Callable[[], None]) -> None:
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(task,), daemon=True)
+        self._thread.start()
+
+    def _run(self, task: Callable[[], None]) -> None:
+        try:
+            task()
+        except BaseException as exc:  # SystemExit from run() included: said at join
+            self._failed = exc
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._failed is not None:
+            raise self._failed
 
 
 #: CrewAI's tests, which the main environment cannot run: CrewAI pins openai<3,
@@ -93,22 +127,35 @@ CREWAI_TESTS = "tests/test_crewai*.py"
 CREWAI_VENV = ROOT / ".venv-crewai"
 
 
-def crewai_suite() -> None:
-    """CrewAI's tests in an environment of their own, .venv-crewai, at the
-    versions ``constraints-crewai.txt`` pins (made again when they or
-    pyproject.toml change), on both stores, after the main suite."""
-    python = CREWAI_VENV / PY.relative_to(VENV)
+CREWAI_PY = CREWAI_VENV / PY.relative_to(VENV)
+
+
+#: What .venv-crewai holds besides Charter and CrewAI: its test tools.
+CREWAI_TOOLS = ["pytest", "pytest-timeout", "pytest-xdist"]
+
+
+def crewai_env() -> None:
+    """CrewAI's environment of its own, .venv-crewai, at the versions
+    ``constraints-crewai.txt`` pins (made again when they, pyproject.toml or
+    :data:`CREWAI_TOOLS` change)."""
+    python = CREWAI_PY
     if not python.exists():
         venv.EnvBuilder(with_pip=True).create(CREWAI_VENV)
     pins = ROOT / "constraints-crewai.txt"
     stamp = CREWAI_VENV / ".installed"
-    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + pins.read_bytes()).hexdigest()
+    inputs = (ROOT / "pyproject.toml").read_bytes() + pins.read_bytes()
+    want = hashlib.sha256(inputs + " ".join(CREWAI_TOOLS).encode()).hexdigest()
     if not stamp.exists() or stamp.read_text() != want:
         run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
         run(python, "-m", "pip", "install", "--quiet", "-c", pins, "-e",
-            ".[crewai,postgres,http]", "pytest", "pytest-timeout")  # fmt: skip
+            ".[crewai,postgres,http]", *CREWAI_TOOLS)  # fmt: skip
         stamp.write_text(want)
-    pytest(sorted(str(p.relative_to(ROOT)) for p in ROOT.glob(CREWAI_TESTS)), python=python)
+
+
+def crewai_suite() -> None:
+    """CrewAI's tests in .venv-crewai, on both stores, over processes."""
+    tests = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob(CREWAI_TESTS))
+    pytest(parallel(tests), python=CREWAI_PY)
 
 
 #: The tests that inject faults: every commit interrupted, store faults, real
@@ -274,6 +321,7 @@ if __name__ == "__main__":
         "simulate": simulate,
         "screenshots": screenshots,
         "drift": drift,
+        "venv": environment,
     }
     if len(sys.argv) < 2 or sys.argv[1] not in tasks:
         raise SystemExit(f"usage: python3 tasks.py {{{'|'.join(tasks)}}} [pytest args]")
