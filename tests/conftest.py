@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import json
 import os
@@ -30,6 +31,7 @@ from typing import Any
 
 import pytest
 
+import _schemas
 import charter
 from _fake_models import FakeProvider, pay_invoice_script
 from _raw import RawStore
@@ -197,29 +199,35 @@ def creds() -> tuple[dict[str, str], dict[str, str]]:
 
 
 @contextlib.contextmanager
-def fresh_store(folder: Path, backend: str) -> Iterator[str]:
-    """The URL of an empty store: a file in ``folder``, or a PostgreSQL schema of
-    its own, dropped afterwards (for tests that need many, such as state machines)."""
+def fresh_store(folder: Path, backend: str, *, bare: bool = False) -> Iterator[str]:
+    """The URL of a store with nothing in it: a file in ``folder``, or a PostgreSQL
+    schema of its own (for tests that need many, such as state machines). On
+    PostgreSQL the schema holds the store's tables already, at the current
+    version, and is made new for another test afterwards (``_schemas.py``);
+    ``bare=True``: nothing at all, dropped afterwards."""
     if backend == "sqlite":
         yield str(folder / "charter.db")
         return
-    import psycopg
-
-    assert PG_URL is not None
-    schema = f"t_{uuid.uuid4().hex[:16]}"
-    with psycopg.connect(PG_URL, autocommit=True) as admin:
-        admin.execute(f"CREATE SCHEMA {schema}")
-    sep = "&" if "?" in PG_URL else "?"
+    pool = _schema_pool()
+    schema = pool.bare() if bare else pool.take()
     try:
-        yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+        yield _schemas.store_url(pool.database_url, schema)
     finally:
-        with psycopg.connect(PG_URL, autocommit=True) as admin:
-            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+        pool.give_back(schema, reuse=not bare)
+
+
+@functools.cache
+def _schema_pool() -> _schemas.SchemaPool:
+    """This test process's schemas, in its own database."""
+    assert PG_URL is not None
+    return _schemas.SchemaPool(PG_URL)
 
 
 @pytest.fixture
-def store_url(tmp_path: Path, backend: str) -> Iterator[str]:
-    with fresh_store(tmp_path, backend) as url:
+def store_url(request: pytest.FixtureRequest, tmp_path: Path, backend: str) -> Iterator[str]:
+    """See :func:`fresh_store`; a test marked ``bare_store`` makes the store itself."""
+    bare = request.node.get_closest_marker("bare_store") is not None
+    with fresh_store(tmp_path, backend, bare=bare) as url:
         yield url
 
 

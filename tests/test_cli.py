@@ -483,6 +483,7 @@ def test_cli_refuses_a_store_that_does_not_exist_and_creates_nothing(
     assert not Path(".charter").exists()
 
 
+@pytest.mark.bare_store
 def test_cli_refuses_an_uncreated_store_on_either_backend(
     cli: Callable[..., tuple[int, Any]], store_address: str, backend: str
 ) -> None:

@@ -54,6 +54,7 @@ def pragma(engine: charter.Engine, name: str) -> Any:
 # -- migrations ---------------------------------------------------------------------------
 
 
+@pytest.mark.bare_store
 def test_migrations_are_recorded_with_their_versions(
     engine: charter.Engine, raw: RawStore, clock: ManualClock
 ) -> None:
@@ -122,6 +123,7 @@ def _new_migrations_table(raw: RawStore) -> None:
     )
 
 
+@pytest.mark.bare_store
 def test_an_older_store_is_migrated_forward(
     make_engine: Callable[..., charter.Engine], raw: RawStore, clock: ManualClock
 ) -> None:
@@ -148,6 +150,7 @@ def _attempt_indexes(raw: RawStore) -> set[str]:
     }
 
 
+@pytest.mark.bare_store
 def test_A5_upgrading_drops_the_index_of_the_derived_key_and_keeps_every_attempt(
     make_engine: Callable[..., charter.Engine],
     raw: RawStore,
@@ -208,6 +211,7 @@ def test_A5_upgrading_drops_the_index_of_the_derived_key_and_keeps_every_attempt
     )
 
 
+@pytest.mark.bare_store
 def test_a_failing_migration_leaves_the_store_at_its_previous_version(
     make_engine: Callable[..., charter.Engine], raw: RawStore
 ) -> None:
@@ -220,6 +224,7 @@ def test_a_failing_migration_leaves_the_store_at_its_previous_version(
     assert "node_executions" not in raw.tables()  # the whole migration rolled back
 
 
+@pytest.mark.bare_store
 def test_a_new_store_is_made_whole_or_not_at_all(
     make_engine: Callable[..., charter.Engine], raw: RawStore
 ) -> None:
@@ -254,6 +259,7 @@ def test_a_store_newer_than_this_charter_is_refused_and_left_untouched(
     assert raw.dump() == before
 
 
+@pytest.mark.bare_store
 def test_a_newer_store_gets_none_of_this_charters_tables(
     make_engine: Callable[..., charter.Engine], raw: RawStore
 ) -> None:
