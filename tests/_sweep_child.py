@@ -1,6 +1,7 @@
 """The child of ``test_sweep.py``: the agent's executor, stopped at one commit.
 
-Run as ``python _sweep_child.py CONFIG.json``. It owns a new run of the
+Run as ``python _sweep_child.py CONFIG.json``, or forked by ``python
+_sweep_child.py --serve`` (:func:`serve`) for each config path it reads. It owns a new run of the
 mission and pays the invoices through the sandbox (the workload named in the
 config, see ``_sweep_workloads.py``), with an
 :class:`charter.testing.AtCommit` hook armed at commit ``k`` (``k = 0`` only
@@ -11,6 +12,8 @@ end, ``{"end", "commits"}``: how far it got and how many commits it made.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -54,5 +57,45 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def serve() -> int:
+    """Fork a child for each config path read from stdin, its stdout and stderr
+    in ``<config>.out`` and ``<config>.err``; write ``{"pid"}`` when it is
+    forked and ``{"code"}`` when it has ended (``-N``: killed by signal N), as
+    ``subprocess`` tells them. The imports are paid for once per server, not
+    once per child; each child is a process of its own, killed for real. The
+    server holds no thread, connection or file a child could inherit half-used."""
+    for line in sys.stdin:
+        config = line.strip()
+        pid = os.fork()
+        if pid == 0:
+            _child(config)
+        print(json.dumps({"pid": pid}), flush=True)
+        _, status = os.waitpid(pid, 0)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        print(json.dumps({"code": code}), flush=True)
+    return 0
+
+
+def _child(config: str) -> None:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    code = 1
+    try:
+        with Path(f"{config}.out").open("w") as out, Path(f"{config}.err").open("w") as err:
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            sys.stdin.close()
+            try:
+                code = main([config])
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(serve() if sys.argv[1:] == ["--serve"] else main(sys.argv[1:]))
