@@ -215,6 +215,70 @@ def test_K1_a_run_whose_owner_lease_ended_is_taken_over_by_another_worker(
     assert paid(box) == ["x"]
 
 
+class SlowRounds:
+    """The lease keeper's time, made by hand: each round of renewals takes
+    ``took`` seconds; the waits between rounds are recorded, and the keeper
+    stops after ``rounds`` of them."""
+
+    def __init__(self, took: float, rounds: int) -> None:
+        self.now, self.took, self.rounds = 1_000.0, took, rounds
+        self.waits: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wait(self, seconds: float) -> bool:
+        self.waits.append(round(seconds, 6))
+        self.now += seconds
+        return len(self.waits) > self.rounds  # stopping
+
+    def round(self) -> bool:
+        self.now += self.took
+        return True
+
+
+@pytest.mark.parametrize(
+    ("took", "waits"),
+    [(0.4, [1.0, 0.6, 0.6, 0.6]), (1.5, [1.0, 0.0, 0.0, 0.0])],
+    ids=["a-busy-store", "slower-than-a-third"],
+)
+def test_K1_leases_are_renewed_a_third_of_a_lease_after_each_round_began(
+    make_engine: MakeEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    took: float,
+    waits: list[float],
+) -> None:
+    """A round of renewals slowed by a busy store eats into the wait before the
+    next, not into the lease (before: a third of a lease was waited after each
+    round, so renewals of a run were a third of a lease *plus* a round apart). A
+    round longer than a third of a lease is said, once a minute at most."""
+    import charter.workers.worker as module
+
+    engine = make_engine(resume="automatic", lease_seconds=3.0, send_deadline_seconds=1.0)
+    worker = charter.Worker(engine, [plans.NAP])
+    rounds = SlowRounds(took, rounds=len(waits) - 1)
+    monkeypatch.setattr(module, "time", rounds)
+    monkeypatch.setattr(worker._stopping, "wait", rounds.wait)
+    monkeypatch.setattr(worker, "_renew_round", rounds.round)
+    with caplog.at_level("WARNING", logger="charter.worker"):
+        worker._renew()
+    assert rounds.waits == waits
+    said = [r.getMessage() for r in caplog.records if "renewing its leases" in r.getMessage()]
+    assert len(said) == (1 if took > 1.0 else 0), said
+    if said:  # a minute later it is said again, with the rounds meanwhile
+        rounds = SlowRounds(took, rounds=int(61 / took) + 1)
+        monkeypatch.setattr(module, "time", rounds)
+        monkeypatch.setattr(worker._stopping, "wait", rounds.wait)
+        monkeypatch.setattr(worker, "_renew_round", rounds.round)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="charter.worker"):
+            worker._renew()
+        said = [r.getMessage() for r in caplog.records if "renewing its leases" in r.getMessage()]
+        assert len(said) == 2 and "; 1 such round(s)" in said[0], said
+        assert "; 40 such round(s)" in said[1], said
+
+
 def test_K1_two_workers_on_two_engines_carry_every_run_once(
     make_engine: MakeEngine, creds: Any, box: Sandbox, payments: HttpAdapter
 ) -> None:

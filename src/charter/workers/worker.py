@@ -67,6 +67,8 @@ log = logging.getLogger("charter.worker")
 #: How often a worker looks for runs whose executing process died on its host (a
 #: cheap read of the held runs): a killed worker's runs are carried on within it.
 ORPHAN_SECONDS = 0.25
+#: A slow round of lease renewals is said at most this often (seconds).
+SLOW_SAID_EVERY = 60.0
 
 
 class Teller(Protocol):
@@ -308,21 +310,28 @@ class Worker:
     def _renew(self) -> None:
         """Renew every carried run's lease, and the queue's hold with it (F1), a
         third of a lease after the last round began: a round slowed by a busy
-        store eats into the wait, not into the lease (a round longer than the
-        wait is said, since a lease may then lapse under a live worker)."""
+        store eats into the wait, not into the lease. A round longer than the
+        wait is said (a lease may then lapse under a live worker), at most once
+        a minute with how many there were, so a store slow for an hour is not
+        a line every second."""
         every = self.engine.config.lease_seconds / 3
-        wait = every
+        wait, slow, said = every, 0, -SLOW_SAID_EVERY
         while not self._stopping.wait(wait):
             began = time.monotonic()
             answered = self._outage.left() == 0 and self._renew_round()
             took = time.monotonic() - began
             if answered and took > every:  # (a store away is the outage's to say)
-                log.warning(
-                    "worker %s: renewing its leases took %.2fs, over a third of the lease (%ss)",
-                    self.name,
-                    took,
-                    self.engine.config.lease_seconds,
-                )
+                slow += 1
+                if began - said >= SLOW_SAID_EVERY:
+                    log.warning(
+                        "worker %s: renewing its leases took %.2fs, over a third of the lease"
+                        " (%ss); %d such round(s) since this was last said",
+                        self.name,
+                        took,
+                        self.engine.config.lease_seconds,
+                        slow,
+                    )
+                    slow, said = 0, began
             wait = max(0.0, every - took)
 
     def _renew_round(self) -> bool:
