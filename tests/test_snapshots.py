@@ -10,6 +10,7 @@ being performed twice.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import hashlib
@@ -17,7 +18,6 @@ import io
 import json
 import random
 import tarfile
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from charter.audit.signing import load_signer
 from charter.audit.snapshot import TABLES
 from charter.hashing import canonical, digest, event_hash, genesis
 from charter.testing import ManualClock, RecordingAdapter
-from conftest import PG_URL, Principals, default_contract, stored
+from conftest import PG_URL, Principals, default_contract, fresh_store, stored
 
 OpenEngine = Callable[..., charter.Engine]
 #: The store's tables a snapshot carries (a slice's chain travels as escrow_events).
@@ -54,39 +54,23 @@ def open_store(
 ) -> Iterator[OpenEngine]:
     """Engines on fresh stores of either backend, beside the test's own."""
     opened: list[charter.Engine] = []
-    schemas: list[str] = []
+    with contextlib.ExitStack() as stores:
 
-    def make(backend: str = "sqlite", **config: Any) -> charter.Engine:
-        if backend == "sqlite":
-            url = str(tmp_path / f"{uuid.uuid4().hex[:8]}.db")
-        else:
-            import psycopg
+        def make(backend: str = "sqlite", **config: Any) -> charter.Engine:
+            folder = tmp_path / f"store-{len(opened)}"
+            folder.mkdir()
+            eng = charter.Engine.open(
+                stores.enter_context(fresh_store(folder, backend)),
+                config=charter.EngineConfig(credentials=creds[1], **config),
+                clock=clock,
+                rng=random.Random(len(opened) + 100),
+            )
+            opened.append(eng)
+            return eng
 
-            assert PG_URL is not None
-            schema = f"t_{uuid.uuid4().hex[:16]}"
-            with psycopg.connect(PG_URL, autocommit=True) as admin:
-                admin.execute(f"CREATE SCHEMA {schema}")
-            schemas.append(schema)
-            sep = "&" if "?" in PG_URL else "?"
-            url = f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
-        eng = charter.Engine.open(
-            url,
-            config=charter.EngineConfig(credentials=creds[1], **config),
-            clock=clock,
-            rng=random.Random(len(opened) + 100),
-        )
-        opened.append(eng)
-        return eng
-
-    yield make
-    for eng in opened:
-        eng.close()
-    if schemas:
-        import psycopg
-
-        with psycopg.connect(PG_URL, autocommit=True) as admin:  # type: ignore[arg-type]
-            for schema in schemas:
-                admin.execute(f"DROP SCHEMA {schema} CASCADE")
+        yield make
+        for eng in opened:
+            eng.close()
 
 
 def public(path: str) -> str:

@@ -142,12 +142,20 @@ class ForkServer:
         )
 
     def run(self, config: Path, timeout: float) -> int:
-        """The child's exit code (``-9``: SIGKILLed), killed if it outlives ``timeout``."""
+        """The child's exit code (``-9``: SIGKILLed). A child that outlives
+        ``timeout`` is killed and fails the case: its ``-9`` is not the kill
+        the case asked for."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(f"{config}\n")
         self.proc.stdin.flush()
         pid = json.loads(self.proc.stdout.readline())["pid"]
-        timer = threading.Timer(timeout, os.kill, (pid, signal.SIGKILL))
+        late = threading.Event()
+
+        def overdue() -> None:
+            late.set()
+            os.kill(pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, overdue)
         timer.start()
         try:
             line = self.proc.stdout.readline()
@@ -155,6 +163,8 @@ class ForkServer:
             timer.cancel()
         if not line:
             raise AssertionError(f"the fork server ended ({self.proc.poll()})")
+        if late.is_set():
+            raise AssertionError(f"the child of {config} ran past {timeout} s and was killed")
         return int(json.loads(line)["code"])
 
     def close(self) -> None:
