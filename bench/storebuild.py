@@ -22,11 +22,13 @@ import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
 from charter.hashing import HASHED_FIELDS, digest, event_hash, genesis
-from charter.ledger.accounts import Move, carried
+from charter.ledger.accounts import Move, balances, carried
+from charter.storage import books as chain_books
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 
@@ -194,23 +196,16 @@ def _carried(event: dict[str, Any]) -> list[Move]:
 def _move_balances(
     conn: sqlite3.Connection, mission_id: str, ledger: Sequence[Move], copies: int
 ) -> None:
-    """Apply the copied entries to the cached balances (L0-L2 stay true)."""
-    deltas: dict[str, dict[str, int]] = {}
-    for move in ledger:
-        d = deltas.setdefault(
-            move.unit, {"limit": 0, "available": 0, "held": 0, "spent": 0, "overrun": 0}
-        )
-        d[move.source] -= move.amount * copies
-        d[move.target] += move.amount * copies
-        if move.kind == "overrun":
-            d["overrun"] += move.amount * copies
-    for unit, d in deltas.items():
-        conn.execute(
-            "UPDATE allowances SET limit_amount = limit_amount - ?, available = available + ?, "
-            "held = held + ?, spent = spent + ?, overrun = overrun + ? "
-            "WHERE mission_id = ? AND unit = ?",
-            (d["limit"], d["available"], d["held"], d["spent"], d["overrun"], mission_id, unit),
-        )
+    """Apply the copied entries to the mission's books, on its row (L0-L2 stay true)."""
+    change = {
+        unit: astuple(bal)
+        for unit, bal in balances(
+            Move(m.unit, m.kind, m.source, m.target, m.amount * copies) for m in ledger
+        ).items()
+    }
+    [(text,)] = conn.execute("SELECT books FROM missions WHERE id = ?", (mission_id,))
+    books = chain_books.write(chain_books.added(chain_books.read(text), change))
+    conn.execute("UPDATE missions SET books = ? WHERE id = ?", (books, mission_id))
 
 
 def append_events(path: Path, mission_id: str, count: int, *, batch: int = 10_000) -> None:

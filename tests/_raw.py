@@ -7,6 +7,7 @@ Statements are written with ``?`` placeholders, as Charter's are.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,6 +47,25 @@ class RawStore:
 
     def rows(self, sql: str, *params: Any) -> list[dict[str, Any]]:
         return [dict(r) for r in self._con.execute(self._sql(sql), params).fetchall()]
+
+    def books_as_before_schema_23(self) -> None:
+        """Put the books of missions back where schema 22 kept them, as rows of
+        ``allowances`` (the table made again if it is gone), and drop the
+        ``books`` columns of ``missions`` and ``audit_chains`` (a slice's are
+        left to the caller): a store as code before schema 23 left it."""
+        from charter.storage.schema import MIGRATIONS
+
+        if "allowances" not in self.tables():
+            [ddl] = [s for s in MIGRATIONS[0][2] if "CREATE TABLE allowances" in str(s)]
+            self.execute(str(ddl))
+        for row in self.rows("SELECT id, books FROM missions"):
+            for unit, sums in json.loads(row["books"]).items():
+                self.execute(
+                    "INSERT INTO allowances VALUES (?, ?, ?, ?, ?, ?, ?)", row["id"], unit, *sums
+                )
+        for head in ("missions", "audit_chains"):
+            if head in self.tables():
+                self.execute(f"ALTER TABLE {head} DROP COLUMN books")
 
     def tables(self) -> list[str]:
         if self.backend == "sqlite":

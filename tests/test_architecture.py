@@ -316,7 +316,6 @@ def test_no_sql_outside_storage_and_store_modules() -> None:
 #: yet. storage/ is not a writer here: its migrations backfill columns and its
 #: transactions keep the audit chain's head on the mission row.
 TABLE_OWNERS: dict[str, str] = {
-    "allowances": "charter.ledger.store",
     "approvals": "charter.waits.store",
     "waits": "charter.waits.store",
     "artifacts": "charter.artifacts.store",

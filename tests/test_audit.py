@@ -941,6 +941,7 @@ def _as_before_schema_6(raw: RawStore) -> None:
                 e["seq"],
             )
             prev = h
+    raw.books_as_before_schema_23()
     for column in ("audit_seq", "audit_hash", "audit_legacy_seq", "audit_sealed"):
         raw.execute(f"ALTER TABLE missions DROP COLUMN {column}")
     for table in ("audit_chains", "audit_checkpoints", "store_identity"):
@@ -954,7 +955,7 @@ def _as_before_schema_6(raw: RawStore) -> None:
     raw.execute("DROP INDEX audit_events_entity")
     for table in ("waits", "artifacts", "plan_versions", "sign_ins"):
         raw.execute(f"DROP TABLE {table}")
-    for table in ("escrow_holds", "escrow_accounts", "escrow_slices"):
+    for table in ("escrow_holds", "escrow_slices"):
         raw.execute(f"DROP TABLE {table}")
     for table in (
         "gateway_calls",

@@ -162,7 +162,6 @@ def test_create_mission_with_a_malformed_contract_creates_nothing(
     assert engine.missions() == before
     assert raw.rows("SELECT * FROM missions") == []
     assert raw.rows("SELECT * FROM contract_versions") == []
-    assert raw.rows("SELECT * FROM allowances") == []
     assert raw.rows("SELECT * FROM audit_events") == []
 
 

@@ -190,11 +190,10 @@ def _file_too_large(plain: bytes, raw: RawStore, mission: str, at: pytest.Monkey
 
 
 def _books_edited(plain: bytes, raw: RawStore, mission: str, at: pytest.MonkeyPatch) -> None:
-    raw.execute(
-        "UPDATE allowances SET available = available - 1, spent = spent + 1 "
-        "WHERE mission_id = ? AND unit = 'usd'",
-        mission,
-    )
+    [row] = raw.rows("SELECT books FROM missions WHERE id = ?", mission)
+    books = json.loads(row["books"])
+    books["usd"][1:4:2] = [books["usd"][1] - 1, books["usd"][3] + 1]  # available, spent
+    raw.execute("UPDATE missions SET books = ? WHERE id = ?", json.dumps(books), mission)
 
 
 def _chain_edited(plain: bytes, raw: RawStore, mission: str, at: pytest.MonkeyPatch) -> None:

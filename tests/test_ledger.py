@@ -536,11 +536,10 @@ def test_L2_entries_written_as_rows_before_schema_15_are_still_counted(
         "'available', 7, 'contract v0', 1)",
         mission,
     )
-    raw.execute(
-        "UPDATE allowances SET limit_amount = limit_amount + 7, available = available + 7 "
-        "WHERE mission_id = ? AND unit = 'calls'",
-        mission,
-    )
+    [row] = raw.rows("SELECT books FROM missions WHERE id = ?", mission)
+    books = json.loads(row["books"])
+    books["calls"][0:2] = [books["calls"][0] + 7, books["calls"][1] + 7]  # limit, available
+    raw.execute("UPDATE missions SET books = ? WHERE id = ?", json.dumps(books), mission)
     assert engine.check_ledger(mission) == []
     every = engine.ledger_entries(mission, unit="calls")
     assert every[0] == {

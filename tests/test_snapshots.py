@@ -35,7 +35,9 @@ from conftest import PG_URL, Principals, default_contract, fresh_store, stored
 
 OpenEngine = Callable[..., charter.Engine]
 #: The store's tables a snapshot carries (a slice's chain travels as escrow_events).
-STORED = [t for t in TABLES if t != "escrow_events"]
+#: The tables a snapshot's records are written to (balances are on the head rows
+#: of ``missions`` and ``escrow_slices``, their books, since schema 23).
+STORED = [t for t in TABLES if t not in ("escrow_events", "allowances", "escrow_accounts")]
 
 
 # -- stores and keys ---------------------------------------------------------------------

@@ -91,11 +91,9 @@ def check_allowance(seg: Segment, tx: Tx, contract: Contract, row: Row, call: Ca
         )
     # Read with ownership, under the mission's gate: no other admission can
     # hold from the same allowance until this transaction ends.
-    available = {
-        unit: int(amount)
-        for unit, _, amount in (pair.partition(":") for pair in (row["available"] or "").split(","))
-        if unit
-    }
+    lane = tx.lane(seg.mission_id)
+    books = ledger.cached(tx, seg.mission_id if lane is None else lane.chain)
+    available = {unit: bal.available for unit, bal in books.items()}
     short = {
         u: {"estimate": a, "available": available.get(u, 0)}
         for u, a in estimate.items()
@@ -103,7 +101,6 @@ def check_allowance(seg: Segment, tx: Tx, contract: Contract, row: Row, call: Ca
     }
     if not short and not row["open_incidents"]:
         return
-    lane = tx.lane(seg.mission_id)
     if short and not row["open_incidents"] and lane is not None:
         # L10: the slice cannot cover it; the mission's gate decides, as without it.
         raise SliceUnavailable(
@@ -222,10 +219,11 @@ def _lent(seg: Segment, tx: Tx, row: Row) -> Row:
             )
         return row
     lapse = row["escrow_lapse"]
-    if lapse is None or lapse > tx.now_us or not escrow.sweep(tx, seg.mission_id):
-        return row
-    balances = ledger.cached(tx, seg.mission_id)
-    return {**row, "available": ",".join(f"{u}:{b.available}" for u, b in balances.items())}
+    if lapse is not None and lapse <= tx.now_us:
+        # What they did not use goes back to the mission's books, staged in
+        # this transaction, where the allowance check reads them.
+        escrow.sweep(tx, seg.mission_id)
+    return row
 
 
 def void_denied(seg: Segment, tx: Tx, attempt: Attempt) -> Attempt:

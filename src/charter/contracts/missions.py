@@ -167,7 +167,7 @@ def add_version(
     moves: list[ledger.Move] = []
     for unit, limit in contract.allowance.items():
         if unit not in old_limits:
-            ledger_store.open_account(tx, mission_id, unit)
+            ledger_store.open_accounts(tx, mission_id, [unit])
         moves += ledger.fund(unit, limit - old_limits.get(unit, 0))
     entries = ledger.record(tx, mission_id, None, moves, f"contract v{version}")
     tx.audit(

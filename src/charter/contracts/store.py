@@ -1,8 +1,8 @@
 """The contracts room's tables: every statement on ``missions``, ``contract_versions``
 and ``sign_ins``.
 
-A mission's allowance accounts (``allowances``) are the ledger's: their rows
-are opened and moved by :mod:`charter.ledger.store`.
+A mission's allowance accounts are the ledger's: their books, on the mission's
+row with its chain's head, are opened and moved by :mod:`charter.ledger.store`.
 """
 
 from __future__ import annotations
@@ -121,6 +121,7 @@ def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
     mission = [dict(r) for r in tx.all("SELECT * FROM missions WHERE id = ?", mission_id)]
     for row in mission:
         row.pop("audit_sealed", None)
+        row.pop("books", None)  # carried as ``allowances`` records (the ledger's)
     return {
         "missions": mission,
         "contract_versions": [

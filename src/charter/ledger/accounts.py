@@ -25,7 +25,7 @@ is spent, the rest released, what they spent above it an overrun; the holds
 of its attempts still open stay held.
 
 This module only *computes* moves, as pure arithmetic; :mod:`charter.ledger.store`
-applies them to the cached balances in one transaction and rebuilds balances
+applies them to the chain's books in one transaction and rebuilds balances
 from entries. An entry is carried by the audit event of the transition that
 makes it (:func:`carry`): the event is hashed into the mission's chain (S1),
 so an entry edited, added or removed afterwards breaks the chain, and the
@@ -40,7 +40,7 @@ that range, with :class:`~charter.errors.AmountOverflow`, before writing.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import astuple, dataclass, fields
 from typing import Any
 
 from charter.amounts import MAX_AMOUNT
@@ -134,6 +134,33 @@ class Balance:
         itself is a memo of what was ever spent above holds and never goes down,
         so it cannot say whether the unit is exhausted now."""
         return self.available <= 0
+
+
+#: A balance's accounts as a snapshot's records name them, in a balance's order
+#: (the columns of the ``allowances`` and ``escrow_accounts`` tables before
+#: schema 23; a snapshot still carries them so).
+RECORD_FIELDS = ("limit_amount", "available", "held", "spent", "overrun")
+
+
+def as_records(key: str, chain: str, books: Mapping[str, Balance]) -> list[dict[str, Any]]:
+    """A chain's balances as a snapshot's records: one per unit, in unit order,
+    the chain named under ``key``."""
+    return [
+        {key: chain, "unit": unit, **dict(zip(RECORD_FIELDS, astuple(bal), strict=True))}
+        for unit, bal in sorted(books.items())
+    ]
+
+
+def from_records(
+    key: str, records: Iterable[Mapping[str, Any]]
+) -> dict[str, dict[str, tuple[int, int, int, int, int]]]:
+    """Balance records (as :func:`as_records` makes them) back to each chain's
+    books: chain -> unit -> its five sums."""
+    books: dict[str, dict[str, tuple[int, int, int, int, int]]] = {}
+    for r in records:
+        sums = (r["limit_amount"], r["available"], r["held"], r["spent"], r["overrun"])
+        books.setdefault(r[key], {})[r["unit"]] = sums
+    return books
 
 
 def balances(moves: Iterable[Move]) -> dict[str, Balance]:

@@ -1,7 +1,9 @@
-"""The ledger room's tables: cached balances, incidents, entries (L0-L7).
+"""The ledger room's records: balances, incidents, entries (L0-L7).
 
-Every statement on ``allowances`` (a mission's accounts, opened with its
-contract, and their cached balances), ``incidents`` and ``ledger_entries`` is
+A mission's balances (its accounts, opened with its contract) are its chain's
+books, kept on the row of the chain's head and moved with it (since schema 23,
+:mod:`charter.storage.books`; before, rows of ``allowances``). Every read and
+move of them, and every statement on ``incidents`` and ``ledger_entries``, is
 here; :mod:`charter.ledger.accounts` computes the moves and
 :mod:`charter.ledger.incidents` says what an incident means.
 
@@ -16,12 +18,24 @@ and an attempt's two transactions write one table fewer each.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import astuple
 from typing import Any
 
-from charter.ledger.accounts import Balance, Move, balances, carried, carry, check_sums
+from charter.ledger.accounts import (
+    Balance,
+    Move,
+    as_records,
+    balances,
+    carried,
+    carry,
+    check_sums,
+    from_records,
+)
 from charter.ledger.escrow import store as escrow_store
 from charter.storage import Row, Tx
+from charter.storage import books as chain_books
+from charter.storage.books import Sums
 from charter.storage.paging import Position, page
 
 
@@ -32,71 +46,46 @@ def record(
     moves: list[Move],
     price_source: str | None,
 ) -> dict[str, Any]:
-    """Update the cached balances in the caller's transaction and return what
-    the transition's audit event must carry in its payload: ``{"ledger":
-    entries}``, or nothing when there are no moves. The event is the entry: an
-    event staged without it leaves balances its chain does not add up to, which
-    :func:`problems` reports (L2).
+    """Stage the moves on the books of the chain the mission's changes go
+    through (its own, or in a lane its slice's, L10), written with the chain's
+    head at commit, and return what the transition's audit event must carry in
+    its payload: ``{"ledger": entries}``, or nothing when there are no moves.
+    The event is the entry, and the head row it moves keeps the books: the two
+    are written by one statement (L2).
 
     Refuses (:class:`AmountOverflow`, nothing written by this call) moves whose
-    sums with the cached balances would leave the range the ledger holds (A9).
-    Only an overrun (it adds to ``spent + held`` beyond any hold) or a higher
-    limit can: a hold is bounded by what is available (L3), a spend moves held
-    to spent and a release lowers held. So admissions and settlements within
-    their holds pay no read.
+    sums with the books would leave the range the ledger holds (A9). Only an
+    overrun (it adds to ``spent + held`` beyond any hold) or a higher limit can:
+    a hold is bounded by what is available (L3), a spend moves held to spent and
+    a release lowers held.
     """
     if not moves:
         return {}
     change = balances(moves)
     lane = tx.lane(mission_id)
-    if lane is not None:
-        # L10: in a lane the moves are the slice's; its chain carries them.
-        if any(d.overrun > 0 or d.limit > 0 for d in change.values()):
-            check_sums(escrow_store.cached(tx, lane.chain), change)
-        escrow_store.move(tx, lane.chain, change)
-        return {"ledger": carry(moves, attempt_id, price_source)}
+    chain = mission_id if lane is None else lane.chain
     if any(d.overrun > 0 or d.limit > 0 for d in change.values()):
-        check_sums(cached(tx, mission_id), change)
-    tx.many(
-        "UPDATE allowances SET limit_amount = limit_amount + ?, available = available + ?, "
-        "held = held + ?, spent = spent + ?, overrun = overrun + ? "
-        "WHERE mission_id = ? AND unit = ?",
-        [
-            (d.limit, d.available, d.held, d.spent, d.overrun, mission_id, unit)
-            for unit, d in change.items()
-        ],
-    )
+        check_sums(cached(tx, chain), change)
+    tx.move_books(chain, {unit: astuple(d) for unit, d in change.items()})
     return {"ledger": carry(moves, attempt_id, price_source)}
 
 
-def open_account(tx: Tx, mission_id: str, unit: str) -> None:
-    """A unit's account at zero; a ``fund`` move then sets its limit (L0)."""
-    tx.run(
-        "INSERT INTO allowances (mission_id, unit, limit_amount, available, held, spent, "
-        "overrun) VALUES (?, ?, 0, 0, 0, 0, 0)",
-        mission_id,
-        unit,
-    )
+def open_accounts(tx: Tx, chain: str, units: Iterable[str]) -> None:
+    """The chain's accounts of ``units`` at zero; a ``fund`` move then sets each
+    limit (L0). The transaction appends to the chain, as a mission's creation
+    and a slice's lease do."""
+    tx.move_books(chain, dict.fromkeys(sorted(units), (0, 0, 0, 0, 0)))
 
 
 def overdrawn(tx: Tx, mission_id: str) -> bool:
     """Whether any unit of the mission has less than nothing available (L7)."""
-    return (
-        tx.one("SELECT 1 AS x FROM allowances WHERE mission_id = ? AND available < 0", mission_id)
-        is not None
-    )
+    return any(b.available < 0 for b in cached(tx, mission_id).values())
 
 
-def cached(tx: Tx, mission_id: str) -> dict[str, Balance]:
-    rows = tx.all(
-        "SELECT unit, limit_amount, available, held, spent, overrun FROM allowances "
-        "WHERE mission_id = ? ORDER BY unit",
-        mission_id,
-    )
-    return {
-        r["unit"]: Balance(r["limit_amount"], r["available"], r["held"], r["spent"], r["overrun"])
-        for r in rows
-    }
+def cached(tx: Tx, chain: str) -> dict[str, Balance]:
+    """The balances of a mission's (or a slice's) books, by unit, as this
+    transaction leaves them so far."""
+    return {unit: Balance(*sums) for unit, sums in sorted(tx.books(chain).items())}
 
 
 #: Events read at a time when the carried entries are gathered.
@@ -202,7 +191,7 @@ def problems(tx: Tx, mission_id: str) -> list[str]:
             into[unit] = into.get(unit, 0) + amount
     books = [(mission_id, "", cached(tx, mission_id), holds[None])]
     for s in lent:
-        grant = escrow_store.cached(tx, s["id"])
+        grant = cached(tx, s["id"])
         for unit, bal in grant.items():
             holds[None][unit] = holds[None].get(unit, 0) + bal.limit
         books.append((s["id"], f"slice {s['id']} ", grant, holds[s["id"]]))
@@ -306,32 +295,24 @@ def _incident(row: Row) -> dict[str, Any]:
 
 
 def totals(tx: Tx) -> dict[str, Balance]:
-    """Every mission's cached balances summed per unit (for the metrics endpoint)."""
-    rows = tx.all(
-        "SELECT unit, SUM(limit_amount) AS l, SUM(available) AS a, SUM(held) AS h, "
-        "SUM(spent) AS s, SUM(overrun) AS o FROM allowances GROUP BY unit ORDER BY unit"
-    )
-    return {
-        r["unit"]: Balance(int(r["l"]), int(r["a"]), int(r["h"]), int(r["s"]), int(r["o"]))
-        for r in rows
-    }
+    """Every mission's balances summed per unit (for the metrics endpoint)."""
+    sums: dict[str, Sums] = {}
+    for r in tx.all("SELECT books FROM missions"):
+        sums = chain_books.added(sums, chain_books.read(r["books"]))
+    return {unit: Balance(*s) for unit, s in sorted(sums.items())}
 
 
 # -- snapshots (S2): a mission's rows as recorded, and back ------------------------------
 
 
 def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
-    """Allowances, incidents and the entries written as rows before schema 15,
-    in their order (without their store-assigned ids: a store numbers its own
-    entries). The entries made since travel in the chain's events."""
+    """The mission's balances as ``allowances`` records (one per unit), its
+    incidents, and the entries written as rows before schema 15, in their order
+    (without their store-assigned ids: a store numbers its own entries). The
+    entries made since travel in the chain's events."""
     entries = [{k: v for k, v in e.items() if k != "seq"} for e in _legacy(tx, mission_id)]
     return {
-        "allowances": [
-            dict(r)
-            for r in tx.all(
-                "SELECT * FROM allowances WHERE mission_id = ? ORDER BY unit", mission_id
-            )
-        ],
+        "allowances": as_records("mission_id", mission_id, cached(tx, mission_id)),
         "ledger_entries": entries,
         "incidents": [
             dict(r)
@@ -344,6 +325,7 @@ def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
 
 
 def restore(tx: Tx, tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
-    tx.copy("INSERT INTO allowances", tables["allowances"])
+    for mission_id, books in from_records("mission_id", tables["allowances"]).items():
+        tx.restore_books(mission_id, books)
     tx.copy("INSERT INTO ledger_entries", tables["ledger_entries"])
     tx.copy("INSERT INTO incidents", tables["incidents"])

@@ -32,7 +32,7 @@ _COUNT = {s: f"UPDATE runs SET n_{s} = n_{s} + 1 WHERE id = ?" for s in SETTLED}
 #: transaction's events are chained (see ``SQLiteDriver.recall``).
 _HEAD = (
     "m.id AS head_of, m.audit_seq AS head_seq, m.audit_hash AS head_hash, "
-    "m.audit_sealed AS head_sealed"
+    "m.audit_sealed AS head_sealed, m.books AS head_books"
 )
 
 _STANDING = (
@@ -42,9 +42,6 @@ _STANDING = (
     f"{_HEAD}, "
     "(SELECT COUNT(*) FROM incidents i WHERE i.mission_id = r.mission_id "
     "AND i.status = 'open') AS open_incidents, "
-    # "unit:amount,..." (units are plain names): one statement, one round trip.
-    "(SELECT {group_concat}(a.unit || ':' || a.available, ',') FROM allowances a "
-    "WHERE a.mission_id = r.mission_id) AS available, "
     # When the first of the mission's lent slices lapses (L10): an admission
     # through the mission's gate returns it.
     "(SELECT MIN(s.lease_expires_us) FROM escrow_slices s WHERE s.mission_id = r.mission_id "
@@ -218,9 +215,9 @@ def settled_counts(tx: Tx, run_id: str) -> dict[str, int] | None:
 def standing(tx: Tx, mission_id: str, run_id: str) -> Row | None:
     """What its owner checks before every write: the run's owner, epoch, claim
     and lease, with the mission's contract version, counters, open incidents and
-    available amounts (``unit:amount,...``), in one statement. It reads the
-    missions', allowances' and incidents' tables too, all of the mission's own
-    rows: recalled (see :meth:`Tx.recall`)."""
+    chain head (with the books, :meth:`Tx.books`), in one statement. It reads
+    the missions' and incidents' tables too, all of the mission's own rows:
+    recalled (see :meth:`Tx.recall`)."""
     lane = tx.lane(mission_id)
     if lane is not None:
         return tx.recall(mission_id, escrow_store.STANDING, lane.chain, run_id).row

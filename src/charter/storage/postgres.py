@@ -35,6 +35,7 @@ from charter.clock import Clock, SystemClock
 from charter.errors import StoreChanged, StoreError
 from charter.hashing import head_table
 from charter.storage import dialect
+from charter.storage.driver import Head
 from charter.storage.pipeline import Pipeline, Result, translate
 from charter.storage.recall import (
     CLOCK_SLACK_US,
@@ -49,7 +50,6 @@ from charter.storage.recall import (
     matching,
     merged,
 )
-from charter.storage.transaction import Head
 
 try:
     import psycopg
@@ -72,8 +72,8 @@ _SHARE = "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0))"
 #: age it.
 _HEAD = {
     table: "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::BIGINT AS now, "
-    "h.audit_seq, h.audit_hash, h.audit_sealed FROM (SELECT 1) AS one LEFT JOIN "
-    f"(SELECT audit_seq, audit_hash, audit_sealed FROM {table} WHERE id = %s) AS h ON true"
+    "h.audit_seq, h.audit_hash, h.audit_sealed, h.books FROM (SELECT 1) AS one LEFT JOIN "
+    f"(SELECT audit_seq, audit_hash, audit_sealed, books FROM {table} WHERE id = %s) AS h ON true"
     for table in ("missions", "audit_chains", "escrow_slices")
 }
 #: The guard of a recalled head and of the estimated clock, in one statement after
@@ -82,7 +82,8 @@ _HEAD = {
 #: estimate and the slack). It returns the clock, as the head's read does.
 _HEADGUARD = {
     table: f"SELECT c.now, 1 / ((SELECT COUNT(*) FROM {table} WHERE id = %s AND audit_seq = %s "
-    "AND audit_hash IS NOT DISTINCT FROM %s AND audit_sealed IS NOT DISTINCT FROM %s) = 1 "
+    "AND audit_hash IS NOT DISTINCT FROM %s AND audit_sealed IS NOT DISTINCT FROM %s "
+    "AND books = %s) = 1 "
     "AND ABS(c.now - %s::BIGINT) <= %s::BIGINT)::int AS ok "
     f"FROM (SELECT {_CLOCK_US} AS now) AS c"
     for table in ("missions", "audit_chains", "escrow_slices")
@@ -334,7 +335,9 @@ class PostgresDriver(Pipeline):
                 self._now = int(row["now"])
                 self._take_base(result)
             seq, hash_ = row["audit_seq"], row["audit_hash"]
-            self._heads[mission_id] = None if seq is None else (seq, hash_, row["audit_sealed"])
+            self._heads[mission_id] = (
+                None if seq is None else (seq, hash_, row["audit_sealed"], row["books"])
+            )
 
         # A clock reading not sent yet is dropped: the one after the gate replaces it.
         self._pending = [p for p in self._pending if p[2] != self._take_now]

@@ -27,7 +27,7 @@ import collections
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from charter.storage.transaction import Head
+from charter.storage.driver import Head
 
 #: A read as it is sent (statement text and parameters): the key of its copy.
 Key = tuple[str, tuple[Any, ...]]

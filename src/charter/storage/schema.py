@@ -12,6 +12,7 @@ is in :mod:`~charter.storage.upgrades`.
 
 from __future__ import annotations
 
+from charter.storage.record_upgrades import RECORD_UPGRADES
 from charter.storage.upgrades import UPGRADES, Migration, Statement
 
 __all__ = ["LATEST", "MIGRATIONS", "Migration", "Statement"]
@@ -217,5 +218,6 @@ MIGRATIONS: list[Migration] = [
 ]
 
 MIGRATIONS.extend(UPGRADES)
+MIGRATIONS.extend(RECORD_UPGRADES)
 
 LATEST = MIGRATIONS[-1][0]

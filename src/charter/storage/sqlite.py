@@ -17,11 +17,11 @@ from charter.clock import Clock
 from charter.errors import StoreBusy, StoreConflict, StoreError
 from charter.hashing import head_table
 from charter.storage import dialect, text
-from charter.storage.transaction import Head
+from charter.storage.driver import Head
 
 #: A chain's head, by the table that keeps it (see :func:`charter.hashing.head_table`).
 _HEAD = {
-    table: f"SELECT audit_seq, audit_hash, audit_sealed FROM {table} WHERE id = ?"
+    table: f"SELECT audit_seq, audit_hash, audit_sealed, books FROM {table} WHERE id = ?"
     for table in ("missions", "audit_chains", "escrow_slices")
 }
 
@@ -119,13 +119,19 @@ class SQLiteDriver:
         self, mission_id: str, sql: str, params: Sequence[Any], take: Callable[[Any], None]
     ) -> None:
         """In-process, a read costs no round trip: it is simply run. A read that
-        also returns the chain's head (``head_of``, ``head_seq``, ``head_hash``,
-        ``head_sealed``: the mission row's, read under the write lock) saves
-        :meth:`head` its own statement later in the transaction."""
+        also returns a chain's head (``head_of``, ``head_seq``, ``head_hash``,
+        ``head_sealed``, ``head_books``: the row that keeps it, a mission's or a
+        slice's, read under the write lock) saves :meth:`head` its own statement
+        later in the transaction."""
         row = self.execute(sql, params).fetchone()
         columns = [] if row is None else row.keys()  # (``in`` on a Row looks at its values)
-        if "head_of" in columns and row["head_of"] == mission_id:
-            self._heads[mission_id] = (row["head_seq"], row["head_hash"], row["head_sealed"])
+        if "head_of" in columns and row["head_of"] is not None:
+            self._heads[row["head_of"]] = (
+                row["head_seq"],
+                row["head_hash"],
+                row["head_sealed"],
+                row["head_books"],
+            )
         take(_Answered(row))
 
     def count(self, sql: str, params: Sequence[Any]) -> int:
@@ -179,7 +185,9 @@ class SQLiteDriver:
         if mission_id in self._heads:
             return self._heads[mission_id]
         row = self.execute(_HEAD[head_table(mission_id)], (mission_id,)).fetchone()
-        return None if row is None else (row["audit_seq"], row["audit_hash"], row["audit_sealed"])
+        if row is None:
+            return None
+        return (row["audit_seq"], row["audit_hash"], row["audit_sealed"], row["books"])
 
     def moved(self, mission_id: str, head: Head) -> None:
         """The head this transaction leaves, for a later read of it in the same

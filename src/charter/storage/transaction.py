@@ -22,10 +22,9 @@ Two things keep a transaction short on a networked store:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from charter.clock import Clock
 from charter.errors import CharterError, MissionSealed, SliceUnavailable, StoreError
 from charter.hashing import (
     HASHED_FIELDS,
@@ -37,124 +36,12 @@ from charter.hashing import (
     head_table,
 )
 from charter.ids import IdFactory
+from charter.storage import books as chain_books
 from charter.storage import lanes as lane_context
-from charter.storage.dialect import Dialect
+from charter.storage.driver import NO_HEAD, Driver, Head, HeadSigner, Listening, Row
 from charter.storage.lanes import Lane
 
-Row = Mapping[str, Any]
-#: An audit chain's head as its row keeps it: the last event's sequence number
-#: and hash (``hash`` is ``None`` while the chain is empty), and why the chain is
-#: sealed (``None`` while it takes events).
-Head = tuple[int, str | None, str | None]
-#: Signs a chain head's statement: returns the key's id and the signature (base64).
-HeadSigner = Callable[[bytes], tuple[str, str]]
-
-
-class Driver(Protocol):
-    """What a backend provides: raw statements and transaction control."""
-
-    dialect: Dialect
-
-    def execute(self, sql: str, params: Sequence[Any]) -> Any: ...
-
-    def defer(
-        self, sql: str, params: Sequence[Any], take: Callable[[Any], None] | None = None
-    ) -> None:
-        """Run a statement now or with the next one; ``take`` gets its result
-        (something with ``fetchone``) once it has run."""
-        ...
-
-    def flush(self) -> None:
-        """Send the deferred statements now."""
-        ...
-
-    def recall(
-        self, mission_id: str, sql: str, params: Sequence[Any], take: Callable[[Any], None]
-    ) -> None:
-        """A read of the mission's own rows (see :meth:`Tx.recall`); ``take`` gets
-        its result, now or with the next statement."""
-        ...
-
-    def count(self, sql: str, params: Sequence[Any]) -> int:
-        """Run a write and return how many rows it changed (see :meth:`Tx.run`)."""
-        ...
-
-    def confirm(self) -> bool:
-        """Before a transaction ends other than by its commit: whether the rows
-        it recalled held (``True`` when it recalled nothing)."""
-        ...
-
-    #: Whether transactions may decide on rows remembered from earlier ones.
-    recalls: bool
-
-    def begin(self, write: bool, clock: Clock, gate: str | None, recall: bool = False) -> None:
-        """Start a transaction (``gate``: taking that mission's gate first); a
-        backend may send this with the transaction's first statement.
-        ``recall``: the transaction may decide on what the connection remembers
-        of the gated mission (see :mod:`charter.storage.recall`)."""
-        ...
-
-    def now_us(self) -> int:
-        """The store's time for the current transaction (µs)."""
-        ...
-
-    def knows_now(self) -> bool:
-        """Whether :meth:`now_us` answers without sending anything (a networked
-        store may learn its clock only with the next statements it sends)."""
-        ...
-
-    def commit(self) -> None: ...
-
-    def rollback(self) -> None: ...
-
-    #: How many transactions may share one commit (1: each commits alone).
-    group_limit: int
-
-    def join(self, clock: Clock, member: str) -> None:
-        """Start another transaction inside the open one, as savepoint ``member``
-        (only for backends whose ``group_limit`` is above 1)."""
-        ...
-
-    def leave(self, member: str, *, keep: bool) -> None:
-        """End savepoint ``member``, keeping its changes or undoing them."""
-        ...
-
-    def gate(self, mission_id: str) -> None:
-        """Take the mission's gate until the transaction ends, before any later
-        statement: this transaction becomes the only one changing the mission
-        or appending to its audit chain."""
-        ...
-
-    def share(self, mission_id: str) -> None:
-        """Take the mission's gate shared until the transaction ends, before the
-        gate of a lane of it (see :mod:`charter.storage.lanes`): transactions in
-        lanes pass one another; one holding the gate whole waits for them all."""
-        ...
-
-    def head(self, mission_id: str) -> Head | None:
-        """The head kept on the row of a mission whose gate is held (``None``:
-        no such row yet, as while the mission is being created)."""
-        ...
-
-    def moved(self, mission_id: str, head: Head) -> None:
-        """This transaction moves the mission's head to ``head`` (the statement
-        that writes it is deferred): a backend may keep it for what follows."""
-        ...
-
-    def close(self) -> None: ...
-
-    def listener(self, channel: str) -> Listening | None:
-        """Something to sleep on until a transaction tells ``channel`` (see
-        :meth:`Tx.notify`); ``None`` where the store cannot tell listeners."""
-        ...
-
-
-class Listening(Protocol):
-    """A wait for a store's notices (PostgreSQL's LISTEN)."""
-
-    def wait(self, seconds: float) -> bool: ...
-
-    def close(self) -> None: ...
+__all__ = ["Driver", "Head", "HeadSigner", "Listening", "Prefetched", "Refused", "Row", "Tx"]
 
 
 class Prefetched:
@@ -219,6 +106,8 @@ class Tx:
                 self._gates |= {lane.mission_id, lane.chain}
         #: Counters on a mission's row, added when the transaction ends (see count).
         self._counts: dict[str, dict[str, int]] = {}
+        #: Changes of each chain's books, written with its head (see move_books).
+        self._moves: dict[str, dict[str, chain_books.Sums]] = {}
 
     @property
     def now_us(self) -> int:
@@ -348,6 +237,36 @@ class Tx:
         counters = self._counts.setdefault(self._chain(mission_id), {})
         counters[column] = counters.get(column, 0) + by
 
+    def books(self, chain: str) -> dict[str, chain_books.Sums]:
+        """The chain's books as this transaction leaves them so far: as its head
+        row keeps them, with the changes staged by :meth:`move_books` added.
+        Under the chain's gate they come with its head (in most transactions no
+        statement of their own); without it (a read, or a mission whose gate a
+        lane holds only shared) they are read from the row."""
+        if chain in self._gates and chain not in self._lanes:
+            kept = (self._driver.head(chain) or NO_HEAD)[3]
+        else:
+            row = self.one(f"SELECT books FROM {head_table(chain)} WHERE id = ?", chain)
+            kept = chain_books.EMPTY if row is None else row["books"]
+        return chain_books.added(chain_books.read(kept), self._moves.get(chain, {}))
+
+    def move_books(self, chain: str, change: Mapping[str, Sequence[int]]) -> None:
+        """Add ``change`` (unit -> five sums) to the chain's books at commit, in
+        the statement that moves its head: the transaction must append to the
+        chain (the event that carries the entries of the change, L2)."""
+        self.lock_mission(chain)
+        self._moves[chain] = chain_books.added(self._moves.get(chain, {}), change)
+
+    def restore_books(self, chain: str, books: Mapping[str, chain_books.Sums]) -> None:
+        """Write a chain's books as they are, onto its head row: for restoring
+        records verified elsewhere (an imported snapshot), never for recording
+        a change (:meth:`move_books`)."""
+        self.run(
+            f"UPDATE {head_table(chain)} SET books = ? WHERE id = ?",
+            chain_books.write(books),
+            chain,
+        )
+
     def copy(self, into: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """Write ``rows`` as they are: ``into`` is the owner's ``INSERT INTO table``,
         every row has the same columns. For restoring records verified elsewhere
@@ -368,7 +287,7 @@ class Tx:
     def lock_mission(self, mission_id: str) -> None:
         """Take the mission's gate before changing anything of it.
 
-        Every transaction that changes a mission's runs, attempts or allowances
+        Every transaction that changes a mission's runs, attempts or books
         takes its gate first, so there is one lock order and concurrent workers
         queue instead of deadlocking (SQLite's single writer is a gate already).
         """
@@ -426,10 +345,18 @@ class Tx:
         self._events = [keep] if keep is not None else []
         self._gates = set()
         self._counts = {}
+        self._moves = {}
 
     def flush_audit(self) -> None:
         """Chain and write the staged audit events, just before commit (S1); the
-        counters staged with :meth:`count` go with the heads."""
+        counters staged with :meth:`count` and the books moved with
+        :meth:`move_books` go with the heads."""
+        unchained = set(self._moves) - {ev["mission_id"] for ev in self._events}
+        if unchained:
+            raise StoreError(
+                f"the books of {sorted(unchained)} would change with no event on their "
+                "chain to carry the entries (L2); nothing was written"
+            )
         if not self._events:
             self._write_counts()
             return
@@ -438,24 +365,8 @@ class Tx:
         chains = sorted({ev["mission_id"] for ev in self._events})
         for mission_id in chains:
             self.lock_mission(mission_id)
-        heads: dict[str, tuple[int, str]] = {}
-        for mission_id in chains:
-            seq, hash_, sealed = self._driver.head(mission_id) or (0, None, None)
-            if sealed is not None and head_table(mission_id) == "escrow_slices":
-                raise SliceUnavailable(
-                    f"escrow slice {mission_id} was {sealed}: nothing more is recorded on it; "
-                    "the transaction goes through its mission's gate instead",
-                    slice_id=mission_id,
-                    why=sealed,
-                )
-            if sealed is not None and self._seals.get(mission_id, sealed) is not None:
-                raise MissionSealed(
-                    f"mission {mission_id} is sealed here ({sealed}): nothing more is "
-                    "recorded on it in this store",
-                    mission_id=mission_id,
-                    reason=sealed,
-                )
-            heads[mission_id] = (seq, hash_ or genesis(mission_id))
+        found = {mission_id: self._open_head(mission_id) for mission_id in chains}
+        heads = {m: (seq, hash_ or genesis(m)) for m, (seq, hash_, _, _) in found.items()}
         rows: list[tuple[Any, ...]] = []
         for ev in self._events:
             mission_id = ev["mission_id"]
@@ -488,25 +399,57 @@ class Tx:
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             rows,
         )
-        # The heads move with the events: deferred writes too, so on PostgreSQL
-        # they travel with COMMIT and cost no round trip.
         for mission_id in chains:
-            seq, hash_ = heads[mission_id]
-            counters = self._counts.pop(mission_id, {})
-            sealed = self._seals.get(mission_id)
-            self.write(
-                f"UPDATE {head_table(mission_id)} SET {_added(counters)}audit_seq = ?, "
-                "audit_hash = ?, audit_sealed = ? WHERE id = ?",
-                *counters.values(),
-                seq,
-                hash_,
-                sealed,
-                mission_id,
-            )
-            self._driver.moved(mission_id, (seq, hash_, sealed))
-            if self._sign is not None:
-                self._checkpoint(mission_id, seq, hash_)
+            self._move_head(mission_id, *heads[mission_id], found[mission_id][3])
         self._write_counts()
+
+    def _open_head(self, chain: str) -> Head:
+        """The chain's head, under its gate, if the chain takes events."""
+        head = self._driver.head(chain) or NO_HEAD
+        sealed = head[2]
+        if sealed is not None and head_table(chain) == "escrow_slices":
+            raise SliceUnavailable(
+                f"escrow slice {chain} was {sealed}: nothing more is recorded on it; "
+                "the transaction goes through its mission's gate instead",
+                slice_id=chain,
+                why=sealed,
+            )
+        if sealed is not None and self._seals.get(chain, sealed) is not None:
+            raise MissionSealed(
+                f"mission {chain} is sealed here ({sealed}): nothing more is "
+                "recorded on it in this store",
+                mission_id=chain,
+                reason=sealed,
+            )
+        return head
+
+    def _move_head(self, chain: str, seq: int, hash_: str, books: str) -> None:
+        """Move the chain's head to its last event, with the counters and books
+        staged for it. A deferred write too, so on PostgreSQL it travels with
+        COMMIT and costs no round trip."""
+        counters = self._counts.pop(chain, {})
+        sealed = self._seals.get(chain)
+        # The books are written only when they move: a restore writes them
+        # itself, after the head this transaction read.
+        moved = ""
+        if chain in self._moves:
+            books = chain_books.write(
+                chain_books.added(chain_books.read(books), self._moves.pop(chain))
+            )
+            moved = "books = ?, "
+        self.write(
+            f"UPDATE {head_table(chain)} SET {_added(counters)}{moved}audit_seq = ?, "
+            "audit_hash = ?, audit_sealed = ? WHERE id = ?",
+            *counters.values(),
+            *([books] if moved else []),
+            seq,
+            hash_,
+            sealed,
+            chain,
+        )
+        self._driver.moved(chain, (seq, hash_, sealed, books))
+        if self._sign is not None:
+            self._checkpoint(chain, seq, hash_)
 
     def _write_counts(self) -> None:
         """Counters of missions whose chain this transaction left as it was."""

@@ -3,8 +3,8 @@
 A **slice** is lent under the mission's gate, held whole: the mission's books
 move its grant ``available -> held`` (a ``lease`` entry on the mission's
 chain), so L0 holds at every instant and no other admission can spend it. The
-slice has books of its own (``escrow_accounts``) and a chain of its own (its
-id; its head on its row), which begins with the grant as ``fund`` entries.
+slice has books of its own and a chain of its own (its id; its head and books
+on its row), which begins with the grant as ``fund`` entries.
 Its holder admits and settles against it in a lane
 (:mod:`charter.storage.lanes`): the mission's gate shared, the slice's whole,
 so holders of different slices share no row.
@@ -30,7 +30,7 @@ from typing import Any
 from charter.errors import SliceUnavailable
 from charter.hashing import genesis
 from charter.ledger import store as ledger_store
-from charter.ledger.accounts import Balance, Move, balances, carry, fund, settle
+from charter.ledger.accounts import Balance, Move, fund, settle
 from charter.ledger.escrow import store
 from charter.storage import Tx
 
@@ -78,7 +78,7 @@ def lease(
     slice_id = tx.ids.new("esc")
     expires = tx.now_us + lease_us
     store.insert_slice(tx, slice_id, mission_id, holder, expires)
-    store.open_accounts(tx, slice_id, grant)
+    ledger_store.open_accounts(tx, slice_id, grant)
     moves = [Move(u, "lease", "available", "held", a) for u, a in grant.items()]
     entries = ledger_store.record(tx, mission_id, None, moves, SOURCE)
     tx.audit(
@@ -91,14 +91,14 @@ def lease(
         | entries,
     )
     granted = [m for u, a in grant.items() for m in fund(u, a)]
-    store.move(tx, slice_id, balances(granted))
     tx.audit(
         slice_id,
         "escrow.granted",
         slice_id,
         actor=holder,
         after="open",
-        payload={"mission_id": mission_id, "ledger": carry(granted, None, SOURCE)},
+        payload={"mission_id": mission_id}
+        | ledger_store.record(tx, slice_id, None, granted, SOURCE),
     )
     return slice_id, grant
 
@@ -154,7 +154,7 @@ def give_back(tx: Tx, slice_id: str, why: str, *, actor: str) -> bool:
         return False
     mission_id = row["mission_id"]
     tx.lock_mission(mission_id)
-    accounts = store.cached(tx, slice_id)
+    accounts = ledger_store.cached(tx, slice_id)
     moves: list[Move] = []
     for unit, b in accounts.items():
         moves += settle({unit: b.limit - b.held}, {unit: b.spent})
@@ -257,7 +257,7 @@ def describe(tx: Tx, mission_id: str) -> list[dict[str, Any]]:
     return [
         {
             **dict(s),
-            "accounts": {u: vars(b) for u, b in store.cached(tx, s["id"]).items()},
+            "accounts": {u: vars(b) for u, b in ledger_store.cached(tx, s["id"]).items()},
         }
         for s in store.slices(tx, mission_id)
     ]

@@ -1,8 +1,8 @@
-"""The escrow tables (L10): ``escrow_slices`` (a slice, its lease, its counters
-and its chain's head), ``escrow_accounts`` (its cached balances, as
-``allowances`` are a mission's) and ``escrow_holds`` (which slice an attempt's
-hold was taken from). The head and counters on a slice's row are moved by
-:meth:`charter.storage.Tx.audit` with its events, as a mission's are.
+"""The escrow tables (L10): ``escrow_slices`` (a slice, its lease, its counters,
+its chain's head and its books) and ``escrow_holds`` (which slice an attempt's
+hold was taken from). The head, counters and books on a slice's row are moved
+with its events (:meth:`charter.storage.Tx.audit`, :meth:`~charter.storage.Tx.move_books`),
+as a mission's are.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from charter.ledger.accounts import Balance
+from charter.ledger.accounts import Balance, as_records, from_records
 from charter.storage import Row, Tx
+from charter.storage import books as chain_books
 
 #: A run's standing (:func:`charter.runs.store.standing`) in a lane (L10): what is
 #: available is the slice's, and the slice's status and lease come with it
@@ -22,8 +23,8 @@ STANDING = (
     "m.contract_version, m.attempts_admitted, m.attempts_failed, "
     "(SELECT COUNT(*) FROM incidents i WHERE i.mission_id = r.mission_id "
     "AND i.status = 'open') AS open_incidents, "
-    "(SELECT {group_concat}(a.unit || ':' || a.available, ',') FROM escrow_accounts a "
-    "WHERE a.slice_id = s.id) AS available, "
+    "s.id AS head_of, s.audit_seq AS head_seq, s.audit_hash AS head_hash, "
+    "s.audit_sealed AS head_sealed, s.books AS head_books, "
     "s.status AS slice_status, s.lease_expires_us AS slice_expires_us, NULL AS escrow_lapse "
     "FROM escrow_slices s JOIN missions m ON m.id = s.mission_id "
     "JOIN runs r ON m.id = r.mission_id WHERE s.id = ? AND r.id = ?"
@@ -40,40 +41,6 @@ def insert_slice(tx: Tx, slice_id: str, mission_id: str, holder: str, expires_us
         expires_us,
         tx.now_us,
     )
-
-
-def open_accounts(tx: Tx, slice_id: str, grant: Mapping[str, int]) -> None:
-    """The slice's accounts at zero; its first event's ``fund`` moves set them."""
-    tx.many(
-        "INSERT INTO escrow_accounts (slice_id, unit, limit_amount, available, held, spent, "
-        "overrun) VALUES (?, ?, 0, 0, 0, 0, 0)",
-        [(slice_id, unit) for unit in sorted(grant)],
-    )
-
-
-def move(tx: Tx, slice_id: str, change: Mapping[str, Balance]) -> None:
-    """Apply per-unit sums of moves to the slice's cached balances (deferred)."""
-    tx.many(
-        "UPDATE escrow_accounts SET limit_amount = limit_amount + ?, available = available + ?, "
-        "held = held + ?, spent = spent + ?, overrun = overrun + ? "
-        "WHERE slice_id = ? AND unit = ?",
-        [
-            (d.limit, d.available, d.held, d.spent, d.overrun, slice_id, unit)
-            for unit, d in change.items()
-        ],
-    )
-
-
-def cached(tx: Tx, slice_id: str) -> dict[str, Balance]:
-    rows = tx.all(
-        "SELECT unit, limit_amount, available, held, spent, overrun FROM escrow_accounts "
-        "WHERE slice_id = ? ORDER BY unit",
-        slice_id,
-    )
-    return {
-        r["unit"]: Balance(r["limit_amount"], r["available"], r["held"], r["spent"], r["overrun"])
-        for r in rows
-    }
 
 
 def held_in(tx: Tx, attempt_id: str, slice_id: str) -> None:
@@ -104,17 +71,11 @@ def open_slices(tx: Tx, mission_id: str, *, lapsed: bool = False) -> list[Row]:
 
 def unused(tx: Tx, mission_id: str) -> dict[str, dict[str, int]]:
     """What each of the mission's open slices has available, by unit: lent money
-    no attempt holds or spent (one statement)."""
-    rows = tx.all(
-        "SELECT s.id, a.unit, a.available FROM escrow_slices s "
-        "JOIN escrow_accounts a ON a.slice_id = s.id "
-        "WHERE s.mission_id = ? AND s.status = 'open' ORDER BY s.id, a.unit",
-        mission_id,
-    )
-    found: dict[str, dict[str, int]] = {}
-    for r in rows:
-        found.setdefault(r["id"], {})[r["unit"]] = int(r["available"])
-    return found
+    no attempt holds or spent."""
+    return {
+        s["id"]: {unit: sums[1] for unit, sums in sorted(tx.books(s["id"]).items())}
+        for s in open_slices(tx, mission_id)
+    }
 
 
 def slices(tx: Tx, mission_id: str) -> list[Row]:
@@ -163,32 +124,26 @@ def open_holds(tx: Tx, mission_id: str) -> list[tuple[dict[str, int], str | None
 
 
 def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
-    """The mission's slices, their accounts and holds, as recorded."""
-    ids = [r["id"] for r in slices(tx, mission_id)]
+    """The mission's slices (their head rows without the books), their books as
+    ``escrow_accounts`` records (one per unit) and their holds, as recorded."""
+    rows = [dict(r) for r in slices(tx, mission_id)]
     accounts: list[dict[str, Any]] = []
     holds: list[dict[str, Any]] = []
-    for slice_id in ids:
-        accounts += [
-            dict(r)
-            for r in tx.all(
-                "SELECT * FROM escrow_accounts WHERE slice_id = ? ORDER BY unit", slice_id
-            )
-        ]
+    for row in rows:
+        slice_id, books = row["id"], chain_books.read(row.pop("books"))
+        accounts += as_records("slice_id", slice_id, {u: Balance(*s) for u, s in books.items()})
         holds += [
             dict(r)
             for r in tx.all(
                 "SELECT * FROM escrow_holds WHERE slice_id = ? ORDER BY attempt_id", slice_id
             )
         ]
-    return {
-        "escrow_slices": [dict(r) for r in slices(tx, mission_id)],
-        "escrow_accounts": accounts,
-        "escrow_holds": holds,
-    }
+    return {"escrow_slices": rows, "escrow_accounts": accounts, "escrow_holds": holds}
 
 
 def restore(tx: Tx, tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
     """Write a verified snapshot's slices, their books and holds as they were."""
     tx.copy("INSERT INTO escrow_slices", tables["escrow_slices"])
-    tx.copy("INSERT INTO escrow_accounts", tables["escrow_accounts"])
+    for slice_id, books in from_records("slice_id", tables["escrow_accounts"]).items():
+        tx.restore_books(slice_id, books)
     tx.copy("INSERT INTO escrow_holds", tables["escrow_holds"])
