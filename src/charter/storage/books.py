@@ -15,6 +15,7 @@ and which moves change them, is the ledger's (:mod:`charter.ledger.accounts`).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 
@@ -27,8 +28,11 @@ Sums = tuple[int, int, int, int, int]
 EMPTY = "{}"
 
 
-def read(text: str) -> dict[str, Sums]:
-    """The books a head row keeps, by unit."""
+@functools.lru_cache(maxsize=1024)
+def read(text: str) -> Mapping[str, Sums]:
+    """The books a head row keeps, by unit. Read once per text (a mission's
+    admission and settlement read the books its last commit left): the mapping
+    is shared, so it is never changed, only :func:`added` to."""
     found: dict[str, list[int]] = json.loads(text)
     return {unit: (s[0], s[1], s[2], s[3], s[4]) for unit, s in found.items()}
 
