@@ -49,3 +49,40 @@ RECORD_UPGRADES.append(
         ],
     )
 )
+
+# From 24 on, SQLite keeps the audit events in a rowid table (slice C's first
+# step). Keyed by (mission, seq) without a rowid (schema 3), the table kept its
+# large rows in key order: every commit inserted them among their neighbours,
+# and SQLite rebalanced the leaves around them (6 log pages for an attempt's
+# three events). A rowid table takes each new row on its last leaf, where the
+# rows before it went, and the key is an index beside it. Nothing reads rows in
+# the table's own order: every read names the chain and orders by seq through
+# that index. PostgreSQL keeps its events in a heap already: nothing changes.
+_EVENT_COLUMNS = (
+    "mission_id TEXT NOT NULL, seq BIGINT NOT NULL, at_us BIGINT NOT NULL, "
+    "actor TEXT NOT NULL, segment TEXT, epoch BIGINT, kind TEXT NOT NULL, "
+    "entity TEXT NOT NULL, before TEXT, after TEXT, payload TEXT NOT NULL, "
+    "payload_hash TEXT NOT NULL, prev_hash TEXT NOT NULL, hash TEXT NOT NULL"
+)
+RECORD_UPGRADES.append(
+    (
+        24,
+        "the audit events in a table appended at its end (SQLite): fewer pages a commit",
+        [
+            (
+                "sqlite",
+                f"CREATE TABLE audit_events_v24 ({_EVENT_COLUMNS}, PRIMARY KEY (mission_id, seq))",
+            ),
+            (
+                "sqlite",
+                "INSERT INTO audit_events_v24 SELECT * FROM audit_events ORDER BY mission_id, seq",
+            ),
+            ("sqlite", "DROP TABLE audit_events"),
+            ("sqlite", "ALTER TABLE audit_events_v24 RENAME TO audit_events"),
+            (
+                "sqlite",
+                "CREATE INDEX audit_events_entity ON audit_events (mission_id, entity, seq)",
+            ),
+        ],
+    )
+)
