@@ -32,18 +32,18 @@ def releases(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def signing_key(tmp_path: Path) -> str:
-    path = tmp_path / "signing.pem"
-    charter.new_signing_key(path)
-    return str(path)
+def spec(creds: tuple[dict[str, str], dict[str, str]], key: str) -> dict[str, Any]:
+    """What the release's process is given: who signs in, the contract, the key."""
+    contract = default_contract()
+    return {"digests": creds[1], "creds": creds[0], "contract": contract, "signing_key": key}
 
 
 @pytest.fixture
 def opened(
-    store_address: str, creds: tuple[dict[str, str], dict[str, str]], signing_key: str
+    store_address: str, creds: tuple[dict[str, str], dict[str, str]], key: str
 ) -> Iterator[charter.Engine]:
     """Today's engine on the store (on the system's clock, as the release's was)."""
-    config = charter.EngineConfig(credentials=creds[1], signing_key=signing_key)
+    config = charter.EngineConfig(credentials=creds[1], signing_key=key)
     engine = charter.Engine.open(store_address, config=config)
     yield engine
     engine.close()
@@ -64,15 +64,9 @@ def test_L2_S1_a_store_written_by_the_schema_22_release_keeps_its_books_and_chai
     raw: RawStore,
     releases: Path,
     creds: tuple[dict[str, str], dict[str, str]],
-    signing_key: str,
+    spec: dict[str, Any],
     request: pytest.FixtureRequest,
 ) -> None:
-    spec = {
-        "digests": creds[1],
-        "creds": creds[0],
-        "contract": default_contract(),
-        "signing_key": signing_key,
-    }
     facts = _release.build(_release.SCHEMA_22, releases, store_address, spec)
     assert _version(raw) == 22
     assert {"allowances", "escrow_accounts"} <= set(raw.tables())
@@ -111,19 +105,14 @@ def test_S2_a_snapshot_made_by_the_schema_22_release_is_imported(
     tmp_path: Path,
     releases: Path,
     creds: tuple[dict[str, str], dict[str, str]],
-    signing_key: str,
+    spec: dict[str, Any],
+    key: str,
 ) -> None:
-    spec = {
-        "digests": creds[1],
-        "creds": creds[0],
-        "contract": default_contract(),
-        "signing_key": signing_key,
-    }
     for folder in ("old", "new"):
         (tmp_path / folder).mkdir()
     with fresh_store(tmp_path / "old", backend, bare=True) as old:
         facts = _release.build(_release.SCHEMA_22, releases, old, spec)
-    public = load_signer(signing_key).public_key
+    public = load_signer(key).public_key
     config = charter.EngineConfig(credentials=creds[1], trusted_keys=(public,))
     with fresh_store(tmp_path / "new", backend) as new:
         engine = charter.Engine.open(new, config=config)
