@@ -2,7 +2,7 @@
 
     python3 tasks.py demo    # set up .venv if needed, run the example mission
     python3 tasks.py test    # set up .venv with test tools, lint, type-check, test
-    python3 tasks.py test --quick   # the inner loop: both stores, no fault injection, no browser
+    python3 tasks.py test --quick   # the inner loop: both stores; no faults, browser or CrewAI
     python3 tasks.py faults [--long]   # the fault-injection tests alone; --long: more of them
     python3 tasks.py simulate [--long] [--seed N] [--seeds N] [--steps N] [--backend NAME]
     python3 tasks.py screenshots   # the console's screenshots in docs/ (headless Chromium)
@@ -72,12 +72,13 @@ def demo() -> None:
 def test() -> None:
     """Lint, type-check and the whole suite; ``--quick`` leaves out the tests
     that inject faults (:data:`FAULTS`) and drive a browser (:data:`SLOW`),
-    for the inner loop of a change to one rule: both stores still run. The
+    and CrewAI's (in an environment of their own), for the inner loop of a
+    change to one rule: both stores still run. The
     tests run over :func:`workers` processes (pytest-xdist) unless the
     arguments say otherwise (``-n 0``: one process, in file order)."""
     ensure_venv("test")
     args = sys.argv[2:]
-    whole = not [a for a in args if a != "--quick"]
+    whole = not args
     # CrewAI's environment is made while the main suite runs (an install is mostly
     # waiting on the network and the disk), and its tests run after it.
     crewai = Background(crewai_env) if whole else None
