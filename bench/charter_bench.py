@@ -271,14 +271,21 @@ def attempt_shape(
 
     ex = engine.start_run(mission, by=agent, segment_id="seg-shape")
     adapter = RecordingAdapter()
+    trips: list[int] = []  # each attempt's round trips
     setattr(driver, name, counting)
     try:
         for k in range(n):
+            before = counts["round_trips"]
             ex.perform(adapter, "write", {"k": k}, effect_key=f"shape{k}")
+            trips.append(counts["round_trips"] - before)
     finally:
         delattr(driver, name)
     ex.finish()
     out: dict[str, Any] = {k: v / n for k, v in counts.items()}
+    if pipelined:
+        # A run's first attempt finds nothing of the run remembered and reads first.
+        out["first_round_trips"] = trips[0]
+        out["later_round_trips"] = sum(trips[1:]) / (n - 1)
     if not pipelined:
         out.pop("round_trips")  # in-process: every statement is a call, not a trip
         out["log_pages"] = log_pages(engine, agent, mission, n)

@@ -280,6 +280,11 @@ def _attempt_section(results: dict[str, Any], plan: dict[str, Any]) -> list[str]
         shape = a[store].get("charter", {}).get("shape")
         if shape:
             trips = f" in {shape['round_trips']:g} round trips" if "round_trips" in shape else ""
+            if "first_round_trips" in shape:
+                trips += (
+                    f" (the run's first attempt {shape['first_round_trips']:g}, "
+                    f"each after it {shape['later_round_trips']:g})"
+                )
             shapes.append(
                 f"{label}: {shape['statements']:g} statements{trips}, "
                 f"{shape['commits']:g} of them `COMMIT`"
