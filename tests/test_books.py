@@ -28,8 +28,8 @@ def test_L3_admission_decides_on_the_books_the_store_holds_not_a_remembered_copy
     engine: charter.Engine, who: Principals, adapter: RecordingAdapter, raw: RawStore
 ) -> None:
     """Another process spends what is left between two admissions of one run; on
-    PostgreSQL the engine remembers the books from its last commit, and its guard
-    of them must send the admission back to the store's (L3)."""
+    PostgreSQL the engine remembers the books from its last commit, and must not
+    admit on that copy (L3)."""
     mission = engine.create_mission(
         default_contract(allowance={"usd": 10_000, "calls": 100}), by=who.alice
     )

@@ -158,8 +158,8 @@ def from_records(
     books: chain -> unit -> its five sums."""
     books: dict[str, dict[str, tuple[int, int, int, int, int]]] = {}
     for r in records:
-        sums = (r["limit_amount"], r["available"], r["held"], r["spent"], r["overrun"])
-        books.setdefault(r[key], {})[r["unit"]] = sums
+        limit, available, held, spent, overrun = (r[f] for f in RECORD_FIELDS)
+        books.setdefault(r[key], {})[r["unit"]] = (limit, available, held, spent, overrun)
     return books
 
 

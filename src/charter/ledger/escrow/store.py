@@ -72,10 +72,11 @@ def open_slices(tx: Tx, mission_id: str, *, lapsed: bool = False) -> list[Row]:
 def unused(tx: Tx, mission_id: str) -> dict[str, dict[str, int]]:
     """What each of the mission's open slices has available, by unit: lent money
     no attempt holds or spent."""
-    return {
-        s["id"]: {unit: sums[1] for unit, sums in sorted(tx.books(s["id"]).items())}
-        for s in open_slices(tx, mission_id)
-    }
+    found: dict[str, dict[str, int]] = {}
+    for s in open_slices(tx, mission_id):
+        books = sorted(tx.books(s["id"]).items())
+        found[s["id"]] = {unit: Balance(*sums).available for unit, sums in books}
+    return found
 
 
 def slices(tx: Tx, mission_id: str) -> list[Row]:
