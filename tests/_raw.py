@@ -67,6 +67,17 @@ class RawStore:
             if head in self.tables():
                 self.execute(f"ALTER TABLE {head} DROP COLUMN books")
 
+    def attempts_as_before_schema_25(self) -> None:
+        """Take the ``tallied`` column off ``attempts``, and the index of what is
+        not tallied, and put back the index of unresolved attempts that schema
+        25 replaced: a store as code before schema 25 left it."""
+        self.execute("DROP INDEX IF EXISTS attempts_untallied")
+        self.execute("ALTER TABLE attempts DROP COLUMN tallied")
+        self.execute(
+            "CREATE INDEX IF NOT EXISTS attempts_unresolved ON attempts (run_id) "
+            "WHERE status IN ('prepared', 'dispatched', 'unknown')"
+        )
+
     def tables(self) -> list[str]:
         if self.backend == "sqlite":
             sql = "SELECT name FROM sqlite_master WHERE type = 'table'"

@@ -942,6 +942,7 @@ def _as_before_schema_6(raw: RawStore) -> None:
             )
             prev = h
     raw.books_as_before_schema_23()
+    raw.attempts_as_before_schema_25()
     for column in ("audit_seq", "audit_hash", "audit_legacy_seq", "audit_sealed"):
         raw.execute(f"ALTER TABLE missions DROP COLUMN {column}")
     for table in ("audit_chains", "audit_checkpoints", "store_identity"):

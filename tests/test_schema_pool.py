@@ -77,7 +77,7 @@ def test_a_schema_given_back_is_handed_on_holding_what_a_new_one_holds(pool: Sch
 
 def test_a_schema_its_test_changed_is_dropped_not_handed_on(pool: SchemaPool) -> None:
     for change in (
-        "DROP INDEX attempts_unresolved",
+        "DROP INDEX attempts_untallied",
         "CREATE TABLE in_the_way (x int)",
         "ALTER TABLE runs ADD COLUMN extra int",
         "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;"

@@ -164,9 +164,10 @@ def test_A5_upgrading_drops_the_index_of_the_derived_key_and_keeps_every_attempt
     monkeypatch.setattr(storage, "LATEST", 13)
     old = make_engine()
     # Today's code reads the escrow tables (L10) on every admission, keeps the
-    # digest of every claim it issues (X3) and a chain's books on its head row:
-    # they stand in for this old store's while it is written, and go before it is
-    # upgraded (the books as the rows of ``allowances`` that old code kept).
+    # digest of every claim it issues (X3), a chain's books on its head row and
+    # whether an attempt is in its run's counts: they stand in for this old
+    # store's while it is written, and go before it is upgraded (the books as
+    # the rows of ``allowances`` that old code kept).
     for later in (m for m in MIGRATIONS if m[0] in (18, 21)):
         for statement in later[2]:
             backend, sql = statement if isinstance(statement, tuple) else (raw.backend, statement)
@@ -174,6 +175,7 @@ def test_A5_upgrading_drops_the_index_of_the_derived_key_and_keeps_every_attempt
                 raw.execute(sql)
     for head in ("missions", "audit_chains"):
         raw.execute(f"ALTER TABLE {head} ADD COLUMN books TEXT NOT NULL DEFAULT '{{}}'")
+    raw.execute("ALTER TABLE attempts ADD COLUMN tallied INTEGER NOT NULL DEFAULT 1")
     agent = old.authenticate(creds[0]["agent"])
     mission = old.create_mission(default_contract(), by=old.authenticate(creds[0]["alice"]))
     adapter = RecordingAdapter()
@@ -189,6 +191,7 @@ def test_A5_upgrading_drops_the_index_of_the_derived_key_and_keeps_every_attempt
     for table in ("escrow_holds", "escrow_accounts", "escrow_slices", "run_claims"):
         raw.execute(f"DROP TABLE {table}")
     raw.books_as_before_schema_23()
+    raw.attempts_as_before_schema_25()
     assert len(raw.rows("SELECT * FROM evidence")) == 1
     keyed = _attempt_indexes(raw)
     before = {t: raw.dump()["rows"][t] for t in ("attempts", "evidence", "runs", "ledger_entries")}
@@ -197,7 +200,17 @@ def test_A5_upgrading_drops_the_index_of_the_derived_key_and_keeps_every_attempt
     upgraded = make_engine()
     assert migrations(raw)[-1][0] == LATEST
     after = raw.dump()["rows"]
-    assert {t: after[t] for t in before} == before  # every row as it was
+    # Every row as it was, and (schema 25) each attempt counted in its run's
+    # counts but the one whose outcome is unknown.
+    attempts = raw.rows("SELECT * FROM attempts")
+    after["attempts"] = sorted(
+        repr({c: v for c, v in a.items() if c != "tallied"}) for a in attempts
+    )
+    assert {t: after[t] for t in before} == before
+    assert sorted((a["status"], a["tallied"]) for a in attempts) == [
+        ("succeeded", 1),
+        ("unknown", 0),
+    ]
     assert len(_attempt_indexes(raw)) == len(keyed) - 1
     assert all(
         r["idempotency_key"] == f"charter-{r['id']}"
@@ -861,7 +874,7 @@ def test_an_attempt_is_two_durable_commits_and_two_round_trips(
     committed on the mission, each transaction decides on what that commit
     read again and sends its guards with its writes, so the whole attempt
     makes two round trips, one per commit, with the server's clock checked
-    in them. On SQLite the attempt is 13 statements (docs/record.md)."""
+    in them. On SQLite the attempt is 12 statements (docs/record.md)."""
     config = charter.EngineConfig(credentials=creds[1])
     engine = charter.Engine.open(store_address, config=config)
     alice = engine.authenticate(creds[0]["alice"])
@@ -899,7 +912,7 @@ def test_an_attempt_is_two_durable_commits_and_two_round_trips(
         # The chain's head comes with each transaction's first read of the run
         # (under the write lock), not in a statement of its own.
         assert not [q for q in statements if q.startswith("SELECT audit_seq")]
-        assert len(statements) == 13, statements
+        assert len(statements) == 12, statements
 
 
 def test_a_transaction_reads_the_stores_clock_after_waiting_for_the_gate(

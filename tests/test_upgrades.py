@@ -90,6 +90,14 @@ def test_L2_S1_a_store_written_by_the_schema_22_release_keeps_its_books_and_chai
     # The attempt whose outcome nobody knows is still found, its hold kept (R4, R5).
     state = engine.coordinator.recover(facts["run"], "after-upgrade", force=True)
     assert [a.id for a in state.attempts] == [facts["unknown"]]
+    # Its run's counts as the release kept them; settled now, it is counted once (R5).
+    assert state.settled_counts == {"succeeded": 1}
+    alice = engine.authenticate(creds[0]["alice"])
+    engine.coordinator.resolve(
+        facts["unknown"], by=alice, outcome="failed", evidence="the target never saw it"
+    )
+    recovered = engine.coordinator.recover(facts["run"], "after-resolve", force=True, by=alice)
+    assert recovered.state.settled_counts == {"succeeded": 1, "failed": 1}
     # And the upgraded store goes on: an attempt moves the books it now keeps.
     agent = engine.authenticate(creds[0]["agent"])
     ex = engine.start_run(first, by=agent, segment_id="s3")

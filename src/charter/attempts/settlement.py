@@ -28,10 +28,35 @@ from charter.runs import store as run_store
 from charter.runs.run import RunStatus
 from charter.storage import Prefetched, Tx
 
+#: Settled attempts a run leaves out of its row's counts before they are added
+#: there (:func:`tally`): a settlement writes no run row, and a run's counts
+#: are its row's plus at most this many more, found through the index that
+#: finds its unresolved attempts (``attempts_untallied``, schema 25).
+TALLY_EVERY = 32
 
-def _count(tx: Tx, status: AttemptStatus, attempt: Attempt) -> None:
-    """The run's settled counts, and the mission's failures (a stop condition, A1)."""
-    run_store.count_settled(tx, attempt.run_id, status.value)
+
+def tally_due(run: Prefetched) -> bool:
+    """Whether a settlement, given the run's status read before it
+    (:func:`_run_status`), brings the run's untallied settled attempts to
+    :data:`TALLY_EVERY`."""
+    row = run.row
+    return row is not None and row["untallied"] + 1 >= TALLY_EVERY
+
+
+def tally(tx: Tx, run_id: str) -> None:
+    """Add the run's settled attempts not yet counted to its row's counts (R5),
+    and mark them counted, in this transaction: a crash keeps both or neither,
+    so the counts are never short nor counted twice, and two tallies at once
+    each add only the attempts they marked."""
+    run_store.add_tally(tx, run_id, store.mark_tallied(tx, run_id))
+
+
+def _count(tx: Tx, status: AttemptStatus, attempt: Attempt, run: Prefetched) -> None:
+    """The mission's failures (a stop condition, A1); and the run's settled
+    counts, when this settlement brings its attempts not tallied yet to a sweep's
+    worth (R5: the counts read are the run's row's plus those)."""
+    if tally_due(run):
+        tally(tx, attempt.run_id)
     if status is AttemptStatus.FAILED:
         contracts_store.count_failed(tx, attempt.mission_id)
 
@@ -130,7 +155,7 @@ def settle(
         actor=actor,
         epoch=epoch,
     )
-    _count(tx, status, attempt)
+    _count(tx, status, attempt, run)
     tx.audit(
         attempt.mission_id,
         "attempt.settled",
@@ -340,7 +365,7 @@ def void(
     entries = ledger.record(
         tx, attempt.mission_id, attempt.id, ledger.release(attempt.estimate), attempt.price_source
     )
-    _count(tx, AttemptStatus.VOIDED, attempt)
+    _count(tx, AttemptStatus.VOIDED, attempt, run)
     tx.audit(
         attempt.mission_id,
         "attempt.voided",
@@ -441,4 +466,5 @@ def conclude_stop(tx: Tx, run_id: str, *, actor: str, segment: str | None = None
     if store.count_unresolved(tx, run_id):
         return False
     runs.set_status(tx, run, RunStatus.STOPPED, run.status_reason, actor=actor, segment=segment)
+    tally(tx, run_id)
     return True

@@ -163,8 +163,8 @@ _INSERT_ATTEMPT = (
     "INSERT INTO attempts (id, mission_id, run_id, node_id, execution, effect_key, generation, "
     "adapter, operation, effect_class, status, principal, admitted_epoch, dispatched_epoch, "
     "idempotency_key, request_hash, request, estimate, price_source, retry_of, "
-    "send_deadline_us, prepared_at_us, dispatched_at_us) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "send_deadline_us, prepared_at_us, dispatched_at_us, tallied) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)"
 )
 
 
@@ -257,6 +257,18 @@ def settle(
     if settled and at_us is None:
         tx.write("UPDATE attempts SET settled_at_us = ? WHERE id = ?", tx.now_us, attempt_id)
     return settled
+
+
+def mark_tallied(tx: Tx, run_id: str) -> list[str]:
+    """Mark the run's settled attempts not yet in its counts as counted, and
+    return the statuses of those this statement marked (one another transaction
+    marked first is left out), for the caller to add to the run's counts."""
+    rows = tx.all(
+        "UPDATE attempts SET tallied = 1 WHERE run_id = ? AND tallied = 0 "
+        "AND status IN ('succeeded', 'failed', 'written_off', 'voided') RETURNING status",
+        run_id,
+    )
+    return [r["status"] for r in rows]
 
 
 def void(tx: Tx, attempt_id: str, reason: str) -> bool:
@@ -384,9 +396,11 @@ def oldest_in_flight_us(tx: Tx) -> int | None:
 
 
 def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
+    """The mission's attempts and evidence as recorded; whether an attempt is in
+    its run's counts yet is the store's own (the runs carry whole counts)."""
     return {
         "attempts": [
-            dict(r)
+            {c: v for c, v in dict(r).items() if c != "tallied"}
             for r in tx.all(
                 "SELECT * FROM attempts WHERE mission_id = ? ORDER BY prepared_at_us, id",
                 mission_id,
@@ -403,7 +417,13 @@ def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
 
 
 def restore(tx: Tx, tables: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
-    tx.copy("INSERT INTO attempts", tables["attempts"])
+    """Write a snapshot's attempts and evidence. Its runs carry their whole
+    settled counts, so every settled attempt is written counted; an unresolved
+    one is not yet (``attempts.settlement.tally``)."""
+    tx.copy(
+        "INSERT INTO attempts",
+        [{**a, "tallied": int(not AttemptStatus(a["status"]).holds)} for a in tables["attempts"]],
+    )
     tx.copy("INSERT INTO evidence", tables["evidence"])
 
 

@@ -140,6 +140,8 @@ class Decisions:
             )
             status = RunStatus.STOPPING if in_flight else RunStatus.STOPPED
             runs.set_status(tx, run, status, reason, actor=by.name)
+            if not in_flight:
+                settlement.tally(tx, run_id)
             run_queue.wake(tx, run_id)  # its worker lets go of it, or settles what is in flight
             return runs.load(tx, run_id)
 

@@ -27,6 +27,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import replace
 from typing import Any, TypeVar
 
+from charter.attempts.settlement import tally
 from charter.attempts.store import count_unresolved
 from charter.errors import (
     AttemptFailed,
@@ -498,3 +499,4 @@ def finish(seg: Segment, status: RunStatus, reason: str | None = None) -> None:
                 unresolved=unresolved,
             )
         seg.set_status(tx, row, status, reason or status.value)
+        tally(tx, seg.run_id)  # an ended run keeps none of its attempts in the open index

@@ -16,16 +16,42 @@ from charter.runs.model import Run, RunStatus
 from charter.storage import Prefetched, Row, Tx
 from charter.storage.paging import Position, page
 
+#: What a run counts of its settled attempts, by attempt status (R5 reports
+#: them without scanning history): each has its ``n_<status>`` column, which
+#: takes them in tallies (``attempts.settlement.tally``), not one by one.
+SETTLED = ("succeeded", "failed", "written_off", "voided")
+_SETTLED_SQL = "('succeeded', 'failed', 'written_off', 'voided')"
+
+
+def _untallied(status: str) -> str:
+    """How many of the run's (``r``) attempts settled as ``status`` (an SQL
+    condition on it) its row does not count yet."""
+    return (
+        "SELECT COUNT(*) FROM attempts a WHERE a.run_id = r.id AND a.tallied = 0 "
+        f"AND a.status {status}"
+    )
+
+
+#: A run's settled counts: its row's, and its attempts' not tallied there yet.
+_SETTLED_COUNTS = (
+    "SELECT "
+    + ", ".join(f"r.n_{s} + ({_untallied('= ' + repr(s))}) AS n_{s}" for s in SETTLED)
+    + " FROM runs r WHERE r.id = ?"
+)
+_UNTALLIED_OF_MISSION = (
+    "SELECT a.run_id, a.status, COUNT(*) AS n FROM runs r JOIN attempts a ON a.run_id = r.id "
+    f"WHERE r.mission_id = ? AND a.tallied = 0 AND a.status IN {_SETTLED_SQL} "
+    "GROUP BY a.run_id, a.status"
+)
+_TALLY = (
+    "UPDATE runs SET n_succeeded = n_succeeded + ?, n_failed = n_failed + ?, "
+    "n_written_off = n_written_off + ?, n_voided = n_voided + ? WHERE id = ?"
+)
+
 _COLUMNS = (
     "id, mission_id, principal, status, status_reason, epoch, owner_segment, "
     "lease_expires_us, recoveries, linked_from, created_at_us, updated_at_us"
 )
-
-#: What a run counts of its settled attempts, by attempt status (R5 reports
-#: them without scanning history): each has its ``n_<status>`` column.
-SETTLED = ("succeeded", "failed", "written_off", "voided")
-
-_COUNT = {s: f"UPDATE runs SET n_{s} = n_{s} + 1 WHERE id = ?" for s in SETTLED}
 
 #: The mission's chain head, read with a transaction's first read of the run
 #: (under the mission's gate): an embedded store need not read it again when the
@@ -50,11 +76,13 @@ _STANDING = (
     "FROM missions m JOIN runs r ON m.id = r.mission_id WHERE r.id = ?"
 )
 
-#: A run's status, and how many slices its mission has lent (L10): a settlement
-#: through the mission's gate then asks whose hold it resolves.
+#: A run's status, how many slices its mission has lent (L10): a settlement
+#: through the mission's gate then asks whose hold it resolves; and how many of
+#: its settled attempts its row does not count yet (``attempts.settlement.tally_due``).
 _STATUS_AHEAD = (
     "SELECT r.status, (SELECT COUNT(*) FROM escrow_slices s WHERE s.mission_id = r.mission_id "
-    f"AND s.status = 'open') AS slices, {_HEAD} "
+    "AND s.status = 'open') AS slices, "
+    f"({_untallied('IN ' + _SETTLED_SQL)}) AS untallied, {_HEAD} "
     "FROM missions m JOIN runs r ON m.id = r.mission_id WHERE r.id = ?"
 )
 
@@ -167,6 +195,20 @@ def change_status(
     )
 
 
+def add_tally(tx: Tx, run_id: str, statuses: Sequence[str]) -> None:
+    """Add settled attempts (their statuses, each one of :data:`SETTLED`) to the run's counts."""
+    if statuses:
+        tx.write(_TALLY, *(statuses.count(s) for s in SETTLED), run_id)
+
+
+def settled_counts(tx: Tx, run_id: str) -> dict[str, int] | None:
+    """The run's settled attempts by status (every one of :data:`SETTLED`): its
+    row's counts and those not tallied there yet, found through the index of its
+    unresolved attempts (``attempts_untallied``), a few dozen at most."""
+    row = tx.one(_SETTLED_COUNTS, run_id)
+    return None if row is None else {outcome: int(row[f"n_{outcome}"]) for outcome in SETTLED}
+
+
 def status(tx: Tx, run_id: str) -> RunStatus | None:
     row = tx.one("SELECT status FROM runs WHERE id = ?", run_id)
     return None if row is None else RunStatus(row["status"])
@@ -194,19 +236,6 @@ def plan_ref(tx: Tx, run_id: str) -> str | None:
     row = tx.one("SELECT plan FROM runs WHERE id = ?", run_id)
     plan: str | None = None if row is None else row["plan"]
     return plan
-
-
-def count_settled(tx: Tx, run_id: str, outcome: str) -> None:
-    """Count one more attempt of the run settled as ``outcome`` (one of :data:`SETTLED`)."""
-    tx.write(_COUNT[outcome], run_id)
-
-
-def settled_counts(tx: Tx, run_id: str) -> dict[str, int] | None:
-    """The run's settled attempts by status (every one of :data:`SETTLED`)."""
-    row = tx.one(
-        "SELECT n_succeeded, n_failed, n_written_off, n_voided FROM runs WHERE id = ?", run_id
-    )
-    return None if row is None else {outcome: row[f"n_{outcome}"] for outcome in SETTLED}
 
 
 # -- ownership (F1, F2) --------------------------------------------------------------
@@ -456,13 +485,20 @@ def claim_proves(tx: Tx, run_id: str, *, epoch: int, segment_id: str, claim: str
 
 
 def snapshot(tx: Tx, mission_id: str) -> dict[str, list[dict[str, Any]]]:
+    """The mission's runs and segments as recorded; a run's settled counts are
+    its whole counts, with the attempts not tallied yet (an import tallies every
+    settled attempt it writes)."""
+    runs = [
+        dict(r)
+        for r in tx.all(
+            "SELECT * FROM runs WHERE mission_id = ? ORDER BY created_at_us, id", mission_id
+        )
+    ]
+    by_id = {run["id"]: run for run in runs}
+    for r in tx.all(_UNTALLIED_OF_MISSION, mission_id):
+        by_id[r["run_id"]][f"n_{r['status']}"] += int(r["n"])
     return {
-        "runs": [
-            dict(r)
-            for r in tx.all(
-                "SELECT * FROM runs WHERE mission_id = ? ORDER BY created_at_us, id", mission_id
-            )
-        ],
+        "runs": runs,
         "segments": [
             dict(r)
             for r in tx.all(

@@ -86,3 +86,30 @@ RECORD_UPGRADES.append(
         ],
     )
 )
+
+# From 25 on, a settlement no longer writes its run's row (slice B's sweep). A
+# run's settled counts (R5) are its row's counts plus its settled attempts not
+# yet tallied there: ``tallied`` says which, and ``attempts_untallied`` finds
+# them, beside every unresolved attempt, so one index serves recovery's read
+# and the count. A settlement moves its attempt's entry within the run's part of
+# that index instead of taking it out of one index and writing the run's row;
+# every 32 settled attempts, and when the run ends, they are added to the run's
+# counts and leave the index, in one transaction (``runs.store.tally``). The
+# index's condition names the unresolved statuses beside ``tallied = 0`` so an
+# unresolved attempt is in it whatever its flag says, and the reads that name
+# those statuses use it unchanged. Existing attempts are counted already (the
+# column's default); only the unresolved are marked as not.
+_UNRESOLVED = "('prepared', 'dispatched', 'unknown')"
+RECORD_UPGRADES.append(
+    (
+        25,
+        "settled attempts counted into their runs in sweeps: no run row written a settlement",
+        [
+            "ALTER TABLE attempts ADD COLUMN tallied INTEGER NOT NULL DEFAULT 1",
+            f"UPDATE attempts SET tallied = 0 WHERE status IN {_UNRESOLVED}",
+            "DROP INDEX attempts_unresolved",
+            "CREATE INDEX attempts_untallied ON attempts (run_id, status, tallied) "
+            f"WHERE tallied = 0 OR status IN {_UNRESOLVED}",
+        ],
+    )
+)
