@@ -150,7 +150,14 @@ def clone(
             "UPDATE missions SET attempts_admitted = attempts_admitted + ? WHERE id = ?",
             (copies * len(attempts), mission_id),
         )
-        # Keep the per-run settled counters the engine maintains (schema v3).
+        # Keep the per-run settled counters the engine maintains (schema v3), with
+        # every settled attempt in them, as the engine's tallies leave a run's
+        # attempts (schema 25).
+        conn.execute(
+            "UPDATE attempts SET tallied = 1 WHERE mission_id = ? "
+            "AND status IN ('succeeded', 'failed', 'written_off', 'voided')",
+            (mission_id,),
+        )
         conn.execute(
             "UPDATE runs SET "
             + ", ".join(
