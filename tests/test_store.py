@@ -915,6 +915,54 @@ def test_an_attempt_is_two_durable_commits_and_two_round_trips(
         assert len(statements) == 12, statements
 
 
+def test_a_runs_first_attempt_decides_on_copies_as_every_later_one(
+    backend: str, store_address: str, creds: tuple[dict[str, str], dict[str, str]]
+) -> None:
+    """Starting a run (or beginning a submitted one) expects the reads its first
+    admission and settlement make: a store that remembers takes them inside that
+    commit, so a new run's first attempt is two round trips on PostgreSQL, as
+    every later one, and not four (a read before each commit)."""
+    config = charter.EngineConfig(credentials=creds[1])
+    engine = charter.Engine.open(store_address, config=config)
+    agent = engine.authenticate(creds[0]["agent"])
+    mission = engine.create_mission(default_contract(), by=engine.authenticate(creds[0]["alice"]))
+    adapter = RecordingAdapter()
+    warm = engine.start_run(mission, by=agent, segment_id="warm")
+    warm.perform(adapter, "write", {"n": 0}, effect_key="warm")  # statements get prepared
+    warm.finish()
+    driver: Any = engine._db.driver
+    trips: list[int] = []
+    name = "_send" if backend == "postgresql" else "execute"
+    send = getattr(driver, name)
+
+    def counting(*args: Any) -> Any:
+        trips.append(1)
+        return send(*args)
+
+    def started() -> charter.Executor:
+        return engine.start_run(mission, by=agent, segment_id="started")
+
+    def begun() -> charter.Executor:
+        queued = engine.submit(mission, plan="plans:first_attempt", by=agent)
+        ex = engine.begin(queued.id, "begun")
+        assert ex is not None
+        return ex
+
+    for start in (started, begun):
+        ex = start()
+        sent = []
+        for key in ("first", "second"):
+            setattr(driver, name, counting)
+            trips.clear()
+            attempt = ex.perform(adapter, "write", {"n": 1}, effect_key=key)
+            delattr(driver, name)
+            assert attempt.status is charter.AttemptStatus.SUCCEEDED
+            sent.append(len(trips))
+        # On SQLite every statement is a call: the first attempt sends what the second does.
+        assert sent == [2, 2] if backend == "postgresql" else sent[0] == sent[1] == 12, sent
+    engine.close()
+
+
 def test_a_transaction_reads_the_stores_clock_after_waiting_for_the_gate(
     backend: str, store_address: str, creds: tuple[dict[str, str], dict[str, str]]
 ) -> None:

@@ -138,6 +138,7 @@ class Submissions:
                 expires_us=expires,
             ):
                 return None
+            run_store.expect_attempts(tx, mission_id, run_id)
             tx.audit(
                 mission_id,
                 "run.started",

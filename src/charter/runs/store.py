@@ -23,19 +23,15 @@ SETTLED = ("succeeded", "failed", "written_off", "voided")
 _SETTLED_SQL = "('succeeded', 'failed', 'written_off', 'voided')"
 
 
-def _untallied(status: str) -> str:
-    """How many of the run's (``r``) attempts settled as ``status`` (an SQL
-    condition on it) its row does not count yet."""
-    return (
-        "SELECT COUNT(*) FROM attempts a WHERE a.run_id = r.id AND a.tallied = 0 "
-        f"AND a.status {status}"
-    )
-
+#: The run's (``r``) attempts in a settled status (the blank) its row does not count yet.
+_UNTALLIED = (
+    "SELECT COUNT(*) FROM attempts a WHERE a.run_id = r.id AND a.tallied = 0 AND a.status {}"
+)
 
 #: A run's settled counts: its row's, and its attempts' not tallied there yet.
 _SETTLED_COUNTS = (
     "SELECT "
-    + ", ".join(f"r.n_{s} + ({_untallied('= ' + repr(s))}) AS n_{s}" for s in SETTLED)
+    + ", ".join(f"r.n_{s} + ({_UNTALLIED.format('= ' + repr(s))}) AS n_{s}" for s in SETTLED)
     + " FROM runs r WHERE r.id = ?"
 )
 _UNTALLIED_OF_MISSION = (
@@ -63,9 +59,7 @@ _HEAD = (
 
 _STANDING = (
     "SELECT r.status, r.epoch, r.owner_segment, r.owner_claim, r.lease_expires_us, r.linked_from, "
-    "m.contract_version, "
-    "m.attempts_admitted, m.attempts_failed, "
-    f"{_HEAD}, "
+    f"m.contract_version, m.attempts_admitted, m.attempts_failed, {_HEAD}, "
     "(SELECT COUNT(*) FROM incidents i WHERE i.mission_id = r.mission_id "
     "AND i.status = 'open') AS open_incidents, "
     # When the first of the mission's lent slices lapses (L10): an admission
@@ -82,15 +76,14 @@ _STANDING = (
 _STATUS_AHEAD = (
     "SELECT r.status, (SELECT COUNT(*) FROM escrow_slices s WHERE s.mission_id = r.mission_id "
     "AND s.status = 'open') AS slices, "
-    f"({_untallied('IN ' + _SETTLED_SQL)}) AS untallied, {_HEAD} "
+    f"({_UNTALLIED.format('IN ' + _SETTLED_SQL)}) AS untallied, {_HEAD} "
     "FROM missions m JOIN runs r ON m.id = r.mission_id WHERE r.id = ?"
 )
 
 _SET_LEASE = "UPDATE runs SET lease_expires_us = ? WHERE id = ? AND epoch = ?"
 
 
-#: A stored status to its member: a dict read, where calling the enum is a
-#: microsecond per row of a listing.
+#: A stored status to its member: a dict read, where calling the enum is a µs a row.
 _STATUS = {s.value: s for s in RunStatus}
 
 
@@ -176,6 +169,14 @@ def insert(
         tx.now_us,
     )
     issue_claim(tx, run_id, epoch=1, segment_id=segment_id, claim=claim)
+    expect_attempts(tx, mission_id, run_id)
+
+
+def expect_attempts(tx: Tx, mission_id: str, run_id: str) -> None:
+    """A new run's first admission and settlement read its standing and status:
+    expected (:meth:`Tx.expect`), its first attempt decides on copies as later ones do."""
+    tx.expect(mission_id, _STANDING, run_id)
+    tx.expect(mission_id, _STATUS_AHEAD, run_id)
 
 
 def change_status(

@@ -54,6 +54,11 @@ class Driver(Protocol):
         its result, now or with the next statement."""
         ...
 
+    def expect(self, mission_id: str, sql: str, params: Sequence[Any]) -> None:
+        """A read of the mission's own rows its next transactions will make (see
+        :meth:`Tx.expect`); nothing is read now."""
+        ...
+
     def count(self, sql: str, params: Sequence[Any]) -> int:
         """Run a write and return how many rows it changed (see :meth:`Tx.run`)."""
         ...

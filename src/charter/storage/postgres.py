@@ -165,6 +165,11 @@ class PostgresDriver(Pipeline):
                 return
         self._pending.append((sql, params, take))
 
+    def expect(self, mission_id: str, sql: str, params: Sequence[Any]) -> None:
+        """Taken again inside this commit and the next on the mission, as if this
+        transaction had made it, so the next may decide on its copy."""
+        self._memories.want(mission_id, (sql, tuple(params)))
+
     def count(self, sql: str, params: Sequence[Any]) -> int:
         """The rows a write changed. A transaction deciding on a copy assumes one
         and sends the write as a guard of that (no round trip)."""

@@ -151,6 +151,14 @@ class Tx:
         self._driver.recall(self._chain(mission_id), self._sql(sql), params, box.fill)
         return box
 
+    def expect(self, mission_id: str, sql: str, *params: Any) -> None:
+        """A read of ``mission_id``'s own rows that its next transactions will
+        make (:meth:`recall`), this one not: a store that remembers takes it
+        inside this commit, after the writes, so the next transaction decides on
+        that copy instead of reading first. Nothing is read here."""
+        self.lock_mission(mission_id)
+        self._driver.expect(self._chain(mission_id), self._sql(sql), params)
+
     def prefetch(self, sql: str, *params: Any) -> Prefetched:
         """A read whose row is needed later in this transaction: it may travel
         with the next statement that is sent (one round trip for both)."""
