@@ -337,36 +337,36 @@ BAD: dict[str, tuple[list[str], str | None, str]] = {
 
 @pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
 def test_cli_bad_input_is_a_typed_one_line_error_and_changes_nothing(
-    populated: dict[str, Any], case: str
+    populated: dict[str, Any],
+    case: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """Run as ``python -m charter`` runs it (``main``, whose status is the exit
+    status), in this process: the operator's directory and environment."""
+    from charter.cli.app import main
+
     args, who, code = BAD[case]
     args = [a.format(**populated) for a in args]
     before = _snapshot(populated)
-    env = dict(populated["env"])
+    monkeypatch.chdir(populated["dir"])
+    for name in set(os.environ) - set(populated["env"]):
+        monkeypatch.delenv(name)
+    for name, value in populated["env"].items():
+        monkeypatch.setenv(name, value)
     if who is not None:
-        env["CHARTER_CREDENTIAL"] = populated[who]
-    plain = subprocess.run(
-        [sys.executable, "-m", "charter", *args],
-        cwd=populated["dir"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    as_json = subprocess.run(
-        [sys.executable, "-m", "charter", *args, "--json"],
-        cwd=populated["dir"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+        monkeypatch.setenv("CHARTER_CREDENTIAL", populated[who])
+    outcomes = []
+    for given in (args, [*args, "--json"]):
+        status = main(given)
+        outcomes.append((status, *capsys.readouterr()))
+    (plain, _, plain_err), (as_json, json_out, json_err) = outcomes
     assert _snapshot(populated) == before
     exit_code = 2 if code == "usage_error" else 1  # the command line itself is wrong: 2
-    assert plain.returncode == exit_code and as_json.returncode == exit_code
-    assert len(plain.stderr.strip().splitlines()) == 1 and plain.stderr.startswith("error: ")
-    assert "Traceback" not in plain.stderr + as_json.stderr
-    assert json.loads(as_json.stdout)["error"]["code"] == code
+    assert plain == exit_code and as_json == exit_code
+    assert len(plain_err.strip().splitlines()) == 1 and plain_err.startswith("error: ")
+    assert "Traceback" not in plain_err + json_err
+    assert json.loads(json_out)["error"]["code"] == code
 
 
 def test_N5_cli_stop_then_resolve_ends_the_run_stopped_and_raise_limit_versions_the_contract(
