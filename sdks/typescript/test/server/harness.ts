@@ -75,11 +75,13 @@ export class World {
 
   /**
    * A run whose first payment the sandbox applied and whose answer was lost
-   * (UNKNOWN), its process gone. By default its owner's one-second lease has
-   * run out when this returns; `{ leaseSeconds }` leaves a longer one held.
+   * (UNKNOWN), its process gone. By default its owner's three-second lease has
+   * run out when this returns (long enough for the fixture's own run to reach
+   * its block on a loaded machine, where CI runs it at a low priority beside
+   * the Python suite); `{ leaseSeconds }` leaves a longer one held.
    */
   async lost(options: { leaseSeconds?: number } = {}): Promise<Lost> {
-    const lease = options.leaseSeconds ?? 1;
+    const lease = options.leaseSeconds ?? 3;
     const args = [join(FIXTURES, "ts_fixture.py"), "lost", this.home, String(lease)];
     const { stdout } = await run(PYTHON, args, { env: this.env() });
     const found = JSON.parse(stdout) as Lost;
