@@ -400,6 +400,54 @@ def test_F3_nothing_is_sent_after_the_send_deadline(box: Sandbox, payments: Http
     assert box.payments() == []
 
 
+class Stalls(ManualClock):
+    """A clock that passes the send deadline once the adapter has made its own
+    checks: as if the process were paused while its connection was taken."""
+
+    def __init__(self, checks: int) -> None:
+        super().__init__()
+        self.checks = checks
+
+    def monotonic_us(self) -> int:
+        self.checks -= 1
+        if self.checks < 0:
+            self.advance(60)
+        return super().monotonic_us()
+
+
+def test_F3_a_deadline_passed_while_the_connection_was_taken_sends_nothing(
+    box: Sandbox, payments: HttpAdapter
+) -> None:
+    """The adapter checks the deadline before its client takes a connection; the
+    socket checks it again before the first byte, so a pause in between (here,
+    the clock passing the deadline right after the adapter's checks) sends
+    nothing, even on a connection kept from an earlier send."""
+    clock = Stalls(checks=1_000)
+
+    def send(attempt: str, request: Any) -> charter.Dispatch:
+        return charter.Dispatch(
+            attempt,
+            "pay",
+            request,
+            f"key-{attempt}",
+            "run_x",
+            1,
+            send_deadline_us=clock.now_us() + 30_000_000,
+            deadline_monotonic_us=clock.monotonic_us() + 30_000_000,
+            clock=clock,
+        )
+
+    payments.dispatch(send("att_first", payment(1_00, "inv-15")))
+    late = send("att_stalled", payment(2_00, "inv-16"))
+    clock.checks = 2  # the time left for the connect timeout, then the adapter's check
+
+    with pytest.raises(charter.NotApplied, match="deadline"):
+        payments.dispatch(late)
+
+    assert [r["idempotency_key"] for r in box.requests()] == ["key-att_first"]
+    assert [p["reference"] for p in box.payments()] == ["inv-15"]
+
+
 # -- declarations ----------------------------------------------------------------------------
 
 

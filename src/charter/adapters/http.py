@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
+from charter.adapters import sending
 from charter.adapters.protocol import (
     Dispatch,
     EffectClass,
@@ -256,7 +257,8 @@ class HttpAdapter:
     """An :class:`~charter.adapters.Adapter` for a JSON API, built from a declaration.
 
     Pass ``transport`` (an httpx transport) only to put something between the
-    adapter and the network; retries stay off either way.
+    adapter and the network; retries stay off either way. The default one checks
+    the send deadline again at every write to its sockets (:mod:`.sending`, F3).
     """
 
     def __init__(self, declaration: HttpDeclaration, *, transport: Any = None) -> None:
@@ -273,7 +275,7 @@ class HttpAdapter:
             base_url=declaration.base_url,
             timeout=self._timeout,
             follow_redirects=False,
-            transport=transport or httpx.HTTPTransport(retries=0),
+            transport=transport or sending.transport(httpx),
         )
         self._no_send = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
         self._http_error = httpx.HTTPError
@@ -317,9 +319,10 @@ class HttpAdapter:
                 connect=max(0.001, min(self.declaration.connect_timeout_seconds, left_s)),
             ),
         )
-        send.check_deadline()  # right before the bytes go out (F3)
+        send.check_deadline()  # right before the bytes go out (F3), and at the socket:
         try:
-            response = self._client.send(request)
+            with sending.sending(send):
+                response = self._client.send(request)
         except self._no_send as exc:
             raise NotApplied(
                 f"no connection to {self.declaration.base_url}: nothing was sent",
