@@ -166,11 +166,12 @@ def test_an_examples_imports_come_from_its_documented_extras(example: Path) -> N
 
 
 def test_the_check_follows_charter_into_what_it_imports_when_used(tmp_path: Path) -> None:
-    """The sandbox's client is an HTTP adapter, which loads httpx when it is
-    built: an example that imports only the client still needs httpx. What the
-    ``http`` extra installs covers it; the ``mcp`` extra's does not."""
+    """The sandbox's client is an HTTP adapter, which loads httpx, and httpcore
+    for its transport, when it is built: an example that imports only the
+    client still needs both. What the ``http`` extra installs covers them; the
+    ``mcp`` extra's does not."""
     example = tmp_path / "probe.py"
     example.write_text('"""probe"""\nfrom charter.sandbox import client\n')
-    assert outside_imports(example, tmp_path) == {"httpx"}
-    assert "httpx" in installs(extras()["http"])
+    assert outside_imports(example, tmp_path) == {"httpx", "httpcore"}
+    assert {"httpx", "httpcore"} <= installs(extras()["http"])
     assert "httpx" not in installs(extras()["mcp"])
