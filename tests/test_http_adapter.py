@@ -448,6 +448,34 @@ def test_F3_a_deadline_passed_while_the_connection_was_taken_sends_nothing(
     assert [p["reference"] for p in box.payments()] == ["inv-15"]
 
 
+def test_A3_F3_a_deadline_passed_once_the_first_byte_went_out_is_not_called_not_applied(
+    box: Sandbox, payments: HttpAdapter
+) -> None:
+    """The socket checks the deadline before the first byte only: once the
+    headers went out the target may act on them, so the body follows and the
+    answer decides, never a refusal that claims nothing was applied (A3)."""
+    # Past the deadline at any look after the connect timeout's, the adapter's
+    # and the first write's: as if paused between the headers and the body.
+    clock = Stalls(checks=3)
+    sent = charter.Dispatch(
+        "att_midway",
+        "pay",
+        payment(3_00, "inv-17"),
+        "key-att_midway",
+        "run_x",
+        1,
+        send_deadline_us=clock.now_us() + 30_000_000,
+        deadline_monotonic_us=clock.monotonic_us() + 30_000_000,
+        clock=clock,
+    )
+    clock.checks = 3
+
+    outcome = payments.dispatch(sent)
+
+    assert outcome.status == "succeeded"
+    assert [p["reference"] for p in box.payments()] == ["inv-17"]
+
+
 # -- declarations ----------------------------------------------------------------------------
 
 

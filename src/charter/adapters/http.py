@@ -258,7 +258,8 @@ class HttpAdapter:
 
     Pass ``transport`` (an httpx transport) only to put something between the
     adapter and the network; retries stay off either way. The default one checks
-    the send deadline again at every write to its sockets (:mod:`.sending`, F3).
+    the send deadline again right before a send's first byte on its socket
+    (:mod:`.sending`, F3).
     """
 
     def __init__(self, declaration: HttpDeclaration, *, transport: Any = None) -> None:

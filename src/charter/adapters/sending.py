@@ -6,9 +6,9 @@ still takes a connection from its pool (or opens one) and writes the headers.
 A process paused in that window (a stalled VM, a SIGSTOP) would send after its
 deadline, when another owner may have taken the run over: only a target that
 checks the fencing token would stop it. So the HTTP adapter's default
-transport checks the deadline again at every write to its sockets, for the
-send being made in this thread (:func:`sending`): the window left is one
-system call, not the connection's acquisition.
+transport checks the deadline again at the first write of the send being made
+in this thread to its sockets (:func:`sending`): the window left is one system
+call, not the connection's acquisition.
 """
 
 from __future__ import annotations
@@ -20,17 +20,28 @@ from typing import Any
 
 from charter.adapters.protocol import Dispatch
 
+
+class _Sending:
+    """The send being written, and whether any of its bytes went out yet."""
+
+    __slots__ = ("send", "started")
+
+    def __init__(self, send: Dispatch) -> None:
+        self.send = send
+        self.started = False
+
+
 #: The send this thread (or task) is writing, if any.
-_SENDING: contextvars.ContextVar[Dispatch | None] = contextvars.ContextVar(
+_SENDING: contextvars.ContextVar[_Sending | None] = contextvars.ContextVar(
     "charter_sending", default=None
 )
 
 
 @contextlib.contextmanager
 def sending(send: Dispatch) -> Iterator[None]:
-    """Inside it, every write to a socket of :func:`transport` checks ``send``'s
-    deadline first (:meth:`Dispatch.check_deadline`)."""
-    token = _SENDING.set(send)
+    """Inside it, the first write to a socket of :func:`transport` checks
+    ``send``'s deadline first (:meth:`Dispatch.check_deadline`)."""
+    token = _SENDING.set(_Sending(send))
     try:
         yield
     finally:
@@ -38,14 +49,18 @@ def sending(send: Dispatch) -> Iterator[None]:
 
 
 def _check() -> None:
-    send = _SENDING.get()
-    if send is not None:
-        send.check_deadline()
+    """Before a send's first byte only: once part of the request went out, the
+    target may act on it, and a refusal then would claim a non-application
+    nobody can prove (A3). The rest is written; what it did is its answer's."""
+    current = _SENDING.get()
+    if current is not None and not current.started:
+        current.send.check_deadline()
+        current.started = True
 
 
 def _backend(httpcore: Any) -> Any:
     """httpcore's own network backend, each connection's stream checking the
-    current send's deadline before every write."""
+    current send's deadline before its first write (:func:`_check`)."""
 
     class Stream(httpcore.NetworkStream):  # type: ignore[misc]
         def __init__(self, stream: Any) -> None:
@@ -107,6 +122,14 @@ def transport(httpx: Any) -> Any:
         retries=0,
         network_backend=_backend(httpcore),
     )
+    # httpcore's errors, each of which httpx's own transport maps to its own.
+    errors = (
+        httpcore.TimeoutException,
+        httpcore.NetworkError,
+        httpcore.ProtocolError,
+        httpcore.ProxyError,
+        httpcore.UnsupportedProtocol,
+    )
 
     class Body(httpx.SyncByteStream):  # type: ignore[misc]
         """A response's body as httpx reads it, httpcore's errors mapped."""
@@ -139,9 +162,7 @@ def transport(httpx: Any) -> Any:
             )
             try:
                 answer = pool.handle_request(sent)
-            except httpcore.TimeoutException as exc:
-                raise _mapped(httpx, exc) from exc
-            except (httpcore.NetworkError, httpcore.ProtocolError) as exc:
+            except errors as exc:
                 raise _mapped(httpx, exc) from exc
             return httpx.Response(
                 status_code=answer.status,

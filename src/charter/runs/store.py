@@ -20,7 +20,7 @@ from charter.storage.paging import Position, page
 #: them without scanning history): each has its ``n_<status>`` column, which
 #: takes them in tallies (``attempts.settlement.tally``), not one by one.
 SETTLED = ("succeeded", "failed", "written_off", "voided")
-_SETTLED_SQL = "('succeeded', 'failed', 'written_off', 'voided')"
+_SETTLED_SQL = "(" + ", ".join(f"'{s}'" for s in SETTLED) + ")"
 
 
 #: The run's (``r``) attempts in a settled status (the blank) its row does not count yet.

@@ -94,7 +94,7 @@ RECORD_UPGRADES.append(
 # and the count. A settlement moves its attempt's entry within the run's part of
 # that index instead of taking it out of one index and writing the run's row;
 # every 32 settled attempts, and when the run ends, they are added to the run's
-# counts and leave the index, in one transaction (``runs.store.tally``). The
+# counts and leave the index, in one transaction (``attempts.settlement.tally``). The
 # index's condition names the unresolved statuses beside ``tallied = 0`` so an
 # unresolved attempt is in it whatever its flag says, and the reads that name
 # those statuses use it unchanged. Existing attempts are counted already (the
