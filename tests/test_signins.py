@@ -134,12 +134,6 @@ def test_P1_a_bad_credential_opens_no_sign_in_and_is_audited(
 # -- several server processes -------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def workers(
     desk: charter.Engine,
@@ -152,26 +146,28 @@ def workers(
     lines = [f'store = "{store_url}"', "[credentials]"]
     lines += [f'{name} = "{digest}"' for name, digest in creds[1].items()]
     config.write_text("\n".join(lines) + "\n")
-    port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    command = ["serve", "--config", str(config), "--port", str(port), "--workers", "2"]
+    command = ["serve", "--config", str(config), "--port", "0", "--workers", "2"]
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "charter", *command], env=env, stdout=out, stderr=out
+            [sys.executable, "-m", "charter", *command], env=env, stdout=subprocess.PIPE, stderr=out
         )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while len(_children(proc.pid)) < 2 or not _answers(base):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"charter serve --workers 2 did not start: {log.read_text()}")
-        time.sleep(0.1)
+    assert proc.stdout is not None
+    said = proc.stdout.readline().decode()  # once both workers serve, on the port chosen
+    if not said.startswith("serving http://"):
+        proc.kill()
+        proc.wait(30)
+        proc.stdout.close()
+        raise RuntimeError(f"charter serve --workers 2 did not start: {log.read_text()}")
+    base = said.split()[1].removesuffix("/api/v1")
+    assert len(_children(proc.pid)) == 2 and _answers(base)
     try:
         yield base, proc
     finally:
         proc.terminate()
         proc.wait(30)
+        proc.stdout.close()
 
 
 def _answers(base: str) -> bool:
@@ -344,8 +340,7 @@ def test_a_worker_that_cannot_start_stops_the_server_with_its_error(
 ) -> None:
     """Broken: workers that fail at start are restarted for ever, and the command
     never says why (here the store does not exist)."""
-    port = _free_port()
-    command = ["serve", "--workers", "2", "--port", str(port)]
+    command = ["serve", "--workers", "2", "--port", "0"]
     run = subprocess.run(
         [sys.executable, "-m", "charter", *command, "--store", str(tmp_path / "missing.db")],
         env={**os.environ, "PYTHONPATH": str(SRC)},
@@ -357,8 +352,12 @@ def test_a_worker_that_cannot_start_stops_the_server_with_its_error(
     assert "store" in (run.stdout + run.stderr).lower()
 
 
-def test_serving_on_a_port_already_taken_is_refused_with_a_typed_error() -> None:
-    """Broken: a taken port gives a traceback, or workers that never serve."""
+def test_serving_on_a_port_already_taken_is_refused_with_a_typed_error(
+    desk: charter.Engine,
+) -> None:
+    """Broken: a taken port gives a traceback or an exit code and no error, or
+    workers that never serve; or the port is announced as served."""
+    from charter.server import serve
     from charter.server.workers import Spec, supervise
 
     with socket.socket() as taken:
@@ -372,6 +371,10 @@ def test_serving_on_a_port_already_taken_is_refused_with_a_typed_error() -> None
                 port=port,
                 workers=2,
             )
+        announced: list[str] = []
+        with pytest.raises(charter.ConfigError, match="cannot serve on"):
+            serve(desk, port=port, announce=announced.append)
+        assert announced == []
 
 
 def test_a_crowded_worker_asks_one_client_to_reconnect_then_waits() -> None:

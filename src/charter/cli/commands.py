@@ -428,10 +428,14 @@ def _audit(engine: Engine, args: argparse.Namespace) -> Any:
 def _serve(engine: Engine, args: argparse.Namespace) -> Any:
     from charter.server import serve, serve_workers  # noqa: PLC0415 - the extra, loaded when run
 
-    base = f"http://{args.host}:{args.port}"
-    print(f"serving {base}/api/v1 and {base}/console/ (Ctrl-C stops it)", flush=True)
+    served: list[str] = []
+
+    def say(base: str) -> None:  # once the port is bound: port 0 says which it is
+        served.append(base)
+        print(f"serving {base}/api/v1 and {base}/console/ (Ctrl-C stops it)", flush=True)
+
     if args.workers == 1:
-        serve(engine, host=args.host, port=args.port, max_body=args.max_body)
+        serve(engine, host=args.host, port=args.port, max_body=args.max_body, announce=say)
     else:
         config = None if args.config is None else str(Path(args.config).resolve())
         serve_workers(
@@ -441,8 +445,9 @@ def _serve(engine: Engine, args: argparse.Namespace) -> Any:
             port=args.port,
             workers=args.workers,
             max_body=args.max_body,
+            announce=say,
         )
-    return {"served": base}, "stopped"
+    return {"served": served[0] if served else None}, "stopped"
 
 
 HANDLERS: dict[str, Handler] = {

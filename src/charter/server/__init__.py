@@ -15,10 +15,10 @@ import importlib
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from charter.errors import MissingExtra
+from charter.errors import ConfigError, MissingExtra
 
 if TYPE_CHECKING:
     from charter import Engine
@@ -71,19 +71,40 @@ def create_app(
 
 
 def serve(
-    engine: Engine, *, host: str = "127.0.0.1", port: int = 8765, max_body: int | None = None
+    engine: Engine,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    max_body: int | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve ``engine`` until interrupted; off loopback the cookies are ``Secure``."""
+    """Serve ``engine`` until interrupted; off loopback the cookies are ``Secure``.
+    ``announce`` is called with the base URL once the port is bound, so port 0
+    (any free port, chosen by the system) tells its caller where it serves: a
+    port chosen beforehand and bound later can be taken by another process in
+    between. A port that cannot be bound is a :class:`~charter.errors.ConfigError`."""
     app = create_app(engine, secure_cookies=host not in LOOPBACK, max_body=max_body)
     import uvicorn  # noqa: PLC0415 - the extra, checked by create_app
 
     from charter.server.app import settled  # noqa: PLC0415 - the extra, loaded on first use
 
+    class Announcing(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and announce is not None:
+                announce(f"http://{host}:{self.servers[0].sockets[0].getsockname()[1]}")
+
     settled()
+    server = Announcing(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        server.run()
+    except SystemExit:  # uvicorn's way to say it could not bind; typed below
+        if server.started:
+            raise
     finally:
         app.state.gate.refusals.close()
+    if not server.started:
+        raise ConfigError(f"cannot serve on {host}:{port}: its error is printed above")
 
 
 @contextlib.contextmanager
@@ -123,13 +144,14 @@ def serve_workers(
     port: int = 8765,
     workers: int = 2,
     max_body: int | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> None:
     """Serve the store at ``store`` (``None``: the configuration's) from ``workers``
     processes on one port, each with its own engine opened with the configuration
     file ``config`` (``None``: found as the command line finds it), until
     interrupted. Sign-ins are in the store, so any worker serves any session; how
     the workers share the port and what else they share:
-    :mod:`charter.server.workers`."""
+    :mod:`charter.server.workers`. ``announce`` as for :func:`serve`."""
     _require()
     from charter.server.gate import MAX_BODY  # noqa: PLC0415 - with the extra
     from charter.server.workers import Spec, supervise  # noqa: PLC0415 - with the extra
@@ -141,4 +163,4 @@ def serve_workers(
         key=secrets.token_bytes(32),
         max_body=MAX_BODY if max_body is None else max_body,
     )
-    supervise(spec, host=host, port=port, workers=workers)
+    supervise(spec, host=host, port=port, workers=workers, announce=announce)

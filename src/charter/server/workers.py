@@ -32,6 +32,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -63,11 +64,19 @@ class Spec:
     max_body: int = MAX_BODY  # the largest request body read, in bytes (P4)
 
 
-def supervise(spec: Spec, *, host: str, port: int, workers: int) -> None:
+def supervise(
+    spec: Spec,
+    *,
+    host: str,
+    port: int,
+    workers: int,
+    announce: Callable[[str], None] | None = None,
+) -> None:
     """Start ``workers`` workers on ``host:port``, replace any that dies once it has
-    served, stop them all at SIGINT or SIGTERM. A worker that dies before it
-    serves stops them all: :class:`~charter.errors.ConfigError`, its own error
-    printed above."""
+    served, stop them all at SIGINT or SIGTERM; ``announce`` is told the base URL
+    once every worker serves (its port the one chosen, for port 0). A worker
+    that dies before it serves stops them all:
+    :class:`~charter.errors.ConfigError`, its own error printed above."""
     shared = not _spreads()
     try:  # holds the port (and chooses it, for port 0); the one socket when shared
         claim = _listener(host, port, listen=shared)
@@ -89,8 +98,12 @@ def supervise(spec: Spec, *, host: str, port: int, workers: int) -> None:
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     running = [start(i) for i in range(workers)]
+    pending = announce
     try:
-        while not stop.wait(WATCH_SECONDS):
+        while not stop.wait(0.05 if pending else WATCH_SECONDS):
+            if pending is not None and all(ready.is_set() for _, ready in running):
+                pending(f"http://{host}:{where[1]}")
+                pending = None
             for i, (process, ready) in enumerate(running):
                 if process.is_alive():
                     continue

@@ -12,11 +12,10 @@ pub mod story;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use charter::sandbox::Payments;
 use charter::{Client, ClientBuilder};
@@ -46,11 +45,6 @@ pub struct Desk {
     credentials: HashMap<String, String>,
     server: Child,
     sandbox: Child,
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().unwrap().port()
 }
 
 fn first_line(child: &mut Child) -> String {
@@ -98,21 +92,28 @@ impl Desk {
             .expect("charter sandbox");
         let said: Value = serde_json::from_str(&first_line(&mut sandbox)).expect("sandbox's url");
 
-        let port = free_port();
         let config = facts["config"].as_str().unwrap().to_string();
-        let server = Command::new(tool("charter"))
-            .args(["serve", "--config", &config, "--port", &port.to_string()])
-            .stdout(Stdio::null())
+        // Port 0: the server binds a port the system chooses and prints it once
+        // it serves (a port chosen here and bound later could be taken meanwhile).
+        let mut server = Command::new(tool("charter"))
+            .args(["serve", "--config", &config, "--port", "0"])
+            .stdout(Stdio::piped())
             .spawn()
             .expect("charter serve");
+        let announced = first_line(&mut server);
+        let url = announced
+            .strip_prefix("serving ")
+            .and_then(|rest| rest.split_once("/api/v1 "))
+            .map(|(url, _)| url.to_string())
+            .unwrap_or_else(|| panic!("charter serve did not say where it serves: {announced:?}"));
         let credentials = facts["credentials"]
             .as_object()
             .unwrap()
             .iter()
             .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
             .collect();
-        let desk = Desk {
-            url: format!("http://127.0.0.1:{port}"),
+        Desk {
+            url,
             sandbox_url: said["url"].as_str().unwrap().to_string(),
             mission: facts["mission"].as_str().unwrap().to_string(),
             tight: facts["tight"].as_str().unwrap().to_string(),
@@ -122,20 +123,6 @@ impl Desk {
             credentials,
             server,
             sandbox,
-        };
-        desk.wait_until_serving();
-        desk
-    }
-
-    fn wait_until_serving(&self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let client = self.client("agent");
-        loop {
-            match client.me() {
-                Ok(_) => return,
-                Err(e) if Instant::now() > deadline => panic!("charter serve did not answer: {e}"),
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
         }
     }
 
