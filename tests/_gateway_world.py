@@ -13,12 +13,10 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +41,6 @@ PAY: dict[str, Any] = {
     "cost": {"usd_cents": "amount"},
     "lookup": "get_payment",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _toml(value: Any) -> str:
@@ -78,7 +70,7 @@ class World:
     creds: dict[str, str]
     mission: str
     gateway_file: Path
-    port: int = field(default_factory=free_port)
+    port: int = 0  # chosen by the system at the first start, kept by restarts
     proc: subprocess.Popen[bytes] | None = None
 
     def principal(self, name: str) -> charter.Principal:
@@ -98,19 +90,20 @@ class World:
         return [*charter_cli, "gateway", "--config", str(self.gateway_file), *extra]
 
     def start(self) -> None:
-        """Start ``charter gateway`` on HTTP and wait until it answers."""
+        """Start ``charter gateway`` on HTTP; back once it listens (it says where,
+        on the port the system chose the first time, the same one after)."""
         self.proc = subprocess.Popen(
             self.command("--port", str(self.port)), env=self.env(), stderr=subprocess.PIPE
         )
-        deadline = time.monotonic() + 60  # a loaded machine starts Python slowly
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                raise RuntimeError(f"the gateway exited ({self.proc.returncode}): {err}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
+        assert self.proc.stderr is not None
+        said: list[str] = []
+        for line in iter(self.proc.stderr.readline, b""):
+            said.append(line.decode())
+            if said[-1].startswith("gateway: http://127.0.0.1:"):
+                self.port = int(said[-1].split(":")[2].split("/")[0])
                 return
-            time.sleep(0.05)
-        raise RuntimeError("the gateway did not listen within 60 s")
+        self.proc.wait(timeout=10)
+        raise RuntimeError(f"the gateway exited ({self.proc.returncode}): {''.join(said)}")
 
     def kill(self) -> None:
         """SIGKILL the gateway (its upstream's stdio server sees its pipe close)."""

@@ -27,8 +27,11 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ToolAnnotations
+
+from charter.server import announcing
 
 KEY_META = "charter/idempotency_key"
 TIMEOUT = 0.5
@@ -97,7 +100,9 @@ def main() -> None:
     if args.http is None:
         server.run("stdio")
     else:
-        server.run("streamable-http", host="127.0.0.1", port=args.http)
+        # Its port on the first line once bound (port 0: the one the system chose).
+        config = uvicorn.Config(server.streamable_http_app(), host="127.0.0.1", port=args.http)
+        announcing(config, lambda base: print(base, flush=True)).run()
 
 
 if __name__ == "__main__":

@@ -25,20 +25,28 @@ def test_documented_examples_run(page: Path, tmp_path: Path) -> None:
         exec(compile(block, str(page), "exec"), {"tmp": tmp_path, "__name__": "docs"})
 
 
-def test_every_cli_command_has_help_and_documentation() -> None:
+def test_every_cli_command_has_help_and_documentation(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each command's ``--help``, as ``python -m charter`` prints it (its ``main``,
+    run in this process; the module itself is run once, for the command list)."""
+    from charter.cli.app import main
+
     page = (ROOT / "docs" / "cli.md").read_text()
     sub = next(a for a in _parser()._actions if a.dest == "command")
     choices = sub.choices  # type: ignore[attr-defined]
     assert set(choices) == set(COMMANDS)
+    listed = subprocess.run(
+        [sys.executable, "-m", "charter", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     for name, parser in choices.items():
         assert parser.description, name
         assert f"`charter {name}" in page, f"{name} is not documented in docs/cli.md"
-        help_text = subprocess.run(
-            [sys.executable, "-m", "charter", name, "--help"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        assert name in listed, f"{name} is not in charter --help"
+        with pytest.raises(SystemExit) as done:
+            main([name, "--help"])
+        help_text = capsys.readouterr().out
+        assert done.value.code == 0, name
         assert COMMANDS[name] in help_text.replace("\n", " ") or name in help_text
 
 

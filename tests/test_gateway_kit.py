@@ -16,11 +16,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +26,6 @@ from typing import Any
 
 import pytest
 
-from _gateway_world import free_port
 from charter.conformance import CASES, check_adapter
 from charter.conformance.http_target import HUGE_BYTES, ScriptedHttp
 from charter.gateway.config import GatewayConfig
@@ -131,19 +128,18 @@ def upstream_tools(upstream: dict[str, Any]) -> Iterator[UpstreamTools]:
 @contextlib.contextmanager
 def served(url: str) -> Iterator[str]:
     """The upstream MCP server over streamable HTTP on loopback: its /mcp address."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, str(UPSTREAM), url, "--http", str(port)])
+    proc = subprocess.Popen(
+        [sys.executable, str(UPSTREAM), url, "--http", "0"], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-                break
-            assert proc.poll() is None and time.monotonic() < deadline, "the upstream did not start"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
+        base = proc.stdout.readline().strip()  # once it listens, on the port it was given
+        assert base.startswith("http://127.0.0.1:"), "the upstream did not start"
+        yield f"{base}/mcp"
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        proc.stdout.close()
 
 
 @contextlib.contextmanager

@@ -94,9 +94,12 @@ async def _serve(gateway: Any, args: argparse.Namespace) -> None:
             raise ConfigError(
                 "an HTTP gateway needs uvicorn: pip install 'charter[server]'"
             ) from None
-        print(f"gateway: http://{args.host}:{args.port}/mcp (Ctrl-C stops it)", file=sys.stderr,
-              flush=True)  # fmt: skip
-        server = uvicorn.Server(
-            uvicorn.Config(gateway.http_app(), host=args.host, port=args.port, log_level="warning")
+        from charter.server import announcing  # noqa: PLC0415 - the server extra
+
+        def say(base: str) -> None:  # once the port is bound: port 0 says which it is
+            print(f"gateway: {base}/mcp (Ctrl-C stops it)", file=sys.stderr, flush=True)
+
+        config = uvicorn.Config(
+            gateway.http_app(), host=args.host, port=args.port, log_level="warning"
         )
-        await server.serve()
+        await announcing(config, say).serve()

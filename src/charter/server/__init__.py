@@ -88,14 +88,8 @@ def serve(
 
     from charter.server.app import settled  # noqa: PLC0415 - the extra, loaded on first use
 
-    class Announcing(uvicorn.Server):
-        async def startup(self, sockets: Any = None) -> None:
-            await super().startup(sockets=sockets)
-            if self.started and announce is not None:
-                announce(f"http://{host}:{self.servers[0].sockets[0].getsockname()[1]}")
-
     settled()
-    server = Announcing(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = announcing(uvicorn.Config(app, host=host, port=port, log_level="warning"), announce)
     try:
         server.run()
     except SystemExit:  # uvicorn's way to say it could not bind; typed below
@@ -105,6 +99,23 @@ def serve(
         app.state.gate.refusals.close()
     if not server.started:
         raise ConfigError(f"cannot serve on {host}:{port}: its error is printed above")
+
+
+def announcing(config: Any, announce: Callable[[str], None] | None) -> Any:
+    """A uvicorn server for ``config`` (a ``uvicorn.Config``) that calls
+    ``announce`` with its base URL once its port is bound: the port the system
+    chose, for port 0. Binding then telling is what leaves no window in which
+    another process could take a port chosen beforehand."""
+    import uvicorn  # noqa: PLC0415 - the extra, checked by the caller
+
+    class Announcing(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and announce is not None:
+                port = self.servers[0].sockets[0].getsockname()[1]
+                announce(f"http://{config.host}:{port}")
+
+    return Announcing(config)
 
 
 @contextlib.contextmanager
