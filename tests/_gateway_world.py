@@ -100,7 +100,7 @@ class World:
         for line in iter(self.proc.stderr.readline, b""):
             said.append(line.decode())
             if said[-1].startswith("gateway: http://127.0.0.1:"):
-                self.port = int(said[-1].split(":")[2].split("/")[0])
+                self.port = int(said[-1].removeprefix("gateway: http://127.0.0.1:").split("/")[0])
                 return
         self.proc.wait(timeout=10)
         raise RuntimeError(f"the gateway exited ({self.proc.returncode}): {''.join(said)}")
