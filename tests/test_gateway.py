@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,26 @@ def gw(tmp_path: Path, store_address: str) -> Any:
     with world(tmp_path, store_address) as w:
         w.start()
         yield w
+
+
+def test_a_gateway_serves_on_the_port_it_says_and_a_taken_one_is_a_typed_error(
+    tmp_path: Path, store_address: str
+) -> None:
+    """Broken: the gateway announces its address before it listens (or port 0
+    as itself), or a port already taken ends it with uvicorn's exit and no
+    error of its own."""
+    with world(tmp_path, store_address) as w:
+        w.start()  # on port 0: back once its first line names the port chosen
+        assert w.port != 0
+        with socket.create_connection(("127.0.0.1", w.port)):
+            pass  # it listens: the line came once it did
+        taken = w.port
+        w.stop()
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", taken))
+            holder.listen()
+            with pytest.raises(RuntimeError, match=rf"cannot serve on 127\.0\.0\.1:{taken}"):
+                w.start()
 
 
 def pay(amount: int, reference: str = "inv-1") -> dict[str, Any]:

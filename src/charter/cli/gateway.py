@@ -55,8 +55,26 @@ def run_gateway(args: argparse.Namespace) -> int:
         gateway = Gateway(engine, config, instance=args.instance)
         if args.action == "check":
             return asyncio.run(_check(gateway))
-        asyncio.run(_serve(gateway, args))
+        try:
+            asyncio.run(_serve(gateway, args))
+        except BaseExceptionGroup as group:
+            raise _alone(group) from None
     return 0
+
+
+def _alone(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The upstreams' sessions run in task groups, which wrap what the serving
+    raised: a lone Charter error (a port that cannot be bound) is itself, typed;
+    anything else stays the group."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        exc = pending.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            pending.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    return leaves[0] if len(leaves) == 1 and isinstance(leaves[0], CharterError) else group
 
 
 async def _check(gateway: Any) -> int:
@@ -94,7 +112,7 @@ async def _serve(gateway: Any, args: argparse.Namespace) -> None:
             raise ConfigError(
                 "an HTTP gateway needs uvicorn: pip install 'charter[server]'"
             ) from None
-        from charter.server import announcing  # noqa: PLC0415 - the server extra
+        from charter.server import announcing, bound  # noqa: PLC0415 - the server extra
 
         def say(base: str) -> None:  # once the port is bound: port 0 says which it is
             print(f"gateway: {base}/mcp (Ctrl-C stops it)", file=sys.stderr, flush=True)
@@ -102,4 +120,6 @@ async def _serve(gateway: Any, args: argparse.Namespace) -> None:
         config = uvicorn.Config(
             gateway.http_app(), host=args.host, port=args.port, log_level="warning"
         )
-        await announcing(config, say).serve()
+        server = announcing(config, say)
+        with bound(server):
+            await server.serve()

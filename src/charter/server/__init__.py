@@ -91,14 +91,10 @@ def serve(
     settled()
     server = announcing(uvicorn.Config(app, host=host, port=port, log_level="warning"), announce)
     try:
-        server.run()
-    except SystemExit:  # uvicorn's way to say it could not bind; typed below
-        if server.started:
-            raise
+        with bound(server):
+            server.run()
     finally:
         app.state.gate.refusals.close()
-    if not server.started:
-        raise ConfigError(f"cannot serve on {host}:{port}: its error is printed above")
 
 
 def announcing(config: Any, announce: Callable[[str], None] | None) -> Any:
@@ -116,6 +112,21 @@ def announcing(config: Any, announce: Callable[[str], None] | None) -> Any:
                 announce(f"http://{config.host}:{port}")
 
     return Announcing(config)
+
+
+@contextlib.contextmanager
+def bound(server: Any) -> Iterator[None]:
+    """Around a uvicorn ``server``'s run: if it never started (its port could
+    not be bound; uvicorn prints why and exits), a
+    :class:`~charter.errors.ConfigError` instead of the exit."""
+    try:
+        yield
+    except SystemExit:
+        if server.started:
+            raise
+    if not server.started:
+        where = f"{server.config.host}:{server.config.port}"
+        raise ConfigError(f"cannot serve on {where}: its error is printed above")
 
 
 @contextlib.contextmanager
