@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from _clocks import Stalls
+from charter import Dispatch, NotApplied
 from charter.conformance import CASES, check_adapter
 from charter.conformance.http_target import HUGE_BYTES, ScriptedHttp
 from charter.gateway.config import GatewayConfig
@@ -208,3 +210,39 @@ def test_S3_an_upstream_echoing_the_gateways_credential_gets_nothing_stored(
             request=REQUEST,
             cases=(ECHOED,),
         )
+
+
+def test_F3_a_gateway_call_whose_deadline_passed_before_its_first_byte_sends_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Broken F3: the gateway's adapter checks the deadline, then the MCP SDK
+    hands the call to a task of its own, which takes a connection and writes;
+    a pause in between (here the clock passing the deadline right after the
+    adapter's own check) sends the call after its deadline. The socket's check
+    refuses it before its first byte: ``NotApplied``, the target received
+    nothing of it, and the session carries on with the next call."""
+    with kit_upstream("http", monkeypatch) as (scripted, tools):
+        clock = Stalls(checks=1_000)
+
+        def send(name: str) -> Dispatch:
+            return Dispatch(
+                name,
+                "create",
+                {**REQUEST, "reference": name},
+                f"key-{name}",
+                "run_x",
+                1,
+                send_deadline_us=clock.now_us() + 30_000_000,
+                deadline_monotonic_us=clock.monotonic_us() + 30_000_000,
+                clock=clock,
+            )
+
+        assert asyncio.run(tools.dispatch(send("att_first"))).status == "succeeded"
+        late = send("att_late")
+        clock.checks = 1  # the adapter's own check passes; the socket's finds it late
+        with pytest.raises(NotApplied, match="deadline"):
+            asyncio.run(tools.dispatch(late))
+        clock.checks = 1_000  # no more pauses
+        assert asyncio.run(tools.dispatch(send("att_after"))).status == "succeeded"
+    assert scripted.received("key-att_late") == 0
+    assert (scripted.received("key-att_first"), scripted.received("key-att_after")) == (1, 1)

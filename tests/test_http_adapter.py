@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import charter
+from _clocks import Stalls
 from charter import AttemptStatus
 from charter.adapters.http import (
     Classification,
@@ -398,21 +399,6 @@ def test_F3_nothing_is_sent_after_the_send_deadline(box: Sandbox, payments: Http
 
     assert box.requests() == []
     assert box.payments() == []
-
-
-class Stalls(ManualClock):
-    """A clock that passes the send deadline once the adapter has made its own
-    checks: as if the process were paused while its connection was taken."""
-
-    def __init__(self, checks: int) -> None:
-        super().__init__()
-        self.checks = checks
-
-    def monotonic_us(self) -> int:
-        self.checks -= 1
-        if self.checks < 0:
-            self.advance(60)
-        return super().monotonic_us()
 
 
 def test_F3_a_deadline_passed_while_the_connection_was_taken_sends_nothing(

@@ -15,46 +15,61 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from charter.adapters.protocol import Dispatch
+from charter.errors import NotApplied
 
 
-class _Sending:
-    """The send being written, and whether any of its bytes went out yet."""
+class Sending:
+    """The send being written: whether any of its bytes went out yet, and the
+    refusal if its deadline had passed before the first (then none did)."""
 
-    __slots__ = ("send", "started")
+    __slots__ = ("refused", "send", "started")
 
     def __init__(self, send: Dispatch) -> None:
         self.send = send
         self.started = False
+        self.refused: NotApplied | None = None
 
 
 #: The send this thread (or task) is writing, if any.
-_SENDING: contextvars.ContextVar[_Sending | None] = contextvars.ContextVar(
+_SENDING: contextvars.ContextVar[Sending | None] = contextvars.ContextVar(
     "charter_sending", default=None
 )
 
 
 @contextlib.contextmanager
-def sending(send: Dispatch) -> Iterator[None]:
-    """Inside it, the first write to a socket of :func:`transport` checks
-    ``send``'s deadline first (:meth:`Dispatch.check_deadline`)."""
-    token = _SENDING.set(_Sending(send))
+def sending(send: Dispatch) -> Iterator[Sending]:
+    """Inside it, the first write to a socket of :func:`transport` (or of
+    :func:`async_transport`, from a task this one starts) checks ``send``'s
+    deadline first (:meth:`Dispatch.check_deadline`)."""
+    current = Sending(send)
+    token = _SENDING.set(current)
     try:
-        yield
+        yield current
     finally:
         _SENDING.reset(token)
 
 
-def _check() -> None:
+#: The send whose request the task is writing, where a transport checks one
+#: request of a send only (:func:`async_transport`).
+_WRITING: contextvars.ContextVar[Sending | None] = contextvars.ContextVar(
+    "charter_writing", default=None
+)
+
+
+def _check(current: Sending | None) -> None:
     """Before a send's first byte only: once part of the request went out, the
     target may act on it, and a refusal then would claim a non-application
     nobody can prove (A3). The rest is written; what it did is its answer's."""
-    current = _SENDING.get()
     if current is not None and not current.started:
-        current.send.check_deadline()
+        try:
+            current.send.check_deadline()
+        except NotApplied as refused:
+            current.refused = refused
+            raise
         current.started = True
 
 
@@ -71,7 +86,7 @@ def _backend(httpcore: Any) -> Any:
             return data
 
         def write(self, buffer: bytes, timeout: float | None = None) -> None:
-            _check()
+            _check(_SENDING.get())
             self._stream.write(buffer, timeout)
 
         def close(self) -> None:
@@ -109,6 +124,24 @@ def _mapped(httpx: Any, exc: Exception) -> Exception:
     return exc
 
 
+def _request(httpcore: Any, request: Any) -> Any:
+    """An httpx request as httpcore takes it."""
+    url = request.url
+    return httpcore.Request(
+        method=request.method,
+        url=httpcore.URL(
+            scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+        ),
+        headers=request.headers.raw,
+        content=request.stream,
+        extensions=request.extensions,
+    )
+
+
+#: httpcore's errors that httpx's own transport maps to its own (by name).
+_ERRORS = ("TimeoutException", "NetworkError", "ProtocolError", "ProxyError", "UnsupportedProtocol")
+
+
 def transport(httpx: Any) -> Any:
     """An httpx transport with no retries, httpx's default limits and httpcore's
     default TLS, whose sockets check the deadline of the send being made (see
@@ -122,14 +155,7 @@ def transport(httpx: Any) -> Any:
         retries=0,
         network_backend=_backend(httpcore),
     )
-    # httpcore's errors, each of which httpx's own transport maps to its own.
-    errors = (
-        httpcore.TimeoutException,
-        httpcore.NetworkError,
-        httpcore.ProtocolError,
-        httpcore.ProxyError,
-        httpcore.UnsupportedProtocol,
-    )
+    errors = tuple(getattr(httpcore, name) for name in _ERRORS)
 
     class Body(httpx.SyncByteStream):  # type: ignore[misc]
         """A response's body as httpx reads it, httpcore's errors mapped."""
@@ -150,18 +176,8 @@ def transport(httpx: Any) -> Any:
 
     class Transport(httpx.BaseTransport):  # type: ignore[misc]
         def handle_request(self, request: Any) -> Any:
-            url = request.url
-            sent = httpcore.Request(
-                method=request.method,
-                url=httpcore.URL(
-                    scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
-                ),
-                headers=request.headers.raw,
-                content=request.stream,
-                extensions=request.extensions,
-            )
             try:
-                answer = pool.handle_request(sent)
+                answer = pool.handle_request(_request(httpcore, request))
             except errors as exc:
                 raise _mapped(httpx, exc) from exc
             return httpx.Response(
@@ -173,5 +189,107 @@ def transport(httpx: Any) -> Any:
 
         def close(self) -> None:
             pool.close()
+
+    return Transport()
+
+
+def _async_backend(httpcore: Any) -> Any:
+    """:func:`_backend` for asyncio: each stream checks, before its first write,
+    the send whose request its task is writing (:data:`_WRITING`)."""
+
+    class Stream(httpcore.AsyncNetworkStream):  # type: ignore[misc]
+        def __init__(self, stream: Any) -> None:
+            self._stream = stream
+
+        async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            data: bytes = await self._stream.read(max_bytes, timeout)
+            return data
+
+        async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            _check(_WRITING.get())
+            await self._stream.write(buffer, timeout)
+
+        async def aclose(self) -> None:
+            await self._stream.aclose()
+
+        async def start_tls(self, *args: Any, **kwargs: Any) -> Stream:
+            return Stream(await self._stream.start_tls(*args, **kwargs))
+
+        def get_extra_info(self, info: str) -> Any:
+            return self._stream.get_extra_info(info)
+
+    class Backend(httpcore.AsyncNetworkBackend):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self._backend = httpcore.AnyIOBackend()
+
+        async def connect_tcp(self, *args: Any, **kwargs: Any) -> Stream:
+            return Stream(await self._backend.connect_tcp(*args, **kwargs))
+
+        async def connect_unix_socket(self, *args: Any, **kwargs: Any) -> Stream:
+            return Stream(await self._backend.connect_unix_socket(*args, **kwargs))
+
+        async def sleep(self, seconds: float) -> None:
+            await self._backend.sleep(seconds)
+
+    return Backend()
+
+
+def async_transport(httpx: Any, httpcore: Any, carries: Callable[[Any, Dispatch], bool]) -> Any:
+    """:func:`transport` for an async client (``httpx`` and its ``httpcore``,
+    the modules: the MCP SDK has its own pair), for a client that sends a
+    send's request from a task of its own, started inside :func:`sending`
+    (the context travels with it). Only the request for which ``carries(request,
+    send)`` holds is checked (a client may send others meanwhile), before its
+    first byte. A refused request is answered ``503`` with nothing sent, not
+    raised: such a client carries on with its other requests, and the
+    adapter learns of the refusal from :attr:`Sending.refused`."""
+    pool = httpcore.AsyncConnectionPool(
+        max_connections=100,
+        max_keepalive_connections=20,
+        keepalive_expiry=5.0,
+        retries=0,
+        network_backend=_async_backend(httpcore),
+    )
+    errors = tuple(getattr(httpcore, name) for name in _ERRORS)
+
+    class Body(httpx.AsyncByteStream):  # type: ignore[misc]
+        def __init__(self, stream: Any) -> None:
+            self._stream = stream
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            try:
+                async for part in self._stream:
+                    yield part
+            except Exception as exc:
+                raise _mapped(httpx, exc) from exc
+
+        async def aclose(self) -> None:
+            close = getattr(self._stream, "aclose", None)
+            if close is not None:
+                await close()
+
+    class Transport(httpx.AsyncBaseTransport):  # type: ignore[misc]
+        async def handle_async_request(self, request: Any) -> Any:
+            current = _SENDING.get()
+            token = _WRITING.set(
+                current if current is not None and carries(request, current.send) else None
+            )
+            try:
+                answer = await pool.handle_async_request(_request(httpcore, request))
+            except NotApplied as refused:  # before its first byte: nothing of it went out
+                return httpx.Response(503, text=str(refused), request=request)
+            except errors as exc:
+                raise _mapped(httpx, exc) from exc
+            finally:
+                _WRITING.reset(token)
+            return httpx.Response(
+                status_code=answer.status,
+                headers=answer.headers,
+                stream=Body(answer.stream),
+                extensions=answer.extensions,
+            )
+
+        async def aclose(self) -> None:
+            await pool.aclose()
 
     return Transport()

@@ -19,9 +19,10 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from charter.adapters import Dispatch, EffectClass, Estimate, Evidence, Outcome, RecordedAttempt
+from charter.adapters.sending import async_transport
 from charter.errors import AdapterError, MissingExtra
 from charter.gateway.config import GatewayConfig, ToolRule, Upstream, secret
-from charter.integrations.mcp import McpTools
+from charter.integrations.mcp import McpTools, carries
 
 LOOKUP_ARGUMENT = "idempotency_key"
 
@@ -116,15 +117,18 @@ async def connected(upstream: Upstream, config: GatewayConfig) -> AsyncIterator[
         ) from None
     async with contextlib.AsyncExitStack() as stack:
         if upstream.url is not None:
-            import httpx2  # noqa: PLC0415 - the MCP SDK's own HTTP client
+            import httpcore2  # noqa: PLC0415 - the MCP SDK's own HTTP client, and its core
+            import httpx2  # noqa: PLC0415
             from mcp.client.streamable_http import streamable_http_client  # noqa: PLC0415
 
             headers = {
                 k: secret(v) if v.startswith("env:") else v for k, v in upstream.headers.items()
             }
             # The transport does not close a client it is given: closed here, last.
+            # A call's first byte waits for no connection past its deadline (F3).
+            checked = async_transport(httpx2, httpcore2, carries)
             http = await stack.enter_async_context(
-                httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60.0))
+                httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60.0), transport=checked)
             )
             server: Any = streamable_http_client(upstream.url, http_client=http)
         else:

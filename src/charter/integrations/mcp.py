@@ -29,6 +29,7 @@ node, on the loop the session lives on::
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +43,7 @@ from charter import (
     OutcomeUnknown,
     RecordedAttempt,
 )
+from charter.adapters.sending import sending
 from charter.attempts.classify import error_answer
 from charter.errors import MissingExtra
 
@@ -117,12 +119,22 @@ class McpTools:
 
     async def dispatch(self, send: Dispatch) -> Outcome:
         send.check_deadline()  # right before the call goes out (F3)
-        result = await self.session.call_tool(
-            send.operation,
-            send.request,
-            read_timeout_seconds=self.timeout_seconds,
-            meta={KEY_META: send.idempotency_key, FENCE_META: send.fencing_token},
-        )
+        # ... and again before its first byte, where the session's HTTP client
+        # checks it (the gateway's: charter.adapters.sending.async_transport).
+        with sending(send) as written:
+            try:
+                result = await self.session.call_tool(
+                    send.operation,
+                    send.request,
+                    read_timeout_seconds=self.timeout_seconds,
+                    meta={KEY_META: send.idempotency_key, FENCE_META: send.fencing_token},
+                )
+            except Exception:
+                if written.refused is not None:  # nothing of the call went out
+                    raise written.refused from None
+                raise
+        if written.refused is not None:
+            raise written.refused
         types = _mcp_types()
         if not isinstance(result, types.CallToolResult):  # e.g. the server asks for input
             raise OutcomeUnknown(
@@ -148,6 +160,25 @@ class McpTools:
         """MCP has no way to look a call up: a person decides (or, for a keyed
         tool, the engine replays it with its key)."""
         return Evidence.indeterminate({"mcp": f"{attempt.operation}: no lookup in MCP"})
+
+
+def carries(request: Any, send: Dispatch) -> bool:
+    """Whether an HTTP ``request`` is ``send``'s tool call (its ``_meta`` names
+    the send's key): the one request of a send whose first byte is checked
+    against its deadline (:func:`charter.adapters.sending.async_transport`)."""
+    if request.method != "POST":
+        return False
+    try:  # the SDK sends its messages whole; a body still streaming is not one
+        message = json.loads(request.content)
+    except Exception:
+        return False
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return (
+        message.get("method") == "tools/call"
+        and isinstance(meta, dict)
+        and meta.get(KEY_META) == send.idempotency_key
+    )
 
 
 def _without(body: dict[str, Any], key: str) -> dict[str, Any]:
