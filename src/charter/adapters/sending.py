@@ -138,6 +138,14 @@ def _request(httpcore: Any, request: Any) -> Any:
     )
 
 
+#: httpx's default limits, and no retries: a send is made once (A4).
+_POOL: dict[str, Any] = {
+    "max_connections": 100,
+    "max_keepalive_connections": 20,
+    "keepalive_expiry": 5.0,
+    "retries": 0,
+}
+
 #: httpcore's errors that httpx's own transport maps to its own (by name).
 _ERRORS = ("TimeoutException", "NetworkError", "ProtocolError", "ProxyError", "UnsupportedProtocol")
 
@@ -148,13 +156,7 @@ def transport(httpx: Any) -> Any:
     the module's docstring)."""
     import httpcore  # noqa: PLC0415 - httpx's own dependency, in the same extra
 
-    pool = httpcore.ConnectionPool(
-        max_connections=100,
-        max_keepalive_connections=20,
-        keepalive_expiry=5.0,
-        retries=0,
-        network_backend=_backend(httpcore),
-    )
+    pool = httpcore.ConnectionPool(**_POOL, network_backend=_backend(httpcore))
     errors = tuple(getattr(httpcore, name) for name in _ERRORS)
 
     class Body(httpx.SyncByteStream):  # type: ignore[misc]
@@ -243,13 +245,7 @@ def async_transport(httpx: Any, httpcore: Any, carries: Callable[[Any, Dispatch]
     first byte. A refused request is answered ``503`` with nothing sent, not
     raised: such a client carries on with its other requests, and the
     adapter learns of the refusal from :attr:`Sending.refused`."""
-    pool = httpcore.AsyncConnectionPool(
-        max_connections=100,
-        max_keepalive_connections=20,
-        keepalive_expiry=5.0,
-        retries=0,
-        network_backend=_async_backend(httpcore),
-    )
+    pool = httpcore.AsyncConnectionPool(**_POOL, network_backend=_async_backend(httpcore))
     errors = tuple(getattr(httpcore, name) for name in _ERRORS)
 
     class Body(httpx.AsyncByteStream):  # type: ignore[misc]
