@@ -246,3 +246,30 @@ def test_F3_a_gateway_call_whose_deadline_passed_before_its_first_byte_sends_not
         assert asyncio.run(tools.dispatch(send("att_after"))).status == "succeeded"
     assert scripted.received("key-att_late") == 0
     assert (scripted.received("key-att_first"), scripted.received("key-att_after")) == (1, 1)
+
+
+def test_A3_F3_a_gateway_call_whose_deadline_passed_once_its_first_byte_went_out_is_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Broken A3: the socket checks the deadline at every write, so a deadline
+    passing between the call's headers and its body refuses the rest as
+    ``NotApplied`` when the upstream may already act on what it received.
+    Checked before the first byte only, the call goes out whole and its answer
+    settles it."""
+    with kit_upstream("http", monkeypatch) as (scripted, tools):
+        clock = Stalls(checks=1_000)
+        send = Dispatch(
+            "att_sent",
+            "create",
+            dict(REQUEST),
+            "key-att_sent",
+            "run_x",
+            1,
+            send_deadline_us=clock.now_us() + 30_000_000,
+            deadline_monotonic_us=clock.monotonic_us() + 30_000_000,
+            clock=clock,
+        )
+        clock.checks = 2  # the adapter's check and the first byte's pass; then it is late
+        outcome = asyncio.run(tools.dispatch(send))
+    assert outcome.status == "succeeded"
+    assert scripted.received("key-att_sent") == 1
