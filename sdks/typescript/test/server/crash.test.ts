@@ -18,7 +18,7 @@ import { createInterface } from "node:readline";
 import { after, before, test } from "node:test";
 
 import { Charter } from "../../src/index.js";
-import { SDK, startWorld, type World } from "./harness.js";
+import { SDK, startWorld, until, type World } from "./harness.js";
 
 let world: World;
 const PROGRAM = join(SDK, "build", "examples", "pay_week.js");
@@ -51,14 +51,6 @@ async function next(lines: AsyncIterableIterator<string>): Promise<Line> {
   const { value, done } = await lines.next();
   assert.ok(!done, "the program ended before its next step");
   return JSON.parse(value) as Line;
-}
-
-async function until(check: () => Promise<boolean>, what: string): Promise<void> {
-  const end = performance.now() + 15_000;
-  while (!(await check())) {
-    assert.ok(performance.now() < end, `${what}: not within 15 s`);
-    await new Promise((done) => setTimeout(done, 50));
-  }
 }
 
 test("X1_R7_item18_a_payer_SIGKILLed_mid_payment_is_recovered_in_a_fresh_process_paid_once_and_the_run_completed", async () => {

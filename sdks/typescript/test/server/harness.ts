@@ -183,6 +183,19 @@ export async function startWorld(options: { busyTimeoutSeconds?: number } = {}):
   }
 }
 
+/**
+ * Wait until `check` holds, or fail saying `what` did not happen. Generous: the
+ * agents it waits for are fresh Node processes loading their framework, and CI
+ * runs this suite at a lower priority beside the Python suite on two cores.
+ */
+export async function until(check: () => Promise<boolean>, what: string): Promise<void> {
+  const end = performance.now() + 60_000;
+  while (!(await check())) {
+    if (performance.now() >= end) throw new Error(`${what}: not within 60 s`);
+    await new Promise((done) => setTimeout(done, 50));
+  }
+}
+
 async function firstLine(child: ChildProcess): Promise<string> {
   if (child.stdout === null) throw new Error("no stdout to read");
   const lines = createInterface({ input: child.stdout });

@@ -21,7 +21,7 @@ import { Charter, Segment } from "../../src/index.js";
 import { charterModels, inNode, stoppedBy, toolCalls } from "../../src/openai-agents.js";
 import { clerk, governedTools, provider } from "../../examples/openai_agents_agent.js";
 import { FakeOpenAI } from "./fake_openai.js";
-import { SDK, startWorld, type World } from "./harness.js";
+import { SDK, startWorld, until, type World } from "./harness.js";
 
 let world: World;
 let model: FakeOpenAI;
@@ -49,14 +49,6 @@ function program(args: string[], principal: string, mission: string): { child: C
     },
   });
   return { child, lines: createInterface({ input: child.stdout! })[Symbol.asyncIterator]() };
-}
-
-async function until(check: () => Promise<boolean>, what: string): Promise<void> {
-  const end = performance.now() + 15_000;
-  while (!(await check())) {
-    assert.ok(performance.now() < end, `${what}: not within 15 s`);
-    await new Promise((done) => setTimeout(done, 50));
-  }
 }
 
 async function lines(started: { child: ChildProcess; lines: AsyncIterableIterator<string> }): Promise<Line[]> {
