@@ -138,7 +138,7 @@ def _request(httpcore: Any, request: Any) -> Any:
     )
 
 
-#: httpx's default limits, and no retries: a send is made once (A4).
+#: httpx's default limits, and no retries: every send is one the engine knows of (A5).
 _POOL: dict[str, Any] = {
     "max_connections": 100,
     "max_keepalive_connections": 20,

@@ -66,15 +66,10 @@ def _alone(group: BaseExceptionGroup[BaseException]) -> BaseException:
     """The upstreams' sessions run in task groups, which wrap what the serving
     raised: a lone Charter error (a port that cannot be bound) is itself, typed;
     anything else stays the group."""
-    leaves: list[BaseException] = []
-    pending: list[BaseException] = [group]
-    while pending:
-        exc = pending.pop()
-        if isinstance(exc, BaseExceptionGroup):
-            pending.extend(exc.exceptions)
-        else:
-            leaves.append(exc)
-    return leaves[0] if len(leaves) == 1 and isinstance(leaves[0], CharterError) else group
+    inner: BaseException = group
+    while isinstance(inner, BaseExceptionGroup) and len(inner.exceptions) == 1:
+        inner = inner.exceptions[0]
+    return inner if isinstance(inner, CharterError) else group
 
 
 async def _check(gateway: Any) -> int:

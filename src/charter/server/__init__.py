@@ -141,17 +141,17 @@ def serving(engine: Engine, *, start_seconds: float = 10.0, **options: Any) -> I
     import uvicorn  # noqa: PLC0415 - the extra, checked by create_app
 
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
+    said: list[str] = []
+    server = announcing(config, said.append)
     thread = threading.Thread(target=server.run, name="charter-serving", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_seconds
-    while not server.started:
+    while not said:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the server did not start")
         time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield said[0]
     finally:
         server.should_exit = True
         thread.join(start_seconds)
