@@ -30,6 +30,7 @@ import threading
 import venv
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
@@ -37,9 +38,11 @@ BIN = VENV / ("Scripts" if sys.platform == "win32" else "bin")
 PY = BIN / "python"
 
 
-def run(*cmd: str | Path, env: dict[str, str] | None = None) -> None:
-    print("+", " ".join(str(c) for c in cmd), flush=True)
-    code = subprocess.call([str(c) for c in cmd], cwd=ROOT, env=env)
+def run(*cmd: str | Path, env: dict[str, str] | None = None, out: IO[str] | None = None) -> None:
+    """``cmd`` in the checkout; its output to ``out`` (a log) or to ours."""
+    print("+", " ".join(str(c) for c in cmd), flush=True, file=out)
+    stderr = None if out is None else subprocess.STDOUT
+    code = subprocess.call([str(c) for c in cmd], cwd=ROOT, env=env, stdout=out, stderr=stderr)
     if code:
         raise SystemExit(code)
 
@@ -79,9 +82,11 @@ def test() -> None:
     ensure_venv("test")
     args = sys.argv[2:]
     whole = not args
-    # CrewAI's environment is made while the main suite runs (an install is mostly
-    # waiting on the network and the disk), and its tests run after it.
-    crewai = Background(crewai_env) if whole else None
+    # CrewAI's environment is made, and its tests run, beside the main suite (an
+    # install is mostly waiting on the network and the disk; its tests on the
+    # processes they kill), into a log printed once the main suite is done.
+    log = Path(tempfile.mkdtemp()) / "crewai.log"
+    crewai = Background(lambda: crewai_whole(log)) if whole else None
     run(BIN / "ruff", "check", "src", "tests", "bench", "tasks.py")
     run(BIN / "ruff", "format", "--check", "src", "tests", "bench", "tasks.py")
     run(BIN / "mypy")
@@ -89,10 +94,11 @@ def test() -> None:
         args.remove("--quick")
         skip = [*FAULTS, *SLOW]
         args = [*(f"--deselect={t}" if "::" in t else f"--ignore={t}" for t in skip), *args]
-    pytest(parallel([*args, f"--ignore-glob={CREWAI_TESTS}"]))
-    if crewai is not None:
-        crewai.join()
-        crewai_suite()
+    try:
+        pytest(parallel([*args, f"--ignore-glob={CREWAI_TESTS}"]))
+    finally:
+        if crewai is not None:
+            crewai.join(lambda: print(f"---- CrewAI's tests ----\n{log.read_text()}", flush=True))
 
 
 def environment() -> None:
@@ -116,8 +122,10 @@ class Background:
         except BaseException as exc:  # SystemExit from run() included: said at join
             self._failed = exc
 
-    def join(self) -> None:
+    def join(self, then: Callable[[], None] = lambda: None) -> None:
+        """Wait for the task, call ``then``, and fail as the task failed."""
         self._thread.join()
+        then()
         if self._failed is not None:
             raise self._failed
 
@@ -135,7 +143,14 @@ CREWAI_PY = CREWAI_VENV / PY.relative_to(VENV)
 CREWAI_TOOLS = ["pytest", "pytest-timeout", "pytest-xdist"]
 
 
-def crewai_env() -> None:
+def crewai_whole(log: Path) -> None:
+    """CrewAI's environment, then its tests, all said into ``log``."""
+    with log.open("w") as out:
+        crewai_env(out)
+        crewai_suite(out)
+
+
+def crewai_env(out: IO[str] | None = None) -> None:
     """CrewAI's environment of its own, .venv-crewai, at the versions
     ``constraints-crewai.txt`` pins (made again when they, pyproject.toml or
     :data:`CREWAI_TOOLS` change)."""
@@ -147,16 +162,17 @@ def crewai_env() -> None:
     inputs = (ROOT / "pyproject.toml").read_bytes() + pins.read_bytes()
     want = hashlib.sha256(inputs + " ".join(CREWAI_TOOLS).encode()).hexdigest()
     if not stamp.exists() or stamp.read_text() != want:
-        run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+        run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip", out=out)
         run(python, "-m", "pip", "install", "--quiet", "-c", pins, "-e",
-            ".[crewai,postgres,http]", *CREWAI_TOOLS)  # fmt: skip
+            ".[crewai,postgres,http]", *CREWAI_TOOLS, out=out)  # fmt: skip
         stamp.write_text(want)
 
 
-def crewai_suite() -> None:
-    """CrewAI's tests in .venv-crewai, on both stores, over processes."""
+def crewai_suite(out: IO[str] | None = None) -> None:
+    """CrewAI's tests in .venv-crewai, on both stores, over processes: two, as
+    they run beside the main suite."""
     tests = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob(CREWAI_TESTS))
-    pytest(parallel(tests), python=CREWAI_PY)
+    pytest(parallel(tests, 2), python=CREWAI_PY, out=out)
 
 
 #: The tests that inject faults: every commit interrupted, store faults, real
@@ -194,16 +210,17 @@ def workers() -> int:
     return max(2, 2 * (cores or 1))
 
 
-def parallel(args: list[str]) -> list[str]:
-    """``args`` run over :func:`workers` processes, the longest tests first
-    (``tests/conftest.py``); as given when they already choose (``-n``, ``-p no:xdist``)."""
+def parallel(args: list[str], count: int | None = None) -> list[str]:
+    """``args`` run over ``count`` (or :func:`workers`) processes, the longest
+    tests first (``tests/conftest.py``); as given when they already choose
+    (``-n``, ``-p no:xdist``)."""
     chosen = {"-n", "--numprocesses", "no:xdist", "-pno:xdist", "--dist"}
     if any(a in chosen or a.startswith(("-n", "--numprocesses=", "--dist=")) for a in args):
         return args
     # One test at a time to each worker as it frees up: pytest-xdist otherwise
     # hands each worker a run of consecutive tests to begin with, and the first
     # run would be every long one.
-    return ["-n", str(workers()), "--dist", "load", "--maxschedchunk", "1", *args]
+    return ["-n", str(count or workers()), "--dist", "load", "--maxschedchunk", "1", *args]
 
 
 def faults() -> None:
@@ -289,12 +306,18 @@ def screenshots() -> None:
     run(PY, "-m", "pytest", "tests/test_browser.py", "-q", "-p", "no:cacheprovider", env=env)
 
 
-def pytest(args: list[str], extra: dict[str, str] | None = None, *, python: Path = PY) -> None:
+def pytest(
+    args: list[str],
+    extra: dict[str, str] | None = None,
+    *,
+    python: Path = PY,
+    out: IO[str] | None = None,
+) -> None:
     """pytest (of ``python``'s environment) on SQLite and on a PostgreSQL server
-    (one started here if needed)."""
+    (one started here if needed), its output to ``out`` or ours."""
     env = {**os.environ, **(extra or {})}
     if env.get("CHARTER_TEST_POSTGRES_URL"):
-        run(python, "-m", "pytest", *args, env=env)
+        run(python, "-m", "pytest", *args, env=env, out=out)
         return
     sys.path.insert(0, str(ROOT))
     # stdlib only; importable once the checkout is on sys.path (one cluster starter).
@@ -304,12 +327,12 @@ def pytest(args: list[str], extra: dict[str, str] | None = None, *, python: Path
         if srv is None:
             if os.environ.get("CI") == "true":
                 raise SystemExit("CI needs PostgreSQL 15 (initdb and pg_ctl) for its tests")
-            print("PostgreSQL not found: the tests run on SQLite only", flush=True)
-            run(python, "-m", "pytest", *args, env=env)
+            print("PostgreSQL not found: the tests run on SQLite only", flush=True, file=out)
+            run(python, "-m", "pytest", *args, env=env, out=out)
             return
-        print(f"PostgreSQL: throwaway cluster at {srv.base_url}", flush=True)
+        print(f"PostgreSQL: throwaway cluster at {srv.base_url}", flush=True, file=out)
         env["CHARTER_TEST_POSTGRES_URL"] = srv.url("postgres")
-        run(python, "-m", "pytest", *args, env=env)
+        run(python, "-m", "pytest", *args, env=env, out=out)
 
 
 if __name__ == "__main__":

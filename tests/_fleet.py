@@ -21,8 +21,9 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -214,15 +215,25 @@ def wait_paid(box: Sandbox, count: int, timeout: float) -> None:
         time.sleep(0.02)
 
 
-def violations(engine: charter.Engine, mission: str, box: Sandbox) -> list[str]:
+def violations(
+    engine: charter.Engine,
+    mission: str,
+    box: Sandbox,
+    paused: Mapping[str, list[tuple[int, int]]] | None = None,
+) -> list[str]:
     """What the sandbox took and what the store recorded, against the rules.
 
-    A4: no invoice paid twice. A2/F3: no key sent twice, and no send a fence
-    refused (a stale fencing token, or a key a lookup had closed: both are sends
-    by an owner that was no longer the run's). Each create came with the epoch
-    its attempt was dispatched under. L0-L2: what the ledger spent is what the
-    sandbox took for settled attempts; a payment the store does not know as
-    settled is still held. S1: every audit chain verifies.
+    A4: no invoice paid twice. A2: no key sent twice. F3: each create came with
+    the epoch its attempt was dispatched under, and reached the sandbox before
+    its send deadline, unless the worker that dispatched it was paused at that
+    deadline (``paused``: each worker's SIGSTOP and SIGCONT, wall-clock µs) by a
+    pause that began as the send was checked: a pause between the last check
+    and the first byte sends late, which no check can stop, and the target's
+    fence is what refuses it then (:func:`_paused_sending`). A send the
+    sandbox refused although it arrived in time is the target's order (its
+    lookup for a new owner decided first), not a late send. L0-L2: what the
+    ledger spent is what the sandbox took for settled attempts; a payment the
+    store does not know as settled is still held. S1: every audit chain verifies.
     """
     found: list[str] = []
     attempts = {a.idempotency_key: a for a in engine.attempts(mission_id=mission)}
@@ -234,19 +245,24 @@ def violations(engine: charter.Engine, mission: str, box: Sandbox) -> list[str]:
     sends = Counter(r["idempotency_key"] for r in creates)
     if any(n > 1 for n in sends.values()):
         found.append(f"A2: sent twice {[k for k, n in sends.items() if n > 1]}")
-    fenced = [
-        r for r in creates if r["verdict"] in ("stale_fencing_token", "idempotency_key_closed")
-    ]
-    if fenced:
-        found.append(f"F3: {len(fenced)} sends by an owner no longer the run's: {fenced[:3]}")
+    dispatchers = {
+        e["entity"]: e["segment"]
+        for e in engine.audit_events(mission)
+        if e["kind"] == "attempt.dispatched"
+    }
     for r in creates:
         a = attempts.get(r["idempotency_key"])
         if a is None:
             found.append(f"A1: a send of no recorded attempt: {r}")
-        elif r["fencing_token"] != f"{a.run_id}:{a.dispatched_epoch}":
+            continue
+        if r["fencing_token"] != f"{a.run_id}:{a.dispatched_epoch}":
             found.append(
                 f"F3: {a.id} sent as {r['fencing_token']}, dispatched at {a.dispatched_epoch}"
             )
+        if _us(r["received_at"]) > (a.send_deadline_us or 0) and not _paused_sending(
+            a, str(dispatchers.get(a.id, "")), paused or {}
+        ):
+            found.append(f"F3: a send after its deadline: {story(engine, box, mission, a)}")
     by_status = {p["idempotency_key"]: attempts[p["idempotency_key"]].status for p in paid}
     wrong = [k for k, s in by_status.items() if s not in (AttemptStatus.SUCCEEDED, *UNRESOLVED)]
     if wrong:
@@ -271,6 +287,58 @@ def violations(engine: charter.Engine, mission: str, box: Sandbox) -> list[str]:
     found += [f"L0: {p}" for p in engine.check_ledger(mission)]
     found += [f"S1: chain {v.chain} broken" for v in engine.verify_audit() if not v.ok]
     return found
+
+
+#: How long after its dispatch commit (the store's time of it) a send's last
+#: check is taken to have passed: a pause that began later cannot be the one
+#: between that check and the first byte, so it does not excuse a late send.
+CHECKED_WITHIN_US = 250_000
+
+
+def _paused_sending(
+    attempt: Any, segment: str, paused: Mapping[str, list[tuple[int, int]]]
+) -> bool:
+    """Whether the worker that dispatched ``attempt`` (its segment is the worker's
+    name, a dash and a suffix) was paused across its send deadline, by a pause
+    that began as its send was checked (F3's one window no check closes)."""
+    dispatched, deadline = attempt.dispatched_at_us or 0, attempt.send_deadline_us or 0
+    return any(
+        dispatched <= stop <= dispatched + CHECKED_WITHIN_US and stop <= deadline <= cont
+        for stop, cont in paused.get(segment.rsplit("-", 1)[0], [])
+    )
+
+
+def _us(iso: str) -> int:
+    """A time the sandbox recorded, in µs since the epoch (the store's unit)."""
+    return int(datetime.fromisoformat(iso).timestamp() * 1_000_000)
+
+
+def story(engine: charter.Engine, box: Sandbox, mission: str, attempt: Any) -> str:
+    """What a send the sandbox fenced went through, on one clock (the machine's
+    wall clock, which the store, the workers and the sandbox all read): the
+    attempt's dispatch and deadline, every request with its key (received and
+    decided), and its run's ownership events."""
+
+    def at(us: int | None) -> str:
+        return "-" if us is None else datetime.fromtimestamp(us / 1e6, UTC).isoformat()
+
+    key = attempt.idempotency_key
+    sent = [
+        f"{r['kind']} {r['fencing_token']} {r['verdict']} received {r['received_at']} "
+        f"decided {r['at']}"
+        for r in box.requests()
+        if r["idempotency_key"] == key
+    ]
+    owning = [
+        f"{e['kind']} epoch {e['epoch']} by {e['segment']} at {at(e['at_us'])}"
+        for e in engine.audit_events(mission)
+        if e["entity"] in (attempt.run_id, attempt.id) and e["kind"] != "run.lease_renewed"
+    ]
+    return (
+        f"{attempt.id} {attempt.status.value} ({attempt.reason}): dispatched at "
+        f"{at(attempt.dispatched_at_us)} epoch {attempt.dispatched_epoch}, deadline "
+        f"{at(attempt.send_deadline_us)}; requests {sent}; events {owning}"
+    )
 
 
 UNRESOLVED = (AttemptStatus.PREPARED, AttemptStatus.DISPATCHED, AttemptStatus.UNKNOWN)

@@ -95,19 +95,22 @@ def without_charter(world: World, tmp: Path) -> int:
 
 
 @pytest.mark.crash
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("trial", range(1, TRIALS + 1))
 def test_A4_R4_out_of_n_kills_charter_pays_once_and_crewai_alone_pays_twice(
-    store_address: str, backend: str, tmp_path: Path
+    store_address: str, backend: str, tmp_path: Path, trial: int
 ) -> None:
-    doubles = {"charter": 0, "crewai alone": 0}
+    """One of the table's kills (each trial a test of its own, so that they run
+    side by side): with Charter the crew pays once, alone it pays twice."""
     with agent_world(store_address, tmp_path, example.CONTRACT, clerk_turns) as world:
         world.cfg["item"] = "survey"
-        for _ in range(TRIALS):
-            doubles["charter"] += with_charter(world, tmp_path) > 1
-            doubles["crewai alone"] += without_charter(world, tmp_path) > 1
+        doubles = {
+            "charter": with_charter(world, tmp_path) > 1,
+            "crewai alone": without_charter(world, tmp_path) > 1,
+        }
         assert world.engine.check_ledger(world.mission) == []
-    print(f"\ndouble payments out of {TRIALS} kills ({backend}): {doubles}")
-    assert doubles == {"charter": 0, "crewai alone": TRIALS}
+    print(f"\ndouble payments, kill {trial} of {TRIALS} ({backend}): {doubles}")
+    assert doubles == {"charter": False, "crewai alone": True}
 
 
 def test_the_crewai_example_imports_only_what_its_extras_install() -> None:

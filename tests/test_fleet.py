@@ -20,7 +20,7 @@ import os
 import random
 import signal
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,8 @@ from conftest import Principals
 
 Creds = tuple[dict[str, str], dict[str, str]]
 LEASE = 2.0
+#: The sandbox's refusals of a send by an owner the run has left (F3's fence).
+FENCED = ("stale_fencing_token", "idempotency_key_closed")
 DEADLINE = 1.0
 
 
@@ -368,10 +370,12 @@ def test_K1_a_fleet_under_chaos(store_address: str, creds: Creds, tmp_path: Path
     """Four workers; at random one is SIGKILLed (and a new one started) or
     SIGSTOPped past its lease and let go on. New runs keep coming. Afterwards
     every run finished or waits for a person, no invoice was paid twice, no
-    key was sent twice or by an owner no longer the run's, and the ledger holds."""
+    key was sent twice or after its deadline (but by a worker paused as it
+    sent), and the ledger holds."""
     seed = int(os.environ.get("CHARTER_CHAOS_SEED", random.randrange(2**32)))
     rng = random.Random(seed)
     counts: Counter[str] = Counter()
+    paused: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
     print(f"\nchaos seed {seed}")
     with (
         Sandbox(tmp_path / "sandbox.db") as box,
@@ -405,15 +409,17 @@ def test_K1_a_fleet_under_chaos(store_address: str, creds: Creds, tmp_path: Path
                 crew.spawn()
                 counts["kills"] += 1
             else:
+                stopped_us = time.time_ns() // 1_000
                 victim.signal(signal.SIGSTOP)
                 time.sleep(LEASE * rng.choice([0.25, 1.5]))
                 victim.signal(signal.SIGCONT)
+                paused[victim.name].append((stopped_us, time.time_ns() // 1_000))
                 counts["stops"] += 1
             time.sleep(rng.uniform(0.2, 1.0))
         ended = wait_settled(engine, mission, timeout=120)
         stop_all(crew)
         counts["takeovers"] = takeovers(engine, mission)
-        found = violations(engine, mission, box)
+        found = violations(engine, mission, box, paused)
         ends = Counter(r.status.value for r in ended)
         print(f"\nchaos seed {seed}: {dict(counts)}; runs {dict(ends)}; {len(box.payments())} paid")
         for r in ended:  # what each run left for a person is waiting on
@@ -426,5 +432,7 @@ def test_K1_a_fleet_under_chaos(store_address: str, creds: Creds, tmp_path: Path
         # the sandbox's lookup settles settled by a worker.
         assert unwatched(engine, mission) == [], f"seed {seed}"
         assert left_unknown(engine, mission) == [], f"seed {seed}"
+        fenced = [r for r in box.requests() if r["verdict"] in FENCED]
+        print(f"  {len(fenced)} sends the sandbox's fence refused: {fenced}")
         lost = [r for r in box.requests() if r["verdict"] == "applied_response_dropped"]
         print(f"  {len(lost)} answers lost while their worker lived, each looked up")

@@ -55,16 +55,19 @@ def without_charter(world: World, tmp: Path, trial: int) -> int:
 
 
 @pytest.mark.crash
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("trial", range(1, TRIALS + 1))
 def test_A4_R4_out_of_n_kills_charter_pays_once_and_langgraph_alone_pays_twice(
-    store_address: str, backend: str, tmp_path: Path
+    store_address: str, backend: str, tmp_path: Path, trial: int
 ) -> None:
-    doubles = {"charter": 0, "langgraph alone": 0}
+    """One of the table's kills (each trial a test of its own, so that they run
+    side by side): with Charter the resumed graph pays once, alone it pays twice."""
     with agent_world(store_address, tmp_path, example.CONTRACT, clerk_turns) as world:
         checkpoints(world, tmp_path, backend)
-        for trial in range(TRIALS):
-            doubles["charter"] += with_charter(world, tmp_path) > 1
-            doubles["langgraph alone"] += without_charter(world, tmp_path, trial) > 1
+        doubles = {
+            "charter": with_charter(world, tmp_path) > 1,
+            "langgraph alone": without_charter(world, tmp_path, trial) > 1,
+        }
         assert world.engine.check_ledger(world.mission) == []
-    print(f"\ndouble payments out of {TRIALS} kills ({backend}): {doubles}")
-    assert doubles == {"charter": 0, "langgraph alone": TRIALS}
+    print(f"\ndouble payments, kill {trial} of {TRIALS} ({backend}): {doubles}")
+    assert doubles == {"charter": False, "langgraph alone": True}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import urllib.error
@@ -158,3 +159,33 @@ def test_a_fault_armed_for_a_reference_waits_for_that_payment(tmp_path: Path) ->
         again = call(box.url, "POST", "/v1/payments", PAYMENT, {"Idempotency-Key": "a"})
     assert (first[0], second[0], again[0]) == (201, 500, 200)
     assert seen == ["inv-1", "inv-2"]  # each applied payment once; a replay applies nothing
+
+
+def test_the_request_log_dates_each_request_on_arrival_and_on_decision(box: Sandbox) -> None:
+    """A request may wait for another's transaction between the two: a send's
+    arrival is what says whether it left before its deadline (F3)."""
+    box.fault("slow", seconds=0.3)
+    call(box.url, "POST", "/v1/payments", PAYMENT, {"Idempotency-Key": "k1"})
+    [create] = box.requests()
+    assert create["received_at"] <= create["at"]
+
+
+def test_a_request_log_an_older_sandbox_wrote_is_read_with_no_arrival_times(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE requests (seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, "
+            "idempotency_key TEXT, fencing_token TEXT, verdict TEXT NOT NULL, "
+            "status INTEGER NOT NULL, at TEXT NOT NULL)"
+        )
+        db.execute(
+            "INSERT INTO requests (kind, idempotency_key, fencing_token, verdict, status, at) "
+            "VALUES ('lookup', 'k0', NULL, 'absent', 404, '2026-01-01T00:00:00+00:00')"
+        )
+    with Sandbox(path) as old:
+        call(old.url, "GET", "/v1/payments/by-key/k1")
+        first, second = old.requests()
+    assert (first["idempotency_key"], first["received_at"]) == ("k0", None)
+    assert second["kind"] == "lookup" and second["received_at"] <= second["at"]

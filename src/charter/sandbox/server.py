@@ -184,11 +184,18 @@ class _Handler(BaseHTTPRequestHandler):
     """One request to the sandbox; the sandbox itself is the server's ``box``."""
 
     server: _Server
+    received: str  # when the request's first line was read (parse_request)
     protocol_version = "HTTP/1.1"
     server_version = "charter-payments-sandbox/1"
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: the sandbox's record is its request log, not stderr."""
+
+    def parse_request(self) -> bool:
+        """The request's arrival, dated as soon as its first line was read: a
+        request may then wait for another's transaction before it is decided."""
+        self.received = _now()
+        return super().parse_request()
 
     def do_POST(self) -> None:
         path = urlsplit(self.path).path
@@ -232,6 +239,7 @@ class _Handler(BaseHTTPRequestHandler):
                 verdict=reply.verdict,
                 status=reply.status,
                 now=_now(),
+                received=self.received,
             )
             if reply.verdict != "applied_response_dropped":
                 self._write(reply.status, reply.body, facts.get("replayed", False))

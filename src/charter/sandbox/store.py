@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS requests (
     fencing_token TEXT,
     verdict TEXT NOT NULL,
     status INTEGER NOT NULL,
-    at TEXT NOT NULL
+    at TEXT NOT NULL,
+    received_at TEXT
 );
 """
 
@@ -92,6 +93,9 @@ class Ledger:
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
+        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(requests)")}
+        if "received_at" not in columns:  # a file an older sandbox wrote
+            self._db.execute("ALTER TABLE requests ADD COLUMN received_at TEXT")
 
     def close(self) -> None:
         with self._lock:
@@ -215,13 +219,16 @@ class Ledger:
         verdict: str,
         status: int,
         now: str,
+        received: str,
     ) -> None:
-        """Record one request the sandbox received and what it did with it."""
+        """Record one request the sandbox received and what it did with it:
+        ``received`` when its headers were read, ``now`` when it was decided (a
+        request may wait for another's transaction between the two)."""
         with self._lock, self._db:
             self._db.execute(
-                "INSERT INTO requests (kind, idempotency_key, fencing_token, verdict, status, at) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (kind, key, token, verdict, status, now),
+                "INSERT INTO requests (kind, idempotency_key, fencing_token, verdict, status, at, "
+                "received_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (kind, key, token, verdict, status, now, received),
             )
 
     def requests(self) -> list[dict[str, Any]]:
