@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from charter.adapters.models import Usage
+from charter.sandbox.server import POLL_SECONDS
 
 INPUT, OUTPUT = 12, 7
 WORDS = ["hel", "lo ", "there"]
@@ -59,7 +60,9 @@ class FakeProvider:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        threading.Thread(
+            target=self._server.serve_forever, args=(POLL_SECONDS,), daemon=True
+        ).start()
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         return self
 

@@ -20,6 +20,7 @@ import charter
 from charter import AttemptStatus
 from charter.adapters.http import HttpDeclaration, HttpOperation
 from charter.sandbox import Sandbox
+from charter.sandbox.server import POLL_SECONDS
 from conftest import Principals, payment, payments_contract
 
 UNIT = "usd_cents"
@@ -41,7 +42,9 @@ class LookupTarget:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self._server.daemon_threads = True
         self._server.target = self  # type: ignore[attr-defined]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(POLL_SECONDS,), daemon=True
+        )
 
     @property
     def url(self) -> str:

@@ -33,6 +33,7 @@ from _crash_child import HttpTarget
 from charter import AttemptStatus, RunStatus
 from charter.clock import SystemClock
 from charter.engine.coordinator import Resolution
+from charter.sandbox.server import POLL_SECONDS
 from charter.testing import ManualClock, RecordingAdapter, credential
 
 CHILD = Path(__file__).with_name("_crash_child.py")
@@ -101,7 +102,9 @@ class Target:
                 return
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(POLL_SECONDS,), daemon=True
+        )
         self._thread.start()
 
     def _record(self, received: Received) -> int:

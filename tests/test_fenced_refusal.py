@@ -29,6 +29,7 @@ import pytest
 
 import charter
 from _frozen_sender import FencedPayments
+from charter.sandbox.server import POLL_SECONDS
 from charter.testing import credential
 
 LEASE_SECONDS = 2.0
@@ -78,7 +79,9 @@ class FenceFirst:
                 return
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, args=(POLL_SECONDS,), daemon=True
+        )
         self.thread.start()
 
     def pay(self, key: str, run_id: str, epoch: int, body: Any) -> tuple[int, Any]:

@@ -29,6 +29,7 @@ import charter
 from _raw import RawStore
 from charter.config import NOTICE_KINDS, EngineConfig, Webhook
 from charter.errors import ConfigError, NotFound, TextRefused, UsageError
+from charter.sandbox.server import POLL_SECONDS
 from charter.secret import Secret
 from charter.testing import ManualClock, RecordingAdapter
 from charter.workers.notify import CLAIM_MARGIN_SECONDS, Notices
@@ -95,7 +96,9 @@ class Receiver:
                 pass  # a connection the deliverer cut
 
         self.server = Server(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, args=(POLL_SECONDS,), daemon=True
+        )
         self.thread.start()
 
     @property

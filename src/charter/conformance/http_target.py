@@ -39,6 +39,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from charter.adapters import EffectClass
 from charter.adapters.http import HttpDeclaration, HttpOperation
+from charter.sandbox.server import POLL_SECONDS
 from charter.secret import Secret
 
 #: The huge answer's size by default.
@@ -75,7 +76,9 @@ class ScriptedHttp:
         self.lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.target = self  # type: ignore[attr-defined]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(POLL_SECONDS,), daemon=True
+        )
         self._refusing = False
 
     @property
@@ -146,7 +149,9 @@ class ScriptedHttp:
             return
         self._server.socket.listen(self._server.request_queue_size)
         self._refusing = False
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(POLL_SECONDS,), daemon=True
+        )
         self._thread.start()
 
     def declaration(self, *, name: str = "things", timeout_seconds: float = 0.5) -> HttpDeclaration:

@@ -98,13 +98,15 @@ class Sandbox:
 
     def start(self) -> Sandbox:
         """Serve in a background thread (for tests and the demo)."""
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(POLL_SECONDS,), daemon=True
+        )
         self._thread.start()
         return self
 
     def serve_forever(self) -> None:
         """Serve in this thread until interrupted (for ``charter sandbox``)."""
-        self._server.serve_forever()
+        self._server.serve_forever(POLL_SECONDS)
 
     def stop(self) -> None:
         self._server.shutdown()
@@ -157,6 +159,11 @@ class Sandbox:
     def requests(self) -> list[dict[str, Any]]:
         """Every request received and what the sandbox did with it."""
         return self.ledger.requests()
+
+
+#: How often the serving loop looks for a stop: ``stop`` waits for its next look
+#: (the standard library's half second made every test that stops a server wait).
+POLL_SECONDS = 0.02
 
 
 class _Server(ThreadingHTTPServer):
