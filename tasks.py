@@ -21,6 +21,7 @@ cluster when ``initdb``/``pg_ctl`` are installed (or uses
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -28,7 +29,7 @@ import sys
 import tempfile
 import threading
 import venv
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -86,19 +87,20 @@ def test() -> None:
     # install is mostly waiting on the network and the disk; its tests on the
     # processes they kill), into a log printed once the main suite is done.
     log = Path(tempfile.mkdtemp()) / "crewai.log"
-    crewai = Background(lambda: crewai_whole(log)) if whole else None
-    run(BIN / "ruff", "check", "src", "tests", "bench", "tasks.py")
-    run(BIN / "ruff", "format", "--check", "src", "tests", "bench", "tasks.py")
-    run(BIN / "mypy")
-    if "--quick" in args:
-        args.remove("--quick")
-        skip = [*FAULTS, *SLOW]
-        args = [*(f"--deselect={t}" if "::" in t else f"--ignore={t}" for t in skip), *args]
-    try:
-        pytest(parallel([*args, f"--ignore-glob={CREWAI_TESTS}"]))
-    finally:
-        if crewai is not None:
-            crewai.join(lambda: print(f"---- CrewAI's tests ----\n{log.read_text()}", flush=True))
+    with postgres():  # one server for both suites
+        crewai = Background(lambda: crewai_whole(log)) if whole else None
+        try:
+            run(BIN / "ruff", "check", "src", "tests", "bench", "tasks.py")
+            run(BIN / "ruff", "format", "--check", "src", "tests", "bench", "tasks.py")
+            run(BIN / "mypy")
+            if "--quick" in args:
+                args.remove("--quick")
+                skip = [*FAULTS, *SLOW]
+                args = [*(f"--deselect={t}" if "::" in t else f"--ignore={t}" for t in skip), *args]
+            pytest(parallel([*args, f"--ignore-glob={CREWAI_TESTS}"]))
+        finally:
+            if crewai is not None:
+                crewai.join(lambda: print(f"---- CrewAI's tests ----\n{log.read_text()}"))
 
 
 def environment() -> None:
@@ -306,18 +308,14 @@ def screenshots() -> None:
     run(PY, "-m", "pytest", "tests/test_browser.py", "-q", "-p", "no:cacheprovider", env=env)
 
 
-def pytest(
-    args: list[str],
-    extra: dict[str, str] | None = None,
-    *,
-    python: Path = PY,
-    out: IO[str] | None = None,
-) -> None:
-    """pytest (of ``python``'s environment) on SQLite and on a PostgreSQL server
-    (one started here if needed), its output to ``out`` or ours."""
-    env = {**os.environ, **(extra or {})}
-    if env.get("CHARTER_TEST_POSTGRES_URL"):
-        run(python, "-m", "pytest", *args, env=env, out=out)
+@contextlib.contextmanager
+def postgres() -> Iterator[None]:
+    """A PostgreSQL server for the tests run inside: the one
+    ``CHARTER_TEST_POSTGRES_URL`` names, or a throwaway cluster started here and
+    named in that variable meanwhile, so that suites run side by side share it
+    (each works in databases of its own, ``tests/conftest.py``)."""
+    if os.environ.get("CHARTER_TEST_POSTGRES_URL"):
+        yield
         return
     sys.path.insert(0, str(ROOT))
     # stdlib only; importable once the checkout is on sys.path (one cluster starter).
@@ -327,12 +325,28 @@ def pytest(
         if srv is None:
             if os.environ.get("CI") == "true":
                 raise SystemExit("CI needs PostgreSQL 15 (initdb and pg_ctl) for its tests")
-            print("PostgreSQL not found: the tests run on SQLite only", flush=True, file=out)
-            run(python, "-m", "pytest", *args, env=env, out=out)
+            print("PostgreSQL not found: the tests run on SQLite only", flush=True)
+            yield
             return
-        print(f"PostgreSQL: throwaway cluster at {srv.base_url}", flush=True, file=out)
-        env["CHARTER_TEST_POSTGRES_URL"] = srv.url("postgres")
-        run(python, "-m", "pytest", *args, env=env, out=out)
+        print(f"PostgreSQL: throwaway cluster at {srv.base_url}", flush=True)
+        os.environ["CHARTER_TEST_POSTGRES_URL"] = srv.url("postgres")
+        try:
+            yield
+        finally:
+            del os.environ["CHARTER_TEST_POSTGRES_URL"]
+
+
+def pytest(
+    args: list[str],
+    extra: dict[str, str] | None = None,
+    *,
+    python: Path = PY,
+    out: IO[str] | None = None,
+) -> None:
+    """pytest (of ``python``'s environment) on SQLite and on PostgreSQL
+    (:func:`postgres`), its output to ``out`` or ours."""
+    with postgres():
+        run(python, "-m", "pytest", *args, env={**os.environ, **(extra or {})}, out=out)
 
 
 if __name__ == "__main__":
