@@ -8,6 +8,8 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -189,3 +191,29 @@ def test_a_request_log_an_older_sandbox_wrote_is_read_with_no_arrival_times(
         first, second = old.requests()
     assert (first["idempotency_key"], first["received_at"]) == ("k0", None)
     assert second["kind"] == "lookup" and second["received_at"] <= second["at"]
+
+
+def test_a_request_in_flight_when_the_sandbox_stops_goes_unanswered_quietly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    box = Sandbox(tmp_path / "box.db").start()
+    box.fault("slow", seconds=0.5)
+    answers: list[Any] = []
+
+    def pay() -> None:
+        try:
+            answers.append(call(box.url, "POST", "/v1/payments", PAYMENT, {"Idempotency-Key": "k"}))
+        except OSError as exc:  # the connection closed with no answer
+            answers.append(exc)
+
+    sender = threading.Thread(target=pay)
+    sender.start()
+    deadline = time.monotonic() + 5
+    while not box.payments():  # applied; its answer waits out the fault
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    box.stop()
+    sender.join(5)
+    # The handler woke to records already closed, and closed the connection.
+    assert len(answers) == 1 and isinstance(answers[0], OSError), answers
+    assert "Traceback" not in capsys.readouterr().err

@@ -109,6 +109,7 @@ class Sandbox:
         self._server.serve_forever(POLL_SECONDS)
 
     def stop(self) -> None:
+        self._server.stopped = True
         self._server.shutdown()
         self._server.server_close()
         self.ledger.close()
@@ -169,6 +170,14 @@ POLL_SECONDS = 0.02
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     box: Sandbox
+    stopped = False
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A request still being handled when the sandbox stopped finds its
+        records closed: it goes unanswered, as it would by a server that went
+        away, and says nothing. Any other error is printed as usual."""
+        if not self.stopped:
+            super().handle_error(request, client_address)
 
 
 def _now() -> str:
