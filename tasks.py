@@ -31,7 +31,6 @@ import threading
 import venv
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
@@ -39,11 +38,9 @@ BIN = VENV / ("Scripts" if sys.platform == "win32" else "bin")
 PY = BIN / "python"
 
 
-def run(*cmd: str | Path, env: dict[str, str] | None = None, out: IO[str] | None = None) -> None:
-    """``cmd`` in the checkout; its output to ``out`` (a log) or to ours."""
-    print("+", " ".join(str(c) for c in cmd), flush=True, file=out)
-    stderr = None if out is None else subprocess.STDOUT
-    code = subprocess.call([str(c) for c in cmd], cwd=ROOT, env=env, stdout=out, stderr=stderr)
+def run(*cmd: str | Path, env: dict[str, str] | None = None) -> None:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    code = subprocess.call([str(c) for c in cmd], cwd=ROOT, env=env)
     if code:
         raise SystemExit(code)
 
@@ -83,24 +80,22 @@ def test() -> None:
     ensure_venv("test")
     args = sys.argv[2:]
     whole = not args
-    # CrewAI's environment is made, and its tests run, beside the main suite (an
-    # install is mostly waiting on the network and the disk; its tests on the
-    # processes they kill), into a log printed once the main suite is done.
-    log = Path(tempfile.mkdtemp()) / "crewai.log"
+    # CrewAI's environment is made while the main suite runs (an install is mostly
+    # waiting on the network and the disk), and its tests run after it: run beside
+    # it, on two cores the suite already keeps busy, both took longer.
+    crewai = Background(crewai_env) if whole else None
+    run(BIN / "ruff", "check", "src", "tests", "bench", "tasks.py")
+    run(BIN / "ruff", "format", "--check", "src", "tests", "bench", "tasks.py")
+    run(BIN / "mypy")
+    if "--quick" in args:
+        args.remove("--quick")
+        skip = [*FAULTS, *SLOW]
+        args = [*(f"--deselect={t}" if "::" in t else f"--ignore={t}" for t in skip), *args]
     with postgres():  # one server for both suites
-        crewai = Background(lambda: crewai_whole(log)) if whole else None
-        try:
-            run(BIN / "ruff", "check", "src", "tests", "bench", "tasks.py")
-            run(BIN / "ruff", "format", "--check", "src", "tests", "bench", "tasks.py")
-            run(BIN / "mypy")
-            if "--quick" in args:
-                args.remove("--quick")
-                skip = [*FAULTS, *SLOW]
-                args = [*(f"--deselect={t}" if "::" in t else f"--ignore={t}" for t in skip), *args]
-            pytest(parallel([*args, f"--ignore-glob={CREWAI_TESTS}"]))
-        finally:
-            if crewai is not None:
-                crewai.join(lambda: print(f"---- CrewAI's tests ----\n{log.read_text()}"))
+        pytest(parallel([*args, f"--ignore-glob={CREWAI_TESTS}"]))
+        if crewai is not None:
+            crewai.join()
+            crewai_suite()
 
 
 def environment() -> None:
@@ -124,10 +119,8 @@ class Background:
         except BaseException as exc:  # SystemExit from run() included: said at join
             self._failed = exc
 
-    def join(self, then: Callable[[], None] = lambda: None) -> None:
-        """Wait for the task, call ``then``, and fail as the task failed."""
+    def join(self) -> None:
         self._thread.join()
-        then()
         if self._failed is not None:
             raise self._failed
 
@@ -145,14 +138,7 @@ CREWAI_PY = CREWAI_VENV / PY.relative_to(VENV)
 CREWAI_TOOLS = ["pytest", "pytest-timeout", "pytest-xdist"]
 
 
-def crewai_whole(log: Path) -> None:
-    """CrewAI's environment, then its tests, all said into ``log``."""
-    with log.open("w") as out:
-        crewai_env(out)
-        crewai_suite(out)
-
-
-def crewai_env(out: IO[str] | None = None) -> None:
+def crewai_env() -> None:
     """CrewAI's environment of its own, .venv-crewai, at the versions
     ``constraints-crewai.txt`` pins (made again when they, pyproject.toml or
     :data:`CREWAI_TOOLS` change)."""
@@ -164,17 +150,16 @@ def crewai_env(out: IO[str] | None = None) -> None:
     inputs = (ROOT / "pyproject.toml").read_bytes() + pins.read_bytes()
     want = hashlib.sha256(inputs + " ".join(CREWAI_TOOLS).encode()).hexdigest()
     if not stamp.exists() or stamp.read_text() != want:
-        run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip", out=out)
+        run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
         run(python, "-m", "pip", "install", "--quiet", "-c", pins, "-e",
-            ".[crewai,postgres,http]", *CREWAI_TOOLS, out=out)  # fmt: skip
+            ".[crewai,postgres,http]", *CREWAI_TOOLS)  # fmt: skip
         stamp.write_text(want)
 
 
-def crewai_suite(out: IO[str] | None = None) -> None:
-    """CrewAI's tests in .venv-crewai, on both stores, over processes: two, as
-    they run beside the main suite."""
+def crewai_suite() -> None:
+    """CrewAI's tests in .venv-crewai, on both stores, over processes."""
     tests = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob(CREWAI_TESTS))
-    pytest(parallel(tests, 2), python=CREWAI_PY, out=out)
+    pytest(parallel(tests), python=CREWAI_PY)
 
 
 #: The tests that inject faults: every commit interrupted, store faults, real
@@ -212,17 +197,16 @@ def workers() -> int:
     return max(2, 2 * (cores or 1))
 
 
-def parallel(args: list[str], count: int | None = None) -> list[str]:
-    """``args`` run over ``count`` (or :func:`workers`) processes, the longest
-    tests first (``tests/conftest.py``); as given when they already choose
-    (``-n``, ``-p no:xdist``)."""
+def parallel(args: list[str]) -> list[str]:
+    """``args`` run over :func:`workers` processes, the longest tests first
+    (``tests/conftest.py``); as given when they already choose (``-n``, ``-p no:xdist``)."""
     chosen = {"-n", "--numprocesses", "no:xdist", "-pno:xdist", "--dist"}
     if any(a in chosen or a.startswith(("-n", "--numprocesses=", "--dist=")) for a in args):
         return args
     # One test at a time to each worker as it frees up: pytest-xdist otherwise
     # hands each worker a run of consecutive tests to begin with, and the first
     # run would be every long one.
-    return ["-n", str(count or workers()), "--dist", "load", "--maxschedchunk", "1", *args]
+    return ["-n", str(workers()), "--dist", "load", "--maxschedchunk", "1", *args]
 
 
 def faults() -> None:
@@ -312,8 +296,8 @@ def screenshots() -> None:
 def postgres() -> Iterator[None]:
     """A PostgreSQL server for the tests run inside: the one
     ``CHARTER_TEST_POSTGRES_URL`` names, or a throwaway cluster started here and
-    named in that variable meanwhile, so that suites run side by side share it
-    (each works in databases of its own, ``tests/conftest.py``)."""
+    named in that variable meanwhile, so that the suites of one command share
+    it (each works in databases of its own, ``tests/conftest.py``)."""
     if os.environ.get("CHARTER_TEST_POSTGRES_URL"):
         yield
         return
@@ -336,17 +320,10 @@ def postgres() -> Iterator[None]:
             del os.environ["CHARTER_TEST_POSTGRES_URL"]
 
 
-def pytest(
-    args: list[str],
-    extra: dict[str, str] | None = None,
-    *,
-    python: Path = PY,
-    out: IO[str] | None = None,
-) -> None:
-    """pytest (of ``python``'s environment) on SQLite and on PostgreSQL
-    (:func:`postgres`), its output to ``out`` or ours."""
+def pytest(args: list[str], extra: dict[str, str] | None = None, *, python: Path = PY) -> None:
+    """pytest (of ``python``'s environment) on SQLite and on PostgreSQL (:func:`postgres`)."""
     with postgres():
-        run(python, "-m", "pytest", *args, env={**os.environ, **(extra or {})}, out=out)
+        run(python, "-m", "pytest", *args, env={**os.environ, **(extra or {})})
 
 
 if __name__ == "__main__":

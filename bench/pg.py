@@ -93,11 +93,10 @@ def server(env_var: str | None = ENV) -> Iterator[Server | None]:
             check=True,
             capture_output=True,
         )
-        # Room for the main suite's and CrewAI's pytest processes and their
-        # children at once (``tasks.py test`` runs them side by side).
+        # Room for the suite's two pytest processes and their children at once.
         options = (
             f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root} "
-            "-c max_connections=300"
+            "-c max_connections=200"
         )
         subprocess.run(
             [
