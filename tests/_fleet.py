@@ -314,10 +314,10 @@ def _us(iso: str) -> int:
 
 
 def story(engine: charter.Engine, box: Sandbox, mission: str, attempt: Any) -> str:
-    """What a send the sandbox fenced went through, on one clock (the machine's
-    wall clock, which the store, the workers and the sandbox all read): the
-    attempt's dispatch and deadline, every request with its key (received and
-    decided), and its run's ownership events."""
+    """What an attempt's send went through, on one clock (the machine's wall
+    clock, which the store, the workers and the sandbox all read): the
+    attempt's dispatch and deadline, every request with its key, creates and
+    lookups (received and decided), and its run's ownership events."""
 
     def at(us: int | None) -> str:
         return "-" if us is None else datetime.fromtimestamp(us / 1e6, UTC).isoformat()

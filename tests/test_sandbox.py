@@ -190,7 +190,8 @@ def test_a_request_log_an_older_sandbox_wrote_is_read_with_no_arrival_times(
         call(old.url, "GET", "/v1/payments/by-key/k1")
         first, second = old.requests()
     assert (first["idempotency_key"], first["received_at"]) == ("k0", None)
-    assert second["kind"] == "lookup" and second["received_at"] <= second["at"]
+    assert (second["kind"], second["idempotency_key"]) == ("lookup", "k1")
+    assert second["received_at"] <= second["at"]
 
 
 def test_a_request_in_flight_when_the_sandbox_stops_goes_unanswered_quietly(

@@ -226,10 +226,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         parts = urlsplit(self.path)
         prefix = "/v1/payments/by-key/"
-        with self._answering("lookup" if parts.path.startswith(prefix) else "list") as _:
+        with self._answering("lookup" if parts.path.startswith(prefix) else "list") as facts:
             self._authorize()
             if parts.path.startswith(prefix):
-                self._lookup(unquote(parts.path[len(prefix) :]))
+                facts["key"] = unquote(parts.path[len(prefix) :])  # logged as the lookup's
+                self._lookup(facts["key"])
             elif parts.path == "/v1/payments":
                 refs = parse_qs(parts.query).get("reference")
                 found = (
