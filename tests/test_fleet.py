@@ -48,9 +48,9 @@ from conftest import Principals
 
 Creds = tuple[dict[str, str], dict[str, str]]
 LEASE = 2.0
+DEADLINE = 1.0
 #: The sandbox's refusals of a send by an owner the run has left (F3's fence).
 FENCED = ("stale_fencing_token", "idempotency_key_closed")
-DEADLINE = 1.0
 
 
 def engine_config(creds: Creds, lease: float = LEASE, deadline: float = DEADLINE) -> Any:
